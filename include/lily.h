@@ -1,0 +1,160 @@
+/* lily: an inference engine for the Qwen3.5/3.6 MoE family (qwen3_5_moe).
+ *
+ * Contract
+ * - A lily_model is an immutable, loaded checkpoint (weights mmapped or on the GPU).
+ *   It may be shared by many sessions on many threads; only lily_model_free needs
+ *   every session to be gone first.
+ * - A lily_session is one conversation: its KV cache, DeltaNet state and the list of
+ *   tokens it has consumed. A session is used by one thread at a time.
+ * - Every fallible call returns LILY_OK or an error code and, when `st` is not NULL,
+ *   fills st->msg with a sentence naming what was wrong (tensor, file, field).
+ *   The library never exits the process and never prints except through the
+ *   progress callback the caller installs.
+ * - Token ids are int32; logits are float32 [vocab] rows.
+ * - Nothing here exposes tensors: the server and CLI see tokens, logits, text.
+ */
+#ifndef LILY_H
+#define LILY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    LILY_OK = 0,
+    LILY_EINVAL,      /* bad argument or request */
+    LILY_EIO,         /* file or network I/O failed */
+    LILY_ENOMEM,      /* allocation failed or model/context does not fit */
+    LILY_EFORMAT,     /* malformed checkpoint, config or data */
+    LILY_EUNSUPPORTED,/* valid input outside what lily handles */
+    LILY_ERANGE,      /* context length or size limit exceeded */
+    LILY_ECANCELED,   /* stopped by the caller's callback */
+    LILY_EDEVICE,     /* GPU missing, wrong architecture, or a device call failed */
+} lily_code;
+
+typedef struct {
+    lily_code code;
+    char msg[512];
+} lily_status;
+
+const char *lily_code_name(lily_code c);
+
+/* ---- model ---------------------------------------------------------------- */
+
+typedef struct lily_model lily_model;
+typedef struct lily_session lily_session;
+
+typedef enum { LILY_BACKEND_AUTO = 0, LILY_BACKEND_CPU, LILY_BACKEND_CUDA } lily_backend;
+
+typedef struct {
+    lily_backend backend; /* AUTO: CUDA when built with it and a GPU is present */
+    int n_threads;        /* CPU worker threads; 0 = all cores */
+    int max_ctx;          /* largest context a session may reach; 0 = 4096 */
+    int max_sessions;     /* sessions the backend must be able to hold at once; 0 = 1 */
+    /* Optional load progress: done/total bytes. */
+    void (*progress)(void *user, uint64_t done, uint64_t total);
+    void *progress_user;
+} lily_model_opts;
+
+typedef struct {
+    int vocab_size;
+    int hidden_size;
+    int n_layers;
+    int n_full_attn_layers;
+    int n_experts;
+    int n_experts_per_tok;
+    int max_ctx;
+    int n_eos;
+    int32_t eos_ids[8];      /* from generation_config.json / config.json */
+    uint64_t n_params;       /* text-model parameters */
+    uint64_t weight_bytes;   /* bytes of weights as held in memory */
+    const char *backend;     /* "cpu" or "cuda" */
+    const char *layout;      /* "hf", "hf-per-expert", "mlx4" ... */
+    /* generation_config.json defaults (negative = absent) */
+    float gen_temperature, gen_top_p, gen_min_p;
+    int gen_top_k;
+} lily_model_info;
+
+void lily_model_opts_default(lily_model_opts *o);
+
+/* Opens the checkpoint folder `dir` (config.json + safetensors). */
+lily_code lily_model_open(const char *dir, const lily_model_opts *opts,
+                          lily_model **out, lily_status *st);
+void lily_model_free(lily_model *m);
+void lily_model_get_info(const lily_model *m, lily_model_info *info);
+
+/* ---- sessions --------------------------------------------------------------- */
+
+lily_code lily_session_new(lily_model *m, lily_session **out, lily_status *st);
+void lily_session_free(lily_session *s);
+/* Forgets everything: position 0. */
+void lily_session_reset(lily_session *s);
+/* Number of tokens the session's caches hold, and the tokens themselves. */
+int lily_session_len(const lily_session *s);
+const int32_t *lily_session_tokens(const lily_session *s);
+
+/* Feeds n tokens after the current position. When `logits` is not NULL it receives
+ * [n][vocab] logits, one row per fed token; the last row is always kept and readable
+ * through lily_session_logits. */
+lily_code lily_session_feed(lily_session *s, const int32_t *ids, int n, float *logits,
+                            lily_status *st);
+
+/* Makes the session hold exactly `ids`: reuses the longest prefix it can restore
+ * (its own tokens, or a snapshot taken at a turn boundary), and feeds the rest.
+ * `*reused` (may be NULL) gets the number of tokens not recomputed. n must be >= 1. */
+lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *reused,
+                               lily_status *st);
+
+/* Logits [vocab] after the last fed token, or NULL before any token. */
+const float *lily_session_logits(lily_session *s);
+
+/* ---- sampling and generation -------------------------------------------------- */
+
+typedef struct {
+    float temperature;       /* 0 = greedy, bit-for-bit deterministic */
+    int top_k;               /* 0 = off */
+    float top_p;             /* 1 = off */
+    float min_p;             /* 0 = off */
+    float presence_penalty;  /* OpenAI semantics, over generated tokens */
+    float frequency_penalty;
+    float repetition_penalty;/* 1 = off; multiplicative, over prompt and output */
+    uint64_t seed;
+    int n_logprobs;          /* top alternatives to report per token, 0..20 */
+} lily_sampling;
+
+void lily_sampling_default(lily_sampling *p);
+
+#define LILY_MAX_LOGPROBS 20
+typedef struct {
+    int32_t id;
+    float logprob;                     /* of the chosen token, under the unmodified distribution */
+    int n_top;
+    int32_t top_ids[LILY_MAX_LOGPROBS];
+    float top_logprobs[LILY_MAX_LOGPROBS];
+} lily_token;
+
+/* Called once per generated token, in order. Return nonzero to stop
+ * (the token is already part of the output). */
+typedef int (*lily_token_cb)(void *user, const lily_token *tok);
+
+/* Generates up to max_tokens after the session's current state, stopping early at an
+ * EOS token (reported to the callback, with the reason), or when the callback says so.
+ * Returns LILY_OK on EOS/length/callback stop; `*n_out` (may be NULL) = tokens made.
+ * The session afterwards holds every generated token except possibly the last. */
+lily_code lily_session_generate(lily_session *s, const lily_sampling *p, int max_tokens,
+                                lily_token_cb cb, void *user, int *n_out, lily_status *st);
+
+/* One sampling step on the current logits without feeding anything. */
+lily_code lily_session_sample(lily_session *s, const lily_sampling *p, lily_token *out,
+                              lily_status *st);
+
+/* Is `id` an end-of-sequence token for this model? */
+int lily_model_is_eos(const lily_model *m, int32_t id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

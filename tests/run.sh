@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every test: the unit/fixture test programs, the integration scripts, bounded
+# fuzz runs, and the CUDA compile check. Each piece prints "N passed, N failed" as its
+# last line; this sums them and fails when anything failed or a piece crashed.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+FUZZ_SECONDS=${FUZZ_SECONDS:-15}
+pass=0; fail=0; broken=""
+tally() { # name, exit code, output file
+  local line p f
+  line=$(grep -E '^([A-Za-z_-]+: )?[0-9]+ passed, [0-9]+ failed' "$3" | tail -n 1)
+  if [ -z "$line" ]; then fail=$((fail+1)); broken="$broken $1(no-summary,rc=$2)"; return; fi
+  p=$(echo "$line" | sed -E 's/^([A-Za-z_-]+: )?([0-9]+) passed.*/\2/')
+  f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
+  pass=$((pass+p)); fail=$((fail+f))
+  if [ "$2" != 0 ] && [ "$f" = 0 ]; then fail=$((fail+1)); broken="$broken $1(rc=$2)"; fi
+  [ "$f" != 0 ] && broken="$broken $1"
+}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  n=$(basename "$t"); echo "== $n"
+  "$t" >"$tmp/$n.out" 2>&1; rc=$?
+  tail -n 40 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"
+done
+for s in tests/it_*.sh; do
+  [ -f "$s" ] || continue
+  n=$(basename "$s" .sh); echo "== $n"
+  BUILD=$BUILD bash "$s" >"$tmp/$n.out" 2>&1; rc=$?
+  tail -n 40 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"
+done
+for fz in "$BUILD"/fuzz/fuzz_*; do
+  [ -x "$fz" ] || continue
+  n=$(basename "$fz"); echo "== $n (${FUZZ_SECONDS}s)"
+  corpus="$tmp/corpus-$n"; mkdir -p "$corpus"
+  [ -d "fuzz/corpus/${n#fuzz_}" ] && cp -r "fuzz/corpus/${n#fuzz_}/." "$corpus/"
+  "$fz" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -max_len=65536 "$corpus" >"$tmp/$n.out" 2>&1; rc=$?
+  if [ $rc = 0 ]; then echo "1 passed, 0 failed" >>"$tmp/$n.out"; else echo "0 passed, 1 failed" >>"$tmp/$n.out"; tail -n 30 "$tmp/$n.out"; fi
+  tail -n 1 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"
+done
+echo "== cuda-compile-check"
+if make -s BUILD="$BUILD" cuda-compile-check >"$tmp/cuda.out" 2>&1; then pass=$((pass+1)); else fail=$((fail+1)); broken="$broken cuda-compile-check"; fi
+tail -n 20 "$tmp/cuda.out"
+[ -n "$broken" ] && echo "failing:$broken"
+echo "total: $pass passed, $fail failed"
+[ "$fail" = 0 ]
