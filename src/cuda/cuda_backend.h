@@ -1,5 +1,5 @@
 /* The CUDA backend behind a plain C interface. Only this header is visible to the
- * engine; kernels live in src/cuda/*.cu, compiled with make CUDA=1 CUDA_ARCH=sm_90a.
+ * engine; kernels live in the .cu files of src/cuda, compiled with make CUDA=1 CUDA_ARCH=sm_90a.
  * Without CUDA=1, cuda_stub.c implements the same functions: lcuda_available says why
  * there is no GPU and every other call returns LILY_EDEVICE.
  *
