@@ -67,11 +67,13 @@ typedef struct {
     /* Optional per-tensor report: name of the output weight and its relative error. */
     void (*tensor_done)(void *user, const char *name, int bits, double rel_err);
     void *tensor_user;
+    volatile int *cancel;         /* when set and nonzero, stop (LILY_ECANCELED) */
 } convert_opts;
 
 typedef struct {
     int n_tensors;          /* output tensors written */
-    int n_quantized;        /* source matrices quantized */
+    int n_quantized;        /* output matrices quantized */
+    int n_dropped;          /* source tensors left out (vision tower, MTP head) */
     uint64_t bytes_in;      /* source bytes of the kept tensors */
     uint64_t bytes_out;     /* output bytes of tensor data */
     double rel_err;         /* sqrt(sum err^2 / sum w^2) over all quantized weights */
