@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "lily.h"
+#include "loader/config.h"
+#include "loader/safetensors.h"
 
 /* ---- quantizer ------------------------------------------------------------ */
 
@@ -97,19 +99,33 @@ lily_code convert_output_estimate(const char *from, const convert_opts *o, uint6
 
 /* What a model needs in memory for one session of `ctx_len` tokens. */
 typedef struct {
-    uint64_t weights;      /* tensor bytes as stored */
-    uint64_t kv_cache;     /* full-attention layers: n_full x kv_heads x head_dim x 2 x ctx x kv_bytes */
-    uint64_t deltanet;     /* linear-attention layers: recurrent state (f32) + conv state */
+    uint64_t weights;      /* tensor bytes as stored (text model) */
+    uint64_t kv_cache;     /* n_full_attn x kv_heads x head_dim x 2 (K,V) x ctx x kv_bytes */
+    uint64_t deltanet;     /* linear-attention layers: f32 recurrent state nv x dk x dv, f32 conv state */
     uint64_t total;
 } convert_memory;
 
-/* The arithmetic from the config alone (no weights): `weight_bytes` is passed in.
- * kv_bytes: bytes per cached K/V element (2 for bf16/f16). */
+/* The arithmetic from the config alone; weight_bytes is passed in. kv_bytes: bytes per
+ * cached K/V element (2 for bf16/f16, 4 for f32). */
+void convert_memory_estimate(const lily_config *c, uint64_t weight_bytes, int ctx_len, int kv_bytes,
+                             convert_memory *out);
+
+/* What a checkpoint folder holds. */
 typedef struct {
-    int n_layers, n_full_attn, n_kv_heads, head_dim;
-    int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, conv_kernel;
-} convert_arch;
-void convert_memory_estimate(const convert_arch *a, uint64_t weight_bytes, int ctx_len,
-                             int kv_bytes, convert_memory *out);
+    lily_config cfg;
+    char model_type[64];
+    char layout[32];            /* "hf", "hf-per-expert", "mlx" */
+    int bits, group;            /* quantized: default bits and group; 0 otherwise */
+    int n_bits8;                /* quantized matrices at 8 bits (router and shared-expert gate) */
+    int n_tensors, n_other;     /* text-model tensors; vision/MTP/unknown tensors */
+    uint64_t n_params;          /* text-model parameters (quantized: elements the codes stand for) */
+    uint64_t bytes, other_bytes;
+    int dtype_count[ST_NDTYPES];
+    uint64_t dtype_bytes[ST_NDTYPES];
+    int loads;                  /* does lily's loader accept it? */
+    char load_error[512];
+} convert_info;
+
+lily_code convert_info_read(const char *dir, convert_info *out, lily_status *st);
 
 #endif
