@@ -154,6 +154,9 @@ static void test_render_errors(void) {
     json_object_set_new(req, "add_generation_prompt", json_true());
     CHECK(chat_think_open(req, CHAT_TEMPLATE_QWEN36) == 1, "3.6 generation prompt opens <think>");
     CHECK(chat_think_open(req, CHAT_TEMPLATE_QWEN3) == 0, "qwen3 prompt does not");
+    chat_parse_opts po;
+    chat_parse_opts_for(req, CHAT_TEMPLATE_QWEN35, &po);
+    CHECK(po.think_open == 1 && po.tools == NULL && po.id_seed == 0, "parse options from a request");
     json_object_set_new(json_object_get(req, "chat_template_kwargs"), "enable_thinking", json_false());
     CHECK(chat_think_open(req, CHAT_TEMPLATE_QWEN36) == 0, "enable_thinking false: closed");
     json_decref(req);
@@ -415,7 +418,7 @@ static void test_roundtrip(uint64_t seed) {
     static const char *const types[] = { "string", "integer", "number", "boolean", "object", "array" };
     lily_rng r;
     lily_rng_seed(&r, seed);
-    int ok = 0, total = 200;
+    int ok = 0, total = 200, n_split = 0;
     for (int it = 0; it < total; it++) {
         json_t *calls = json_array(), *expect = json_array();
         int n_calls = 1 + (int)(lily_rng_u64(&r) % 3);
@@ -445,7 +448,9 @@ static void test_roundtrip(uint64_t seed) {
         if (good) {
             start += strlen("<|im_start|>assistant\n<think>\n");
             size_t n = strlen(start) - strlen("<|im_end|>\n");
-            chat_parse_opts o = { 1, TOOLS, 0 };
+            chat_parse_opts o;
+            chat_parse_opts_for(req, CHAT_TEMPLATE_QWEN36, &o);
+            o.think_open = 1; /* the generation prompt would have opened <think> */
             chat_parsed p;
             good = !parse_output(start, n, &o, &p, NULL) && !strcmp(p.reasoning, "need weather\nfor 東京") &&
                    !strcmp(p.content, content) && p.n_calls == n_calls;
@@ -454,6 +459,7 @@ static void test_roundtrip(uint64_t seed) {
                        !strcmp(p.calls[c].arguments, json_string_value(json_array_get(expect, (size_t)c)));
             if (!good) fprintf(stderr, "round trip failed:\n%s\n", start);
             parse_free(&p);
+            if (it < 40) check_splits(start, n, 1, &r, &n_split);
         }
         ok += good;
         free(prompt);
@@ -461,6 +467,7 @@ static void test_roundtrip(uint64_t seed) {
         json_decref(expect);
     }
     CHECK(ok == total, "render -> parse round trips: %d of %d", ok, total);
+    CHECK(n_split == 40, "rendered outputs split at every byte: %d", n_split);
 }
 
 int main(void) {
