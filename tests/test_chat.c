@@ -168,7 +168,9 @@ static const char *TOOLS_JSON =
     "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\", \"properties\": {"
     "\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\"}, \"ratio\": {\"type\": \"number\"}, "
     "\"verbose\": {\"type\": \"boolean\"}, \"opts\": {\"type\": \"object\"}, \"tags\": {\"type\": \"array\"}, "
-    "\"maybe\": {\"type\": [\"string\", \"null\"]}, \"n\": {\"type\": [\"integer\", \"null\"]}}}}}, "
+    "\"maybe\": {\"type\": [\"string\", \"null\"]}, \"n\": {\"type\": [\"integer\", \"null\"]}, "
+    "\"any\": {\"anyOf\": [{\"type\": \"integer\"}, {\"type\": \"null\"}]}, \"e\": {\"enum\": [1, 2]}, "
+    "\"es\": {\"enum\": [\"1\", \"2\"]}, \"mix\": {\"oneOf\": [{\"type\": \"number\"}, {\"type\": \"string\"}]}}}}}, "
     "{\"type\": \"function\", \"function\": {\"name\": \"search\", \"parameters\": {\"type\": \"object\", \"properties\": {"
     "\"query\": {\"type\": \"string\"}, \"limit\": {\"type\": \"integer\"}}}}}]";
 static json_t *TOOLS;
@@ -246,10 +248,11 @@ static void test_parse_cases(void) {
     check_parse("a </think> b", 0, "", "a </think> b", 0, 0, 0);
     check_parse("r</think>\n\nLet me check.\n\n" CALL("get_weather>" PARAM("city", "Paris") PARAM("days", "3")
                PARAM("ratio", "0.50") PARAM("verbose", "true") PARAM("opts", "{\"b\": 1, \"a\": [null]}")
-               PARAM("tags", "[\"x\",\"y\"]") PARAM("maybe", "null") PARAM("n", "null")), 1,
+               PARAM("tags", "[\"x\",\"y\"]") PARAM("maybe", "null") PARAM("n", "null") PARAM("any", "5")
+               PARAM("e", "2") PARAM("es", "2") PARAM("mix", "2")), 1,
                "r", "Let me check.", 1, "get_weather",
                "{\"city\": \"Paris\", \"days\": 3, \"ratio\": 0.5, \"verbose\": true, \"opts\": {\"b\": 1, \"a\": [null]}, "
-               "\"tags\": [\"x\", \"y\"], \"maybe\": \"null\", \"n\": null}");
+               "\"tags\": [\"x\", \"y\"], \"maybe\": \"null\", \"n\": null, \"any\": 5, \"e\": 2, \"es\": \"2\", \"mix\": \"2\"}");
     /* strings stay verbatim; a value that does not parse falls back to a string */
     check_parse(CALL("get_weather>" PARAM("city", "007") PARAM("days", "three") PARAM("unknown", "5")
                      PARAM("city", "\nline1\nline2 </param>\n")), 0, "", "", 1, "get_weather",
