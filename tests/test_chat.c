@@ -262,6 +262,10 @@ static void test_parse_cases(void) {
     check_parse(CALL(" search >"), 0, "", "", 1, "search", "{}");
     check_parse("<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"q\", \"limit\": 3}}\n</tool_call>", 0,
                 "", "", 1, "search", "{\"query\": \"q\", \"limit\": 3}");
+    check_parse("<tool_call>\n{\"name\": \"search\", \"arguments\": \"{\\\"query\\\": \\\"q\\\"}\"}\n</tool_call>", 0,
+                "", "", 1, "search", "{\"query\": \"q\"}");
+    check_parse("<tool_call>\n{\"name\": \"search\", \"arguments\": [1]}\n</tool_call>", 0,
+                "", "<tool_call>\n{\"name\": \"search\", \"arguments\": [1]}\n</tool_call>", 0, 0, 0);
     /* malformed calls come back as content, verbatim */
     check_parse("x\n" CALL("nosuch>" PARAM("a", "1")), 0, "", "x" CALL("nosuch>" PARAM("a", "1")), 0, 0, 0);
     check_parse(CALL("search>\n<parameter=query>\nq\n"), 0, "", CALL("search>\n<parameter=query>\nq\n"), 0, 0, 0);

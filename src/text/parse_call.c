@@ -146,13 +146,16 @@ static int parse_xml(const char *s, size_t n, const json_t *tools, char **name, 
 
 /* Qwen3's form: {"name": "f", "arguments": {...}} */
 static int parse_json_form(const char *s, size_t n, const json_t *tools, char **name, json_t *args) {
-    json_t *v = json_loadb(s, n, JSON_PRESERVE_ORDER, NULL);
+    json_t *v = json_loadb(s, n, JSON_PRESERVE_ORDER, NULL), *inner = NULL;
     const json_t *nm = json_object_get(v, "name"), *a = json_object_get(v, "arguments");
+    if (json_is_string(a)) /* arguments written as a JSON string holding the object */
+        a = inner = json_loadb(json_string_value(a), json_string_length(a), JSON_PRESERVE_ORDER, NULL);
     int rc = -1;
     if (json_is_string(nm) && find_tool(tools, json_string_value(nm)) && json_is_object(a)) {
         *name = strdup(json_string_value(nm));
         rc = *name && !json_object_update(args, (json_t *)a) ? 0 : -1;
     }
+    json_decref(inner);
     json_decref(v);
     return rc;
 }
