@@ -11,6 +11,7 @@
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define AI static inline __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8") /* register tiles: constant trip counts, fully unrolled */
 
 enum { MR = 4, NR = 3 }; /* register tile: 4 rows x 3 tokens = 12 accumulators */
 
@@ -39,11 +40,14 @@ TGT AI void f_fused(const mm_args *a, int r, int t0, const int nt, const lw_type
     const void *w = (const char *)a->W->w + (size_t)r * n * (ty == LW_F32 ? 4 : 2);
     const float *x[MM_FUSED_T];
     __m256 acc[MM_FUSED_T];
+    UNROLL
     for (int t = 0; t < nt; t++) { x[t] = a->X + (size_t)(t0 + t) * n; acc[t] = _mm256_setzero_ps(); }
     for (int i = 0; i < n8; i += 8) {
         __m256 wv = load8(ty, w, (size_t)i);
+        UNROLL
         for (int t = 0; t < nt; t++) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x[t] + i), acc[t]);
     }
+    UNROLL
     for (int t = 0; t < nt; t++) {
         float tail = 0;
         for (int i = n8; i < n; i++) tail += load1(ty, w, (size_t)i) * x[t][i];
@@ -61,27 +65,33 @@ TGT AI void q_fused(const mm_args *a, int r, int t0, const int nt, const int bit
     const float *x[MM_FUSED_T], *xs[MM_FUSED_T];
     __m256 tot[MM_FUSED_T];
     float bacc[MM_FUSED_T];
+    UNROLL
     for (int t = 0; t < nt; t++) {
         x[t] = a->X + (size_t)(t0 + t) * n; xs[t] = a->xsum + (size_t)(t0 + t) * ng;
         tot[t] = _mm256_setzero_ps(); bacc[t] = 0;
     }
     for (int g = 0; g < ng; g++) {
         __m256 ga[MM_FUSED_T];
+        UNROLL
         for (int t = 0; t < nt; t++) ga[t] = _mm256_setzero_ps();
         for (int bb = 0; bb < bpg; bb++) {
             size_t blk = (size_t)g * bpg + bb, off = blk * 8 * per;
             __m256i v = _mm256_loadu_si256((const __m256i *)(q + blk * 8));
+            UNROLL
             for (int k = 0; k < per; k++) {
                 __m256 c = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
                 v = bits == 4 ? _mm256_srli_epi32(v, 4) : _mm256_srli_epi32(v, 8);
+                UNROLL
                 for (int t = 0; t < nt; t++) ga[t] = _mm256_fmadd_ps(c, _mm256_loadu_ps(x[t] + off + (size_t)k * 8), ga[t]);
             }
         }
         size_t gi = (size_t)r * ng + g;
         __m256 sv = _mm256_set1_ps(mm_sb(W->scales, W->sb_type, gi));
         float b = mm_sb(W->biases, W->sb_type, gi);
+        UNROLL
         for (int t = 0; t < nt; t++) { tot[t] = _mm256_fmadd_ps(sv, ga[t], tot[t]); bacc[t] += b * xs[t][g]; }
     }
+    UNROLL
     for (int t = 0; t < nt; t++) a->Y[(size_t)(t0 + t) * a->rows + r] = hsum(tot[t]) + bacc[t];
 }
 
@@ -121,6 +131,7 @@ TGT AI void q_to_tile(const lw_mat *W, int r, float *out, const int bits) {
             size_t blk = (size_t)g * bpg + bb;
             float *o = out + blk * 8 * per;
             __m256i v = _mm256_loadu_si256((const __m256i *)(q + blk * 8));
+            UNROLL
             for (int k = 0; k < per; k++) {
                 _mm256_storeu_ps(o + k * 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, mask)), sv, bv));
                 v = bits == 4 ? _mm256_srli_epi32(v, 4) : _mm256_srli_epi32(v, 8);
@@ -149,17 +160,24 @@ TGT static void row_to_tile(const lw_mat *W, int r, float *out) {
 TGT AI void micro(const float *w, size_t ldw, const float *X, int n, float *y, size_t ldy, const int mr, const int nr) {
     int n8 = n & ~7;
     __m256 acc[MR][NR];
+    UNROLL
     for (int i = 0; i < mr; i++)
+        UNROLL
         for (int t = 0; t < nr; t++) acc[i][t] = _mm256_setzero_ps();
     for (int k = 0; k < n8; k += 8) {
         __m256 xv[NR];
+        UNROLL
         for (int t = 0; t < nr; t++) xv[t] = _mm256_loadu_ps(X + (size_t)t * n + k);
+        UNROLL
         for (int i = 0; i < mr; i++) {
             __m256 wv = _mm256_loadu_ps(w + i * ldw + k);
+            UNROLL
             for (int t = 0; t < nr; t++) acc[i][t] = _mm256_fmadd_ps(wv, xv[t], acc[i][t]);
         }
     }
+    UNROLL
     for (int i = 0; i < mr; i++)
+        UNROLL
         for (int t = 0; t < nr; t++) {
             float tail = 0;
             for (int k = n8; k < n; k++) tail += w[i * ldw + k] * X[(size_t)t * n + k];
