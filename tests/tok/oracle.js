@@ -1,6 +1,6 @@
 // Test oracle for the tokenizer: the Hugging Face `tokenizers` library (Rust, via npm
 // @anush008/tokenizers). Modes:
-//   gen SEED N            -> N random texts, one hex line each (mixed scripts, marks, emoji,
+//   gen SEED N [old]      -> N random texts, one hex line each (mixed scripts, marks, emoji,
 //                            whitespace runs, contractions, added-token text, invalid UTF-8)
 //   genids SEED N VOCAB   -> N random id lines below VOCAB
 //   encode TOKENIZER.json -> stdin hex lines -> id lines (add_special_tokens = false)
@@ -35,7 +35,7 @@ const pools = [
 const invalid = [[0x80], [0xbf], [0xc0, 0x80], [0xc3], [0xe2, 0x82], [0xed, 0xa0, 0x80], [0xf0, 0x9f, 0x98], [0xf4, 0x90, 0x80, 0x80],
   [0xf5], [0xff], [0xe0, 0x80, 0x80], [0xc2, 0x41], [0xef, 0xbf, 0xbe]];
 
-function gen(seed, n) {
+function gen(seed, n, old) {
   const r = rng(seed);
   const out = [];
   for (let i = 0; i < n; i++) {
@@ -44,8 +44,9 @@ function gen(seed, n) {
     for (let k = 0; k < len; k++) {
       const x = r();
       if (x < 0.04) parts.push(Buffer.from(invalid[Math.floor(r() * invalid.length)]));
-      else if (x < 0.12) { // any code point, mostly BMP
+      else if (x < 0.12) { // any code point, mostly BMP; 'old' keeps to characters Unicode 14 already had
         let cp = r() < 0.8 ? Math.floor(r() * 0xd800) : 0xe000 + Math.floor(r() * (0x30000 - 0xe000));
+        if (old) { cp = Math.floor(r() * 0x2000); if (cp === 0x897) cp = 0x41; }
         parts.push(Buffer.from(String.fromCodePoint(cp), 'utf8'));
       } else {
         const p = pools[Math.floor(r() * pools.length)];
@@ -69,7 +70,7 @@ async function lines(fn) {
 
 async function main() {
   const [mode, a, b, c] = process.argv.slice(2);
-  if (mode === 'gen') { const g = gen(Number(a), Number(b)); process.stdout.write(g.join('\n') + '\n'); return; }
+  if (mode === 'gen') { const g = gen(Number(a), Number(b), c === 'old'); process.stdout.write(g.join('\n') + '\n'); return; }
   if (mode === 'genids') {
     const r = rng(Number(a)), out = [];
     for (let i = 0; i < Number(b); i++) {
