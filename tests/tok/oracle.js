@@ -32,6 +32,8 @@ const pools = [
   '<|im_start|>', '<|im_end|>', '<|endoftext|>', '<think>', '</think>', '<tool_call>', '<|im_start', 'im_end|>', '<|', '|>',
   'the', ' the', 'ing', 'tion', 'def ', 'return', '    ', '\t\t', '#include', '{"a": 1}', 'http://x.y/z?q=1',
 ];
+const markRanges = [[0x300, 0x36f], [0x591, 0x5c7], [0x610, 0x61a], [0x64b, 0x65f], [0x900, 0x97f], [0x1ab0, 0x1aff],
+  [0x1dc0, 0x1dff], [0x20d0, 0x20ff], [0xfe20, 0xfe2f], [0x1100, 0x11ff], [0x3099, 0x309a], [0x0f71, 0x0f84]];
 const invalid = [[0x80], [0xbf], [0xc0, 0x80], [0xc3], [0xe2, 0x82], [0xed, 0xa0, 0x80], [0xf0, 0x9f, 0x98], [0xf4, 0x90, 0x80, 0x80],
   [0xf5], [0xff], [0xe0, 0x80, 0x80], [0xc2, 0x41], [0xef, 0xbf, 0xbe]];
 
@@ -46,8 +48,11 @@ function gen(seed, n, old) {
       if (x < 0.04) parts.push(Buffer.from(invalid[Math.floor(r() * invalid.length)]));
       else if (x < 0.12) { // any code point, mostly BMP; 'old' keeps to characters Unicode 14 already had
         let cp = r() < 0.8 ? Math.floor(r() * 0xd800) : 0xe000 + Math.floor(r() * (0x30000 - 0xe000));
-        if (old) { cp = Math.floor(r() * 0x2000); if (cp === 0x897) cp = 0x41; }
+        if (old) { cp = Math.floor(r() * 0x2000); if (cp === 0x897 || (cp >= 0x1c80 && cp <= 0x1c8f)) cp = 0x41; }
         parts.push(Buffer.from(String.fromCodePoint(cp), 'utf8'));
+      } else if (x < 0.18) { // combining marks and jamo: canonical reordering and composition
+        const [lo, hi] = markRanges[Math.floor(r() * markRanges.length)];
+        parts.push(Buffer.from(String.fromCodePoint(lo + Math.floor(r() * (hi - lo + 1))), 'utf8'));
       } else {
         const p = pools[Math.floor(r() * pools.length)];
         const cps = Array.from(p);
