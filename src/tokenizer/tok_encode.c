@@ -22,7 +22,10 @@ static uint32_t last_cp(const char *s, size_t n, size_t *start) {
  * equals `norm`; returns the token index or -1; *ms and *me get the (stripped) span. */
 static int find_added(const tok_tokenizer *t, const char *s, size_t n, size_t from, int norm,
                       size_t *ms, size_t *me) {
+    const uint8_t mask = norm ? 2 : 1;
+    const unsigned char *u = (const unsigned char *)s;
     for (size_t i = from; i < n; i++) {
+        if (!(t->added_first[u[i]] & mask)) continue;
         int best = -1; size_t blen = 0;
         for (int k = 0; k < t->n_added; k++) {
             const tok_added *a = &t->added[k];

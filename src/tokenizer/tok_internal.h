@@ -128,6 +128,7 @@ struct tok_tokenizer {
     int32_t byte_id[256];        /* id of the single-byte symbol, -1 if none */
     int32_t unk_id; int fuse_unk; int ignore_merges;
     tok_added *added; int n_added;
+    uint8_t added_first[256];    /* bit 1: a raw-matched added token starts with this byte; bit 2: a normalized one */
     int norm;
     tok_pretok *pre;
     tok_cache cache;

@@ -88,6 +88,7 @@ static lily_code build_tables(tok_tokenizer *t, const vocab_ent *v, size_t nv, l
         t->piece_len[a->id] = (uint32_t)token_bytes(a->content, a->len, t->pieces + w);
         w += t->piece_len[a->id];
         t->flags[a->id] = (uint8_t)(1 | (a->special ? 2 : 0));
+        if (a->len) t->added_first[(unsigned char)a->content[0]] |= (uint8_t)(a->normalized ? 2 : 1);
     }
     char key[8];
     for (int b = 0; b < 256; b++) {
