@@ -2,6 +2,7 @@
  * real Qwen3.5 ids where merges.txt determines them), UTF-8 handling, the stream decoder,
  * the PCRE2 fallback against the hand-written pre-tokenizers, and the synthetic tokenizer. */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -334,6 +335,46 @@ static void test_synth(lily_rng *rng) {
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* Shared use from several threads gives the same ids as one thread (the word cache is locked). */
+typedef struct { const tok_tokenizer *t; char **texts; int n; int32_t **want; int *nwant; int bad; } thr_ctx;
+
+static void *thr_run(void *p) {
+    thr_ctx *c = p;
+    for (int rep = 0; rep < 3; rep++)
+        for (int i = 0; i < c->n; i++) {
+            int32_t *ids; int n;
+            tok_encode(c->t, c->texts[i], strlen(c->texts[i]), 1, &ids, &n, NULL);
+            if (n != c->nwant[i] || memcmp(ids, c->want[i], (size_t)n * sizeof *ids)) c->bad++;
+            free(ids);
+        }
+    return NULL;
+}
+
+static void test_threads(tok_tokenizer *t, lily_rng *rng) {
+    enum { NT = 200 };
+    static const char *const words[] = { "the", " cat", " sat", "你好", " naïve", "\n\n", "  ", "12", "'s", "<|im_end|>", " émoji🦙", "def", "(x)" };
+    char *texts[NT]; int32_t *want[NT]; int nwant[NT];
+    for (int i = 0; i < NT; i++) {
+        texts[i] = calloc(1, 400);
+        int k = 1 + (int)(lily_rng_u64(rng) % 30);
+        for (int j = 0; j < k; j++) strcat(texts[i], words[lily_rng_u64(rng) % (sizeof words / sizeof words[0])]);
+        tok_encode(t, texts[i], strlen(texts[i]), 1, &want[i], &nwant[i], NULL);
+    }
+    tok_tokenizer *fresh = NULL;
+    tok_load(DATA "/qwen3/tokenizer.json", &fresh, NULL); /* empty cache: threads race to fill it */
+    pthread_t th[4];
+    thr_ctx ctx[4];
+    for (int i = 0; i < 4; i++) {
+        ctx[i] = (thr_ctx){ fresh, texts, NT, want, nwant, 0 };
+        pthread_create(&th[i], NULL, thr_run, &ctx[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 4; i++) { pthread_join(th[i], NULL); bad += ctx[i].bad; }
+    CHECK(fresh && bad == 0, "threads: %d encodings differ", bad);
+    tok_free(fresh);
+    for (int i = 0; i < NT; i++) { free(texts[i]); free(want[i]); }
+}
+
 int main(void) {
     lily_rng rng;
     lily_rng_seed(&rng, (uint64_t)(lily_now() * 1e6));
@@ -349,6 +390,7 @@ int main(void) {
         test_llama_vectors(t, "qwen2");
         test_utf8(t);
         test_stream(t, &rng);
+        test_threads(t, &rng);
         tok_free(t);
     }
     tok_tokenizer *v = load_variant(TOK_REGEX_QWEN35, 0);

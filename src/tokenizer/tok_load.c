@@ -46,15 +46,44 @@ void tok_free(tok_tokenizer *t) {
     free(t);
 }
 
+/* HF's rule for tokenizer.json (it does not take the ids written there): an added token
+ * spelled like a vocabulary entry or an earlier added token gets that id, any other the next
+ * id after the vocabulary (its entry count) and after every added id so far. */
+static lily_code assign_hf_ids(tok_tokenizer *t, lily_status *st) {
+    tok_strmap seen;
+    if (!tok_strmap_init(&seen, (uint32_t)t->n_added)) { tok_strmap_free(&seen); return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); }
+    int64_t vocab_len = t->vocab.n, max_added = -1;
+    for (int i = 0; i < t->n_added; i++) {
+        tok_added *a = &t->added[i];
+        int32_t id = tok_strmap_get(&seen, a->content, a->len);
+        if (id < 0) id = tok_strmap_get(&t->vocab, a->content, a->len);
+        if (id < 0) id = (int32_t)(max_added < 0 ? vocab_len : (max_added >= vocab_len || !vocab_len ? max_added + 1 : vocab_len));
+        if (id >= MAX_ID) { tok_strmap_free(&seen); return lily_err(st, LILY_EFORMAT, "tokenizer: too many added tokens"); }
+        a->id = id;
+        if (id > max_added) max_added = id;
+        if (!tok_strmap_put(&seen, a->content, a->len, id)) { tok_strmap_free(&seen); return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); }
+    }
+    tok_strmap_free(&seen);
+    return LILY_OK;
+}
+
 /* Builds the id tables from vocab entries and added tokens (already in t->added). */
-static lily_code build_tables(tok_tokenizer *t, const vocab_ent *v, size_t nv, lily_status *st) {
+static lily_code build_tables(tok_tokenizer *t, const vocab_ent *v, size_t nv, int hf_ids, lily_status *st) {
     int32_t maxid = -1;
     size_t bytes = 0;
+    if (!tok_strmap_init(&t->vocab, (uint32_t)(nv + (size_t)t->n_added)))
+        return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
     for (size_t i = 0; i < nv; i++) {
         if (v[i].id < 0 || v[i].id >= MAX_ID)
             return lily_err(st, LILY_EFORMAT, "tokenizer: vocabulary id %d out of range", (int)v[i].id);
         if (v[i].id > maxid) maxid = v[i].id;
         bytes += v[i].n;
+        if (!tok_strmap_put(&t->vocab, v[i].s, v[i].n, v[i].id))
+            return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
+    }
+    if (hf_ids) {
+        lily_code rc = assign_hf_ids(t, st);
+        if (rc) return rc;
     }
     for (int i = 0; i < t->n_added; i++) {
         if (t->added[i].id < 0 || t->added[i].id >= MAX_ID)
@@ -68,14 +97,11 @@ static lily_code build_tables(tok_tokenizer *t, const vocab_ent *v, size_t nv, l
     t->piece_len = malloc((nid + 1) * sizeof *t->piece_len);
     t->flags = calloc(nid + 1, 1);
     t->pieces = malloc(bytes + 1);
-    if (!t->piece_off || !t->piece_len || !t->flags || !t->pieces || bytes > UINT32_MAX ||
-        !tok_strmap_init(&t->vocab, (uint32_t)(nv + (size_t)t->n_added)))
+    if (!t->piece_off || !t->piece_len || !t->flags || !t->pieces || bytes > UINT32_MAX)
         return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory for %zu tokens", nid);
     for (size_t i = 0; i <= nid; i++) t->piece_len[i] = UINT32_MAX;
     size_t w = 0;
     for (size_t i = 0; i < nv; i++) {
-        if (!tok_strmap_put(&t->vocab, v[i].s, v[i].n, v[i].id))
-            return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
         t->piece_off[v[i].id] = (uint32_t)w;
         t->piece_len[v[i].id] = (uint32_t)token_bytes(v[i].s, v[i].n, t->pieces + w);
         w += t->piece_len[v[i].id];
@@ -293,7 +319,7 @@ static lily_code load_root(tok_tokenizer *t, json_t *root, lily_status *st) {
         if (iv < 0 || iv >= MAX_ID) { free(v); return lily_err(st, LILY_EFORMAT, "tokenizer: vocabulary id %lld out of range", (long long)iv); }
         v[k].s = key; v[k].n = klen; v[k].id = (int32_t)iv; k++;
     }
-    rc = build_tables(t, v, k, st);
+    rc = build_tables(t, v, k, 1, st);
     free(v);
     if (rc) return rc;
     json_t *unk = json_object_get(m, "unk_token");
@@ -369,7 +395,7 @@ static lily_code load_slow(tok_tokenizer *t, const char *dir, lily_status *st) {
         if (!json_is_integer(val) || iv < 0 || iv >= MAX_ID) { free(v); rc = lily_err(st, LILY_EFORMAT, "tokenizer: bad id in vocab.json"); goto out; }
         v[k].s = key; v[k].n = klen; v[k].id = (int32_t)iv; k++;
     }
-    rc = build_tables(t, v, k, st);
+    rc = build_tables(t, v, k, 0, st); /* transformers keeps added_tokens_decoder's ids */
     free(v);
     if (rc) goto out;
     snprintf(path, sizeof path, "%s/merges.txt", dir);
@@ -452,7 +478,7 @@ lily_code tok_from_parts(const char *const *vocab, int n_vocab, const char *cons
         t->n_added++;
     }
     for (int i = 0; !rc && i < n_vocab; i++) { v[i].s = vocab[i]; v[i].n = strlen(vocab[i]); v[i].id = i; }
-    if (!rc) rc = build_tables(t, v, (size_t)n_vocab, st);
+    if (!rc) rc = build_tables(t, v, (size_t)n_vocab, 0, st);
     free(v);
     if (!rc && !tok_pairmap_init(&t->merges, (uint32_t)n_merges)) rc = lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
     char *scratch = NULL; size_t scap = 0;
