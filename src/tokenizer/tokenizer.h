@@ -37,6 +37,16 @@ void tok_free(tok_tokenizer *t);
 /* *ids is malloc'ed (free() it); *n tokens. *ids may be NULL when *n == 0. */
 lily_code tok_encode(const tok_tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t **ids, int *n, lily_status *st);
+/* A prompt made of pieces, e.g. template text (parse_special = 1) around user content
+ * (parse_special = 0). Encodes like tok_encode on the concatenation, except that an added
+ * token is recognized only where it lies wholly inside parts that allow it. So the ids equal
+ * HF's for the whole prompt whenever the user content holds no added-token text, and such
+ * text in it stays plain. Use this rather than joining separately encoded pieces (BPE and
+ * the regex see across the joins). */
+typedef struct { const char *text; size_t len; int parse_special; } tok_part;
+lily_code tok_encode_parts(const tok_tokenizer *t, const tok_part *parts, int n_parts,
+                           int32_t **ids, int *n, lily_status *st);
+
 /* *out is malloc'ed and NUL-terminated; *len excludes the NUL (len may be NULL). */
 lily_code tok_decode(const tok_tokenizer *t, const int32_t *ids, int n, int skip_special,
                      char **out, size_t *len);
