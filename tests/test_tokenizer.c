@@ -335,6 +335,78 @@ static void test_synth(lily_rng *rng) {
     CHECK(system(cmd) == 0, "cleanup");
 }
 
+/* The fast tokenizer.json reader (tok_json.c) against jansson: every vocabulary entry and
+ * every merge of the file must be in the loaded tables. `flags` re-dumps the file (e.g. with
+ * \u escapes everywhere, merges as strings) before loading. */
+static void test_fast_json(const char *path, size_t flags, int merges_as_strings) {
+    json_t *j = json_load_file(path, 0, NULL);
+    CHECK(j != NULL, "load %s", path);
+    if (!j) return;
+    json_t *m = json_object_get(j, "model"), *merges = json_object_get(m, "merges");
+    if (merges_as_strings) {
+        json_t *ms = json_array();
+        size_t i; json_t *x;
+        json_array_foreach(merges, i, x) {
+            if (json_is_array(x)) {
+                char buf[1024];
+                snprintf(buf, sizeof buf, "%s %s", json_string_value(json_array_get(x, 0)), json_string_value(json_array_get(x, 1)));
+                json_array_append_new(ms, json_string(buf));
+            } else json_array_append(ms, x);
+        }
+        json_object_set_new(m, "merges", ms);
+        merges = ms;
+    }
+    char *text = json_dumps(j, flags);
+    tok_tokenizer *t = NULL;
+    lily_status st;
+    CHECK(text && tok_load_json(text, strlen(text), &t, &st) == LILY_OK, "fast load %s: %s", path, st.msg);
+    size_t vb, ve, mb, me;
+    CHECK(text && tok_json_find_parts(text, strlen(text), &vb, &ve, &mb, &me), "fast path taken for %s", path);
+    if (t) {
+        int bad = 0;
+        const char *key; json_t *val; size_t klen;
+        json_object_keylen_foreach(json_object_get(m, "vocab"), key, klen, val)
+            if (tok_strmap_get(&t->vocab, key, klen) != json_integer_value(val)) bad++;
+        size_t i; json_t *x;
+        char cat[2048];
+        json_array_foreach(merges, i, x) {
+            const char *a, *b; size_t an, bn;
+            if (json_is_array(x)) {
+                a = json_string_value(json_array_get(x, 0)); an = json_string_length(json_array_get(x, 0));
+                b = json_string_value(json_array_get(x, 1)); bn = json_string_length(json_array_get(x, 1));
+            } else {
+                a = json_string_value(x); const char *sp = strchr(a, ' '); an = (size_t)(sp - a); b = sp + 1; bn = strlen(b);
+            }
+            memcpy(cat, a, an); memcpy(cat + an, b, bn);
+            int32_t r = -1;
+            uint32_t rank = tok_pairmap_get(&t->merges, tok_strmap_get(&t->vocab, a, an), tok_strmap_get(&t->vocab, b, bn), &r);
+            if (rank != i || r != tok_strmap_get(&t->vocab, cat, an + bn)) bad++;
+        }
+        CHECK(bad == 0, "%s: %d vocab/merge entries differ from jansson's reading", path, bad);
+        tok_free(t);
+    }
+    free(text);
+    json_decref(j);
+}
+
+static void test_json_strings(void) {
+    const char *src = "{ \"a\\u00e9\\ud83e\\udd99\\n\\\"\\/\" : 5 ,\"\":7}";
+    tok_vocab_ent *v; size_t n; char *arena;
+    CHECK(tok_json_vocab(src, strlen(src), &v, &n, &arena), "vocab with escapes parses");
+    if (arena) {
+        CHECK(n == 2 && v[0].id == 5 && v[0].n == 10 && !memcmp(v[0].s, "a\xC3\xA9\xF0\x9F\xA6\x99\n\"/", 10) &&
+              v[1].id == 7 && v[1].n == 0, "escapes decoded");
+        free(v); free(arena);
+    }
+    static const char *const bad[] = { "{\"a\":1.5}", "{\"a\":-1}", "{\"\\ud800\":1}", "{\"\\udc00x\":1}", "{\"a\" 1}",
+                                       "{\"a\":1,}", "{\"\x01\":1}", "{\"\xC0\x80\":1}", "[\"a\"]", "{\"a\":1" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int ok = tok_json_vocab(bad[i], strlen(bad[i]), &v, &n, &arena);
+        CHECK(!ok, "malformed vocab %zu accepted", i);
+        if (ok) { free(v); free(arena); }
+    }
+}
+
 /* Rendered chat prompts (HF-generated ids, specials parsed). */
 static void test_chat_golden(tok_tokenizer *t) {
     json_t *g = json_load_file(DATA "/golden/chat/qwen3-chat-ids.json", 0, NULL);
@@ -467,6 +539,9 @@ int main(void) {
     CHECK(v != NULL, "qwen35 variant");
     if (v) { test_llama_vectors(v, "qwen35"); tok_free(v); }
     test_real_qwen35();
+    test_json_strings();
+    test_fast_json(DATA "/qwen3/tokenizer.json", JSON_COMPACT, 0);
+    test_fast_json(DATA "/qwen3/tokenizer.json", JSON_INDENT(2) | JSON_ENSURE_ASCII, 1);
     test_pcre_fallback(&rng);
     test_synth(&rng);
     return T_DONE();

@@ -18,7 +18,7 @@ typedef struct {          /* byte string -> int32 */
 } tok_strmap;
 int tok_strmap_init(tok_strmap *m, uint32_t expect);
 void tok_strmap_free(tok_strmap *m);
-/* Inserts or overwrites; returns 0 on allocation failure. */
+/* Inserts (returns 1) or overwrites (returns 2); 0 on allocation failure. */
 int tok_strmap_put(tok_strmap *m, const char *k, size_t n, int32_t v);
 int32_t tok_strmap_get(const tok_strmap *m, const char *k, size_t n); /* -1 if absent */
 
@@ -133,6 +133,13 @@ struct tok_tokenizer {
     tok_pretok *pre;
     tok_cache cache;
 };
+
+/* tokenizer.json fast path (tok_json.c) */
+typedef struct { const char *s; size_t n; int32_t id; } tok_vocab_ent;
+int tok_json_find_parts(const char *s, size_t n, size_t *vb, size_t *ve, size_t *mb, size_t *me);
+int tok_json_vocab(const char *s, size_t n, tok_vocab_ent **out, size_t *nout, char **arena);
+int tok_json_merges(const char *s, size_t n, int (*fn)(void *, const char *, size_t, const char *, size_t),
+                    void *ctx);
 
 /* BPE on one pre-tokenized word (raw bytes); appends ids. */
 typedef struct { int32_t *v; size_t n, cap; } tok_ids;

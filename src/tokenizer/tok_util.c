@@ -64,7 +64,7 @@ int tok_strmap_put(tok_strmap *m, const char *k, size_t n, int32_t v) {
         uint32_t e = m->slot[i] - 1;
         if (m->hash[e] == h && m->len[e] == n && !memcmp(m->blob + m->off[e], k, n)) {
             m->val[e] = v;
-            return 1;
+            return 2;
         }
     }
     if (m->n == m->ecap) {
