@@ -408,16 +408,20 @@ static lily_code load_slow(tok_tokenizer *t, const char *dir, lily_status *st) {
     char *vtext = lily_read_file(path, &len, st);
     if (!vtext) return st ? st->code : LILY_EIO;
     json_error_t je;
-    json_t *vocab = json_loadb(vtext, len, JSON_ALLOW_NUL, &je), *cfg = NULL;
+    json_t *cfg = NULL;
+    vocab_ent *v = NULL;
+    size_t k = 0;
+    char *arena = NULL;
+    int vok = tok_json_vocab(vtext, len, &v, &k, &arena);
     free(vtext);
-    if (!json_is_object(vocab)) { json_decref(vocab); return lily_err(st, LILY_EFORMAT, "tokenizer: %s is not a JSON object", path); }
+    if (!vok) return lily_err(st, LILY_EFORMAT, "tokenizer: %s is not a JSON object of \"token\": id", path);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     struct stat sb;
     const char *regex = TOK_REGEX_QWEN2;
     int cap = 0;
     if (!stat(path, &sb)) {
         char *ctext = lily_read_file(path, &len, st);
-        if (!ctext) { json_decref(vocab); return st ? st->code : LILY_EIO; }
+        if (!ctext) { rc = st ? st->code : LILY_EIO; goto out; }
         cfg = json_loadb(ctext, len, JSON_ALLOW_NUL, &je);
         free(ctext);
         if (!json_is_object(cfg)) { rc = lily_err(st, LILY_EFORMAT, "tokenizer: %s is not a JSON object", path); goto out; }
@@ -431,17 +435,7 @@ static lily_code load_slow(tok_tokenizer *t, const char *dir, lily_status *st) {
             if ((rc = add_added(t, val, (int32_t)id, &cap, st))) goto out;
         }
     }
-    size_t nv = json_object_size(vocab), k = 0;
-    vocab_ent *v = malloc((nv + 1) * sizeof *v);
-    if (!v) { rc = lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); goto out; }
-    const char *key; json_t *val; size_t klen;
-    json_object_keylen_foreach(vocab, key, klen, val) {
-        json_int_t iv = json_integer_value(val);
-        if (!json_is_integer(val) || iv < 0 || iv >= MAX_ID) { free(v); rc = lily_err(st, LILY_EFORMAT, "tokenizer: bad id in vocab.json"); goto out; }
-        v[k].s = key; v[k].n = klen; v[k].id = (int32_t)iv; k++;
-    }
     rc = build_tables(t, v, k, 0, st); /* transformers keeps added_tokens_decoder's ids */
-    free(v);
     if (rc) goto out;
     snprintf(path, sizeof path, "%s/merges.txt", dir);
     char *mtext = lily_read_file(path, &len, st);
@@ -471,7 +465,7 @@ static lily_code load_slow(tok_tokenizer *t, const char *dir, lily_status *st) {
     t->norm = TOK_NORM_NFC; /* Qwen2Tokenizer normalizes to NFC */
     rc = tok_pretok_new(regex, 0, 0, &t->pre, st);
 out:
-    json_decref(vocab);
+    free(v); free(arena);
     json_decref(cfg);
     return rc;
 }
