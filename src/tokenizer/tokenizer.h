@@ -51,7 +51,7 @@ lily_code tok_encode_parts(const tok_tokenizer *t, const tok_part *parts, int n_
 lily_code tok_decode(const tok_tokenizer *t, const int32_t *ids, int n, int skip_special,
                      char **out, size_t *len);
 
-/* Largest id + 1 (regular and added tokens). */
+/* Largest id + 1 (regular and added tokens); the model's embedding may be padded larger. */
 int tok_vocab_size(const tok_tokenizer *t);
 /* Id of a token by its exact string (added token content, or a vocabulary entry written
  * in the byte-level alphabet, e.g. "Ġthe"), or -1. */
@@ -63,7 +63,7 @@ int tok_is_added(const tok_tokenizer *t, int32_t id);
 /* Raw bytes of a token (not NUL-terminated), or NULL for an unknown id. */
 const char *tok_piece(const tok_tokenizer *t, int32_t id, size_t *len);
 
-/* Incremental decoding for streaming output. */
+/* Incremental decoding for streaming output; a stream is used by one thread at a time. */
 lily_code tok_stream_new(const tok_tokenizer *t, int skip_special, tok_stream **out,
                          lily_status *st);
 /* Feeds one id; *text and *len receive the newly completed text (possibly empty), valid UTF-8,
