@@ -101,6 +101,9 @@ class H(BaseHTTPRequestHandler):
             if not self.authorized():
                 return self.send(401, b'{"error":"Invalid credentials"}',
                                  [("X-Error-Code", "GatedRepo"), ("X-Error-Message", "Access to model %s is restricted." % repo)])
+            if path[len(api):] not in ("main", COMMIT):
+                return self.send(404, b'{"error":"Invalid rev id"}', [("X-Error-Code", "RevisionNotFound"),
+                                                                      ("X-Error-Message", "Invalid rev id: " + path[len(api):])])
             blobs = "blobs=true" in (u.query or "")
             sib = []
             for p in sorted(files):

@@ -291,22 +291,23 @@ lily_code hub_pull(const char *repo_id, const hub_opts *o, char *out_dir, size_t
     lily_code rc;
     if (o->dir) snprintf(dir, sizeof dir, "%s", o->dir);
     else if ((rc = hub_cache_dir(repo_id, NULL, dir, sizeof dir, st)) != LILY_OK) return rc;
-    if ((rc = mkdir_p(dir, st)) != LILY_OK) return rc;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    /* The listing first: a wrong id, revision or token leaves nothing on disk. */
+    hub_listing l;
+    if ((rc = get_listing(endpoint, repo_id, rev, token, o, &l, st)) != LILY_OK) return rc;
+    if ((rc = mkdir_p(dir, st)) != LILY_OK) { hub_listing_free(&l); return rc; }
 
     char lockp[4200];
     snprintf(lockp, sizeof lockp, "%s/.lily-pull.lock", dir);
     int lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock < 0) return lily_err(st, LILY_EIO, "creating %s: %s", lockp, strerror(errno));
+    if (lock < 0) { hub_listing_free(&l); return lily_err(st, LILY_EIO, "creating %s: %s", lockp, strerror(errno)); }
     if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
         close(lock);
+        hub_listing_free(&l);
         return lily_err(st, LILY_EIO, "another lily pull is downloading into %s", dir);
     }
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    hub_listing l;
     manifest m = { 0 };
     int *todo = NULL;
-    rc = get_listing(endpoint, repo_id, rev, token, o, &l, st);
-    if (rc != LILY_OK) goto unlock;
     manifest_load(&m, dir);
     int has_st = 0;
     for (int i = 0; i < l.n_files; i++) {
@@ -370,7 +371,6 @@ done:
     free(todo);
     json_decref(m.root);
     hub_listing_free(&l);
-unlock:
     flock(lock, LOCK_UN);
     close(lock);
     return rc;
