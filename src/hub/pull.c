@@ -309,6 +309,8 @@ lily_code hub_pull(const char *repo_id, const hub_opts *o, char *out_dir, size_t
     manifest m = { 0 };
     int *todo = NULL;
     manifest_load(&m, dir);
+    /* "complete" is true only between a fully verified pull and the next attempt. */
+    json_object_set_new(m.root, "complete", json_false());
     int has_st = 0;
     for (int i = 0; i < l.n_files; i++) {
         size_t pl = strlen(l.files[i].path);
@@ -364,7 +366,10 @@ lily_code hub_pull(const char *repo_id, const hub_opts *o, char *out_dir, size_t
         rc = fetch_file(&r, &m, dir, base_url, token, &l.files[i], st);
         if (rc == LILY_OK) r.p.files_done++;
     }
-    if (rc == LILY_OK) rc = manifest_save(&m, st);
+    if (rc == LILY_OK) {
+        json_object_set_new(m.root, "complete", json_true());
+        rc = manifest_save(&m, st);
+    }
     if (rc == LILY_OK && out_dir && (size_t)snprintf(out_dir, n, "%s", dir) >= n)
         rc = lily_err(st, LILY_EINVAL, "folder name too long");
 done:
