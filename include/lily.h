@@ -54,6 +54,11 @@ typedef struct {
     int n_threads;        /* CPU worker threads; 0 = all cores */
     int max_ctx;          /* largest context a session may reach; 0 = 4096 */
     int max_sessions;     /* sessions the backend must be able to hold at once; 0 = 1 */
+    /* Round RoPE inverse frequencies to bf16, as transformers has them after a whole-model
+     * .to(bfloat16) cast. The fixtures' reference outputs were made that way, so `lily check`
+     * turns it on; serving keeps float32 frequencies (what transformers' from_pretrained,
+     * vLLM and llama.cpp use). */
+    int rope_bf16_freq;
     /* Optional load progress: done/total bytes. */
     void (*progress)(void *user, uint64_t done, uint64_t total);
     void *progress_user;

@@ -15,6 +15,7 @@ typedef struct {
     int n_heads, n_kv_heads, head_dim;   /* nh, nkv, hd */
     int rot_dim;                          /* rotary dims: head_dim * partial_rotary_factor */
     double rope_theta;
+    int rope_bf16_freq;                   /* round inv_freq to bf16 (see lily_model_opts) */
     int attn_output_gate;
     /* Gated DeltaNet */
     int lin_nk, lin_nv, lin_dk, lin_dv;   /* key heads, value heads, key dim, value dim */
