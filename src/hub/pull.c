@@ -291,23 +291,26 @@ lily_code hub_pull(const char *repo_id, const hub_opts *o, char *out_dir, size_t
     lily_code rc;
     if (o->dir) snprintf(dir, sizeof dir, "%s", o->dir);
     else if ((rc = hub_cache_dir(repo_id, NULL, dir, sizeof dir, st)) != LILY_OK) return rc;
-    if ((rc = mkdir_p(dir, st)) != LILY_OK) return rc;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    /* The listing first: a wrong id, revision or token leaves nothing on disk. */
+    hub_listing l;
+    if ((rc = get_listing(endpoint, repo_id, rev, token, o, &l, st)) != LILY_OK) return rc;
+    if ((rc = mkdir_p(dir, st)) != LILY_OK) { hub_listing_free(&l); return rc; }
 
     char lockp[4200];
     snprintf(lockp, sizeof lockp, "%s/.lily-pull.lock", dir);
     int lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock < 0) return lily_err(st, LILY_EIO, "creating %s: %s", lockp, strerror(errno));
+    if (lock < 0) { hub_listing_free(&l); return lily_err(st, LILY_EIO, "creating %s: %s", lockp, strerror(errno)); }
     if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
         close(lock);
+        hub_listing_free(&l);
         return lily_err(st, LILY_EIO, "another lily pull is downloading into %s", dir);
     }
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    hub_listing l;
     manifest m = { 0 };
     int *todo = NULL;
-    rc = get_listing(endpoint, repo_id, rev, token, o, &l, st);
-    if (rc != LILY_OK) goto unlock;
     manifest_load(&m, dir);
+    /* "complete" is true only between a fully verified pull and the next attempt. */
+    json_object_set_new(m.root, "complete", json_false());
     int has_st = 0;
     for (int i = 0; i < l.n_files; i++) {
         size_t pl = strlen(l.files[i].path);
@@ -363,14 +366,16 @@ lily_code hub_pull(const char *repo_id, const hub_opts *o, char *out_dir, size_t
         rc = fetch_file(&r, &m, dir, base_url, token, &l.files[i], st);
         if (rc == LILY_OK) r.p.files_done++;
     }
-    if (rc == LILY_OK) rc = manifest_save(&m, st);
+    if (rc == LILY_OK) {
+        json_object_set_new(m.root, "complete", json_true());
+        rc = manifest_save(&m, st);
+    }
     if (rc == LILY_OK && out_dir && (size_t)snprintf(out_dir, n, "%s", dir) >= n)
         rc = lily_err(st, LILY_EINVAL, "folder name too long");
 done:
     free(todo);
     json_decref(m.root);
     hub_listing_free(&l);
-unlock:
     flock(lock, LOCK_UN);
     close(lock);
     return rc;
