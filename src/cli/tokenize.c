@@ -47,7 +47,17 @@ static void print_ids(const int32_t *ids, int n) {
     putchar('\n');
 }
 
+/* --synth-out FILE [--vocab-size N]: writes the synthetic tokenizer (demo models, tests). */
+static int write_synth(int argc, char **argv, const char *out) {
+    const char *vs = cli_opt(argc, argv, "--vocab-size");
+    lily_status st;
+    if (tok_write_synth_json(out, vs ? atoi(vs) : 248320, &st)) { fprintf(stderr, "lily tokenize: %s\n", st.msg); return 1; }
+    return 0;
+}
+
 int cli_tokenize(int argc, char **argv) {
+    const char *synth = cli_opt(argc, argv, "--synth-out");
+    if (synth) return write_synth(argc, argv, synth);
     tok_tokenizer *t = open_tok(argc, argv);
     if (!t) return 2;
     int special = cli_flag(argc, argv, "--special"), batch = cli_flag(argc, argv, "--batch");

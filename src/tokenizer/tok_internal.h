@@ -51,11 +51,11 @@ uint64_t tok_hash_bytes(const char *p, size_t n);
 /* ---- unicode helpers ---- */
 /* Character classes the Qwen regexes care about. */
 enum { TOK_CL_L = 1, TOK_CL_N = 2, TOK_CL_M = 4, TOK_CL_WS = 8, TOK_CL_NL = 16 };
-extern uint8_t tok_bmp_class[65536];
+extern uint8_t tok_bmp_class[0x30000]; /* planes 0-2 */
 void tok_unicode_init(void); /* fills tok_bmp_class once (thread-safe) */
 int tok_class_slow(uint32_t cp);
 static inline int tok_class(uint32_t cp) {
-    return cp < 65536 ? tok_bmp_class[cp] : tok_class_slow(cp);
+    return cp < 0x30000 ? tok_bmp_class[cp] : tok_class_slow(cp);
 }
 /* Decodes one code point from valid UTF-8; returns its byte length. */
 static inline int tok_utf8_next(const unsigned char *s, uint32_t *cp) {

@@ -179,7 +179,7 @@ char *tok_utf8_sanitize(const char *s, size_t n, size_t *out_len, int *oom) {
 }
 
 /* ---- character classes ---- */
-uint8_t tok_bmp_class[65536];
+uint8_t tok_bmp_class[0x30000];
 static pthread_once_t class_once = PTHREAD_ONCE_INIT;
 
 static int is_ws(uint32_t cp) {
@@ -189,8 +189,30 @@ static int is_ws(uint32_t cp) {
            cp == 0x205F || cp == 0x3000;
 }
 
+/* Letters, numbers and marks assigned after Unicode 15.0 (utf8proc 2.8's data) that the
+ * reference implementation (HF tokenizers' regex engine, Unicode 16) already knows; found by
+ * probing it with every code point (tests/tok/oracle.js). */
+static const struct { uint32_t lo, hi; uint8_t cl; } newer[] = {
+    { 0x897, 0x897, TOK_CL_M }, { 0x1C89, 0x1C8A, TOK_CL_L }, { 0xA7CB, 0xA7CD, TOK_CL_L },
+    { 0xA7DA, 0xA7DC, TOK_CL_L }, { 0x105C0, 0x105F3, TOK_CL_L }, { 0x10D40, 0x10D49, TOK_CL_N },
+    { 0x10D4A, 0x10D65, TOK_CL_L }, { 0x10D69, 0x10D6D, TOK_CL_M }, { 0x10D6F, 0x10D85, TOK_CL_L },
+    { 0x10EC2, 0x10EC4, TOK_CL_L }, { 0x10EFC, 0x10EFC, TOK_CL_M }, { 0x11380, 0x11389, TOK_CL_L },
+    { 0x1138B, 0x1138B, TOK_CL_L }, { 0x1138E, 0x1138E, TOK_CL_L }, { 0x11390, 0x113B5, TOK_CL_L },
+    { 0x113B7, 0x113B7, TOK_CL_L }, { 0x113B8, 0x113C0, TOK_CL_M }, { 0x113C2, 0x113C2, TOK_CL_M },
+    { 0x113C5, 0x113C5, TOK_CL_M }, { 0x113C7, 0x113CA, TOK_CL_M }, { 0x113CC, 0x113D0, TOK_CL_M },
+    { 0x113D1, 0x113D1, TOK_CL_L }, { 0x113D2, 0x113D2, TOK_CL_M }, { 0x113D3, 0x113D3, TOK_CL_L },
+    { 0x113E1, 0x113E2, TOK_CL_M }, { 0x116D0, 0x116E3, TOK_CL_N }, { 0x11BC0, 0x11BE0, TOK_CL_L },
+    { 0x11BF0, 0x11BF9, TOK_CL_N }, { 0x11F5A, 0x11F5A, TOK_CL_M }, { 0x13460, 0x143FA, TOK_CL_L },
+    { 0x16100, 0x1611D, TOK_CL_L }, { 0x1611E, 0x1612F, TOK_CL_M }, { 0x16130, 0x16139, TOK_CL_N },
+    { 0x16D40, 0x16D6C, TOK_CL_L }, { 0x16D70, 0x16D79, TOK_CL_N }, { 0x18CFF, 0x18CFF, TOK_CL_L },
+    { 0x1CCF0, 0x1CCF9, TOK_CL_N }, { 0x1E5D0, 0x1E5ED, TOK_CL_L }, { 0x1E5EE, 0x1E5EF, TOK_CL_M },
+    { 0x1E5F0, 0x1E5F0, TOK_CL_L }, { 0x1E5F1, 0x1E5FA, TOK_CL_N }, { 0x2EBF0, 0x2EE5D, TOK_CL_L },
+};
+
 int tok_class_slow(uint32_t cp) {
     int c = 0;
+    for (size_t i = 0; i < sizeof newer / sizeof newer[0]; i++)
+        if (cp >= newer[i].lo && cp <= newer[i].hi) return newer[i].cl;
     switch (utf8proc_category((utf8proc_int32_t)cp)) {
     case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
     case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: c = TOK_CL_L; break;
@@ -204,7 +226,7 @@ int tok_class_slow(uint32_t cp) {
 }
 
 static void class_init(void) {
-    for (uint32_t cp = 0; cp < 65536; cp++)
+    for (uint32_t cp = 0; cp < 0x30000; cp++)
         tok_bmp_class[cp] = (cp >= 0xD800 && cp < 0xE000) ? 0 : (uint8_t)tok_class_slow(cp);
 }
 
