@@ -196,10 +196,6 @@ lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *
         } else {
             lily_session_reset(s);
         }
-        /* The tokens past s->n are about to be replaced: a snapshot beyond it describes a
-         * different sequence and must never be restored for this one. */
-        for (int i = 0; i < LILY_SNAPSHOTS; i++)
-            if (s->snap[i].pos > s->n) s->snap[i].pos = 0;
         start = s->n;
     }
     if (reused) *reused = start;
