@@ -90,7 +90,7 @@ lily_code lily_session_new(lily_model *m, lily_session **out, lily_status *st) {
 void lily_session_free(lily_session *s) {
     if (!s) return;
     cpu_cache_free(&s->cache);
-    for (int i = 0; i < LILY_SNAPSHOTS; i++) { free(s->snap[i].conv); free(s->snap[i].S); }
+    for (int i = 0; i < LILY_SNAPSHOTS; i++) { free(s->snap[i].conv); free(s->snap[i].S); free(s->snap[i].tokens); }
     free(s->tokens);
     free(s->logits);
     free(s);
@@ -142,14 +142,20 @@ static void snapshot_take(lily_session *s) {
     lily_snapshot *best = NULL;
     for (int i = 0; i < LILY_SNAPSHOTS; i++) {
         lily_snapshot *sp = &s->snap[i];
-        if (sp->pos == s->n) { sp->stamp = ++s->clock; return; }
+        if (sp->pos == s->n && !memcmp(sp->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens)) { sp->stamp = ++s->clock; return; }
         if (!best || sp->stamp < best->stamp) best = sp;
     }
     if (!best->conv) {
         best->conv = malloc(conv_floats(c, &s->cache) * sizeof(float) + 1);
         best->S = malloc(S_floats(c, &s->cache) * sizeof(float) + 1);
-        if (!best->conv || !best->S) { free(best->conv); free(best->S); best->conv = best->S = NULL; return; }
+        best->tokens = malloc((size_t)s->m->max_ctx * sizeof *best->tokens);
+        if (!best->conv || !best->S || !best->tokens) {
+            free(best->conv); free(best->S); free(best->tokens);
+            best->conv = best->S = NULL; best->tokens = NULL;
+            return;
+        }
     }
+    memcpy(best->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens);
     memcpy(best->conv, s->cache.conv, conv_floats(c, &s->cache) * sizeof(float));
     memcpy(best->S, s->cache.S, S_floats(c, &s->cache) * sizeof(float));
     best->pos = s->n;
@@ -172,11 +178,15 @@ lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *
     if (cp == s->n && cp < n) {
         start = s->n; /* pure extension */
     } else {
-        /* Roll back to the latest snapshot within the common prefix (strictly before n). */
+        /* Roll back to the latest snapshot within the common prefix (strictly before n). A
+         * snapshot is usable only if it covers exactly these tokens: then the attention
+         * cache below its position, which is never copied, also matches. */
         lily_snapshot *best = NULL;
         for (int i = 0; i < LILY_SNAPSHOTS; i++) {
             lily_snapshot *sp = &s->snap[i];
-            if (sp->pos > 0 && sp->pos <= cp && sp->pos < n && (!best || sp->pos > best->pos)) best = sp;
+            if (sp->pos > 0 && sp->pos <= cp && sp->pos < n && (!best || sp->pos > best->pos) &&
+                !memcmp(sp->tokens, ids, (size_t)sp->pos * sizeof *ids))
+                best = sp;
         }
         if (best) {
             memcpy(s->cache.conv, best->conv, conv_floats(c, &s->cache) * sizeof(float));

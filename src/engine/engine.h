@@ -12,6 +12,7 @@ typedef struct {
     int pos;          /* tokens covered; 0 = unused */
     uint64_t stamp;   /* for least-recently-used replacement */
     float *conv, *S;
+    int32_t *tokens;  /* [pos]: the tokens it covers; the KV rows below pos must match too */
 } lily_snapshot;
 
 #define LILY_SNAPSHOTS 4
