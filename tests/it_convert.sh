@@ -31,6 +31,17 @@ check "generation_config.json copied" cmp -s $TINY/generation_config.json "$T/m4
 check "no vision or MTP tensors" bash -c "! grep -q 'visual\|mtp' '$T/m4/model.safetensors.index.json'"
 check "progress is sparse off a terminal ($(wc -l <"$T/err") lines)" [ "$(wc -l <"$T/err")" -le 25 ]
 
+# 1b. tokenizer and template files travel with the weights
+mkdir -p "$T/src"
+for f in $TINY/*; do ln -s "$PWD/$f" "$T/src/"; done
+for f in tokenizer.json tokenizer_config.json chat_template.jinja vocab.json merges.txt; do
+  head -c 500 /dev/urandom | base64 > "$T/src/$f"
+done
+$LILY convert --from "$T/src" --to "$T/src4" --quiet >/dev/null 2>&1
+for f in tokenizer.json tokenizer_config.json chat_template.jinja vocab.json merges.txt generation_config.json; do
+  check "$f copied" cmp -s "$T/src/$f" "$T/src4/$f"
+done
+
 # 2. lily info on both layouts
 $LILY info "$T/m4" --ctx-len 4096 >"$T/info" 2>&1
 check "info: mlx layout" grep -q "layout      mlx (affine 4-bit, group 64" "$T/info"

@@ -104,6 +104,17 @@ check "second run resumed from byte $cut" python3 -c "
 import json,sys; l=json.load(sys.stdin); sys.exit(0 if any(e['range']=='bytes=$cut-' for e in l) else 1)" <<<"$(log)"
 check "cut2 files" same_as_repo "$T/cut2"
 
+# 7b. killed after the last byte but before the rename: verified without downloading
+ctl "{\"reset\": true, \"cut\": {\"$big\": $cut}}"
+LILY_PULL_RETRIES=1 $LILY pull org/tiny --dir "$T/cut3" >/dev/null 2>&1
+cp "$T/repo/$big" "$T/cut3/$big.partial"
+ctl '{"reset": true}'
+$LILY pull org/tiny --dir "$T/cut3" >/dev/null 2>"$T/err"; rc=$?
+check "complete partial: rc=$rc $(tail -n 2 "$T/err")" [ $rc = 0 ]
+check "complete partial: no request for it" python3 -c "
+import json,sys; l=json.load(sys.stdin); sys.exit(0 if not any('$big' in e['path'] for e in l) else 1)" <<<"$(log)"
+check "complete partial files" same_as_repo "$T/cut3"
+
 # 8. a corrupted byte: sha256 mismatch, nothing kept under the final name (nor as .partial)
 ctl "{\"reset\": true, \"corrupt\": [\"$big\"]}"
 $LILY pull org/tiny --dir "$T/bad" >/dev/null 2>"$T/err"; rc=$?

@@ -347,6 +347,10 @@ lily_code convert_run(const char *from, const char *to, const convert_opts *oin,
     convert_opts o;
     if (oin) o = *oin; else convert_opts_default(&o);
     if (res) memset(res, 0, sizeof *res);
+    char tob[4096];   /* without trailing slashes, so TO.partial lies beside TO */
+    if (cv_fmt(tob, sizeof tob, "%s", to) >= (int)sizeof tob) return lily_err(st, LILY_EINVAL, "path too long: %s", to);
+    for (size_t l = strlen(tob); l > 1 && tob[l - 1] == '/'; l--) tob[l - 1] = 0;
+    to = tob;
     struct stat sb;
     if (lstat(to, &sb) == 0) return lily_err(st, LILY_EINVAL, "%s already exists; convert writes a new folder", to);
     char tmp[4200], marker[4300];

@@ -188,7 +188,9 @@ static lily_code fetch_file(run *r, manifest *m, const char *dir, const char *ba
     hub_req req = { .url = url, .token = token, .what = f->path, .stall_seconds = r->o->stall_seconds };
     int tries = r->o->max_retries > 0 ? r->o->max_retries : 6;
     long delay = r->o->retry_base_ms > 0 ? r->o->retry_base_ms : 1000;
-    for (int attempt = 1;; attempt++) {
+    /* A partial that already has every byte (killed between download and rename) only
+     * needs its check. */
+    for (int attempt = 1; !(f->has_size && offset == f->size && f->size > 0 && resumable); attempt++) {
         int transient = 0;
         r->file_start = offset;
         r->p.attempt = attempt; r->p.note = NULL;
