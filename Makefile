@@ -68,7 +68,8 @@ cuda-compile-check:
 	  mkdir -p $(BUILD)/cuda-check && for f in $(CU_SRC); do \
 	    $(NVCC) $(NVFLAGS) -c $$f -o $(BUILD)/cuda-check/$$(basename $$f).o || exit 1; done; \
 	  echo "cuda-compile-check: $(words $(CU_SRC)) files compiled"; \
-	else echo "cuda-compile-check: no nvcc, skipped"; fi
+	elif [ -z "$(NVCC)" ]; then echo "cuda-compile-check: no nvcc, skipped"; \
+	else echo "cuda-compile-check: no CUDA sources yet"; fi
 
 test: all fuzz
 	BUILD=$(BUILD) bash tests/run.sh

@@ -54,6 +54,11 @@ typedef struct {
     int n_threads;        /* CPU worker threads; 0 = all cores */
     int max_ctx;          /* largest context a session may reach; 0 = 4096 */
     int max_sessions;     /* sessions the backend must be able to hold at once; 0 = 1 */
+    /* Round RoPE inverse frequencies to bf16, as transformers has them after a whole-model
+     * .to(bfloat16) cast. The fixtures' reference outputs were made that way, so `lily check`
+     * turns it on; serving keeps float32 frequencies (what transformers' from_pretrained,
+     * vLLM and llama.cpp use). */
+    int rope_bf16_freq;
     /* Optional load progress: done/total bytes. */
     void (*progress)(void *user, uint64_t done, uint64_t total);
     void *progress_user;
@@ -107,6 +112,14 @@ lily_code lily_session_feed(lily_session *s, const int32_t *ids, int n, float *l
  * `*reused` (may be NULL) gets the number of tokens not recomputed. n must be >= 1. */
 lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *reused,
                                lily_status *st);
+
+/* lily_session_prefill with snapshot control. `marks` (increasing, may be NULL) are
+ * positions where a later request is expected to diverge, e.g. where the prompt's last
+ * turn begins: a follow-up conversation that re-renders that turn differently (the
+ * Qwen3.6 template drops old reasoning) resumes from there instead of from scratch.
+ * snapshot_end = 0 skips the snapshot at n (an intermediate chunk of a long prompt). */
+lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, const int *marks,
+                                  int n_marks, int snapshot_end, int *reused, lily_status *st);
 
 /* Logits [vocab] after the last fed token, or NULL before any token. */
 const float *lily_session_logits(lily_session *s);

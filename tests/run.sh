@@ -40,7 +40,7 @@ for fz in "$BUILD"/fuzz/fuzz_*; do
   tail -n 1 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"
 done
 echo "== cuda-compile-check"
-if make -s BUILD="$BUILD" cuda-compile-check >"$tmp/cuda.out" 2>&1; then pass=$((pass+1)); else fail=$((fail+1)); broken="$broken cuda-compile-check"; fi
+if MAKEFLAGS= make -s BUILD="$BUILD" cuda-compile-check >"$tmp/cuda.out" 2>&1; then pass=$((pass+1)); else fail=$((fail+1)); broken="$broken cuda-compile-check"; fi
 tail -n 20 "$tmp/cuda.out"
 [ -n "$broken" ] && echo "failing:$broken"
 echo "total: $pass passed, $fail failed"

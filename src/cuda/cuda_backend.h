@@ -1,9 +1,49 @@
 /* The CUDA backend behind a plain C interface. Only this header is visible to the
- * engine; the kernels live in .cu files compiled with make CUDA=1. */
+ * engine; kernels live in the .cu files of src/cuda, compiled with make CUDA=1 CUDA_ARCH=sm_90a.
+ * Without CUDA=1, cuda_stub.c implements the same functions: lcuda_available says why
+ * there is no GPU and every other call returns LILY_EDEVICE.
+ *
+ * Contract
+ * - lcuda_model_new uploads (and may repack) the weights bound in a lily_weights; the
+ *   host copy may be unmapped afterwards only if the caller wants (the engine keeps it).
+ * - A session holds the device caches: KV cache [n_full][max_ctx][nkv*hd] and the
+ *   recurrent state (conv [n_lin][conv_dim][K-1], DeltaNet S [n_lin][nv][dk][dv] fp32).
+ * - lcuda_forward has the semantics of cpu_forward (src/cpu/cpu.h): T tokens at
+ *   positions pos..pos+T-1, logits [T][V] or [V] copied to host memory.
+ * - Snapshots copy the recurrent state to a device-side slot so prefix reuse works as
+ *   on the CPU.
+ * - lcuda_generate runs the decode loop on the GPU: the chosen token is written into the
+ *   next step's input on the device, tokens reach the host through pinned memory, and
+ *   the host never waits per token. It feeds `first` at `pos`, then keeps going until
+ *   max_tokens are produced, an EOS token, or cb returns nonzero. */
 #ifndef LILY_CUDA_BACKEND_H
 #define LILY_CUDA_BACKEND_H
 #include <stddef.h>
 #include <stdio.h>
+#include "lily.h"
+#include "loader/weights.h"
+
+typedef struct lcuda_model lcuda_model;
+typedef struct lcuda_session lcuda_session;
+
 /* 1 when a usable GPU is present; otherwise 0 and a reason in why. */
 int lcuda_available(char *why, size_t n);
+
+lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
+                          lcuda_model **out, lily_status *st);
+void lcuda_model_free(lcuda_model *m);
+
+lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st);
+void lcuda_session_free(lcuda_session *s);
+void lcuda_session_reset(lcuda_session *s);
+
+lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits,
+                        int all_logits, lily_status *st);
+
+lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st);
+lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st);
+
+lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p,
+                         uint64_t seed, int max_tokens, lily_token_cb cb, void *user,
+                         int *n_out, lily_status *st);
 #endif

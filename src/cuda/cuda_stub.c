@@ -1,6 +1,33 @@
 /* Built when CUDA=1 is not given: the GPU backend reports that it is absent. */
 #include "cuda/cuda_backend.h"
+#include "util/util.h"
+
+#define NO_GPU "this lily was built without CUDA (rebuild with make CUDA=1 CUDA_ARCH=sm_90a)"
+
 int lcuda_available(char *why, size_t n) {
-    snprintf(why, n, "this lily was built without CUDA (rebuild with make CUDA=1 CUDA_ARCH=sm_90a)");
+    snprintf(why, n, NO_GPU);
     return 0;
+}
+lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions, lcuda_model **out, lily_status *st) {
+    (void)w; (void)max_ctx; (void)max_sessions; *out = NULL;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+void lcuda_model_free(lcuda_model *m) { (void)m; }
+lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st) {
+    (void)m; *out = NULL;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+void lcuda_session_free(lcuda_session *s) { (void)s; }
+void lcuda_session_reset(lcuda_session *s) { (void)s; }
+lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits, int all_logits, lily_status *st) {
+    (void)s; (void)ids; (void)T; (void)pos; (void)logits; (void)all_logits;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st) { (void)s; (void)slot; return lily_err(st, LILY_EDEVICE, NO_GPU); }
+lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st) { (void)s; (void)slot; return lily_err(st, LILY_EDEVICE, NO_GPU); }
+lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, uint64_t seed, int max_tokens,
+                         lily_token_cb cb, void *user, int *n_out, lily_status *st) {
+    (void)s; (void)pos; (void)first; (void)p; (void)seed; (void)max_tokens; (void)cb; (void)user;
+    if (n_out) *n_out = 0;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
 }

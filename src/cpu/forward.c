@@ -1,0 +1,317 @@
+#include "cpu/cpu.h"
+#include <math.h>
+#include <stdlib.h>
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    LILY_ASSERT(p);
+    return p;
+}
+
+size_t cpu_cache_recurrent_bytes(const lily_config *c) {
+    int n_lin = c->n_layers - cfg_n_full(c);
+    return (size_t)n_lin * ((size_t)cfg_conv_dim(c) * (c->conv_k - 1) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv) * sizeof(float);
+}
+
+lily_code cpu_cache_new(const lily_config *c, int max_ctx, cpu_cache *k, lily_status *st) {
+    memset(k, 0, sizeof *k);
+    k->max_ctx = max_ctx;
+    k->n_full = cfg_n_full(c);
+    k->n_lin = c->n_layers - k->n_full;
+    size_t kv = (size_t)k->n_full * max_ctx * c->n_kv_heads * c->head_dim;
+    k->conv = calloc((size_t)k->n_lin * cfg_conv_dim(c) * (c->conv_k - 1) + 1, sizeof(float));
+    k->S = calloc((size_t)k->n_lin * c->lin_nv * c->lin_dk * c->lin_dv + 1, sizeof(float));
+    k->kc = malloc((kv + 1) * sizeof(float));
+    k->vc = malloc((kv + 1) * sizeof(float));
+    if (!k->conv || !k->S || !k->kc || !k->vc) {
+        cpu_cache_free(k);
+        return lily_err(st, LILY_ENOMEM, "cannot allocate caches for %d tokens (%.1f MB)", max_ctx,
+                        (2.0 * kv * 4 + cpu_cache_recurrent_bytes(c)) / 1e6);
+    }
+    return LILY_OK;
+}
+
+void cpu_cache_free(cpu_cache *k) {
+    free(k->conv); free(k->S); free(k->kc); free(k->vc);
+    memset(k, 0, sizeof *k);
+}
+
+void cpu_cache_reset(cpu_cache *k, const lily_config *c) {
+    memset(k->conv, 0, (size_t)k->n_lin * cfg_conv_dim(c) * (c->conv_k - 1) * sizeof(float));
+    memset(k->S, 0, (size_t)k->n_lin * c->lin_nv * c->lin_dk * c->lin_dv * sizeof(float));
+}
+
+/* ---- Gated DeltaNet mixer ---- */
+typedef struct {
+    const lily_config *c;
+    const lily_layer *L;
+    int T;
+    float *qkv, *g, *beta, *o, *S;
+} gdn_ctx;
+
+static void gdn_head(void *p, int h) {
+    gdn_ctx *x = p;
+    const lily_config *c = x->c;
+    int kd = cfg_key_dim(c), cd = cfg_conv_dim(c), dk = c->lin_dk, dv = c->lin_dv, nv = c->lin_nv;
+    int kh = h / (nv / c->lin_nk); /* v-head h reads k-head h / (nv/nk): grouped, as repeat_interleave */
+    float *g = xmalloc((size_t)x->T * sizeof *g), *b = xmalloc((size_t)x->T * sizeof *b);
+    for (int t = 0; t < x->T; t++) { g[t] = x->g[(size_t)t * nv + h]; b[t] = x->beta[(size_t)t * nv + h]; }
+    void (*rule)(int, int, int, const float *, int, const float *, int, const float *, int, const float *,
+                 const float *, float *, float *, int) = x->T == 1 ? cpu_gdn_recurrent : cpu_gdn_chunked;
+    rule(x->T, dk, dv, x->qkv + (size_t)kh * dk, cd, x->qkv + kd + (size_t)kh * dk, cd,
+         x->qkv + 2 * kd + (size_t)h * dv, cd, g, b, x->S + (size_t)h * dk * dv, x->o + (size_t)h * dv, nv * dv);
+    free(g); free(b);
+}
+
+static void gdn(const lily_config *c, const lily_layer *L, float *conv_state, float *S, lily_pool *pool,
+                const float *x, int T, float *y) {
+    int cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
+    int K = c->conv_k, dk = c->lin_dk, dv = c->lin_dv;
+    float *mixed = xmalloc((size_t)T * cd * sizeof(float)), *u = xmalloc((size_t)T * cd * sizeof(float));
+    float *z = xmalloc((size_t)T * vd * sizeof(float)), *bb = xmalloc((size_t)T * nv * sizeof(float));
+    float *aa = xmalloc((size_t)T * nv * sizeof(float)), *o = xmalloc((size_t)T * vd * sizeof(float));
+    cpu_matmul(pool, &L->qkv, x, T, mixed);
+    cpu_matmul(pool, &L->z, x, T, z);
+    cpu_matmul(pool, &L->b, x, T, bb);
+    cpu_matmul(pool, &L->a, x, T, aa);
+    /* causal depthwise conv over [cached K-1 inputs, this chunk], then SiLU */
+    for (int ch = 0; ch < cd; ch++) {
+        const float *w = L->conv_w + (size_t)ch * K;
+        float *cs = conv_state + (size_t)ch * (K - 1);
+        for (int t = 0; t < T; t++) {
+            float s = 0;
+            for (int j = 0; j < K; j++) {
+                int src = t - (K - 1) + j; /* tap j looks K-1-j steps back */
+                float in = src >= 0 ? mixed[(size_t)src * cd + ch] : cs[K - 1 + src];
+                s += w[j] * in;
+            }
+            u[(size_t)t * cd + ch] = silu(s);
+        }
+        /* keep the last K-1 pre-conv inputs */
+        float hist[64];
+        for (int j = 0; j < K - 1; j++) {
+            int src = T - (K - 1) + j;
+            hist[j] = src >= 0 ? mixed[(size_t)src * cd + ch] : cs[K - 1 + src];
+        }
+        memcpy(cs, hist, (size_t)(K - 1) * sizeof(float));
+    }
+    /* L2-normalize q and k per head; q also takes the dk^-0.5 scale */
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < T; t++)
+        for (int hh = 0; hh < 2 * c->lin_nk; hh++) {
+            float *v = u + (size_t)t * cd + (size_t)hh * dk;
+            double ss = 0;
+            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+            float r = (float)(1.0 / sqrt(ss + 1e-6)) * (hh < c->lin_nk ? qscale : 1.0f);
+            for (int i = 0; i < dk; i++) v[i] *= r;
+        }
+    float *g = xmalloc((size_t)T * nv * sizeof(float)), *beta = xmalloc((size_t)T * nv * sizeof(float));
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nv; h++) {
+            size_t i = (size_t)t * nv + h;
+            beta[i] = sigm(bb[i]);
+            g[i] = -expf(L->A_log[h]) * softplus(aa[i] + L->dt_bias[h]);
+        }
+    gdn_ctx gc = { c, L, T, u, g, beta, o, S };
+    lily_pool_run(pool, nv, gdn_head, &gc);
+    /* gated RMSNorm per head (weight used directly), then the output projection */
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nv; h++) {
+            float *oh = o + (size_t)t * vd + (size_t)h * dv;
+            const float *zh = z + (size_t)t * vd + (size_t)h * dv;
+            cpu_rmsnorm(oh, L->gnorm, dv, c->eps, oh);
+            for (int j = 0; j < dv; j++) oh[j] *= silu(zh[j]);
+        }
+    cpu_matmul(pool, &L->out, o, T, y);
+
+    free(mixed); free(u); free(z); free(bb); free(aa); free(o); free(g); free(beta);
+}
+
+/* ---- gated attention ---- */
+/* NeoX-style rotation of the first `rot` dims, with the table built as transformers
+ * builds it: inv_freq and pos * inv_freq in float32, then cos/sin of that float angle.
+ * bf16_freq rounds inv_freq to bf16, as a model cast whole with .to(bfloat16) has it
+ * (the fixtures' references were made that way). */
+static void rope(float *v, int rot, int pos, double theta, int bf16_freq) {
+    int half = rot / 2;
+    for (int i = 0; i < half; i++) {
+        float inv = 1.0f / powf((float)theta, (float)(2 * i) / (float)rot);
+        if (bf16_freq) inv = lily_bf16_to_f32(lily_f32_to_bf16(inv));
+        float ang = (float)pos * inv;
+        float cs = cosf(ang), sn = sinf(ang);
+        float a = v[i], b = v[i + half];
+        v[i] = a * cs - b * sn;
+        v[i + half] = b * cs + a * sn;
+    }
+}
+
+typedef struct {
+    const lily_config *c;
+    int T, pos;
+    const float *q, *kc, *vc;
+    float *o;
+} attn_ctx;
+
+static void attn_head(void *p, int idx) {
+    attn_ctx *x = p;
+    const lily_config *c = x->c;
+    int nh = c->n_heads, hd = c->head_dim, nkv = c->n_kv_heads;
+    int t = idx / nh, h = idx % nh, kvh = h / (nh / nkv);
+    int n = x->pos + t + 1;
+    const float *q = x->q + (size_t)t * nh * hd + (size_t)h * hd;
+    float *sc = xmalloc((size_t)n * sizeof *sc);
+    double scale = 1.0 / sqrt((double)hd), mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kj = x->kc + ((size_t)j * nkv + kvh) * hd;
+        double s = 0;
+        for (int i = 0; i < hd; i++) s += (double)q[i] * kj[i];
+        sc[j] = (float)(s * scale);
+        if (sc[j] > mx) mx = sc[j];
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) { sc[j] = expf(sc[j] - (float)mx); sum += sc[j]; }
+    float *o = x->o + (size_t)t * nh * hd + (size_t)h * hd;
+    for (int i = 0; i < hd; i++) o[i] = 0;
+    for (int j = 0; j < n; j++) {
+        float pj = (float)(sc[j] / sum);
+        const float *vj = x->vc + ((size_t)j * nkv + kvh) * hd;
+        for (int i = 0; i < hd; i++) o[i] += pj * vj[i];
+    }
+    free(sc);
+}
+
+static void attention(const lily_config *c, const lily_layer *L, float *kc, float *vc, lily_pool *pool,
+                      const float *x, int T, int pos, float *y) {
+    int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    float *qg = xmalloc((size_t)T * nh * hd * 2 * sizeof(float)), *q = xmalloc((size_t)T * nh * hd * sizeof(float));
+    float *k = xmalloc((size_t)T * nkv * hd * sizeof(float)), *v = xmalloc((size_t)T * nkv * hd * sizeof(float));
+    float *o = xmalloc((size_t)T * nh * hd * sizeof(float));
+    cpu_matmul(pool, &L->q, x, T, qg);
+    cpu_matmul(pool, &L->k, x, T, k);
+    cpu_matmul(pool, &L->v, x, T, v);
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < nh; h++) { /* per head: hd query rows, then hd gate rows */
+            float *qh = q + ((size_t)t * nh + h) * hd;
+            cpu_rmsnorm(qg + ((size_t)t * nh + h) * 2 * hd, L->q_norm, hd, c->eps, qh);
+            rope(qh, c->rot_dim, pos + t, c->rope_theta, c->rope_bf16_freq);
+        }
+        for (int h = 0; h < nkv; h++) {
+            float *kh = k + ((size_t)t * nkv + h) * hd;
+            cpu_rmsnorm(kh, L->k_norm, hd, c->eps, kh);
+            rope(kh, c->rot_dim, pos + t, c->rope_theta, c->rope_bf16_freq);
+        }
+        memcpy(kc + (size_t)(pos + t) * nkv * hd, k + (size_t)t * nkv * hd, (size_t)nkv * hd * sizeof(float));
+        memcpy(vc + (size_t)(pos + t) * nkv * hd, v + (size_t)t * nkv * hd, (size_t)nkv * hd * sizeof(float));
+    }
+    attn_ctx ac = { c, T, pos, q, kc, vc, o };
+    lily_pool_run(pool, T * nh, attn_head, &ac);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++)
+            for (int i = 0; i < hd; i++)
+                o[((size_t)t * nh + h) * hd + i] *= sigm(qg[((size_t)t * nh + h) * 2 * hd + hd + i]);
+    cpu_matmul(pool, &L->o, o, T, y);
+    free(qg); free(q); free(k); free(v); free(o);
+}
+
+/* ---- sparse MoE ---- */
+static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, const float *x, int T, float *y) {
+    int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter;
+    float *logits = xmalloc((size_t)T * E * sizeof(float));
+    cpu_matmul(pool, &L->router, x, T, logits);
+    int *sel = xmalloc((size_t)T * K * sizeof(int));
+    float *wt = xmalloc((size_t)T * K * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        float *p = logits + (size_t)t * E, mx = -INFINITY;
+        for (int e = 0; e < E; e++) if (p[e] > mx) mx = p[e];
+        double sum = 0;
+        for (int e = 0; e < E; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
+        for (int e = 0; e < E; e++) p[e] = (float)(p[e] / sum);
+        double tot = 0;
+        for (int j = 0; j < K; j++) { /* top-k by selection; ties go to the lower index */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int m = 0; m < j; m++) taken |= sel[t * K + m] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[t * K + j] = best;
+            wt[t * K + j] = p[best];
+            tot += p[best];
+        }
+        for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
+    }
+    memset(y, 0, (size_t)T * H * sizeof(float));
+    /* gather the tokens routed to each expert and run them together */
+    float *xe = xmalloc((size_t)T * H * sizeof(float)), *ge = xmalloc((size_t)T * I * sizeof(float));
+    float *ue = xmalloc((size_t)T * I * sizeof(float)), *de = xmalloc((size_t)T * H * sizeof(float));
+    int *tok = xmalloc((size_t)T * sizeof(int));
+    float *tw = xmalloc((size_t)T * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++)
+                if (sel[t * K + j] == e) { tok[n] = t; tw[n] = wt[t * K + j]; memcpy(xe + (size_t)n * H, x + (size_t)t * H, (size_t)H * sizeof(float)); n++; }
+        if (!n) continue;
+        cpu_matmul(pool, &L->gate[e], xe, n, ge);
+        cpu_matmul(pool, &L->up[e], xe, n, ue);
+        for (size_t i = 0; i < (size_t)n * I; i++) ge[i] = silu(ge[i]) * ue[i];
+        cpu_matmul(pool, &L->down[e], ge, n, de);
+        for (int m = 0; m < n; m++)
+            for (int i = 0; i < H; i++) y[(size_t)tok[m] * H + i] += tw[m] * de[(size_t)m * H + i];
+    }
+    if (c->shared_inter) {
+        int SI = c->shared_inter;
+        float *sg = xmalloc((size_t)T * SI * sizeof(float)), *su = xmalloc((size_t)T * SI * sizeof(float));
+        float *sr = xmalloc((size_t)T * sizeof(float));
+        cpu_matmul(pool, &L->sh_gate, x, T, sg);
+        cpu_matmul(pool, &L->sh_up, x, T, su);
+        cpu_matmul(pool, &L->sh_router, x, T, sr);
+        for (size_t i = 0; i < (size_t)T * SI; i++) sg[i] = silu(sg[i]) * su[i];
+        cpu_matmul(pool, &L->sh_down, sg, T, de);
+        for (int t = 0; t < T; t++) {
+            float gsc = sigm(sr[t]);
+            for (int i = 0; i < H; i++) y[(size_t)t * H + i] += gsc * de[(size_t)t * H + i];
+        }
+        free(sg); free(su); free(sr);
+    }
+    free(logits); free(sel); free(wt); free(xe); free(ge); free(ue); free(de); free(tok); free(tw);
+}
+
+void cpu_forward(const lily_weights *w, cpu_cache *k, lily_pool *pool, const int32_t *ids, int T,
+                 int pos, float *logits, int all_logits, float *hidden) {
+    const lily_config *c = &w->cfg;
+    int H = c->hidden;
+    LILY_ASSERT(T >= 1 && pos >= 0 && pos + T <= k->max_ctx);
+    float *x = xmalloc((size_t)T * H * sizeof(float)), *t = xmalloc((size_t)T * H * sizeof(float));
+    float *y = xmalloc((size_t)T * H * sizeof(float));
+    for (int i = 0; i < T; i++) {
+        LILY_ASSERT(ids[i] >= 0 && ids[i] < c->vocab);
+        lw_row_f32(&w->embed, ids[i], x + (size_t)i * H);
+    }
+    if (hidden) memcpy(hidden, x, (size_t)T * H * sizeof(float));
+    int li = 0, fi = 0;
+    size_t conv_sz = (size_t)cfg_conv_dim(c) * (c->conv_k - 1), S_sz = (size_t)c->lin_nv * c->lin_dk * c->lin_dv;
+    size_t kv_sz = (size_t)k->max_ctx * c->n_kv_heads * c->head_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        const lily_layer *L = &w->layers[l];
+        for (int i = 0; i < T; i++) cpu_rmsnorm(x + (size_t)i * H, L->ln1, H, c->eps, t + (size_t)i * H);
+        if (L->full_attn) { attention(c, L, k->kc + fi * kv_sz, k->vc + fi * kv_sz, pool, t, T, pos, y); fi++; }
+        else { gdn(c, L, k->conv + li * conv_sz, k->S + li * S_sz, pool, t, T, y); li++; }
+        for (size_t i = 0; i < (size_t)T * H; i++) x[i] += y[i];
+        for (int i = 0; i < T; i++) cpu_rmsnorm(x + (size_t)i * H, L->ln2, H, c->eps, t + (size_t)i * H);
+        moe(c, L, pool, t, T, y);
+        for (size_t i = 0; i < (size_t)T * H; i++) x[i] += y[i];
+        if (hidden && l + 1 < c->n_layers) memcpy(hidden + (size_t)(l + 1) * T * H, x, (size_t)T * H * sizeof(float));
+    }
+    for (int i = 0; i < T; i++) cpu_rmsnorm(x + (size_t)i * H, w->norm, H, c->eps, x + (size_t)i * H);
+    if (hidden) memcpy(hidden + (size_t)c->n_layers * T * H, x, (size_t)T * H * sizeof(float));
+    if (logits) {
+        if (all_logits) cpu_matmul(pool, &w->lm_head, x, T, logits);
+        else cpu_matmul(pool, &w->lm_head, x + (size_t)(T - 1) * H, 1, logits);
+    }
+    free(x); free(t); free(y);
+}

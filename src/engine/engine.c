@@ -1,0 +1,220 @@
+#include "engine/engine.h"
+#include "cuda/cuda_backend.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+void lily_model_opts_default(lily_model_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->max_ctx = 4096;
+    o->max_sessions = 1;
+}
+
+lily_code lily_model_open(const char *dir, const lily_model_opts *opts, lily_model **out, lily_status *st) {
+    lily_model_opts def;
+    if (!opts) { lily_model_opts_default(&def); opts = &def; }
+    *out = NULL;
+    lily_model *m = calloc(1, sizeof *m);
+    if (!m) return lily_err(st, LILY_ENOMEM, "out of memory");
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    lily_code rc = lw_load(dir, &m->w, st);
+    if (rc) { free(m); return rc; }
+    m->max_ctx = opts->max_ctx > 0 ? opts->max_ctx : 4096;
+    m->w.cfg.rope_bf16_freq = opts->rope_bf16_freq;
+    if (opts->backend == LILY_BACKEND_CUDA) {
+        char why[256];
+        if (!lcuda_available(why, sizeof why)) {
+            lw_free(&m->w);
+            free(m);
+            return lily_err(st, LILY_EDEVICE, "CUDA backend unavailable: %s", why);
+        }
+        lw_free(&m->w);
+        free(m);
+        return lily_err(st, LILY_EUNSUPPORTED, "CUDA backend not yet wired into the engine");
+    }
+    m->pool = lily_pool_new(opts->n_threads);
+    if (!m->pool) { lw_free(&m->w); free(m); return lily_err(st, LILY_ENOMEM, "cannot start threads"); }
+    *out = m;
+    return LILY_OK;
+}
+
+void lily_model_free(lily_model *m) {
+    if (!m) return;
+    lily_pool_free(m->pool);
+    lw_free(&m->w);
+    free(m);
+}
+
+void lily_model_get_info(const lily_model *m, lily_model_info *info) {
+    const lily_config *c = &m->w.cfg;
+    memset(info, 0, sizeof *info);
+    info->vocab_size = c->vocab;
+    info->hidden_size = c->hidden;
+    info->n_layers = c->n_layers;
+    info->n_full_attn_layers = cfg_n_full(c);
+    info->n_experts = c->n_experts;
+    info->n_experts_per_tok = c->top_k;
+    info->max_ctx = m->max_ctx;
+    info->n_eos = c->n_eos;
+    for (int i = 0; i < c->n_eos && i < 8; i++) info->eos_ids[i] = c->eos[i];
+    info->n_params = m->w.n_params;
+    info->weight_bytes = m->w.weight_bytes;
+    info->backend = m->use_cuda ? "cuda" : "cpu";
+    info->layout = m->w.layout;
+    info->gen_temperature = c->gen_temperature;
+    info->gen_top_p = c->gen_top_p;
+    info->gen_min_p = c->gen_min_p;
+    info->gen_top_k = c->gen_top_k;
+}
+
+int lily_model_is_eos(const lily_model *m, int32_t id) {
+    for (int i = 0; i < m->w.cfg.n_eos; i++)
+        if (m->w.cfg.eos[i] == id) return 1;
+    return 0;
+}
+
+lily_code lily_session_new(lily_model *m, lily_session **out, lily_status *st) {
+    *out = NULL;
+    lily_session *s = calloc(1, sizeof *s);
+    if (!s) return lily_err(st, LILY_ENOMEM, "out of memory");
+    s->m = m;
+    lily_code rc = cpu_cache_new(&m->w.cfg, m->max_ctx, &s->cache, st);
+    if (rc) { free(s); return rc; }
+    s->tokens = malloc((size_t)m->max_ctx * sizeof *s->tokens);
+    s->logits = malloc((size_t)m->w.cfg.vocab * sizeof *s->logits);
+    if (!s->tokens || !s->logits) { lily_session_free(s); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+    lily_rng_seed(&s->rng, 0);
+    *out = s;
+    return LILY_OK;
+}
+
+void lily_session_free(lily_session *s) {
+    if (!s) return;
+    cpu_cache_free(&s->cache);
+    for (int i = 0; i < LILY_SNAPSHOTS; i++) { free(s->snap[i].conv); free(s->snap[i].S); free(s->snap[i].tokens); }
+    free(s->tokens);
+    free(s->logits);
+    free(s);
+}
+
+void lily_session_reset(lily_session *s) {
+    s->n = 0;
+    s->has_logits = 0;
+    cpu_cache_reset(&s->cache, &s->m->w.cfg);
+}
+
+int lily_session_len(const lily_session *s) { return s->n; }
+const int32_t *lily_session_tokens(const lily_session *s) { return s->tokens; }
+const float *lily_session_logits(lily_session *s) { return s->has_logits ? s->logits : NULL; }
+
+lily_code engine_forward(lily_session *s, const int32_t *ids, int n, float *all_logits, lily_status *st) {
+    const lily_config *c = &s->m->w.cfg;
+    if (n <= 0) return lily_err(st, LILY_EINVAL, "no tokens to feed");
+    if (s->n + n > s->m->max_ctx)
+        return lily_err(st, LILY_ERANGE, "context length exceeded: %d + %d tokens > %d", s->n, n, s->m->max_ctx);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return lily_err(st, LILY_EINVAL, "token id %d outside the vocabulary [0, %d)", ids[i], c->vocab);
+    /* Prefill in chunks bounds the activation memory; the chunked DeltaNet rule and the
+     * attention cache make chunk boundaries invisible in the result. */
+    const int CH = 512;
+    for (int i = 0; i < n; i += CH) {
+        int k = n - i < CH ? n - i : CH;
+        float *lg = all_logits ? all_logits + (size_t)i * c->vocab : s->logits;
+        cpu_forward(&s->m->w, &s->cache, s->m->pool, ids + i, k, s->n, lg, all_logits != NULL, NULL);
+        memcpy(s->tokens + s->n, ids + i, (size_t)k * sizeof *ids);
+        s->n += k;
+    }
+    if (all_logits) memcpy(s->logits, all_logits + (size_t)(n - 1) * c->vocab, (size_t)c->vocab * sizeof(float));
+    s->has_logits = 1;
+    return LILY_OK;
+}
+
+lily_code lily_session_feed(lily_session *s, const int32_t *ids, int n, float *logits, lily_status *st) {
+    return engine_forward(s, ids, n, logits, st);
+}
+
+/* ---- prefix reuse ---- */
+static size_t conv_floats(const lily_config *c, const cpu_cache *k) { return (size_t)k->n_lin * cfg_conv_dim(c) * (c->conv_k - 1); }
+static size_t S_floats(const lily_config *c, const cpu_cache *k) { return (size_t)k->n_lin * c->lin_nv * c->lin_dk * c->lin_dv; }
+
+static void snapshot_take(lily_session *s) {
+    const lily_config *c = &s->m->w.cfg;
+    lily_snapshot *best = NULL;
+    for (int i = 0; i < LILY_SNAPSHOTS; i++) {
+        lily_snapshot *sp = &s->snap[i];
+        if (sp->pos == s->n && !memcmp(sp->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens)) { sp->stamp = ++s->clock; return; }
+        if (!best || sp->stamp < best->stamp) best = sp;
+    }
+    if (!best->conv) {
+        best->conv = malloc(conv_floats(c, &s->cache) * sizeof(float) + 1);
+        best->S = malloc(S_floats(c, &s->cache) * sizeof(float) + 1);
+        best->tokens = malloc((size_t)s->m->max_ctx * sizeof *best->tokens);
+        if (!best->conv || !best->S || !best->tokens) {
+            free(best->conv); free(best->S); free(best->tokens);
+            best->conv = best->S = NULL; best->tokens = NULL;
+            return;
+        }
+    }
+    memcpy(best->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens);
+    memcpy(best->conv, s->cache.conv, conv_floats(c, &s->cache) * sizeof(float));
+    memcpy(best->S, s->cache.S, S_floats(c, &s->cache) * sizeof(float));
+    best->pos = s->n;
+    best->stamp = ++s->clock;
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int i = 0;
+    while (i < na && i < nb && a[i] == b[i]) i++;
+    return i;
+}
+
+lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *reused, lily_status *st) {
+    return lily_session_prefill_ex(s, ids, n, NULL, 0, 1, reused, st);
+}
+
+lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, const int *marks, int n_marks,
+                                  int snapshot_end, int *reused, lily_status *st) {
+    const lily_config *c = &s->m->w.cfg;
+    if (n < 1) return lily_err(st, LILY_EINVAL, "empty prompt");
+    if (n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "prompt of %d tokens exceeds the context length %d", n, s->m->max_ctx);
+    int cp = common_prefix(s->tokens, s->n, ids, n);
+    /* Keep at least the last prompt token to recompute, so its logits exist. */
+    int start;
+    if (cp == s->n && cp < n) {
+        start = s->n; /* pure extension */
+    } else {
+        /* Roll back to the latest snapshot within the common prefix (strictly before n). A
+         * snapshot is usable only if it covers exactly these tokens: then the attention
+         * cache below its position, which is never copied, also matches. */
+        lily_snapshot *best = NULL;
+        for (int i = 0; i < LILY_SNAPSHOTS; i++) {
+            lily_snapshot *sp = &s->snap[i];
+            if (sp->pos > 0 && sp->pos <= cp && sp->pos < n && (!best || sp->pos > best->pos) &&
+                !memcmp(sp->tokens, ids, (size_t)sp->pos * sizeof *ids))
+                best = sp;
+        }
+        if (best) {
+            memcpy(s->cache.conv, best->conv, conv_floats(c, &s->cache) * sizeof(float));
+            memcpy(s->cache.S, best->S, S_floats(c, &s->cache) * sizeof(float));
+            best->stamp = ++s->clock;
+            s->n = best->pos;
+        } else {
+            lily_session_reset(s);
+        }
+        start = s->n;
+    }
+    if (reused) *reused = start;
+    /* Stop at each requested mark past the reused prefix to keep a snapshot there. */
+    lily_code rc = LILY_OK;
+    for (int i = 0; i < n_marks && !rc; i++) {
+        int m = marks[i];
+        if (m <= s->n || m >= n) continue;
+        if (i && m <= marks[i - 1]) return lily_err(st, LILY_EINVAL, "snapshot marks must increase");
+        if (!(rc = engine_forward(s, ids + s->n, m - s->n, NULL, st))) snapshot_take(s);
+    }
+    if (!rc) rc = engine_forward(s, ids + s->n, n - s->n, NULL, st);
+    if (rc) { lily_session_reset(s); return rc; }
+    /* A snapshot at the end of a prompt lets a regenerated answer start from here. */
+    if (snapshot_end) snapshot_take(s);
+    return LILY_OK;
+}

@@ -1,0 +1,44 @@
+/* Engine internals shared by engine.c (model, sessions, prefix reuse) and generate.c. */
+#ifndef LILY_ENGINE_H
+#define LILY_ENGINE_H
+#include "lily.h"
+#include "cpu/cpu.h"
+#include "loader/weights.h"
+#include "util/util.h"
+
+/* A copy of the recurrent state (conv + DeltaNet) at a token boundary. Attention
+ * caches need no copy: restoring to position p only forgets keys past p. */
+typedef struct {
+    int pos;          /* tokens covered; 0 = unused */
+    uint64_t stamp;   /* for least-recently-used replacement */
+    float *conv, *S;
+    int32_t *tokens;  /* [pos]: the tokens it covers; the KV rows below pos must match too */
+} lily_snapshot;
+
+#define LILY_SNAPSHOTS 4
+
+struct lily_model {
+    lily_weights w;
+    lily_pool *pool;
+    int max_ctx;
+    int use_cuda;
+    void *cuda;       /* backend state when use_cuda */
+    char dir[1024];
+};
+
+struct lily_session {
+    lily_model *m;
+    cpu_cache cache;
+    void *cuda;       /* backend session state when the model runs on the GPU */
+    int32_t *tokens;  /* [max_ctx] consumed tokens */
+    int n;
+    float *logits;    /* [V] after the last fed token */
+    int has_logits;
+    lily_snapshot snap[LILY_SNAPSHOTS];
+    uint64_t clock;
+    lily_rng rng;
+};
+
+/* Runs n tokens through the backend at the session's position; logits as lily_session_feed. */
+lily_code engine_forward(lily_session *s, const int32_t *ids, int n, float *all_logits, lily_status *st);
+#endif

@@ -1,0 +1,234 @@
+/* Sampling from one logits row; see sampler.h for the contract.
+ *
+ * Every truncation (top-k, top-p, min-p) keeps a prefix of the tokens sorted by
+ * penalized logit, so only that prefix needs sorting. It is found by gathering the
+ * tokens within a window below the maximum and widening the window until it provably
+ * contains the kept set; with real distributions the first window almost always does,
+ * which keeps a 250k-entry vocabulary out of qsort. Without top-k/top-p no sort is
+ * needed at all: the draw walks the vocabulary in id order. */
+#include "engine/sampler.h"
+#include <math.h>
+#include <stdlib.h>
+
+void lily_sampling_default(lily_sampling *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 1.0f;
+    p->top_k = 0;
+    p->top_p = 1.0f;
+    p->min_p = 0.0f;
+    p->repetition_penalty = 1.0f;
+}
+
+lily_code lily_sampling_check(const lily_sampling *p, lily_status *st) {
+    if (!p) return lily_err(st, LILY_EINVAL, "sampling parameters missing");
+    if (!isfinite(p->temperature) || p->temperature < 0)
+        return lily_err(st, LILY_EINVAL, "temperature must be a finite number >= 0 (got %g)", p->temperature);
+    if (p->top_k < 0) return lily_err(st, LILY_EINVAL, "top_k must be >= 0 (got %d)", p->top_k);
+    if (!(p->top_p > 0 && p->top_p <= 1))
+        return lily_err(st, LILY_EINVAL, "top_p must be in (0, 1] (got %g)", p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1))
+        return lily_err(st, LILY_EINVAL, "min_p must be in [0, 1] (got %g)", p->min_p);
+    if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        return lily_err(st, LILY_EINVAL, "presence_penalty and frequency_penalty must be finite");
+    if (!(p->repetition_penalty > 0) || !isfinite(p->repetition_penalty))
+        return lily_err(st, LILY_EINVAL, "repetition_penalty must be > 0 (got %g)", p->repetition_penalty);
+    if (p->n_logprobs < 0 || p->n_logprobs > LILY_MAX_LOGPROBS)
+        return lily_err(st, LILY_EINVAL, "n_logprobs must be in [0, %d] (got %d)", LILY_MAX_LOGPROBS, p->n_logprobs);
+    return LILY_OK;
+}
+
+typedef struct {
+    const float *logits;
+    const lily_sampling *p;
+    const int32_t *counts;
+    const uint8_t *prompt_mask;
+    int penalize; /* any penalty active */
+} pen_ctx;
+
+/* Penalized logit of token i; -inf for non-finite inputs. */
+static inline double pen_logit(const pen_ctx *c, int i) {
+    float x = c->logits[i];
+    if (!isfinite(x)) return -INFINITY;
+    if (!c->penalize) return x;
+    int32_t n = c->counts ? c->counts[i] : 0;
+    int seen = n > 0 || (c->prompt_mask && c->prompt_mask[i]);
+    double z = x;
+    if (seen && c->p->repetition_penalty != 1.0f)
+        z = z > 0 ? z / c->p->repetition_penalty : z * c->p->repetition_penalty;
+    if (n > 0) z -= c->p->presence_penalty + (double)c->p->frequency_penalty * n;
+    return z;
+}
+
+typedef struct { double z; int32_t id; } cand;
+
+static int cand_cmp(const void *a, const void *b) { /* z descending, id ascending */
+    const cand *x = a, *y = b;
+    if (x->z > y->z) return -1;
+    if (x->z < y->z) return 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Top-n of the unmodified logits into out->top_*, plus the chosen token's logprob. */
+static void fill_logprobs(const float *logits, int vocab, int n, double logz, lily_token *out) {
+    if (n > vocab) n = vocab;
+    out->n_top = 0;
+    for (int i = 0; i < vocab && n > 0; i++) {
+        float x = isfinite(logits[i]) ? logits[i] : -INFINITY;
+        int k = out->n_top;
+        /* insertion: strictly greater moves up, so earlier (lower) ids win ties */
+        if (k == n && !(x > out->top_logprobs[k - 1])) continue;
+        if (k < n) out->n_top = ++k;
+        int j = k - 1;
+        while (j > 0 && x > out->top_logprobs[j - 1]) {
+            out->top_logprobs[j] = out->top_logprobs[j - 1];
+            out->top_ids[j] = out->top_ids[j - 1];
+            j--;
+        }
+        out->top_logprobs[j] = x;
+        out->top_ids[j] = i;
+    }
+    for (int j = 0; j < out->n_top; j++) out->top_logprobs[j] = (float)(out->top_logprobs[j] - logz);
+    float x = logits[out->id];
+    out->logprob = isfinite(x) ? (float)(x - logz) : -INFINITY;
+}
+
+/* Draw among candidates c[0..n) (sorted), weights exp(z - zmax). */
+static int32_t draw_sorted(const cand *c, int n, double zmax, double u) {
+    double tot = 0;
+    for (int i = 0; i < n; i++) tot += exp(c[i].z - zmax);
+    double t = u * tot, acc = 0;
+    for (int i = 0; i < n; i++) {
+        acc += exp(c[i].z - zmax);
+        if (t < acc) return c[i].id;
+    }
+    return c[n - 1].id; /* rounding: the last kept token */
+}
+
+lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampling *p,
+                                lily_rng *rng, const int32_t *counts,
+                                const uint8_t *prompt_mask, lily_token *out,
+                                lily_status *st) {
+    if (!logits || !out || vocab < 1) return lily_err(st, LILY_EINVAL, "sampler: no logits (vocab %d)", vocab);
+    lily_code rc = lily_sampling_check(p, st);
+    if (rc) return rc;
+    memset(out, 0, sizeof *out);
+
+    /* log-partition of the unmodified distribution, for logprobs */
+    double rmax = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (isfinite(logits[i]) && logits[i] > rmax) rmax = logits[i];
+    if (rmax == -INFINITY) return lily_err(st, LILY_EINVAL, "sampler: logits row has no finite value");
+    double rs = 0;
+    for (int i = 0; i < vocab; i++)
+        if (isfinite(logits[i])) rs += exp(logits[i] - rmax);
+    double logz = rmax + log(rs);
+
+    pen_ctx pc = { logits, p, counts, prompt_mask,
+                   (counts || prompt_mask) && (p->presence_penalty != 0 || p->frequency_penalty != 0 ||
+                                               p->repetition_penalty != 1.0f) };
+
+    /* greedy (and top_k == 1, which is the same set) */
+    if (p->temperature <= 0 || p->top_k == 1) {
+        double best = -INFINITY;
+        int32_t id = -1;
+        for (int i = 0; i < vocab; i++) {
+            double z = pen_logit(&pc, i);
+            if (id < 0 || z > best) { best = z; id = i; }
+        }
+        if (best == -INFINITY) return lily_err(st, LILY_EINVAL, "sampler: every token is penalized to -inf");
+        out->id = id;
+        fill_logprobs(logits, vocab, p->n_logprobs, logz, out);
+        return LILY_OK;
+    }
+    if (!rng) return lily_err(st, LILY_EINVAL, "sampler: temperature > 0 needs an rng");
+
+    double inv_t = 1.0 / p->temperature;
+    double zmax = -INFINITY;
+    for (int i = 0; i < vocab; i++) {
+        double z = pen_logit(&pc, i);
+        if (z > zmax) zmax = z;
+    }
+    if (zmax == -INFINITY) return lily_err(st, LILY_EINVAL, "sampler: every token is penalized to -inf");
+    zmax *= inv_t;
+    /* min-p is a fixed threshold on the scaled logit */
+    double minp_thr = p->min_p > 0 ? zmax + log(p->min_p) : -INFINITY;
+    int top_k = p->top_k > 0 && p->top_k < vocab ? p->top_k : 0;
+    int top_p = p->top_p < 1.0f;
+    double u = lily_rng_uniform(rng);
+
+    if (!top_k && !top_p) { /* no sort: walk in id order */
+        double tot = 0;
+        for (int i = 0; i < vocab; i++) {
+            double z = pen_logit(&pc, i) * inv_t;
+            if (z >= minp_thr) tot += exp(z - zmax);
+        }
+        double t = u * tot, acc = 0;
+        int32_t last = -1;
+        out->id = -1;
+        for (int i = 0; i < vocab; i++) {
+            double z = pen_logit(&pc, i) * inv_t;
+            if (!(z >= minp_thr) || z == -INFINITY) continue;
+            last = i;
+            acc += exp(z - zmax);
+            if (t < acc) { out->id = i; break; }
+        }
+        if (out->id < 0) out->id = last;
+        fill_logprobs(logits, vocab, p->n_logprobs, logz, out);
+        return LILY_OK;
+    }
+
+    /* total mass over every token (top-p without top-k is relative to it) */
+    double total = 0;
+    if (top_p && !top_k)
+        for (int i = 0; i < vocab; i++) total += exp(pen_logit(&pc, i) * inv_t - zmax);
+
+    cand *c = malloc(sizeof *c * (size_t)vocab);
+    if (!c) return lily_err(st, LILY_ENOMEM, "sampler: out of memory");
+    int n = 0;
+    for (double window = 16;; window *= 2) {
+        double thr = window > 1e6 ? -INFINITY : zmax - window;
+        n = 0;
+        for (int i = 0; i < vocab; i++) {
+            double z = pen_logit(&pc, i) * inv_t;
+            if (z >= thr && z > -INFINITY) { c[n].z = z; c[n].id = i; n++; }
+        }
+        if (thr == -INFINITY) break;
+        if (top_k) {
+            if (n >= top_k) break;                  /* the top-k set is inside the window */
+            if (!top_p && thr <= minp_thr) break;   /* so is everything min-p keeps */
+            continue;
+        }
+        if (thr <= minp_thr) break;
+        double m = 0; /* top-p alone: the window must carry top_p of the mass */
+        for (int i = 0; i < n; i++) m += exp(c[i].z - zmax);
+        if (m >= p->top_p * total) break;
+    }
+    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    if (top_k && n > top_k) n = top_k;
+    if (top_p) {
+        if (top_k) {
+            total = 0;
+            for (int i = 0; i < n; i++) total += exp(c[i].z - zmax);
+        }
+        double acc = 0, need = p->top_p * total;
+        int keep = n;
+        for (int i = 0; i < n; i++) {
+            acc += exp(c[i].z - zmax);
+            if (acc >= need) { keep = i + 1; break; }
+        }
+        n = keep;
+    }
+    int keep = 1; /* min-p: a prefix, never empty since c[0] is the maximum */
+    while (keep < n && c[keep].z >= minp_thr) keep++;
+    n = keep;
+    out->id = draw_sorted(c, n, zmax, u);
+    free(c);
+    fill_logprobs(logits, vocab, p->n_logprobs, logz, out);
+    return LILY_OK;
+}
+
+lily_code lily_sample_logits(const float *logits, int vocab, const lily_sampling *p,
+                             lily_rng *rng, const int32_t *counts, lily_token *out,
+                             lily_status *st) {
+    return lily_sample_logits_ex(logits, vocab, p, rng, counts, NULL, out, st);
+}

@@ -1,0 +1,47 @@
+/* Token sampling: one pure function from a logits row to a chosen token.
+ *
+ * Contract
+ * - lily_sample_logits never changes `logits`; it is deterministic given the rng state
+ *   (the same logits, parameters, counts and rng state give the same token), and it
+ *   draws exactly one uniform number from `rng` per call unless it is greedy, when it
+ *   draws none.
+ * - temperature <= 0 is greedy: argmax of the penalized logits, lowest id on ties.
+ *   Bit-for-bit deterministic; rng may be NULL.
+ * - Otherwise the pipeline is: penalties -> temperature -> top-k -> top-p -> min-p ->
+ *   draw. top-k keeps the k largest (lowest id first on ties); top-p keeps the smallest
+ *   set of most likely tokens whose mass (renormalized after top-k) reaches top_p; min-p
+ *   keeps tokens whose probability is at least min_p times the most likely one's. At
+ *   least one token always survives.
+ * - Penalties (OpenAI semantics): logit -= presence_penalty * (count > 0)
+ *   + frequency_penalty * count, where count is how many times the token was generated.
+ *   repetition_penalty (1 = off) divides positive logits and multiplies negative ones of
+ *   every token that was generated or, with the _ex form, appears in the prompt.
+ * - out->logprob and out->top_* come from the log-softmax of the unmodified logits
+ *   (no penalties, no temperature), so they describe the model, not the sampler.
+ *   out->n_top = min(p->n_logprobs, LILY_MAX_LOGPROBS, vocab), sorted by logprob
+ *   descending, lowest id first on ties.
+ * - Bad parameters (NaN, negative top_k, top_p outside (0,1], min_p outside [0,1],
+ *   n_logprobs outside [0,20], vocab < 1) give LILY_EINVAL with a message.
+ *   Non-finite logits are treated as -inf (never chosen unless all are).
+ */
+#ifndef LILY_SAMPLER_H
+#define LILY_SAMPLER_H
+#include <stdint.h>
+#include "lily.h"
+#include "util/util.h"
+
+lily_code lily_sample_logits(const float *logits, int vocab, const lily_sampling *p,
+                             lily_rng *rng, const int32_t *counts, lily_token *out,
+                             lily_status *st);
+
+/* The same with a prompt-token mask ([vocab], nonzero = token occurs in the prompt) that
+ * widens repetition_penalty to the prompt; prompt_mask may be NULL. */
+lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampling *p,
+                                lily_rng *rng, const int32_t *counts,
+                                const uint8_t *prompt_mask, lily_token *out,
+                                lily_status *st);
+
+/* Validates p (the same checks lily_sample_logits makes). */
+lily_code lily_sampling_check(const lily_sampling *p, lily_status *st);
+
+#endif

@@ -1,0 +1,429 @@
+/* HTTP with libmicrohttpd, one thread per connection. A generation request blocks its own
+ * connection thread: non-streaming ones wait for the job in the handler, streaming ones
+ * in the response's content reader. Both wait in short slices and peek at the socket
+ * between them, so a client that hangs up cancels its job within ~50 ms even when
+ * nothing is being written to it. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include "server/http_int.h"
+
+enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_NONE };
+static const char *route_names[] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+                                     "other" };
+
+typedef struct {
+    int route;
+    char *body;
+    size_t n, cap;
+    int too_large;
+    int fd;
+} conn_ctx;
+
+static int route_of(const char *url) {
+    for (int r = 0; r < R_NONE; r++) {
+        size_t l = strlen(route_names[r]);
+        if (!strncmp(url, route_names[r], l) && (url[l] == 0 || (url[l] == '/' && url[l + 1] == 0))) return r;
+    }
+    return R_NONE;
+}
+
+static enum MHD_Result send_body(srv_http *h, struct MHD_Connection *c, int route, int status, const char *ctype,
+                                 char *body /* freed */) {
+    if (!body) { body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}"); status = 500; }
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) { free(body); return MHD_NO; }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (status == 405)
+        MHD_add_response_header(r, "Allow", route == R_CHAT || route == R_COMPLETIONS ? "POST" : "GET, HEAD");
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    srv_metrics_request(h->m, route_names[route], status);
+    return rc;
+}
+
+static enum MHD_Result send_json(srv_http *h, struct MHD_Connection *c, int route, int status, json_t *o) {
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return send_body(h, c, route, status, "application/json", s);
+}
+
+static enum MHD_Result send_error(srv_http *h, struct MHD_Connection *c, int route, const srv_error *e) {
+    return send_body(h, c, route, e->http, "application/json", srv_error_json(e));
+}
+
+int srv_peer_closed(int fd) {
+    if (fd < 0) return 0;
+    char b;
+    ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (r == 0) return 1;
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return 1;
+    return 0;
+}
+
+/* Waits on the job until `ready` holds or the client leaves. Called with j->mu held. */
+int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg) {
+    while (!ready(j, arg)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        if (!ready(j, arg) && srv_peer_closed(fd)) return -1;
+    }
+    return 0;
+}
+
+static int job_done(srv_job *j, void *arg) { (void)arg; return j->finish != SRV_FINISH_NONE; }
+
+void srv_random_id(char *out, size_t n, const char *prefix) {
+    static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    unsigned char r[24];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        for (size_t i = 0; i < sizeof r; i++) r[i] = (unsigned char)(rand() ^ (int)(lily_now() * 1e6));
+    size_t p = (size_t)snprintf(out, n, "%s", prefix);
+    for (size_t i = 0; i < sizeof r && p + 1 < n; i++) out[p++] = al[r[i] % 62];
+    out[p] = 0;
+}
+
+static uint64_t random_seed(void) {
+    uint64_t s;
+    if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s) s = (uint64_t)(lily_now() * 1e9);
+    return s;
+}
+
+/* The request minus its tools, for tool_choice "none". */
+static json_t *without_tools(json_t *body) {
+    json_t *c = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(body, k, v) if (strcmp(k, "tools")) json_object_set(c, k, v);
+    return c;
+}
+
+/* Request -> prompt tokens and a ready job. 0 ok, -1 with *e set. */
+static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_error *e) {
+    int32_t *ids = NULL;
+    int n = 0;
+    lily_status st = { 0 };
+    if (r->kind == SRV_CHAT) {
+        json_t *body = r->tool_choice_none ? without_tools(r->body) : json_incref(r->body);
+        char *text = NULL;
+        lily_code rc = chat_render(body, h->o.template_kind, &text, &st);
+        json_decref(body);
+        if (rc) {
+            srv_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", st.msg);
+            return -1;
+        }
+        rc = tok_encode(h->tok, text, strlen(text), 1, &ids, &n, &st);
+        free(text);
+        if (rc) { srv_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", st.msg); return -1; }
+    } else if (r->prompt) {
+        if (tok_encode(h->tok, r->prompt, strlen(r->prompt), 1, &ids, &n, &st)) {
+            srv_error_set(e, 400, "invalid_request_error", "prompt", NULL, "%s", st.msg);
+            return -1;
+        }
+    } else {
+        for (int i = 0; i < r->n_prompt_ids; i++)
+            if (r->prompt_ids[i] >= h->info.vocab_size) {
+                srv_error_set(e, 400, "invalid_request_error", "prompt", NULL,
+                              "prompt token %d is outside the vocabulary (size %d)", r->prompt_ids[i], h->info.vocab_size);
+                return -1;
+            }
+        ids = malloc(sizeof *ids * (size_t)r->n_prompt_ids);
+        if (ids) memcpy(ids, r->prompt_ids, sizeof *ids * (size_t)r->n_prompt_ids);
+        n = r->n_prompt_ids;
+    }
+    if (n <= 0) {
+        free(ids);
+        srv_error_set(e, 400, "invalid_request_error", r->kind == SRV_CHAT ? "messages" : "prompt", NULL, "the prompt is empty");
+        return -1;
+    }
+    if (n >= h->o.ctx_len) {
+        free(ids);
+        srv_error_set(e, 400, "invalid_request_error", r->kind == SRV_CHAT ? "messages" : "prompt",
+                      "context_length_exceeded",
+                      "This model's maximum context length is %d tokens; the prompt has %d tokens, which leaves no room "
+                      "to generate. Shorten the prompt or restart the server with a larger --ctx-len.",
+                      h->o.ctx_len, n);
+        return -1;
+    }
+    srv_job *j = srv_job_new();
+    if (!j) { free(ids); srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory"); return -1; }
+    j->prompt = ids;
+    j->n_prompt = n;
+    int room = h->o.ctx_len - n;
+    j->max_tokens = r->max_tokens > 0 && r->max_tokens < room ? r->max_tokens : room;
+    lily_sampling *p = &j->samp;
+    lily_sampling_default(p);
+    const lily_model_info *mi = &h->info;
+    p->temperature = r->has_temperature ? r->temperature : mi->gen_temperature >= 0 ? mi->gen_temperature : 1.0f;
+    p->top_p = r->has_top_p ? r->top_p : mi->gen_top_p > 0 && mi->gen_top_p <= 1 ? mi->gen_top_p : 1.0f;
+    p->top_k = r->has_top_k ? r->top_k : mi->gen_top_k > 0 ? mi->gen_top_k : 0;
+    p->min_p = r->has_min_p ? r->min_p : mi->gen_min_p >= 0 && mi->gen_min_p <= 1 ? mi->gen_min_p : 0.0f;
+    p->presence_penalty = r->presence_penalty;
+    p->frequency_penalty = r->frequency_penalty;
+    p->repetition_penalty = r->repetition_penalty;
+    p->seed = r->has_seed ? r->seed : random_seed();
+    p->n_logprobs = r->logprobs ? r->top_logprobs : 0;
+    j->want_logprobs = r->logprobs;
+    for (int i = 0; i < r->n_stop; i++)
+        if ((j->stops[j->n_stop] = strdup(r->stop[i]))) j->n_stop++;
+    *out = j;
+    return 0;
+}
+
+/* ---- non-streaming ---- */
+
+static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, conn_ctx *x, const srv_request *r,
+                                       srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    int gone = srv_wait_job(j, x->fd, job_done, NULL);
+    pthread_mutex_unlock(&j->mu);
+    if (gone) {
+        srv_sched_cancel(h->sched, j);
+        return MHD_NO; /* closes the connection */
+    }
+    srv_metrics_tokens(h->m, j->n_prompt, j->n_reused, j->n_gen);
+    if (j->finish == SRV_FINISH_ERROR) {
+        srv_error e;
+        srv_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", j->error);
+        return send_error(h, c, x->route, &e);
+    }
+    char id[48];
+    long now = (long)time(NULL);
+    const char *text = j->text ? j->text : "";
+    json_t *resp;
+    if (r->kind == SRV_CHAT) {
+        chat_parse_opts po = { chat_think_open(r->body, h->o.template_kind),
+                               r->tool_choice_none ? NULL : json_object_get(r->body, "tools"), 0 };
+        chat_parsed parsed;
+        lily_status st = { 0 };
+        if (parse_output(text, j->text_len, &po, &parsed, &st)) {
+            srv_error e;
+            srv_error_set(&e, 500, "server_error", NULL, NULL, "cannot parse the output: %s", st.msg);
+            return send_error(h, c, x->route, &e);
+        }
+        json_t *lp = NULL;
+        if (j->want_logprobs) {
+            lp = json_pack("{s:[]}", "content");
+            srv_logprobs_chat(h->tok, j->toks, j->n_toks, json_object_get(lp, "content"));
+        }
+        srv_random_id(id, sizeof id, "chatcmpl-");
+        resp = srv_chat_response(id, h->model_name, now, &parsed, srv_finish_name(j->finish, parsed.n_calls), lp,
+                                 j->n_prompt, j->n_gen, j->n_reused);
+        parse_free(&parsed);
+    } else {
+        json_t *lp = NULL;
+        if (j->want_logprobs) {
+            long off = 0;
+            lp = srv_logprobs_completion_new();
+            srv_logprobs_completion(h->tok, j->toks, j->n_toks, lp, &off);
+        }
+        srv_random_id(id, sizeof id, "cmpl-");
+        resp = srv_completion_response(id, h->model_name, now, text, srv_finish_name(j->finish, 0), lp, j->n_prompt,
+                                       j->n_gen, j->n_reused);
+    }
+    return send_json(h, c, x->route, 200, resp);
+}
+
+static enum MHD_Result handle_generate(srv_http *h, struct MHD_Connection *c, conn_ctx *x) {
+    srv_request r;
+    srv_error e;
+    if (srv_request_parse(x->body ? x->body : "", x->n, x->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION, &r, &e))
+        return send_error(h, c, x->route, &e);
+    srv_job *j = NULL;
+    if (prepare_job(h, &r, &j, &e)) {
+        srv_request_free(&r);
+        return send_error(h, c, x->route, &e);
+    }
+    if (srv_sched_submit(h->sched, j)) {
+        srv_job_unref(j);
+        srv_request_free(&r);
+        srv_metrics_event(h->m, "rejected");
+        srv_error_set(&e, 503, "server_error", NULL, "queue_full",
+                      "The server is busy: the request queue is full. Retry later.");
+        return send_error(h, c, x->route, &e);
+    }
+    enum MHD_Result rc;
+    if (r.stream) rc = srv_stream_start(h, c, x->fd, route_names[x->route], &r, j);
+    else rc = finish_blocking(h, c, x, &r, j);
+    srv_job_unref(j);
+    srv_request_free(&r);
+    return rc;
+}
+
+/* ---- routing ---- */
+
+static int authorized(srv_http *h, struct MHD_Connection *c) {
+    if (!h->o.api_key) return 1;
+    const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!a || strncasecmp(a, "Bearer ", 7)) return 0;
+    a += 7;
+    while (*a == ' ') a++;
+    size_t la = strlen(a), lk = strlen(h->o.api_key);
+    unsigned diff = (unsigned)(la ^ lk);
+    for (size_t i = 0; i < la; i++) diff |= (unsigned char)a[i] ^ (unsigned char)h->o.api_key[i % (lk ? lk : 1)];
+    return diff == 0;
+}
+
+static enum MHD_Result handle_get(srv_http *h, struct MHD_Connection *c, int route) {
+    if (route == R_HEALTH) return send_json(h, c, route, 200, json_pack("{s:s}", "status", "ok"));
+    if (route == R_MODELS)
+        return send_json(h, c, route, 200,
+                         json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:i}]}", "object", "list", "data", "id", h->model_name,
+                                   "object", "model", "created", (json_int_t)h->started, "owned_by", "lily",
+                                   "max_model_len", h->o.ctx_len));
+    int q, a;
+    srv_sched_counts(h->sched, &q, &a);
+    return send_body(h, c, route, 200, "text/plain; version=0.0.4", srv_metrics_render(h->m, q, a, h->o.slots));
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    srv_http *h = cls;
+    conn_ctx *x = *con_cls;
+    srv_error e;
+    if (!x) {
+        x = calloc(1, sizeof *x);
+        if (!x) return MHD_NO;
+        *con_cls = x;
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        x->fd = ci ? ci->connect_fd : -1;
+        x->route = route_of(url);
+        int post = x->route == R_CHAT || x->route == R_COMPLETIONS;
+        if (x->route == R_NONE) {
+            srv_error_set(&e, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
+            return send_error(h, c, x->route, &e);
+        }
+        int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+        if (post ? strcmp(method, "POST") != 0 : !get) {
+            srv_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s does not accept %s (use %s)",
+                          url, method, post ? "POST" : "GET");
+            return send_error(h, c, x->route, &e);
+        }
+        if (!strncmp(url, "/v1/", 4) && !authorized(h, c)) {
+            srv_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                          "Missing or incorrect API key: send 'Authorization: Bearer <key>'.");
+            return send_error(h, c, x->route, &e);
+        }
+        if (!post) return handle_get(h, c, x->route);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > h->o.max_body) {
+            srv_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                          "the request body (%s bytes) is larger than the limit of %zu bytes", cl, h->o.max_body);
+            return send_error(h, c, x->route, &e);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (x->too_large || x->n + n > h->o.max_body) {
+            x->too_large = 1; /* drop the rest; answer 413 at the end */
+            free(x->body);
+            x->body = NULL;
+            x->n = x->cap = 0;
+            return MHD_YES;
+        }
+        if (x->n + n + 1 > x->cap) {
+            size_t cap = x->cap ? x->cap : 4096;
+            while (cap < x->n + n + 1) cap *= 2;
+            char *b = realloc(x->body, cap);
+            if (!b) return MHD_NO;
+            x->body = b;
+            x->cap = cap;
+        }
+        memcpy(x->body + x->n, upload, n);
+        x->n += n;
+        x->body[x->n] = 0;
+        return MHD_YES;
+    }
+    if (x->too_large) {
+        srv_error_set(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                      "the request body is larger than the limit of %zu bytes", h->o.max_body);
+        return send_error(h, c, x->route, &e);
+    }
+    return handle_generate(h, c, x);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls; (void)c; (void)toe;
+    conn_ctx *x = *con_cls;
+    if (!x) return;
+    free(x->body);
+    free(x);
+    *con_cls = NULL;
+}
+
+/* ---- lifecycle ---- */
+
+lily_code srv_http_bind(const srv_http_opts *o, srv_http **out, int *bound_port, lily_status *st) {
+    struct sockaddr_in a = { 0 };
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)o->port);
+    const char *host = !strcmp(o->host, "localhost") ? "127.0.0.1" : o->host;
+    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+        return lily_err(st, LILY_EINVAL, "--host %s is not an IPv4 address (use e.g. 127.0.0.1 or 0.0.0.0)", o->host);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return lily_err(st, LILY_EIO, "socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        int err = errno;
+        close(fd);
+        if (err == EADDRINUSE)
+            return lily_err(st, LILY_EIO, "port %d on %s is already in use (is another server running? pick another --port)",
+                            o->port, o->host);
+        return lily_err(st, LILY_EIO, "cannot bind %s:%d: %s", o->host, o->port, strerror(err));
+    }
+    if (listen(fd, 512) < 0) {
+        int err = errno;
+        close(fd);
+        return lily_err(st, LILY_EIO, "listen: %s", strerror(err));
+    }
+    socklen_t al = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    srv_http *h = calloc(1, sizeof *h);
+    if (!h) { close(fd); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+    h->o = *o;
+    snprintf(h->model_name, sizeof h->model_name, "%s", o->model_name ? o->model_name : "lily");
+    h->o.model_name = h->model_name;
+    h->fd = fd;
+    h->started = (long)time(NULL);
+    *bound_port = ntohs(a.sin_port);
+    *out = h;
+    return LILY_OK;
+}
+
+lily_code srv_http_start(srv_http *h, srv_sched *sched, const tok_tokenizer *tok, srv_metrics *m, lily_status *st) {
+    h->sched = sched;
+    h->tok = tok;
+    h->m = m;
+    srv_sched_info(sched, &h->info);
+    h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                                MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)(h->o.threads > 0 ? h->o.threads : 512), MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024), MHD_OPTION_END);
+    if (!h->d) return lily_err(st, LILY_EIO, "cannot start the HTTP daemon on %s:%d", h->o.host, h->o.port);
+    return LILY_OK;
+}
+
+void srv_http_stop(srv_http *h) {
+    if (!h) return;
+    if (h->d) MHD_stop_daemon(h->d);
+    else if (h->fd >= 0) close(h->fd);
+    free(h);
+}

@@ -1,0 +1,28 @@
+/* Internals shared by http.c and stream.c (the SSE half of the HTTP layer). */
+#ifndef LILY_SERVER_HTTP_INT_H
+#define LILY_SERVER_HTTP_INT_H
+#include <microhttpd.h>
+#include "server/server.h"
+
+struct srv_http {
+    srv_http_opts o;
+    char model_name[128];
+    int fd;
+    struct MHD_Daemon *d;
+    srv_sched *sched;
+    const tok_tokenizer *tok;
+    srv_metrics *m;
+    lily_model_info info;
+    long started;
+};
+
+/* 1 when the peer has closed or reset the connection (non-blocking peek). */
+int srv_peer_closed(int fd);
+/* Waits (j->mu held) until ready(j, arg) or the client leaves (-1). */
+int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg);
+/* Queues a 200 text/event-stream response that relays job j (takes its own reference). */
+enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
+                                 const srv_request *r, srv_job *j);
+/* Fills a unique id "<prefix><24 alphanumerics>". */
+void srv_random_id(char *out, size_t n, const char *prefix);
+#endif

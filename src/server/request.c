@@ -1,0 +1,313 @@
+/* Request bodies -> srv_request: JSON syntax, field types and ranges. The messages are
+ * checked only for shape here; the chat template rejects what it cannot render. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "server/server.h"
+
+/* Messages quote request bytes (jansson's error text does): replace anything that is not
+ * well-formed UTF-8 by '?', so the error body is always valid JSON. */
+static void utf8_clean(char *s) {
+    for (unsigned char *p = (unsigned char *)s; *p;) {
+        int l = *p < 0x80 ? 1 : (*p >> 5) == 6 && *p >= 0xc2 ? 2 : (*p >> 4) == 14 ? 3 : (*p >> 3) == 30 && *p <= 0xf4 ? 4 : 0;
+        int ok = l > 0;
+        for (int k = 1; ok && k < l; k++) ok = (p[k] >> 6) == 2;
+        if (ok && l == 3) ok = !(p[0] == 0xe0 && p[1] < 0xa0) && !(p[0] == 0xed && p[1] >= 0xa0);
+        if (ok && l == 4) ok = !(p[0] == 0xf0 && p[1] < 0x90) && !(p[0] == 0xf4 && p[1] >= 0x90);
+        if (!ok) { *p++ = '?'; continue; }
+        p += l;
+    }
+}
+
+void srv_error_set(srv_error *e, int http, const char *type, const char *param, const char *code,
+                   const char *fmt, ...) {
+    e->http = http;
+    e->type = type;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    e->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    utf8_clean(e->message);
+    utf8_clean(e->param);
+}
+
+char *srv_error_json(const srv_error *e) {
+    json_t *o = json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->message, "type",
+                          e->type ? e->type : "invalid_request_error", "param",
+                          e->param[0] ? json_string(e->param) : json_null(), "code",
+                          e->code ? json_string(e->code) : json_null());
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return s;
+}
+
+#define BAD(param, ...) (srv_error_set(err, 400, "invalid_request_error", param, NULL, __VA_ARGS__), -1)
+
+/* Field getters: absent or null leaves the default and returns 0; a wrong type
+ * returns -1 with err set; present returns 1. */
+static int get_number(json_t *o, const char *k, double lo, double hi, double *v, srv_error *err) {
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_number(x)) return BAD(k, "'%s' must be a number", k);
+    double d = json_number_value(x);
+    if (!isfinite(d) || d < lo || d > hi) return BAD(k, "'%s' must be between %g and %g (got %g)", k, lo, hi, d);
+    *v = d;
+    return 1;
+}
+
+static int get_int(json_t *o, const char *k, double lo, double hi, double *v, srv_error *err) {
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) return 0;
+    double d;
+    if (json_is_integer(x)) d = (double)json_integer_value(x);
+    else if (json_is_real(x) && floor(json_real_value(x)) == json_real_value(x)) d = json_real_value(x);
+    else return BAD(k, "'%s' must be an integer", k);
+    if (d < lo || d > hi) return BAD(k, "'%s' must be between %.0f and %.0f (got %.0f)", k, lo, hi, d);
+    *v = d;
+    return 1;
+}
+
+static int get_bool(json_t *o, const char *k, int *v, srv_error *err) {
+    json_t *x = json_object_get(o, k);
+    if (!x || json_is_null(x)) return 0;
+    if (!json_is_boolean(x)) return BAD(k, "'%s' must be a boolean", k);
+    *v = json_is_true(x);
+    return 1;
+}
+
+static int parse_stop(json_t *o, srv_request *r, srv_error *err) {
+    json_t *x = json_object_get(o, "stop");
+    if (!x || json_is_null(x)) return 0;
+    if (json_is_string(x)) {
+        if (json_string_length(x) == 0) return 0;
+        if (json_string_length(x) > SRV_MAX_STOP_LEN) return BAD("stop", "a stop string is longer than %d bytes", SRV_MAX_STOP_LEN);
+        r->stop[r->n_stop++] = strdup(json_string_value(x));
+        return 0;
+    }
+    if (!json_is_array(x)) return BAD("stop", "'stop' must be a string or an array of strings");
+    if (json_array_size(x) > SRV_MAX_STOP) return BAD("stop", "at most %d stop strings", SRV_MAX_STOP);
+    size_t i;
+    json_t *v;
+    json_array_foreach(x, i, v) {
+        if (!json_is_string(v)) return BAD("stop", "'stop' must be a string or an array of strings");
+        if (json_string_length(v) > SRV_MAX_STOP_LEN) return BAD("stop", "a stop string is longer than %d bytes", SRV_MAX_STOP_LEN);
+        if (json_string_length(v) == 0) continue;
+        if (memchr(json_string_value(v), 0, json_string_length(v))) return BAD("stop", "stop strings may not contain NUL");
+        r->stop[r->n_stop++] = strdup(json_string_value(v));
+    }
+    return 0;
+}
+
+static int check_content(json_t *c, size_t i, srv_error *err) {
+    char p[64];
+    snprintf(p, sizeof p, "messages[%zu].content", i);
+    if (!c || json_is_null(c) || json_is_string(c)) return 0;
+    if (!json_is_array(c)) return BAD(p, "%s must be a string, an array of content parts, or null", p);
+    size_t j;
+    json_t *part;
+    json_array_foreach(c, j, part) {
+        json_t *type = json_object_get(part, "type");
+        if (!json_is_object(part) || !json_is_string(type))
+            return BAD(p, "%s[%zu] must be an object with a string 'type'", p, j);
+        if (strcmp(json_string_value(type), "text") != 0)
+            return BAD(p, "%s[%zu]: content type '%s' is not supported (text only)", p, j, json_string_value(type));
+        if (!json_is_string(json_object_get(part, "text")))
+            return BAD(p, "%s[%zu].text must be a string", p, j);
+    }
+    return 0;
+}
+
+static int parse_messages(json_t *o, srv_error *err) {
+    json_t *m = json_object_get(o, "messages");
+    if (!m) return BAD("messages", "'messages' is required");
+    if (!json_is_array(m)) return BAD("messages", "'messages' must be an array");
+    if (json_array_size(m) == 0) return BAD("messages", "'messages' must not be empty");
+    size_t i;
+    json_t *msg;
+    json_array_foreach(m, i, msg) {
+        char p[48];
+        snprintf(p, sizeof p, "messages[%zu]", i);
+        if (!json_is_object(msg)) return BAD(p, "%s must be an object", p);
+        json_t *role = json_object_get(msg, "role");
+        if (!json_is_string(role)) return BAD(p, "%s.role must be a string", p);
+        const char *rs = json_string_value(role);
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "tool") &&
+            strcmp(rs, "developer"))
+            return BAD(p, "%s.role '%s' is not one of system, developer, user, assistant, tool", p, rs);
+        if (check_content(json_object_get(msg, "content"), i, err)) return -1;
+        json_t *tc = json_object_get(msg, "tool_calls");
+        if (tc && !json_is_null(tc) && !json_is_array(tc)) return BAD(p, "%s.tool_calls must be an array", p);
+    }
+    return 0;
+}
+
+static int parse_tools(json_t *o, srv_request *r, srv_error *err) {
+    json_t *t = json_object_get(o, "tools");
+    if (t && !json_is_null(t)) {
+        if (!json_is_array(t)) return BAD("tools", "'tools' must be an array");
+        size_t i;
+        json_t *x;
+        json_array_foreach(t, i, x) {
+            json_t *fn = json_object_get(x, "function");
+            if (!json_is_object(x) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+                return BAD("tools", "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+            json_t *ty = json_object_get(x, "type");
+            if (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "function")))
+                return BAD("tools", "tools[%zu].type must be \"function\"", i);
+        }
+        r->has_tools = json_array_size(t) > 0;
+    }
+    json_t *c = json_object_get(o, "tool_choice");
+    if (!c || json_is_null(c)) return 0;
+    if (json_is_string(c)) {
+        const char *s = json_string_value(c);
+        if (!strcmp(s, "none")) r->tool_choice_none = 1;
+        else if (strcmp(s, "auto") && strcmp(s, "required"))
+            return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a function");
+        return 0;
+    }
+    json_t *fn = json_object_get(c, "function");
+    if (!json_is_object(c) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+        return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a function");
+    return 0;
+}
+
+static int parse_prompt(json_t *o, srv_request *r, srv_error *err) {
+    json_t *p = json_object_get(o, "prompt");
+    if (!p) return BAD("prompt", "'prompt' is required");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0);
+    if (json_is_string(p)) {
+        if (json_string_length(p) == 0) return BAD("prompt", "'prompt' must not be empty");
+        r->prompt = malloc(json_string_length(p) + 1);
+        memcpy(r->prompt, json_string_value(p), json_string_length(p) + 1);
+        return 0;
+    }
+    if (json_is_array(p) && json_array_size(p) > 0) { /* token ids */
+        size_t n = json_array_size(p), i;
+        json_t *v;
+        r->prompt_ids = malloc(sizeof *r->prompt_ids * n);
+        json_array_foreach(p, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+                return BAD("prompt", "'prompt' must be a string, one string in an array, or an array of token ids");
+            r->prompt_ids[i] = (int32_t)json_integer_value(v);
+        }
+        r->n_prompt_ids = (int)n;
+        return 0;
+    }
+    return BAD("prompt", "'prompt' must be a string, one string in an array, or an array of token ids");
+}
+
+static int parse_fields(json_t *o, srv_request *r, srv_error *err) {
+    double d;
+    int rc, b = 0;
+    json_t *model = json_object_get(o, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return BAD("model", "'model' must be a string");
+        snprintf(r->model, sizeof r->model, "%s", json_string_value(model));
+    }
+    if (get_bool(o, "stream", &r->stream, err) < 0) return -1;
+    json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return BAD("stream_options", "'stream_options' must be an object");
+        if (get_bool(so, "include_usage", &r->include_usage, err) < 0) return -1;
+    }
+    /* max_completion_tokens wins over the older max_tokens */
+    if ((rc = get_int(o, "max_tokens", 1, 1e9, &d, err)) < 0) return -1;
+    if (rc) r->max_tokens = (int)d;
+    if ((rc = get_int(o, "max_completion_tokens", 1, 1e9, &d, err)) < 0) return -1;
+    if (rc) r->max_tokens = (int)d;
+    if ((rc = get_number(o, "temperature", 0, 2, &d, err)) < 0) return -1;
+    if (rc) { r->temperature = (float)d; r->has_temperature = 1; }
+    if ((rc = get_number(o, "top_p", 0, 1, &d, err)) < 0) return -1;
+    if (rc) {
+        if (d <= 0) return BAD("top_p", "'top_p' must be greater than 0");
+        r->top_p = (float)d; r->has_top_p = 1;
+    }
+    if ((rc = get_int(o, "top_k", -1, 1e9, &d, err)) < 0) return -1;
+    if (rc) { r->top_k = d < 0 ? 0 : (int)d; r->has_top_k = 1; }
+    if ((rc = get_number(o, "min_p", 0, 1, &d, err)) < 0) return -1;
+    if (rc) { r->min_p = (float)d; r->has_min_p = 1; }
+    if ((rc = get_number(o, "presence_penalty", -2, 2, &d, err)) < 0) return -1;
+    if (rc) r->presence_penalty = (float)d;
+    if ((rc = get_number(o, "frequency_penalty", -2, 2, &d, err)) < 0) return -1;
+    if (rc) r->frequency_penalty = (float)d;
+    if ((rc = get_number(o, "repetition_penalty", 0.01, 100, &d, err)) < 0) return -1;
+    if (rc) r->repetition_penalty = (float)d;
+    json_t *seed = json_object_get(o, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) return BAD("seed", "'seed' must be an integer");
+        r->seed = (uint64_t)json_integer_value(seed);
+        r->has_seed = 1;
+    }
+    if ((rc = get_int(o, "n", 1, 1e9, &d, err)) < 0) return -1;
+    if (rc && d != 1) return BAD("n", "only n = 1 is supported (got %.0f)", d);
+    if (parse_stop(o, r, err)) return -1;
+
+    if (r->kind == SRV_CHAT) {
+        if ((rc = get_bool(o, "logprobs", &b, err)) < 0) return -1;
+        if (rc) r->logprobs = b;
+        if ((rc = get_int(o, "top_logprobs", 0, LILY_MAX_LOGPROBS, &d, err)) < 0) return -1;
+        if (rc) {
+            if (!r->logprobs && d > 0) return BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            r->top_logprobs = (int)d;
+        }
+        if (parse_messages(o, err) || parse_tools(o, r, err)) return -1;
+        json_t *k = json_object_get(o, "chat_template_kwargs");
+        if (k && !json_is_null(k)) {
+            if (!json_is_object(k)) return BAD("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            if (get_bool(k, "enable_thinking", &b, err) < 0 || get_bool(k, "preserve_thinking", &b, err) < 0)
+                return -1;
+        }
+    } else {
+        /* completions: logprobs is the number of alternatives */
+        if ((rc = get_int(o, "logprobs", 0, LILY_MAX_LOGPROBS, &d, err)) < 0) return -1;
+        if (rc) { r->logprobs = 1; r->top_logprobs = (int)d; }
+        b = 0;
+        if (get_bool(o, "echo", &b, err) < 0) return -1;
+        if (b) return BAD("echo", "'echo' is not supported");
+        if ((rc = get_int(o, "best_of", 1, 1e9, &d, err)) < 0) return -1;
+        if (rc && d != 1) return BAD("best_of", "only best_of = 1 is supported");
+        json_t *suffix = json_object_get(o, "suffix");
+        if (suffix && !json_is_null(suffix)) return BAD("suffix", "'suffix' is not supported");
+        if (parse_prompt(o, r, err)) return -1;
+    }
+    return 0;
+}
+
+int srv_request_parse(const char *body, size_t len, srv_kind kind, srv_request *r, srv_error *err) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->max_tokens = -1;
+    r->repetition_penalty = 1.0f;
+    json_error_t je;
+    /* key order is part of what the chat template prints */
+    r->body = json_loadb(body, len, JSON_PRESERVE_ORDER | JSON_REJECT_DUPLICATES, &je);
+    if (!r->body) {
+        srv_error_set(err, 400, "invalid_request_error", NULL, "invalid_json",
+                      "request body is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return -1;
+    }
+    if (!json_is_object(r->body)) {
+        srv_error_set(err, 400, "invalid_request_error", NULL, "invalid_json", "request body must be a JSON object");
+        srv_request_free(r);
+        return -1;
+    }
+    if (parse_fields(r->body, r, err)) {
+        srv_request_free(r);
+        return -1;
+    }
+    return 0;
+}
+
+void srv_request_free(srv_request *r) {
+    json_decref(r->body);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->prompt);
+    free(r->prompt_ids);
+    memset(r, 0, sizeof *r);
+}

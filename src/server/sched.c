@@ -1,0 +1,378 @@
+/* The scheduler: the only thread that touches the model. Jobs wait in a FIFO queue
+ * until a session slot is free; the slot chosen is the free one whose cached tokens
+ * share the longest prefix with the prompt (so a follow-up turn reuses its cache).
+ * Each round gives every active job one step, round-robin: a prefill chunk, or one
+ * sampled token (sample -> detokenize -> stop filter -> publish -> feed). Publishing
+ * appends to the job under its own mutex and never waits for the reader, so a slow
+ * client cannot stall anyone else. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "engine/sampler.h"
+#include "server/server.h"
+#include "util/util.h"
+
+typedef struct {
+    lily_session *sess;
+    srv_job *job;
+    int32_t *counts;
+    double last_used;
+} slot;
+
+struct srv_sched {
+    srv_sched_opts o;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int quit, started;
+    srv_job *q_head, *q_tail;
+    int n_queued, n_active;
+    slot *slots;
+    int vocab;
+    lily_model_info info;
+    int32_t extra_stop[4];
+    int n_extra;
+};
+
+srv_job *srv_job_new(void) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->max_tokens = 16;
+    lily_sampling_default(&j->samp);
+    return j;
+}
+
+void srv_job_unref(srv_job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    free(j->prompt);
+    for (int i = 0; i < j->n_stop; i++) free(j->stops[i]);
+    free(j->text);
+    free(j->toks);
+    tok_stream_free(j->detok);
+    srv_stop_free(&j->stop);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* Appends released text and (optionally) the token; finish != NONE ends the job.
+ * Called by the scheduler thread only. */
+static void publish(srv_job *j, const char *text, size_t len, const lily_token *tok, srv_finish finish,
+                    const char *error) {
+    pthread_mutex_lock(&j->mu);
+    if (len) {
+        if (j->text_len + len + 1 > j->text_cap) {
+            size_t c = j->text_cap ? j->text_cap : 256;
+            while (c < j->text_len + len + 1) c *= 2;
+            char *b = realloc(j->text, c);
+            if (b) { j->text = b; j->text_cap = c; }
+        }
+        if (j->text_len + len + 1 <= j->text_cap) {
+            memcpy(j->text + j->text_len, text, len);
+            j->text_len += len;
+            j->text[j->text_len] = 0;
+        }
+    }
+    if (tok && j->want_logprobs) {
+        if (j->n_toks == j->toks_cap) {
+            int c = j->toks_cap ? j->toks_cap * 2 : 16;
+            lily_token *t = realloc(j->toks, sizeof *t * (size_t)c);
+            if (t) { j->toks = t; j->toks_cap = c; }
+        }
+        if (j->n_toks < j->toks_cap) j->toks[j->n_toks++] = *tok;
+    }
+    if (finish != SRV_FINISH_NONE && j->finish == SRV_FINISH_NONE) {
+        j->finish = finish;
+        if (error) snprintf(j->error, sizeof j->error, "%s", error);
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void release_slot(srv_sched *s, slot *sl, srv_finish f, const char *error) {
+    srv_job *j = sl->job;
+    publish(j, NULL, 0, NULL, f, error);
+    if (f == SRV_FINISH_CANCELLED) srv_metrics_event(s->o.metrics, "cancelled");
+    if (f == SRV_FINISH_ERROR) srv_metrics_event(s->o.metrics, "error");
+    pthread_mutex_lock(&s->mu);
+    sl->job = NULL;
+    sl->last_used = lily_now();
+    s->n_active--;
+    pthread_mutex_unlock(&s->mu);
+    srv_job_unref(j);
+}
+
+static int penalized(const lily_sampling *p) {
+    return p->presence_penalty != 0 || p->frequency_penalty != 0 || p->repetition_penalty != 1.0f;
+}
+
+static int is_stop_token(srv_sched *s, int32_t id) {
+    if (lily_model_is_eos(s->o.model, id)) return 1;
+    for (int i = 0; i < s->n_extra; i++)
+        if (s->extra_stop[i] == id) return 1;
+    return 0;
+}
+
+/* Ends generation normally: releases what the detokenizer and the stop filter held. */
+static void finish_text(srv_job *j, srv_finish f, const lily_token *tok) {
+    char *out = NULL;
+    size_t n = 0, cap = 0;
+    const char *t;
+    size_t tl;
+    if (tok_stream_flush(j->detok, &t, &tl) == LILY_OK && tl) {
+        if (srv_stop_feed(&j->stop, t, tl, &out, &n, &cap) == 1) f = SRV_FINISH_STOP;
+    }
+    srv_stop_flush(&j->stop, &out, &n, &cap);
+    publish(j, out, n, tok, f, NULL);
+    free(out);
+}
+
+static void step(srv_sched *s, slot *sl) {
+    srv_job *j = sl->job;
+    lily_status st = { 0 };
+    if (atomic_load((_Atomic int *)&j->cancel)) { release_slot(s, sl, SRV_FINISH_CANCELLED, NULL); return; }
+    if (j->state == 1) {
+        int upto = s->o.prefill_chunk > 0 && j->n_prompt - j->n_fed > s->o.prefill_chunk ? j->n_fed + s->o.prefill_chunk
+                                                                                           : j->n_prompt;
+        int reused = 0;
+        lily_code rc = lily_session_prefill(sl->sess, j->prompt, upto, &reused, &st);
+        if (rc) {
+            lily_session_reset(sl->sess);
+            release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
+            return;
+        }
+        if (j->n_fed == 0) {
+            pthread_mutex_lock(&j->mu);
+            j->n_reused = reused;
+            pthread_mutex_unlock(&j->mu);
+        }
+        j->n_fed = upto;
+        if (upto == j->n_prompt) j->state = 2;
+        return;
+    }
+    const float *logits = lily_session_logits(sl->sess);
+    lily_token tok;
+    int32_t *counts = penalized(&j->samp) ? sl->counts : NULL;
+    if (!logits || lily_sample_logits(logits, s->vocab, &j->samp, &j->rng, counts, &tok, &st)) {
+        release_slot(s, sl, SRV_FINISH_ERROR, logits ? st.msg : "no logits after prefill");
+        return;
+    }
+    if (counts) counts[tok.id]++;
+    double now = lily_now();
+    pthread_mutex_lock(&j->mu);
+    int n_gen = ++j->n_gen;
+    pthread_mutex_unlock(&j->mu);
+    if (n_gen == 1) srv_metrics_ttft(s->o.metrics, now - j->t_submit);
+    else srv_metrics_itl(s->o.metrics, now - j->t_last);
+    j->t_last = now;
+
+    if (is_stop_token(s, tok.id)) {
+        finish_text(j, SRV_FINISH_STOP, NULL);
+        release_slot(s, sl, SRV_FINISH_STOP, NULL);
+        return;
+    }
+    const char *piece;
+    size_t plen = 0;
+    char *out = NULL;
+    size_t n = 0, cap = 0;
+    int stopped = 0;
+    if (tok_stream_push(j->detok, tok.id, &piece, &plen) == LILY_OK && plen)
+        stopped = srv_stop_feed(&j->stop, piece, plen, &out, &n, &cap) == 1;
+    if (stopped) {
+        publish(j, out, n, &tok, SRV_FINISH_STOP, NULL);
+        free(out);
+        release_slot(s, sl, SRV_FINISH_STOP, NULL);
+        return;
+    }
+    if (n_gen >= j->max_tokens) {
+        publish(j, out, n, NULL, SRV_FINISH_NONE, NULL);
+        free(out);
+        finish_text(j, SRV_FINISH_LENGTH, &tok);
+        release_slot(s, sl, SRV_FINISH_LENGTH, NULL);
+        return;
+    }
+    publish(j, out, n, &tok, SRV_FINISH_NONE, NULL);
+    free(out);
+    if (lily_session_feed(sl->sess, &tok.id, 1, NULL, &st)) {
+        lily_session_reset(sl->sess);
+        release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
+    }
+}
+
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
+    int n = 0;
+    while (n < na && n < nb && a[n] == b[n]) n++;
+    return n;
+}
+
+/* Under s->mu: move queued jobs into free slots in FIFO order, dropping cancelled ones
+ * wherever they are in the queue. */
+static void admit(srv_sched *s) {
+    srv_job **pp = &s->q_head, *prev = NULL;
+    while (*pp) {
+        srv_job *j = *pp;
+        int cancelled = atomic_load((_Atomic int *)&j->cancel);
+        int best = -1, best_len = -1;
+        if (!cancelled) {
+            for (int i = 0; i < s->o.n_slots; i++) {
+                slot *sl = &s->slots[i];
+                if (sl->job) continue;
+                int l = common_prefix(lily_session_tokens(sl->sess), lily_session_len(sl->sess), j->prompt, j->n_prompt);
+                if (l > best_len || (l == best_len && sl->last_used < s->slots[best].last_used)) { best = i; best_len = l; }
+            }
+            if (best < 0) { prev = j; pp = &j->next; continue; } /* wait; keep looking for cancelled ones */
+        }
+        *pp = j->next;
+        if (s->q_tail == j) s->q_tail = prev;
+        s->n_queued--;
+        j->next = NULL;
+        lily_status st = { 0 };
+        if (!cancelled && tok_stream_new(s->o.tok, 1, &j->detok, &st)) {
+            publish(j, NULL, 0, NULL, SRV_FINISH_ERROR, st.msg);
+            srv_job_unref(j);
+            continue;
+        }
+        if (cancelled) {
+            publish(j, NULL, 0, NULL, SRV_FINISH_CANCELLED, NULL);
+            srv_metrics_event(s->o.metrics, "cancelled");
+            srv_job_unref(j);
+            continue;
+        }
+        slot *sl = &s->slots[best];
+        sl->job = j;
+        s->n_active++;
+        j->state = 1;
+        j->n_fed = 0;
+        lily_rng_seed(&j->rng, j->samp.seed);
+        srv_stop_init(&j->stop, j->stops, j->n_stop);
+        if (penalized(&j->samp)) memset(sl->counts, 0, sizeof *sl->counts * (size_t)s->vocab);
+    }
+}
+
+static void *sched_main(void *arg) {
+    srv_sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        admit(s);
+        if (s->quit) break;
+        if (s->n_active == 0) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < s->o.n_slots; i++)
+            if (s->slots[i].job) step(s, &s->slots[i]);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < s->o.n_slots; i++)
+        if (s->slots[i].job) release_slot(s, &s->slots[i], SRV_FINISH_ERROR, "the server is shutting down");
+    pthread_mutex_lock(&s->mu);
+    while (s->q_head) {
+        srv_job *j = s->q_head;
+        s->q_head = j->next;
+        publish(j, NULL, 0, NULL, SRV_FINISH_ERROR, "the server is shutting down");
+        srv_job_unref(j);
+    }
+    s->q_tail = NULL;
+    s->n_queued = 0;
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st) {
+    srv_sched *s = calloc(1, sizeof *s);
+    if (!s) return lily_err(st, LILY_ENOMEM, "out of memory");
+    s->o = *o;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    lily_model_get_info(o->model, &s->info);
+    s->vocab = s->info.vocab_size;
+    if (o->tok) {
+        const char *extra[] = { "<|im_end|>", "<|endoftext|>" };
+        for (int i = 0; i < 2; i++) {
+            int32_t id = tok_id(o->tok, extra[i]);
+            if (id >= 0 && id < s->vocab) s->extra_stop[s->n_extra++] = id;
+        }
+    }
+    s->slots = calloc((size_t)o->n_slots, sizeof *s->slots);
+    if (!s->slots) { srv_sched_stop(s); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+    for (int i = 0; i < o->n_slots; i++) {
+        lily_code rc = lily_session_new(o->model, &s->slots[i].sess, st);
+        if (rc) { srv_sched_stop(s); return rc; }
+        s->slots[i].counts = calloc((size_t)s->vocab, sizeof(int32_t));
+        if (!s->slots[i].counts) { srv_sched_stop(s); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+    }
+    if (pthread_create(&s->th, NULL, sched_main, s)) {
+        srv_sched_stop(s);
+        return lily_err(st, LILY_ENOMEM, "cannot start the scheduler thread");
+    }
+    s->started = 1;
+    *out = s;
+    return LILY_OK;
+}
+
+void srv_sched_stop(srv_sched *s) {
+    if (!s) return;
+    if (s->started) {
+        pthread_mutex_lock(&s->mu);
+        s->quit = 1;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->th, NULL);
+    }
+    for (int i = 0; s->slots && i < s->o.n_slots; i++) {
+        lily_session_free(s->slots[i].sess);
+        free(s->slots[i].counts);
+    }
+    free(s->slots);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+int srv_sched_submit(srv_sched *s, srv_job *j) {
+    pthread_mutex_lock(&s->mu);
+    if (s->quit || s->n_queued >= s->o.max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    j->t_submit = lily_now();
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+    j->next = NULL;
+    if (s->q_tail) s->q_tail->next = j;
+    else s->q_head = j;
+    s->q_tail = j;
+    s->n_queued++;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void srv_sched_cancel(srv_sched *s, srv_job *j) {
+    atomic_store((_Atomic int *)&j->cancel, 1);
+    pthread_mutex_lock(&s->mu);
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_sched_counts(srv_sched *s, int *queued, int *active) {
+    pthread_mutex_lock(&s->mu);
+    *queued = s->n_queued;
+    *active = s->n_active;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int srv_model_vocab(srv_sched *s) { return s->vocab; }
+
+void srv_sched_info(srv_sched *s, lily_model_info *info) { *info = s->info; }

@@ -1,0 +1,388 @@
+/* Sampler: greedy, logprobs, distributions under temperature/top-k/top-p/min-p,
+ * penalties, determinism, and agreement with a brute-force full-sort reference. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "engine/sampler.h"
+#include "t.h"
+
+static lily_rng trng; /* test data; seeded from the clock, printed for replay */
+
+static void rand_logits(float *x, int n, float scale) {
+    for (int i = 0; i < n; i++) x[i] = lily_rng_normal(&trng) * scale;
+}
+
+/* Empirical frequencies of `draws` samples. */
+static void freqs(const float *lg, int v, const lily_sampling *p, const int32_t *counts, uint64_t seed,
+                  int draws, double *f) {
+    lily_rng r;
+    lily_rng_seed(&r, seed);
+    memset(f, 0, sizeof *f * (size_t)v);
+    for (int i = 0; i < draws; i++) {
+        lily_token t;
+        lily_code rc = lily_sample_logits(lg, v, p, &r, counts, &t, NULL);
+        if (rc || t.id < 0 || t.id >= v) { f[0] = NAN; return; }
+        f[t.id] += 1.0 / draws;
+    }
+}
+
+/* Max deviation from expected, measured in standard errors. */
+static double worst_sigma(const double *f, const double *e, int v, int draws) {
+    double w = 0;
+    for (int i = 0; i < v; i++) {
+        double sd = sqrt((e[i] * (1 - e[i]) + 1e-12) / draws);
+        double d = fabs(f[i] - e[i]) / sd;
+        if (e[i] == 0 && f[i] != 0) return INFINITY;
+        if (d > w) w = d;
+    }
+    return w;
+}
+
+static void softmax_t(const double *z, int v, double t, double *p) {
+    double m = -INFINITY, s = 0;
+    for (int i = 0; i < v; i++) if (z[i] / t > m) m = z[i] / t;
+    for (int i = 0; i < v; i++) s += (p[i] = exp(z[i] / t - m));
+    for (int i = 0; i < v; i++) p[i] /= s;
+}
+
+static void test_greedy(void) {
+    enum { V = 1000 };
+    float lg[V];
+    for (int rep = 0; rep < 20; rep++) {
+        rand_logits(lg, V, 3);
+        int best = 0;
+        for (int i = 1; i < V; i++) if (lg[i] > lg[best]) best = i;
+        lily_sampling p;
+        lily_sampling_default(&p);
+        p.temperature = 0;
+        lily_token t;
+        lily_rng r;
+        lily_rng_seed(&r, 5);
+        lily_rng before = r;
+        CHECK(lily_sample_logits(lg, V, &p, &r, NULL, &t, NULL) == LILY_OK, "greedy ok");
+        CHECK(t.id == best, "greedy picks argmax %d, got %d", best, t.id);
+        CHECK(memcmp(&r, &before, sizeof r) == 0, "greedy consumes no randomness");
+        CHECK(lily_sample_logits(lg, V, &p, NULL, NULL, &t, NULL) == LILY_OK && t.id == best,
+              "greedy needs no rng");
+    }
+    /* ties: lowest id */
+    float flat[10];
+    for (int i = 0; i < 10; i++) flat[i] = i == 3 || i == 7 ? 2.0f : 1.0f;
+    lily_sampling p;
+    lily_sampling_default(&p);
+    p.temperature = 0;
+    lily_token t;
+    lily_sample_logits(flat, 10, &p, NULL, NULL, &t, NULL);
+    CHECK(t.id == 3, "tie goes to lowest id, got %d", t.id);
+    /* top_k == 1 is greedy too */
+    p.temperature = 1.5f;
+    p.top_k = 1;
+    lily_rng r;
+    lily_rng_seed(&r, 1);
+    lily_sample_logits(flat, 10, &p, &r, NULL, &t, NULL);
+    CHECK(t.id == 3, "top_k=1 is argmax, got %d", t.id);
+    /* non-finite values are never chosen */
+    float odd[5] = { NAN, INFINITY, 0.5f, -INFINITY, 0.25f };
+    p.temperature = 0;
+    p.top_k = 0;
+    lily_sample_logits(odd, 5, &p, NULL, NULL, &t, NULL);
+    CHECK(t.id == 2, "NaN/inf ignored, got %d", t.id);
+    float none[3] = { NAN, -INFINITY, NAN };
+    lily_status st = { 0 };
+    CHECK(lily_sample_logits(none, 3, &p, NULL, NULL, &t, &st) == LILY_EINVAL && st.msg[0], "all non-finite rejected");
+}
+
+static void test_logprobs(void) {
+    enum { V = 5000 };
+    static float lg[V];
+    rand_logits(lg, V, 4);
+    lg[17] = lg[18] = 30; /* a tie at the top */
+    double m = -INFINITY, s = 0;
+    for (int i = 0; i < V; i++) if (lg[i] > m) m = lg[i];
+    for (int i = 0; i < V; i++) s += exp(lg[i] - m);
+    double logz = m + log(s);
+    lily_sampling p;
+    lily_sampling_default(&p);
+    p.temperature = 0.7f;
+    p.top_k = 40;
+    p.presence_penalty = 1.5f; /* must not affect reported logprobs */
+    p.n_logprobs = 20;
+    static int32_t counts[V];
+    counts[17] = 3;
+    lily_rng r;
+    lily_rng_seed(&r, 9);
+    lily_token t;
+    CHECK(lily_sample_logits(lg, V, &p, &r, counts, &t, NULL) == LILY_OK, "sample ok");
+    CHECK_NEAR(t.logprob, lg[t.id] - logz, 1e-4, "chosen logprob is unmodified log-softmax");
+    CHECK(t.n_top == 20, "20 alternatives, got %d", t.n_top);
+    CHECK(t.top_ids[0] == 17 && t.top_ids[1] == 18, "tie ordered by id: %d %d", t.top_ids[0], t.top_ids[1]);
+    /* the top list is the true top 20 by raw logit */
+    int ok = 1;
+    for (int j = 0; j < t.n_top; j++) {
+        CHECK_NEAR(t.top_logprobs[j], lg[t.top_ids[j]] - logz, 1e-4, "top logprob");
+        if (j && t.top_logprobs[j] > t.top_logprobs[j - 1]) ok = 0;
+        int above = 0;
+        for (int i = 0; i < V; i++) if (lg[i] > lg[t.top_ids[j]]) above++;
+        if (above > j) ok = 0;
+    }
+    CHECK(ok, "top_logprobs sorted and are the true top-n");
+    p.n_logprobs = 3;
+    lily_sample_logits(lg, 2, &p, &r, NULL, &t, NULL);
+    CHECK(t.n_top == 2, "n_top capped by vocab, got %d", t.n_top);
+}
+
+static void test_distributions(void) {
+    enum { V = 6, N = 200000 };
+    double z[V] = { 2.0, 1.3, 1.0, 0.2, -0.5, -3.0 };
+    float lg[V];
+    for (int i = 0; i < V; i++) lg[i] = (float)z[i];
+    double e[V], f[V];
+    lily_sampling p;
+    uint64_t seed = lily_rng_u64(&trng);
+
+    for (int ti = 0; ti < 3; ti++) { /* plain temperature */
+        double temps[3] = { 1.0, 0.5, 2.0 };
+        lily_sampling_default(&p);
+        p.temperature = (float)temps[ti];
+        softmax_t(z, V, temps[ti], e);
+        freqs(lg, V, &p, NULL, seed + ti, N, f);
+        double w = worst_sigma(f, e, V, N);
+        CHECK(w < 5, "T=%g matches softmax(z/T): worst %.2f sigma", temps[ti], w);
+    }
+    /* top-k = 3: exactly the three largest, renormalized */
+    lily_sampling_default(&p);
+    p.top_k = 3;
+    softmax_t(z, 3, 1.0, e);
+    for (int i = 3; i < V; i++) e[i] = 0;
+    freqs(lg, V, &p, NULL, seed + 10, N, f);
+    CHECK(worst_sigma(f, e, V, N) < 5, "top-k=3 set and weights (%.2f sigma)", worst_sigma(f, e, V, N));
+
+    /* top-p: probabilities 0.5 0.25 0.15 0.1 */
+    double q[4] = { 0.5, 0.25, 0.15, 0.1 };
+    float lq[4];
+    for (int i = 0; i < 4; i++) lq[i] = (float)log(q[i]);
+    struct { float top_p, min_p; int top_k; int keep; } cases[] = {
+        { 0.70f, 0, 0, 2 }, { 0.45f, 0, 0, 1 }, { 0.80f, 0, 0, 3 }, { 0.95f, 0, 0, 4 },
+        { 1.0f, 0.35f, 0, 2 }, { 1.0f, 0.25f, 0, 3 }, { 1.0f, 0.1f, 0, 4 },
+        { 0.95f, 0.35f, 0, 2 },  /* min-p tighter than top-p */
+        { 0.60f, 0.1f, 0, 2 },   /* top-p tighter than min-p */
+        { 0.80f, 0, 2, 2 },      /* top-k 2 then top-p over renormalized {2/3, 1/3}: needs both */
+        { 0.60f, 0, 2, 1 },      /* 2/3 >= 0.6 */
+        { 0.90f, 0, 3, 3 },      /* renormalized {.556,.278,.167}: .833 < .9 */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        lily_sampling_default(&p);
+        p.top_p = cases[ci].top_p;
+        p.min_p = cases[ci].min_p;
+        p.top_k = cases[ci].top_k;
+        double s = 0, ee[4], ff[4];
+        for (int i = 0; i < 4; i++) s += i < cases[ci].keep ? q[i] : 0;
+        for (int i = 0; i < 4; i++) ee[i] = i < cases[ci].keep ? q[i] / s : 0;
+        freqs(lq, 4, &p, NULL, seed + 20 + ci, N / 2, ff);
+        double w = worst_sigma(ff, ee, 4, N / 2);
+        CHECK(w < 5, "case %zu (top_p %.2f min_p %.2f top_k %d keeps %d): %.2f sigma", ci, cases[ci].top_p,
+              cases[ci].min_p, cases[ci].top_k, cases[ci].keep, w);
+    }
+}
+
+static void test_penalties(void) {
+    enum { V = 4, N = 100000 };
+    float lg[V] = { 2.0f, 1.0f, -1.0f, 0.5f };
+    int32_t counts[V] = { 2, 0, 1, 0 };
+    lily_sampling p;
+    lily_sampling_default(&p);
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.3f;
+    double z[V] = { 2.0 - 0.5 - 0.6, 1.0, -1.0 - 0.5 - 0.3, 0.5 }, e[V], f[V];
+    softmax_t(z, V, 1.0, e);
+    freqs(lg, V, &p, counts, lily_rng_u64(&trng), N, f);
+    CHECK(worst_sigma(f, e, V, N) < 5, "presence+frequency (%.2f sigma)", worst_sigma(f, e, V, N));
+
+    /* greedy flips when the leader is penalized */
+    p.temperature = 0;
+    lily_token t;
+    lily_sample_logits(lg, V, &p, NULL, counts, &t, NULL);
+    CHECK(t.id == 1, "penalized leader loses under greedy, got %d", t.id);
+    lily_sample_logits(lg, V, &p, NULL, NULL, &t, NULL);
+    CHECK(t.id == 0, "no counts, no penalty, got %d", t.id);
+    /* negative presence penalty encourages */
+    p.presence_penalty = -5;
+    p.frequency_penalty = 0;
+    lily_sample_logits(lg, V, &p, NULL, counts, &t, NULL);
+    CHECK(t.id == 2 || t.id == 0, "negative penalty favors seen tokens, got %d", t.id);
+    CHECK(t.id == 0, "2+5 > -1+5, got %d", t.id);
+
+    /* repetition penalty: positive logits divided, negative multiplied */
+    lily_sampling_default(&p);
+    p.repetition_penalty = 2.0f;
+    int32_t c2[V] = { 1, 0, 1, 0 };
+    double z2[V] = { 1.0, 1.0, -2.0, 0.5 };
+    softmax_t(z2, V, 1.0, e);
+    freqs(lg, V, &p, c2, lily_rng_u64(&trng), N, f);
+    CHECK(worst_sigma(f, e, V, N) < 5, "repetition penalty (%.2f sigma)", worst_sigma(f, e, V, N));
+    /* prompt mask widens it */
+    uint8_t mask[V] = { 0, 1, 0, 0 };
+    p.temperature = 0;
+    lily_sample_logits_ex(lg, V, &p, NULL, c2, mask, &t, NULL);
+    CHECK(t.id == 0, "1.0 vs 0.5 (masked 1.0/2), got %d", t.id);
+    p.repetition_penalty = 5.0f;
+    lily_sample_logits_ex(lg, V, &p, NULL, c2, mask, &t, NULL);
+    CHECK(t.id == 3, "0.4, 0.2, 0.5 -> id 3, got %d", t.id);
+}
+
+static void test_determinism(void) {
+    enum { V = 3000, K = 200 };
+    static float lg[V];
+    rand_logits(lg, V, 2);
+    lily_sampling p;
+    lily_sampling_default(&p);
+    p.top_p = 0.9f;
+    p.temperature = 0.8f;
+    int a[K], b[K], c[K];
+    lily_rng r1, r2, r3;
+    lily_rng_seed(&r1, 1234);
+    lily_rng_seed(&r2, 1234);
+    lily_rng_seed(&r3, 1235);
+    int same = 1, diff = 0;
+    for (int i = 0; i < K; i++) {
+        lily_token t;
+        lily_sample_logits(lg, V, &p, &r1, NULL, &t, NULL); a[i] = t.id;
+        lily_sample_logits(lg, V, &p, &r2, NULL, &t, NULL); b[i] = t.id;
+        lily_sample_logits(lg, V, &p, &r3, NULL, &t, NULL); c[i] = t.id;
+        same &= a[i] == b[i];
+        diff += a[i] != c[i];
+    }
+    CHECK(same, "same seed, same tokens");
+    CHECK(diff > K / 4, "another seed differs (%d of %d)", diff, K);
+}
+
+typedef struct { double z; int id; } c_t;
+static int ref_cmp(const void *a, const void *b) {
+    const c_t *x = a, *y = b;
+    return x->z > y->z ? -1 : x->z < y->z ? 1 : (x->id > y->id) - (x->id < y->id);
+}
+
+/* Brute force: full sort, top-k, top-p, min-p, then the same draw rule. */
+static int ref_sample(const float *lg, int v, const lily_sampling *p, double u) {
+    c_t *c = malloc(sizeof *c * (size_t)v);
+    double inv = 1.0 / p->temperature, zmax = -INFINITY;
+    for (int i = 0; i < v; i++) { c[i].z = lg[i] * inv; c[i].id = i; if (c[i].z > zmax) zmax = c[i].z; }
+    int top_k = p->top_k > 0 && p->top_k < v ? p->top_k : 0, top_p = p->top_p < 1;
+    double minthr = p->min_p > 0 ? zmax + log(p->min_p) : -INFINITY;
+    if (!top_k && !top_p) { /* id order */
+        double tot = 0, acc = 0;
+        for (int i = 0; i < v; i++) if (c[i].z >= minthr) tot += exp(c[i].z - zmax);
+        int last = 0;
+        for (int i = 0; i < v; i++) {
+            if (!(c[i].z >= minthr)) continue;
+            last = i;
+            acc += exp(c[i].z - zmax);
+            if (u * tot < acc) { free(c); return i; }
+        }
+        free(c);
+        return last;
+    }
+    double total = 0;
+    if (top_p && !top_k) for (int i = 0; i < v; i++) total += exp(c[i].z - zmax);
+    qsort(c, (size_t)v, sizeof *c, ref_cmp);
+    int n = v;
+    if (top_k) n = top_k;
+    if (top_p) {
+        if (top_k) { total = 0; for (int i = 0; i < n; i++) total += exp(c[i].z - zmax); }
+        double acc = 0;
+        for (int i = 0; i < n; i++) { acc += exp(c[i].z - zmax); if (acc >= p->top_p * total) { n = i + 1; break; } }
+    }
+    int keep = 1;
+    while (keep < n && c[keep].z >= minthr) keep++;
+    n = keep;
+    double tot = 0, acc = 0;
+    for (int i = 0; i < n; i++) tot += exp(c[i].z - zmax);
+    int id = c[n - 1].id;
+    for (int i = 0; i < n; i++) { acc += exp(c[i].z - zmax); if (u * tot < acc) { id = c[i].id; break; } }
+    free(c);
+    return id;
+}
+
+static void test_against_reference(void) {
+    int V = 248320; /* the real vocabulary size: exercises the windowed gather */
+    float *lg = malloc(sizeof *lg * (size_t)V);
+    int mism = 0, total = 0;
+    for (int rep = 0; rep < 20; rep++) {
+        float scale = rep % 3 == 0 ? 0.05f : rep % 3 == 1 ? 1.0f : 6.0f; /* flat, medium, peaked */
+        rand_logits(lg, V, scale);
+        lily_sampling p;
+        lily_sampling_default(&p);
+        p.temperature = 0.3f + (float)lily_rng_uniform(&trng) * 1.5f;
+        int mode = rep % 5;
+        if (mode == 0 || mode == 3) p.top_k = 1 + (int)(lily_rng_u64(&trng) % 100);
+        if (mode == 1 || mode == 3) p.top_p = 0.5f + 0.49f * (float)lily_rng_uniform(&trng);
+        if (mode == 2 || mode == 4) p.min_p = (float)lily_rng_uniform(&trng) * 0.3f;
+        if (mode == 4) p.top_p = 0.95f;
+        for (int k = 0; k < 3; k++) {
+            lily_rng r;
+            lily_rng_seed(&r, lily_rng_u64(&trng));
+            lily_rng r2 = r;
+            double u = lily_rng_uniform(&r2);
+            lily_token t;
+            lily_code rc = lily_sample_logits(lg, V, &p, &r, NULL, &t, NULL);
+            int want = p.top_k == 1 ? -1 : ref_sample(lg, V, &p, u);
+            total++;
+            if (rc || (want >= 0 && t.id != want)) {
+                mism++;
+                fprintf(stderr, "mismatch rep %d: T %.3f k %d p %.3f minp %.3f: got %d want %d\n", rep, p.temperature,
+                        p.top_k, p.top_p, p.min_p, t.id, want);
+            }
+        }
+    }
+    CHECK(mism == 0, "%d of %d draws differ from the full-sort reference", mism, total);
+    free(lg);
+}
+
+static void test_bad_params(void) {
+    float lg[4] = { 0, 1, 2, 3 };
+    lily_token t;
+    lily_rng r;
+    lily_rng_seed(&r, 1);
+    struct { const char *what; void (*set)(lily_sampling *); } bad[] = {
+        { "temperature NaN", NULL }, { "negative temperature", NULL }, { "top_k < 0", NULL },
+        { "top_p 0", NULL }, { "top_p > 1", NULL }, { "min_p > 1", NULL }, { "n_logprobs 21", NULL },
+        { "repetition 0", NULL },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        lily_sampling p;
+        lily_sampling_default(&p);
+        switch (i) {
+        case 0: p.temperature = NAN; break;
+        case 1: p.temperature = -1; break;
+        case 2: p.top_k = -1; break;
+        case 3: p.top_p = 0; break;
+        case 4: p.top_p = 1.5f; break;
+        case 5: p.min_p = 1.5f; break;
+        case 6: p.n_logprobs = 21; break;
+        case 7: p.repetition_penalty = 0; break;
+        }
+        lily_status st = { 0 };
+        CHECK(lily_sample_logits(lg, 4, &p, &r, NULL, &t, &st) == LILY_EINVAL && st.msg[0], "%s rejected", bad[i].what);
+    }
+    lily_sampling p;
+    lily_sampling_default(&p);
+    CHECK(lily_sample_logits(lg, 0, &p, &r, NULL, &t, NULL) == LILY_EINVAL, "vocab 0 rejected");
+    CHECK(lily_sample_logits(lg, 4, &p, NULL, NULL, &t, NULL) == LILY_EINVAL, "sampling without rng rejected");
+    CHECK(p.temperature == 1 && p.top_p == 1 && p.top_k == 0 && p.min_p == 0 && p.repetition_penalty == 1,
+          "defaults are neutral");
+}
+
+int main(void) {
+    uint64_t seed = (uint64_t)time(NULL);
+    fprintf(stderr, "test_sampler seed %llu\n", (unsigned long long)seed);
+    lily_rng_seed(&trng, seed);
+    test_greedy();
+    test_logprobs();
+    test_distributions();
+    test_penalties();
+    test_determinism();
+    test_against_reference();
+    test_bad_params();
+    return T_DONE();
+}
