@@ -7,6 +7,20 @@
 #include <string.h>
 #include "server/server.h"
 
+/* Messages quote request bytes (jansson's error text does): replace anything that is not
+ * well-formed UTF-8 by '?', so the error body is always valid JSON. */
+static void utf8_clean(char *s) {
+    for (unsigned char *p = (unsigned char *)s; *p;) {
+        int l = *p < 0x80 ? 1 : (*p >> 5) == 6 && *p >= 0xc2 ? 2 : (*p >> 4) == 14 ? 3 : (*p >> 3) == 30 && *p <= 0xf4 ? 4 : 0;
+        int ok = l > 0;
+        for (int k = 1; ok && k < l; k++) ok = (p[k] >> 6) == 2;
+        if (ok && l == 3) ok = !(p[0] == 0xe0 && p[1] < 0xa0) && !(p[0] == 0xed && p[1] >= 0xa0);
+        if (ok && l == 4) ok = !(p[0] == 0xf0 && p[1] < 0x90) && !(p[0] == 0xf4 && p[1] >= 0x90);
+        if (!ok) { *p++ = '?'; continue; }
+        p += l;
+    }
+}
+
 void srv_error_set(srv_error *e, int http, const char *type, const char *param, const char *code,
                    const char *fmt, ...) {
     e->http = http;
@@ -17,6 +31,8 @@ void srv_error_set(srv_error *e, int http, const char *type, const char *param, 
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    utf8_clean(e->message);
+    utf8_clean(e->param);
 }
 
 char *srv_error_json(const srv_error *e) {
@@ -188,7 +204,7 @@ static int parse_prompt(json_t *o, srv_request *r, srv_error *err) {
 
 static int parse_fields(json_t *o, srv_request *r, srv_error *err) {
     double d;
-    int rc, b;
+    int rc, b = 0;
     json_t *model = json_object_get(o, "model");
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return BAD("model", "'model' must be a string");
@@ -251,6 +267,7 @@ static int parse_fields(json_t *o, srv_request *r, srv_error *err) {
         /* completions: logprobs is the number of alternatives */
         if ((rc = get_int(o, "logprobs", 0, LILY_MAX_LOGPROBS, &d, err)) < 0) return -1;
         if (rc) { r->logprobs = 1; r->top_logprobs = (int)d; }
+        b = 0;
         if (get_bool(o, "echo", &b, err) < 0) return -1;
         if (b) return BAD("echo", "'echo' is not supported");
         if ((rc = get_int(o, "best_of", 1, 1e9, &d, err)) < 0) return -1;

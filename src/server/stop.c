@@ -1,6 +1,7 @@
 /* Stop strings across token boundaries: the filter holds back the longest tail of the
  * generated text that is a prefix of some stop string, so a stop string split over
- * several tokens is still found and never reaches the client. The held tail starts
+ * several tokens is still found and never reaches the client. Generation stops at the
+ * first stop string to be completed. The held tail starts
  * where a stop string would start, so releasing text before it never splits a UTF-8
  * character of valid input. */
 #include <stdlib.h>
@@ -45,12 +46,16 @@ int srv_stop_feed(srv_stop *f, const char *text, size_t len, char **out, size_t 
     if (put(&f->held, &f->n_held, &f->cap, text, len)) return -1;
     const char *h = f->held;
     size_t n = f->n_held;
-    /* earliest complete match wins; at equal starts, the shortest */
-    size_t best = (size_t)-1;
+    /* The match that completes first wins, as if the text arrived byte by byte (so the
+     * result does not depend on how it was split); at the same end, the longest. */
+    size_t best = (size_t)-1, best_end = (size_t)-1;
     for (int i = 0; i < f->n; i++) {
         if (f->len[i] > n) continue;
-        for (size_t p = 0; p + f->len[i] <= n && p < best; p++)
-            if (h[p] == f->s[i][0] && !memcmp(h + p, f->s[i], f->len[i])) { best = p; break; }
+        for (size_t p = 0; p + f->len[i] <= n && p + f->len[i] <= best_end; p++)
+            if (h[p] == f->s[i][0] && !memcmp(h + p, f->s[i], f->len[i])) {
+                if (p + f->len[i] < best_end || p < best) { best = p; best_end = p + f->len[i]; }
+                break;
+            }
     }
     if (best != (size_t)-1) {
         int rc = put(out, out_len, out_cap, h, best);
