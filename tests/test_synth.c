@@ -13,7 +13,7 @@
 
 static char tmp[256];
 
-static void make(const char *name, int mlx4, int threads, uint64_t seed) {
+static void make(const char *name, int mlx4, int threads, uint64_t seed, int vocab) {
     char d[512];
     snprintf(d, sizeof d, "%s/%s", tmp, name);
     synth_opts o;
@@ -21,6 +21,7 @@ static void make(const char *name, int mlx4, int threads, uint64_t seed) {
     lily_status st = { 0 };
     synth_preset("tiny", &o.cfg, &st);
     o.mlx4 = mlx4; o.seed = seed; o.n_threads = threads;
+    if (vocab) o.cfg.vocab = vocab;
     o.shard_bytes = 1 << 20; /* several shards */
     CHECK(synth_write(d, &o, &st) == LILY_OK, "synth %s: %s", name, st.msg);
 }
@@ -68,12 +69,34 @@ int main(void) {
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
     uint64_t seed = (uint64_t)time(NULL);
     printf("seed %llu\n", (unsigned long long)seed);
-    make("mlx-1", 1, 1, seed);
-    make("mlx-3", 1, 3, seed);
-    make("hf-2", 0, 2, seed);
-    make("hf-1", 0, 1, seed);
+    make("mlx-1", 1, 1, seed, 0);
+    make("mlx-3", 1, 3, seed, 0);
+    make("hf-2", 0, 2, seed, 0);
+    make("hf-1", 0, 1, seed, 0);
     CHECK(same_files("mlx-1", "mlx-3"), "mlx layout depends on the thread count");
     CHECK(same_files("hf-1", "hf-2"), "hf layout depends on the thread count");
+    /* a vocab of 40000 rows of 128: more than one 16 MB generation chunk, the last one partial */
+    make("big-1", 1, 1, seed, 40000);
+    make("big-2", 1, 2, seed, 40000);
+    CHECK(same_files("big-1", "big-2"), "multi-chunk tensors depend on the thread count");
+    {
+        char d[512];
+        lily_weights w;
+        lily_status st = { 0 };
+        snprintf(d, sizeof d, "%s/big-2", tmp);
+        CHECK(lw_load(d, &w, &st) == LILY_OK, "load multi-chunk synth: %s", st.msg);
+        if (st.code == LILY_OK) {
+            double mean, var, kurt, mx;
+            lw_mat tail = w.embed; /* the rows of the last, partial chunk */
+            tail.rows = 40000 - 32768;
+            tail.w = (const uint32_t *)w.embed.w + (size_t)32768 * 128 / 8;
+            tail.scales = (const uint16_t *)w.embed.scales + (size_t)32768 * 2;
+            tail.biases = (const uint16_t *)w.embed.biases + (size_t)32768 * 2;
+            stats(&tail, 1.0, &mean, &var, &kurt, &mx);
+            CHECK(fabs(mean) < 0.03 && fabs(var - 1) < 0.06, "last chunk of embed: mean %.4f variance %.4f", mean, var);
+            lw_free(&w);
+        }
+    }
 
     char d[512];
     lily_weights hf, mlx;

@@ -225,8 +225,9 @@ static lily_code write_tensor(st_writer *w, lily_pool *pool, const synth_spec *s
     }
     step_t step = { .w = w, .st = st };
     int cur = 0;
-    for (int64_t r0 = 0; r0 <= rows && !rc; r0 += chunk) {
-        int64_t n = r0 < rows ? (rows - r0 < chunk ? rows - r0 : chunk) : 0; /* the last step only writes */
+    int64_t nchunks = (rows + chunk - 1) / chunk;
+    for (int64_t k = 0; k <= nchunks && !rc; k++) { /* step k generates chunk k and writes chunk k-1 */
+        int64_t r0 = k * chunk, n = k < nchunks ? (rows - r0 < chunk ? rows - r0 : chunk) : 0;
         step.gen = (job_t){ s, seed, r0, n, 16, buf[cur], codes[cur], sc, bi, half[cur] };
         lily_pool_run(pool, 1 + (int)((n + 15) / 16), step_task, &step);
         rc = step.wrc;
