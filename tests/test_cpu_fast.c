@@ -188,6 +188,53 @@ static void many_case(lily_pool *pool) {
     for (int i = 0; i < N; i++) { drop(&w[i]); free(X[i]); free(Ya[i]); free(Yb[i]); free(Yr[i]); }
 }
 
+/* ---- Gated DeltaNet: the fast rules against the reference ones ---- */
+static double relerr(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) { double d = (double)a[i] - b[i]; num += d * d; den += (double)b[i] * b[i]; }
+    return num == num ? sqrt(num / (den + 1e-30)) : INFINITY;
+}
+
+/* q, k, v interleaved in rows of ld floats as forward lays them out (ld > dk, dv) */
+static void gdn_case(int T, int dk, int dv) {
+    int ld = 2 * dk + dv + 5;
+    float *qkv = malloc((size_t)T * ld * sizeof *qkv), *g = malloc((size_t)T * 4), *b = malloc((size_t)T * 4);
+    float *q = qkv, *k = qkv + dk, *v = qkv + 2 * dk;
+    for (int t = 0; t < T; t++) {
+        double sq = 0, sk = 0;
+        for (int i = 0; i < dk; i++) { q[t * ld + i] = nrm(); k[t * ld + i] = nrm(); sq += q[t * ld + i] * q[t * ld + i]; sk += k[t * ld + i] * k[t * ld + i]; }
+        for (int i = 0; i < dk; i++) { q[t * ld + i] /= (float)sqrt(sq) * sqrtf((float)dk); k[t * ld + i] /= (float)sqrt(sk); }
+        for (int i = 0; i < dv; i++) v[t * ld + i] = nrm();
+        g[t] = -(float)lily_rng_uniform(&rng) * 2.0f;
+        b[t] = (float)lily_rng_uniform(&rng);
+    }
+    size_t ns = (size_t)dk * dv, no = (size_t)T * dv;
+    float *S0 = malloc(ns * 4), *S[3], *o[3];
+    for (size_t i = 0; i < ns; i++) S0[i] = 0.1f * nrm();
+    cpu_mm_kind kinds[3] = { CPU_MM_REF, CPU_MM_C, CPU_MM_AVX2 };
+    for (int chunked = 0; chunked < 2; chunked++) {
+        for (int kk = 0; kk < 3; kk++) {
+            S[kk] = malloc(ns * 4); memcpy(S[kk], S0, ns * 4);
+            o[kk] = poisoned(no);
+            if (chunked) cpu_gdn_chunked_fast(T, dk, dv, q, ld, k, ld, v, ld, g, b, S[kk], o[kk], dv, kinds[kk]);
+            else cpu_gdn_recurrent_fast(T, dk, dv, q, ld, k, ld, v, ld, g, b, S[kk], o[kk], dv, kinds[kk]);
+        }
+        float *Sr = malloc(ns * 4), *orf = poisoned(no); /* CPU_MM_REF is the reference itself */
+        memcpy(Sr, S0, ns * 4);
+        if (chunked) cpu_gdn_chunked(T, dk, dv, q, ld, k, ld, v, ld, g, b, Sr, orf, dv);
+        else cpu_gdn_recurrent(T, dk, dv, q, ld, k, ld, v, ld, g, b, Sr, orf, dv);
+        CHECK(!memcmp(orf, o[0], no * 4) && !memcmp(Sr, S[0], ns * 4), "gdn %s REF kind is not the reference", chunked ? "chunked" : "recurrent");
+        for (int kk = 1; kk < 3; kk++) {
+            double eo = relerr(o[kk], orf, no), es = relerr(S[kk], Sr, ns);
+            CHECK(eo < 1e-5 && es < 1e-5 && guard_ok(o[kk], no), "gdn %s kind %d T=%d dk=%d dv=%d: output rel err %.3g, state %.3g",
+                  chunked ? "chunked" : "recurrent", kk, T, dk, dv, eo, es);
+        }
+        for (int kk = 0; kk < 3; kk++) { free(S[kk]); free(o[kk]); }
+        free(Sr); free(orf);
+    }
+    free(qkv); free(g); free(b); free(S0);
+}
+
 int main(void) {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
     printf("seed %llu, avx2 %s\n", (unsigned long long)seed, cpu_mm_avx2_available() ? "yes" : "no (portable kernel only)");
@@ -228,6 +275,10 @@ int main(void) {
     run_case(pool, pool3, &lm.m, 1);
     drop(&lm);
     many_case(pool);
+    static const int gT[] = { 1, 2, 7, 63, 64, 65, 200 };
+    for (size_t i = 0; i < sizeof gT / sizeof *gT; i++) gdn_case(gT[i], 128, 128);
+    gdn_case(77, 16, 24);
+    gdn_case(129, 7, 3);
     printf("largest |fast - ref| / sum|w||x|: %.3g (tolerance 2e-5), %.1f s\n", worst_ratio, lily_now() - t0);
     lily_pool_free(pool);
     lily_pool_free(pool3);

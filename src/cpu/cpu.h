@@ -61,4 +61,12 @@ void cpu_gdn_recurrent(int T, int dk, int dv, const float *q, int ldq, const flo
 void cpu_gdn_chunked(int T, int dk, int dv, const float *q, int ldq, const float *k, int ldk,
                      const float *v, int ldv, const float *g, const float *beta, float *S,
                      float *o, int ldo);
+/* The same two rules with vectorized inner loops (fast_gdn.c), kernel chosen like the
+ * matmuls' (CPU_MM_REF runs the reference above); forward uses them with cpu_mm_path. */
+void cpu_gdn_recurrent_fast(int T, int dk, int dv, const float *q, int ldq, const float *k, int ldk,
+                            const float *v, int ldv, const float *g, const float *beta, float *S,
+                            float *o, int ldo, cpu_mm_kind kind);
+void cpu_gdn_chunked_fast(int T, int dk, int dv, const float *q, int ldq, const float *k, int ldk,
+                          const float *v, int ldv, const float *g, const float *beta, float *S,
+                          float *o, int ldo, cpu_mm_kind kind);
 #endif

@@ -61,9 +61,9 @@ static void gdn_head(void *p, int h) {
     float *g = xmalloc((size_t)x->T * sizeof *g), *b = xmalloc((size_t)x->T * sizeof *b);
     for (int t = 0; t < x->T; t++) { g[t] = x->g[(size_t)t * nv + h]; b[t] = x->beta[(size_t)t * nv + h]; }
     void (*rule)(int, int, int, const float *, int, const float *, int, const float *, int, const float *,
-                 const float *, float *, float *, int) = x->T == 1 ? cpu_gdn_recurrent : cpu_gdn_chunked;
+                 const float *, float *, float *, int, cpu_mm_kind) = x->T == 1 ? cpu_gdn_recurrent_fast : cpu_gdn_chunked_fast;
     rule(x->T, dk, dv, x->qkv + (size_t)kh * dk, cd, x->qkv + kd + (size_t)kh * dk, cd,
-         x->qkv + 2 * kd + (size_t)h * dv, cd, g, b, x->S + (size_t)h * dk * dv, x->o + (size_t)h * dv, nv * dv);
+         x->qkv + 2 * kd + (size_t)h * dv, cd, g, b, x->S + (size_t)h * dk * dv, x->o + (size_t)h * dv, nv * dv, cpu_mm_path);
     free(g); free(b);
 }
 
