@@ -235,6 +235,25 @@ static void gdn_case(int T, int dk, int dv) {
     free(qkv); free(g); free(b); free(S0);
 }
 
+/* ---- attention rows: fast against the reference ---- */
+static void attn_case(int n, int hd, int nkv, float sharp) {
+    int ld = nkv * hd;
+    float *q = randx(1, hd), *k = randx(n, ld), *v = randx(n, ld), *sc = malloc((size_t)n * sizeof *sc);
+    for (int i = 0; i < hd; i++) q[i] *= sharp; /* sharper or flatter softmax */
+    float *ref = poisoned((size_t)hd);
+    cpu_attn_row(n, hd, q, k + hd, v + hd, ld, sc, ref); /* the second KV head */
+    cpu_mm_kind kinds[3] = { CPU_MM_REF, CPU_MM_C, CPU_MM_AVX2 };
+    for (int kk = 0; kk < 3; kk++) {
+        float *o = poisoned((size_t)hd);
+        cpu_attn_row_fast(n, hd, q, k + hd, v + hd, ld, sc, o, kinds[kk]);
+        double e = relerr(o, ref, (size_t)hd);
+        if (kk == 0) CHECK(!memcmp(o, ref, (size_t)hd * 4), "attention REF kind is not the reference");
+        else CHECK(e < 1e-5 && guard_ok(o, (size_t)hd), "attention kind %d n=%d hd=%d sharp %.1f: rel err %.3g", kk, n, hd, sharp, e);
+        free(o);
+    }
+    free(q); free(k); free(v); free(sc); free(ref);
+}
+
 int main(void) {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
     printf("seed %llu, avx2 %s\n", (unsigned long long)seed, cpu_mm_avx2_available() ? "yes" : "no (portable kernel only)");
@@ -278,6 +297,10 @@ int main(void) {
     static const int gT[] = { 1, 2, 7, 63, 64, 65, 200 };
     for (size_t i = 0; i < sizeof gT / sizeof *gT; i++) gdn_case(gT[i], 128, 128);
     gdn_case(77, 16, 24);
+    static const int aN[] = { 1, 2, 7, 300, 2000 };
+    for (size_t i = 0; i < sizeof aN / sizeof *aN; i++) { attn_case(aN[i], 256, 2, 1.0f); attn_case(aN[i], 256, 2, 4.0f); }
+    attn_case(33, 20, 3, 1.0f);
+    attn_case(5, 3, 2, 0.5f);
     gdn_case(129, 7, 3);
     printf("largest |fast - ref| / sum|w||x|: %.3g (tolerance 2e-5), %.1f s\n", worst_ratio, lily_now() - t0);
     lily_pool_free(pool);

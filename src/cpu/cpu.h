@@ -49,6 +49,12 @@ void cpu_matmul_ref(lily_pool *pool, const lw_mat *W, const float *X, int T, flo
  * cannot run here (AVX2 on another CPU) or declines one of the matrices. */
 int cpu_matmul_kind(lily_pool *pool, const cpu_mm_job *jobs, int n, cpu_mm_kind kind);
 int cpu_mm_avx2_available(void);
+/* One attention row: o[hd] = softmax(q . k_j / sqrt(hd)) . v_j over n cached positions
+ * (k, v rows of hd at stride ld); sc: n floats of scratch. The _fast one vectorizes the
+ * dot products and the weighted sum (fast_attn.c); CPU_MM_REF runs the reference. */
+void cpu_attn_row(int n, int hd, const float *q, const float *k, const float *v, int ld, float *sc, float *o);
+void cpu_attn_row_fast(int n, int hd, const float *q, const float *k, const float *v, int ld, float *sc, float *o,
+                       cpu_mm_kind kind);
 /* y = x * rsqrt(mean(x^2) + eps) * w, over n (in place allowed) */
 void cpu_rmsnorm(const float *x, const float *w, int n, double eps, float *y);
 /* Gated DeltaNet core for one value head over T steps, recurrent form.

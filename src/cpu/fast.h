@@ -46,4 +46,43 @@ void mm_rows_c(const mm_args *a, int r0, int r1);
 #define MM_HAVE_AVX2 1
 void mm_rows_avx2(const mm_args *a, int r0, int r1);
 #endif
+
+/* 8-lane helpers for the fast sequence kernels (fast_gdn.c, fast_attn.c): dot products sum
+ * eight lanes then the tail; axpy is y += a x. */
+typedef float (*dot_fn)(const float *a, const float *b, int n);
+typedef void (*axpy_fn)(float *y, float a, const float *x, int n); /* y += a x */
+
+static inline __attribute__((always_inline)) float dot_c(const float *a, const float *b, int n) {
+    float l[8] = { 0 };
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) l[j] += a[i + j] * b[i + j];
+    float s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+static inline __attribute__((always_inline)) void axpy_c(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+#ifdef MM_HAVE_AVX2
+#include <immintrin.h>
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) float dot_avx2(const float *a, const float *b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    float s = _mm_cvtss_f32(_mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1)));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+__attribute__((target("avx2,fma"))) static inline __attribute__((always_inline)) void axpy_avx2(float *y, float a, const float *x, int n) {
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+#endif
+
 #endif

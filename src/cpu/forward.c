@@ -160,25 +160,9 @@ static void attn_head(void *p, int idx) {
     int nh = c->n_heads, hd = c->head_dim, nkv = c->n_kv_heads;
     int t = idx / nh, h = idx % nh, kvh = h / (nh / nkv);
     int n = x->pos + t + 1;
-    const float *q = x->q + (size_t)t * nh * hd + (size_t)h * hd;
     float *sc = xmalloc((size_t)n * sizeof *sc);
-    double scale = 1.0 / sqrt((double)hd), mx = -INFINITY;
-    for (int j = 0; j < n; j++) {
-        const float *kj = x->kc + ((size_t)j * nkv + kvh) * hd;
-        double s = 0;
-        for (int i = 0; i < hd; i++) s += (double)q[i] * kj[i];
-        sc[j] = (float)(s * scale);
-        if (sc[j] > mx) mx = sc[j];
-    }
-    double sum = 0;
-    for (int j = 0; j < n; j++) { sc[j] = expf(sc[j] - (float)mx); sum += sc[j]; }
-    float *o = x->o + (size_t)t * nh * hd + (size_t)h * hd;
-    for (int i = 0; i < hd; i++) o[i] = 0;
-    for (int j = 0; j < n; j++) {
-        float pj = (float)(sc[j] / sum);
-        const float *vj = x->vc + ((size_t)j * nkv + kvh) * hd;
-        for (int i = 0; i < hd; i++) o[i] += pj * vj[i];
-    }
+    cpu_attn_row_fast(n, hd, x->q + (size_t)t * nh * hd + (size_t)h * hd, x->kc + (size_t)kvh * hd, x->vc + (size_t)kvh * hd,
+                      nkv * hd, sc, x->o + (size_t)t * nh * hd + (size_t)h * hd, cpu_mm_path);
     free(sc);
 }
 

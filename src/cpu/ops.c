@@ -47,6 +47,25 @@ void cpu_matmul_ref(lily_pool *pool, const lw_mat *W, const float *X, int T, flo
     lily_pool_run(pool, (W->rows + rows_per - 1) / rows_per, mm_block, &c);
 }
 
+void cpu_attn_row(int n, int hd, const float *q, const float *k, const float *v, int ld, float *sc, float *o) {
+    double scale = 1.0 / sqrt((double)hd), mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+        const float *kj = k + (size_t)j * ld;
+        double s = 0;
+        for (int i = 0; i < hd; i++) s += (double)q[i] * kj[i];
+        sc[j] = (float)(s * scale);
+        if (sc[j] > mx) mx = sc[j];
+    }
+    double sum = 0;
+    for (int j = 0; j < n; j++) { sc[j] = expf(sc[j] - (float)mx); sum += sc[j]; }
+    for (int i = 0; i < hd; i++) o[i] = 0;
+    for (int j = 0; j < n; j++) {
+        float pj = (float)(sc[j] / sum);
+        const float *vj = v + (size_t)j * ld;
+        for (int i = 0; i < hd; i++) o[i] += pj * vj[i];
+    }
+}
+
 void cpu_rmsnorm(const float *x, const float *w, int n, double eps, float *y) {
     double ss = 0;
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
