@@ -161,6 +161,9 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
     if (!j) { free(ids); srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory"); return -1; }
     j->prompt = ids;
     j->n_prompt = n;
+    int32_t im_start = tok_id(h->tok, "<|im_start|>");
+    for (int i = n - 1; i > 0 && im_start >= 0; i--)
+        if (ids[i] == im_start) { j->boundary = i; break; }
     int room = h->o.ctx_len - n;
     j->max_tokens = r->max_tokens > 0 && r->max_tokens < room ? r->max_tokens : room;
     lily_sampling *p = &j->samp;
@@ -176,6 +179,7 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
     p->seed = r->has_seed ? r->seed : random_seed();
     p->n_logprobs = r->logprobs ? r->top_logprobs : 0;
     j->want_logprobs = r->logprobs;
+    j->ignore_eos = r->ignore_eos;
     for (int i = 0; i < r->n_stop; i++)
         if ((j->stops[j->n_stop] = strdup(r->stop[i]))) j->n_stop++;
     *out = j;
@@ -191,6 +195,9 @@ static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, co
     pthread_mutex_unlock(&j->mu);
     if (gone) {
         srv_sched_cancel(h->sched, j);
+        pthread_mutex_lock(&j->mu);
+        srv_metrics_tokens(h->m, j->n_prompt, j->n_reused, j->n_gen);
+        pthread_mutex_unlock(&j->mu);
         return MHD_NO; /* closes the connection */
     }
     srv_metrics_tokens(h->m, j->n_prompt, j->n_reused, j->n_gen);

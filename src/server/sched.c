@@ -142,6 +142,10 @@ static void step(srv_sched *s, slot *sl) {
     if (j->state == 1) {
         int upto = s->o.prefill_chunk > 0 && j->n_prompt - j->n_fed > s->o.prefill_chunk ? j->n_fed + s->o.prefill_chunk
                                                                                            : j->n_prompt;
+        /* The engine snapshots its recurrent state where a prefill call ends; ending one at
+         * the start of the last turn leaves a snapshot the next turn of this conversation
+         * can restore (its prompt diverges right after that point). */
+        if (j->boundary > j->n_fed && j->boundary < upto) upto = j->boundary;
         int reused = 0;
         lily_code rc = lily_session_prefill(sl->sess, j->prompt, upto, &reused, &st);
         if (rc) {
@@ -174,7 +178,7 @@ static void step(srv_sched *s, slot *sl) {
     else srv_metrics_itl(s->o.metrics, now - j->t_last);
     j->t_last = now;
 
-    if (is_stop_token(s, tok.id)) {
+    if (!j->ignore_eos && is_stop_token(s, tok.id)) {
         finish_text(j, SRV_FINISH_STOP, NULL);
         release_slot(s, sl, SRV_FINISH_STOP, NULL);
         return;

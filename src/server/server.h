@@ -60,6 +60,7 @@ typedef struct {
     int has_temperature, has_top_p, has_min_p, has_top_k;
     int has_seed;
     uint64_t seed;
+    int ignore_eos;           /* vLLM extension: end-of-sequence tokens do not stop it */
     int logprobs;             /* logprobs wanted */
     int top_logprobs;         /* 0..20 */
     int n_stop;
@@ -107,9 +108,11 @@ typedef struct srv_job {
     /* set by the submitter, read-only afterwards */
     int32_t *prompt;
     int n_prompt;
+    int boundary;             /* a prefill step ends here (start of the last turn), 0 = none */
     int max_tokens;
     lily_sampling samp;
     int want_logprobs;
+    int ignore_eos;
     char *stops[SRV_MAX_STOP];
     int n_stop;
     double t_submit;
