@@ -204,6 +204,28 @@ s0=$(date +%s.%N)
 req quick /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":2}' >/dev/null
 t "a later request is answered promptly" python3 -c "import sys; sys.exit(0 if $(date +%s.%N) - $s0 < 3 else 1)"
 
+# ---- a client that never reads does not stall the others ------------------------------------------
+python3 - "$MPORT" >"$tmp/slow.out" 2>&1 <<'EOF2' &
+import socket, sys, time
+body = b'{"messages":[{"role":"user","content":"slow"}],"max_tokens":1500,"ignore_eos":true,"stream":true}'
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\n"
+          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+time.sleep(4)   # never reads
+s.close()
+EOF2
+slowpid=$!
+sleep 1.5
+s0=$(date +%s.%N)
+code=$(req beside /v1/chat/completions '{"messages":[{"role":"user","content":"x"}],"max_tokens":4}')
+t "a request beside a stalled reader is answered ($code) promptly" python3 -c "import sys; sys.exit(0 if '$code'=='200' and $(date +%s.%N) - $s0 < 3 else 1)"
+t "the stalled stream is still generating" [ "$(metric lily_requests_running)" -ge 1 ]
+wait $slowpid
+for _ in $(seq 40); do [ "$(metric lily_requests_running)" = 0 ] && break; sleep 0.05; done
+t "the stalled reader's slot is freed once it leaves" [ "$(metric lily_requests_running)" = 0 ]
+
 # ---- the openai client: plain, streamed, tools, errors, 24 concurrent streams --------------------
 if [ -d tests/npm/node_modules/openai ]; then
   node tests/npm/server_client.mjs "$B/v1" sekret >"$tmp/node.out" 2>&1
@@ -278,6 +300,8 @@ mkdir -p "$tmp/notok" && cp "$tmp/model"/*.json "$tmp/model"/*.safetensors "$tmp
 "$BUILD/lily-server" --model-path "$tmp/notok" --port 0 >"$tmp/e5" 2>&1; rc=$?
 t "no tokenizer: exit $rc, says so" [ $rc != 0 ] && grep -q "tokenizer" "$tmp/e5"
 
+(ulimit -v 4000000; exec "$BUILD/lily-server" --model-path "$tmp/model" --port 0 --ctx-len 1000000 --slots 2) >"$tmp/e6" 2>&1; rc=$?
+t "caches that do not fit: exit $rc, says so" [ $rc != 0 ] && grep -q "lower --ctx-len or --slots" "$tmp/e6"
 kill -TERM $MPID; wait $MPID 2>/dev/null; rc=$?
 t "SIGTERM shuts down cleanly (rc $rc)" [ $rc = 0 ]
 echo "$pass passed, $fail failed"
