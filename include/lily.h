@@ -113,6 +113,14 @@ lily_code lily_session_feed(lily_session *s, const int32_t *ids, int n, float *l
 lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *reused,
                                lily_status *st);
 
+/* lily_session_prefill with snapshot control. `marks` (increasing, may be NULL) are
+ * positions where a later request is expected to diverge, e.g. where the prompt's last
+ * turn begins: a follow-up conversation that re-renders that turn differently (the
+ * Qwen3.6 template drops old reasoning) resumes from there instead of from scratch.
+ * snapshot_end = 0 skips the snapshot at n (an intermediate chunk of a long prompt). */
+lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, const int *marks,
+                                  int n_marks, int snapshot_end, int *reused, lily_status *st);
+
 /* Logits [vocab] after the last fed token, or NULL before any token. */
 const float *lily_session_logits(lily_session *s);
 

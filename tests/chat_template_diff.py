@@ -44,7 +44,7 @@ def make_env():
 
 PIECES = [
     "hello", "world", "Paris", "x", "42", "3.5", "true", "null", "{\"a\": 1}", "[1, 2]",
-    " ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u3000", "\u2028", "\u2003", "\x1c", "\x85", "\x0b",
+    " ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "\u3000", "\u2028", "\u2003", "\x1c", "\x85", "\x0b", "\u1680", "\u205f", "\u202f", "\u2029", "\x0c",
     "é", "naïve", "中文", "日本語", "😀", "👍🏽", "e\u0301", "\u05e9\u05dc\u05d5\u05dd", "\ufeff",
     "\"", "\\", "'", "<", ">", "&", "\x01", "\x1f", "\x7f", "\u200b",
     "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
@@ -65,7 +65,7 @@ def rfloat(rng):
     return rng.choice([
         0.1, 1.0, -0.0, 0.0, 1e-7, 1e16, 1e15, 123456789012345678.0, 1e22, 5e-324, 1.7976931348623157e308,
         0.0001, 0.00001, 2.5, -3.75, 1 / 3, 100.0, 1e-05 * 3,
-        rng.uniform(-1e6, 1e6), rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30), round(rng.uniform(-100, 100), 2),
+        rng.uniform(-1e6, 1e6), rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30), 2.0 ** rng.randint(-1074, 1023), round(rng.uniform(-100, 100), 2),
     ])
 
 

@@ -101,6 +101,9 @@ class H(BaseHTTPRequestHandler):
             if not self.authorized():
                 return self.send(401, b'{"error":"Invalid credentials"}',
                                  [("X-Error-Code", "GatedRepo"), ("X-Error-Message", "Access to model %s is restricted." % repo)])
+            if path[len(api):] not in ("main", COMMIT):
+                return self.send(404, b'{"error":"Invalid rev id"}', [("X-Error-Code", "RevisionNotFound"),
+                                                                      ("X-Error-Message", "Invalid rev id: " + path[len(api):])])
             blobs = "blobs=true" in (u.query or "")
             sib = []
             for p in sorted(files):
@@ -128,7 +131,7 @@ class H(BaseHTTPRequestHandler):
             f = files[fp]
             if f["lfs"]:
                 loc = "http://127.0.0.1:%d/blobs/%s?sig=abc" % (cdn_port, f["sha256"])
-                return self.send(302, b"", [("Location", loc), ("X-Linked-Etag", '"%s"' % f["sha256"]),
+                return self.send(302, b"Found. Redirecting to " + loc.encode(), [("Location", loc), ("X-Linked-Etag", '"%s"' % f["sha256"]),
                                             ("X-Linked-Size", str(len(f["data"]))), ("X-Repo-Commit", COMMIT)])
             return self.send(200, f["data"], [("ETag", '"%s"' % f["blob"]), ("X-Repo-Commit", COMMIT)])
         return self.send(404, b"not found")

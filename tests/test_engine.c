@@ -73,6 +73,18 @@ static void test_model(const char *dir, lily_rng *r) {
     CHECK(lily_session_prefill(s2, ids, 100, &reused, &st) == LILY_OK && reused == A, "back to A+B: reused %d", reused);
     e = rel(lily_session_logits(s2), a + (size_t)99 * V, (size_t)V);
     CHECK(e < 1e-4, "A+B after A+C logits rel err %.3e", e);
+    /* a mark inside the prompt: a later prompt diverging just after it resumes there */
+    int mk = 80;
+    CHECK(lily_session_prefill_ex(s2, ids, 100, &mk, 1, 1, &reused, &st) == LILY_OK, "prefill_ex: %s", st.msg);
+    int32_t *am = malloc((size_t)N * sizeof *am);
+    memcpy(am, ids, (size_t)N * sizeof *am);
+    for (int i = mk; i < 110; i++) am[i] = (ids[i] + 3) % V;
+    CHECK(lily_session_prefill(s2, am, 110, &reused, &st) == LILY_OK && reused == mk, "resume at mark: reused %d (want %d)", reused, mk);
+    lily_session_reset(s1);
+    lily_session_feed(s1, am, 110, NULL, &st);
+    e = rel(lily_session_logits(s2), lily_session_logits(s1), (size_t)V);
+    CHECK(e < 1e-4, "resume-at-mark logits rel err %.3e", e);
+    free(am);
     /* unrelated prompt: from scratch */
     int32_t other[5] = { 1, 2, 3, 4, 5 };
     if (ac[0] == 1) other[0] = 2;
@@ -80,6 +92,7 @@ static void test_model(const char *dir, lily_rng *r) {
     /* errors */
     int32_t bad = V;
     CHECK(lily_session_feed(s2, &bad, 1, NULL, &st) == LILY_EINVAL, "token id outside vocab accepted");
+    lily_session_reset(s1);
     CHECK(lily_session_feed(s1, ids, N, NULL, &st) == LILY_OK, "feed");
     CHECK(lily_session_feed(s1, ids, N, NULL, &st) == LILY_OK, "feed");
     CHECK(lily_session_feed(s1, ids, N, NULL, &st) == LILY_ERANGE, "context overflow not refused (%s)", st.msg);

@@ -14,12 +14,14 @@ static void on_sigint(int sig) { (void)sig; canceled = 1; }
 static void on_progress(void *user, const convert_progress *p) {
     cli_progress *pr = user;
     if (!strcmp(p->phase, "verify")) {
-        cli_progress_update(pr, (uint64_t)p->tensors_done, (uint64_t)p->tensors_total, p->elapsed,
-                            "verifying %d/%d", p->tensors_done, p->tensors_total);
+        if (!pr->verify_t0) pr->verify_t0 = p->elapsed;
+        cli_progress_update(pr, p->bytes_out_done, p->bytes_out_total, p->elapsed - pr->verify_t0,
+                            "verifying tensor %d/%d", p->tensors_done, p->tensors_total);
         return;
     }
     cli_progress_update(pr, p->bytes_in_done, p->bytes_in_total, p->elapsed, "tensor %d/%d %s",
-                        p->tensors_done, p->tensors_total, p->current ? p->current : "");
+                        p->tensors_done + (p->tensors_done < p->tensors_total), p->tensors_total,
+                        p->current ? p->current : "");
 }
 
 static void on_tensor(void *user, const char *name, int bits, double rel) {

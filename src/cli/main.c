@@ -23,7 +23,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     { "info", cli_info, "DIR [--ctx-len N]   what a checkpoint is" },
     { "tokenize", cli_tokenize, "--tokenizer FILE [--special]   text on stdin -> ids" },
     { "detokenize", cli_detokenize, "--tokenizer FILE   ids on stdin -> text" },
-    { "render", cli_render, "[--template qwen3.6|qwen3.5]   chat request JSON on stdin -> prompt" },
+    { "render", cli_render, "[--template qwen3.6|qwen3.5|qwen3]   chat request JSON on stdin -> prompt" },
     { "convert", cli_convert, "--from DIR --to DIR [--bits 4] [--group 64]   official -> MLX 4-bit" },
     { "pull", cli_pull, "REPO_ID [--revision REV] [--dir DIR]   download from the Hugging Face hub" },
 };

@@ -9,6 +9,7 @@ typedef struct {
     int tty, drawn;
     double last_t;      /* when the last line was printed (non-tty) */
     int last_decile;
+    double verify_t0;   /* convert: when its verify phase began */
 } cli_progress;
 
 void cli_progress_init(cli_progress *p, const char *name);

@@ -37,6 +37,7 @@ int cli_pull(int argc, char **argv) {
     const char *env = getenv("LILY_PULL_RETRY_MS");   /* tests shorten the backoff */
     if (env) o.retry_base_ms = atoi(env);
     if ((env = getenv("LILY_PULL_STALL_S"))) o.stall_seconds = atoi(env);
+    if ((env = getenv("LILY_PULL_RETRIES"))) o.max_retries = atoi(env);
     cli_progress pr;
     cli_progress_init(&pr, "pull");
     o.progress = on_progress;

@@ -51,7 +51,8 @@ void convert_dequantize(const uint32_t *codes, const uint16_t *scales, const uin
 typedef struct convert_progress {
     int tensors_done, tensors_total;
     uint64_t bytes_in_done, bytes_in_total;   /* source bytes read */
-    uint64_t bytes_out_done;                  /* output bytes written */
+    uint64_t bytes_out_done;                  /* output bytes written (verify: checked) */
+    uint64_t bytes_out_total;
     double elapsed;                           /* seconds since start */
     const char *phase;                        /* "convert", "verify" */
     const char *current;                      /* tensor being processed */

@@ -30,10 +30,18 @@ static inline int code_of(float w, float s, float b, int levels) {
     return (int)q;
 }
 
-static double group_err(const float *g, int n, float s, float b, int levels) {
-    double e = 0;
+/* Squared error of a group under (s, b). The search ranks candidates with it; it
+ * multiplies by 1/s instead of dividing (several times faster), which can differ from
+ * code_of only on exact rounding ties. */
+static float group_err(const float *g, int n, float s, float b, int levels) {
+    float inv = 1.0f / s, e = 0, top = (float)levels;
     for (int i = 0; i < n; i++) {
-        double d = (double)g[i] - ((double)s * code_of(g[i], s, b, levels) + (double)b);
+        float x = (g[i] - b) * inv;
+        x = x > 0 ? x : 0;
+        x = x < top ? x : top;
+        /* round half to even for 0 <= x <= 255: adding 1.5 * 2^23 drops the fraction */
+        float q = (x + 12582912.0f) - 12582912.0f;
+        float d = g[i] - (s * q + b);
         e += d * d;
     }
     return e;
@@ -63,7 +71,7 @@ static void search_params(const float *g, int n, int levels, uint16_t *s, uint16
     float lo = g[0], hi = g[0];
     for (int i = 1; i < n; i++) { lo = fminf(lo, g[i]); hi = fmaxf(hi, g[i]); }
     float fs = lily_bf16_to_f32(*s), fb = lily_bf16_to_f32(*b);
-    double best = group_err(g, n, fs, fb, levels);
+    float best = group_err(g, n, fs, fb, levels);
     if (best == 0 || hi == lo) return;
     static const float widen[] = { -0.9f, -0.6f, -0.3f, 0.0f, 0.3f, 0.6f, 1.0f, 1.5f, 2.0f };
     for (size_t k = 0; k < sizeof widen / sizeof widen[0]; k++) {
@@ -75,7 +83,7 @@ static void search_params(const float *g, int n, int levels, uint16_t *s, uint16
             if (!(lily_bf16_to_f32(ts) > 0)) continue;
             for (int it = 0; it < 3; it++) {
                 float ss = lily_bf16_to_f32(ts), bb = lily_bf16_to_f32(tb);
-                double e = group_err(g, n, ss, bb, levels);
+                float e = group_err(g, n, ss, bb, levels);
                 if (e < best) { best = e; *s = ts; *b = tb; }
                 if (it == 2 || !refit(g, n, ss, bb, levels, &ts, &tb)) break;
             }

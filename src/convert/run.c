@@ -267,6 +267,7 @@ static lily_code verify(runner *r, const char *tmp, cv_plan *p, lily_status *st)
     if (rc != LILY_OK) return rc;
     r->pr.phase = "verify";
     r->pr.tensors_done = 0;
+    r->pr.bytes_out_done = 0;
     if (set.n_tensors != p->n_out_tensors)
         rc = lily_err(st, LILY_EFORMAT, "verification: the output holds %d tensors, %d were written", set.n_tensors, p->n_out_tensors);
     for (int i = 0; i < p->n_items && rc == LILY_OK; i++) {
@@ -281,6 +282,7 @@ static lily_code verify(runner *r, const char *tmp, cv_plan *p, lily_status *st)
             if (cv_hash(CV_HASH_INIT, t->data, t->nbytes) != it->hash[k])
                 rc = lily_err(st, LILY_EIO, "verification: tensor '%s' reads back different bytes than were written", nm);
             drop_pages(t->data, t->nbytes);
+            r->pr.bytes_out_done += t->nbytes;
         }
         r->pr.tensors_done++;
         report(r, it->name, 0);
@@ -345,6 +347,10 @@ lily_code convert_run(const char *from, const char *to, const convert_opts *oin,
     convert_opts o;
     if (oin) o = *oin; else convert_opts_default(&o);
     if (res) memset(res, 0, sizeof *res);
+    char tob[4096];   /* without trailing slashes, so TO.partial lies beside TO */
+    if (cv_fmt(tob, sizeof tob, "%s", to) >= (int)sizeof tob) return lily_err(st, LILY_EINVAL, "path too long: %s", to);
+    for (size_t l = strlen(tob); l > 1 && tob[l - 1] == '/'; l--) tob[l - 1] = 0;
+    to = tob;
     struct stat sb;
     if (lstat(to, &sb) == 0) return lily_err(st, LILY_EINVAL, "%s already exists; convert writes a new folder", to);
     char tmp[4200], marker[4300];
@@ -370,6 +376,7 @@ lily_code convert_run(const char *from, const char *to, const convert_opts *oin,
     runner r = { .o = &o, .plan = &p, .t0 = lily_now() };
     r.pr.tensors_total = p.n_items;
     r.pr.bytes_in_total = p.in_bytes;
+    r.pr.bytes_out_total = p.out_bytes;
     r.pr.phase = "convert";
     int fd = -1;
     if (mkdir(tmp, 0755) != 0) { rc = lily_err(st, LILY_EIO, "creating %s: %s", tmp, strerror(errno)); goto fail_nodir; }

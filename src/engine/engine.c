@@ -169,6 +169,11 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
 }
 
 lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *reused, lily_status *st) {
+    return lily_session_prefill_ex(s, ids, n, NULL, 0, 1, reused, st);
+}
+
+lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, const int *marks, int n_marks,
+                                  int snapshot_end, int *reused, lily_status *st) {
     const lily_config *c = &s->m->w.cfg;
     if (n < 1) return lily_err(st, LILY_EINVAL, "empty prompt");
     if (n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "prompt of %d tokens exceeds the context length %d", n, s->m->max_ctx);
@@ -199,10 +204,17 @@ lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *
         start = s->n;
     }
     if (reused) *reused = start;
-    lily_code rc = engine_forward(s, ids + start, n - start, NULL, st);
+    /* Stop at each requested mark past the reused prefix to keep a snapshot there. */
+    lily_code rc = LILY_OK;
+    for (int i = 0; i < n_marks && !rc; i++) {
+        int m = marks[i];
+        if (m <= s->n || m >= n) continue;
+        if (i && m <= marks[i - 1]) return lily_err(st, LILY_EINVAL, "snapshot marks must increase");
+        if (!(rc = engine_forward(s, ids + s->n, m - s->n, NULL, st))) snapshot_take(s);
+    }
+    if (!rc) rc = engine_forward(s, ids + s->n, n - s->n, NULL, st);
     if (rc) { lily_session_reset(s); return rc; }
-    /* A snapshot at the end of every prompt lets the next turn, which extends this
-     * prompt, or a regenerated answer, start from here. */
-    snapshot_take(s);
+    /* A snapshot at the end of a prompt lets a regenerated answer start from here. */
+    if (snapshot_end) snapshot_take(s);
     return LILY_OK;
 }

@@ -11,7 +11,7 @@
 
 int hub_path_safe(const char *p) {
     size_t n = strlen(p);
-    if (n == 0 || n > HUB_MAX_PATH || p[0] == '/') return 0;
+    if (n == 0 || n > HUB_MAX_PATH || p[0] == '/' || p[n - 1] == '/') return 0;
     const char *c = p;
     while (*c) {
         const char *e = strchr(c, '/');

@@ -188,7 +188,9 @@ static lily_code fetch_file(run *r, manifest *m, const char *dir, const char *ba
     hub_req req = { .url = url, .token = token, .what = f->path, .stall_seconds = r->o->stall_seconds };
     int tries = r->o->max_retries > 0 ? r->o->max_retries : 6;
     long delay = r->o->retry_base_ms > 0 ? r->o->retry_base_ms : 1000;
-    for (int attempt = 1;; attempt++) {
+    /* A partial that already has every byte (killed between download and rename) only
+     * needs its check. */
+    for (int attempt = 1; !(f->has_size && offset == f->size && f->size > 0 && resumable); attempt++) {
         int transient = 0;
         r->file_start = offset;
         r->p.attempt = attempt; r->p.note = NULL;
@@ -291,23 +293,26 @@ lily_code hub_pull(const char *repo_id, const hub_opts *o, char *out_dir, size_t
     lily_code rc;
     if (o->dir) snprintf(dir, sizeof dir, "%s", o->dir);
     else if ((rc = hub_cache_dir(repo_id, NULL, dir, sizeof dir, st)) != LILY_OK) return rc;
-    if ((rc = mkdir_p(dir, st)) != LILY_OK) return rc;
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    /* The listing first: a wrong id, revision or token leaves nothing on disk. */
+    hub_listing l;
+    if ((rc = get_listing(endpoint, repo_id, rev, token, o, &l, st)) != LILY_OK) return rc;
+    if ((rc = mkdir_p(dir, st)) != LILY_OK) { hub_listing_free(&l); return rc; }
 
     char lockp[4200];
     snprintf(lockp, sizeof lockp, "%s/.lily-pull.lock", dir);
     int lock = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock < 0) return lily_err(st, LILY_EIO, "creating %s: %s", lockp, strerror(errno));
+    if (lock < 0) { hub_listing_free(&l); return lily_err(st, LILY_EIO, "creating %s: %s", lockp, strerror(errno)); }
     if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
         close(lock);
+        hub_listing_free(&l);
         return lily_err(st, LILY_EIO, "another lily pull is downloading into %s", dir);
     }
-    curl_global_init(CURL_GLOBAL_DEFAULT);
-    hub_listing l;
     manifest m = { 0 };
     int *todo = NULL;
-    rc = get_listing(endpoint, repo_id, rev, token, o, &l, st);
-    if (rc != LILY_OK) goto unlock;
     manifest_load(&m, dir);
+    /* "complete" is true only between a fully verified pull and the next attempt. */
+    json_object_set_new(m.root, "complete", json_false());
     int has_st = 0;
     for (int i = 0; i < l.n_files; i++) {
         size_t pl = strlen(l.files[i].path);
@@ -363,14 +368,16 @@ lily_code hub_pull(const char *repo_id, const hub_opts *o, char *out_dir, size_t
         rc = fetch_file(&r, &m, dir, base_url, token, &l.files[i], st);
         if (rc == LILY_OK) r.p.files_done++;
     }
-    if (rc == LILY_OK) rc = manifest_save(&m, st);
+    if (rc == LILY_OK) {
+        json_object_set_new(m.root, "complete", json_true());
+        rc = manifest_save(&m, st);
+    }
     if (rc == LILY_OK && out_dir && (size_t)snprintf(out_dir, n, "%s", dir) >= n)
         rc = lily_err(st, LILY_EINVAL, "folder name too long");
 done:
     free(todo);
     json_decref(m.root);
     hub_listing_free(&l);
-unlock:
     flock(lock, LOCK_UN);
     close(lock);
     return rc;

@@ -87,6 +87,11 @@ typedef struct {
     chat_tool_call *calls;
 } chat_parsed;
 
+/* Fills o for a request rendered with chat_render(request, kind): think_open from
+ * chat_think_open, tools from request.tools (borrowed: keep the request alive while
+ * parsing), id_seed 0. */
+void chat_parse_opts_for(const json_t *request, chat_template_kind kind, chat_parse_opts *o);
+
 /* One-shot parse of the whole generated text (n bytes, any bytes). */
 lily_code parse_output(const char *text, size_t n, const chat_parse_opts *o, chat_parsed *out,
                        lily_status *st);

@@ -74,20 +74,31 @@ void chat_py_float(chat_buf *b, double x) {
     if (isnan(x)) { chat_buf_adds(b, "NaN"); return; }
     if (isinf(x)) { chat_buf_adds(b, x > 0 ? "Infinity" : "-Infinity"); return; }
     if (x == 0) { chat_buf_adds(b, signbit(x) ? "-0.0" : "0.0"); return; }
-    /* Shortest precision that reads back to the same double (glibc rounds correctly). */
-    int p;
-    for (p = 1; p < 17; p++) {
-        snprintf(buf, sizeof buf, "%.*e", p - 1, x);
-        if (strtod(buf, NULL) == x) break;
+    /* Shortest digit string that reads back to the same double, the nearest one when
+     * several do (what Python's repr does). The correctly rounded p-digit string
+     * (glibc rounds correctly) is the nearest; at a power of two the interval that
+     * reads back is lopsided, so a neighbour one unit away may read back when it does not. */
+    int neg = signbit(x) != 0, k = 0;
+    unsigned long long mant = 0;
+    double ax = fabs(x);
+    for (int p = 1; p <= 17 && !mant; p++) {
+        snprintf(buf, sizeof buf, "%.*e", p - 1, ax);
+        unsigned long long m = 0;
+        const char *q = buf;
+        for (; *q && *q != 'e'; q++)
+            if (*q >= '0' && *q <= '9') m = m * 10 + (unsigned long long)(*q - '0');
+        int e = atoi(q + 1) - (p - 1);
+        unsigned long long cand[3] = { m, m - 1, m + 1 };
+        for (int c = 0; c < 3 && !mant; c++) {
+            if (!cand[c]) continue;
+            snprintf(buf, sizeof buf, "%llue%d", cand[c], e);
+            if (strtod(buf, NULL) == ax) { mant = cand[c]; k = e; }
+        }
     }
-    snprintf(buf, sizeof buf, "%.*e", p - 1, x);
     char digits[32];
-    int nd = 0, neg = buf[0] == '-';
-    const char *q = buf + neg;
-    for (; *q && *q != 'e'; q++)
-        if (*q >= '0' && *q <= '9') digits[nd++] = *q;
+    int nd = snprintf(digits, sizeof digits, "%llu", mant);
+    int decpt = nd + k, exp10 = decpt - 1;
     while (nd > 1 && digits[nd - 1] == '0') nd--;
-    int exp10 = atoi(q + 1), decpt = exp10 + 1;
     if (neg) chat_buf_addc(b, '-');
     if (decpt > 16 || decpt < -3) {
         chat_buf_addc(b, digits[0]);

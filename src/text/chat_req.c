@@ -213,6 +213,13 @@ int chat_think_open(const json_t *req, chat_template_kind kind) {
     return !json_is_false(kwarg(req, "enable_thinking"));
 }
 
+void chat_parse_opts_for(const json_t *request, chat_template_kind kind, chat_parse_opts *o) {
+    const json_t *tools = json_object_get(request, "tools");
+    o->think_open = chat_think_open(request, kind);
+    o->tools = json_is_array(tools) ? tools : NULL;
+    o->id_seed = 0;
+}
+
 lily_code chat_render(const json_t *request, chat_template_kind kind, char **out, lily_status *st) {
     chat_req r;
     *out = NULL;

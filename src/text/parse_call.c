@@ -73,20 +73,32 @@ static const json_t *find_tool(const json_t *tools, const char *name) {
     return NULL;
 }
 
-/* Does the tool's JSON schema say this parameter is a string? Undeclared parameters and
- * parameters without a type are taken as strings, as the model was shown no type. */
+/* Collects what a schema allows: bit 0 = a string, bit 1 = something else. Looks at
+ * "type" (a name or a list), the alternatives of anyOf/oneOf, and enum values. */
+static int schema_kinds(const json_t *sch, int depth) {
+    int k = 0;
+    const json_t *type = json_object_get(sch, "type"), *e = json_object_get(sch, "enum");
+    if (json_is_string(type)) k |= strcmp(json_string_value(type), "string") ? 2 : 1;
+    for (size_t i = 0; i < json_array_size(type); i++) {
+        const json_t *t = json_array_get(type, i);
+        k |= json_is_string(t) && !strcmp(json_string_value(t), "string") ? 1 : 2;
+    }
+    if (!type)
+        for (size_t i = 0; i < json_array_size(e); i++) k |= json_is_string(json_array_get(e, i)) ? 1 : 2;
+    static const char *alts[] = { "anyOf", "oneOf" };
+    for (int a = 0; a < 2 && depth < 8; a++) {
+        const json_t *list = json_object_get(sch, alts[a]);
+        for (size_t i = 0; i < json_array_size(list); i++) k |= schema_kinds(json_array_get(list, i), depth + 1);
+    }
+    return k;
+}
+
+/* Is this parameter's value kept as a string? Yes when its schema allows a string, and
+ * for undeclared or untyped parameters: the model was shown no other type for them. */
 static int param_is_string(const json_t *fn, const char *param) {
     const json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
-    const json_t *type = json_object_get(json_object_get(props, param), "type");
-    if (json_is_string(type)) return !strcmp(json_string_value(type), "string");
-    if (json_is_array(type)) {
-        for (size_t i = 0; i < json_array_size(type); i++) {
-            const json_t *t = json_array_get(type, i);
-            if (json_is_string(t) && !strcmp(json_string_value(t), "string")) return 1;
-        }
-        return json_array_size(type) == 0;
-    }
-    return 1;
+    int k = schema_kinds(json_object_get(props, param), 0);
+    return (k & 1) || !k;
 }
 
 /* A name between '=' and '>': trimmed, non-empty, on one line. */
@@ -134,13 +146,16 @@ static int parse_xml(const char *s, size_t n, const json_t *tools, char **name, 
 
 /* Qwen3's form: {"name": "f", "arguments": {...}} */
 static int parse_json_form(const char *s, size_t n, const json_t *tools, char **name, json_t *args) {
-    json_t *v = json_loadb(s, n, JSON_PRESERVE_ORDER, NULL);
+    json_t *v = json_loadb(s, n, JSON_PRESERVE_ORDER, NULL), *inner = NULL;
     const json_t *nm = json_object_get(v, "name"), *a = json_object_get(v, "arguments");
+    if (json_is_string(a)) /* arguments written as a JSON string holding the object */
+        a = inner = json_loadb(json_string_value(a), json_string_length(a), JSON_PRESERVE_ORDER, NULL);
     int rc = -1;
     if (json_is_string(nm) && find_tool(tools, json_string_value(nm)) && json_is_object(a)) {
         *name = strdup(json_string_value(nm));
         rc = *name && !json_object_update(args, (json_t *)a) ? 0 : -1;
     }
+    json_decref(inner);
     json_decref(v);
     return rc;
 }

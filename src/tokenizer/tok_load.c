@@ -8,7 +8,7 @@
 #include "tokenizer/tok_internal.h"
 #include "util/util.h"
 
-#define MAX_ID (1 << 24)
+#define MAX_ID (1 << 22) /* far above any real vocabulary; bounds what a hostile file can allocate */
 
 typedef struct {
     const char *s; size_t n; int32_t id;

@@ -260,6 +260,47 @@ static int nfc_safe(uint32_t cp) {
            (cp >= 0xAC00 && cp <= 0xD7A3) || (cp >= 0x1F300 && cp <= 0x1FAFF);
 }
 
+/* Marks whose normalization data (combining class, compositions) the reference's NFC does
+ * not have yet (its tables predate Unicode 11), found by probing it with every code point
+ * that has such data in utf8proc. It leaves them alone, as if unassigned: they block
+ * reordering and composition, so the text is normalized piecewise around them. */
+static const uint32_t norm_unknown[][2] = {
+    { 0x7FD, 0x7FD }, { 0x898, 0x89F }, { 0x8CA, 0x8D3 }, { 0x9FE, 0x9FE }, { 0xC3C, 0xC3C },
+    { 0xD3B, 0xD3C }, { 0xEBA, 0xEBA }, { 0x1715, 0x1715 }, { 0x1ABF, 0x1ACE }, { 0x1DF6, 0x1DFA },
+    { 0xA82C, 0xA82C }, { 0x10D24, 0x10D27 }, { 0x10EAB, 0x10EAC }, { 0x10EFD, 0x10EFF },
+    { 0x10F46, 0x10F50 }, { 0x10F82, 0x10F85 }, { 0x11070, 0x11070 }, { 0x1133B, 0x1133B },
+    { 0x1145E, 0x1145E }, { 0x11839, 0x1183A }, { 0x1193D, 0x1193E }, { 0x11943, 0x11943 },
+    { 0x119E0, 0x119E0 }, { 0x11A34, 0x11A34 }, { 0x11A47, 0x11A47 }, { 0x11A99, 0x11A99 },
+    { 0x11D42, 0x11D42 }, { 0x11D44, 0x11D45 }, { 0x11D97, 0x11D97 }, { 0x11F41, 0x11F42 },
+    { 0x16FF0, 0x16FF1 }, { 0x1E08F, 0x1E08F }, { 0x1E130, 0x1E136 }, { 0x1E2AE, 0x1E2AE },
+    { 0x1E2EC, 0x1E2EF }, { 0x1E4EC, 0x1E4EF },
+};
+
+static int is_norm_unknown(uint32_t cp) {
+    if (cp < 0x7FD) return 0;
+    for (size_t i = 0; i < sizeof norm_unknown / sizeof norm_unknown[0]; i++)
+        if (cp >= norm_unknown[i][0] && cp <= norm_unknown[i][1]) return 1;
+    return 0;
+}
+
+/* utf8proc on one stretch, appended to o (room for the worst case is checked by caller). */
+static int map_append(const unsigned char *s, size_t n, int opt, char **o, size_t *w, size_t *cap) {
+    if (!n) return 1;
+    utf8proc_uint8_t *m = NULL;
+    utf8proc_ssize_t r = utf8proc_map(s, (utf8proc_ssize_t)n, &m, (utf8proc_option_t)opt);
+    if (r < 0) { free(m); return 0; }
+    if (*w + (size_t)r + 1 > *cap) {
+        size_t nc = (*w + (size_t)r + 1) * 2;
+        char *b = realloc(*o, nc);
+        if (!b) { free(m); return 0; }
+        *o = b; *cap = nc;
+    }
+    memcpy(*o + *w, m, (size_t)r);
+    *w += (size_t)r;
+    free(m);
+    return 1;
+}
+
 char *tok_normalize(int kind, const char *s, size_t n, size_t *out_len, int *oom) {
     if (kind == TOK_NORM_NONE || n == 0) return NULL;
     const unsigned char *u = (const unsigned char *)s;
@@ -281,9 +322,25 @@ char *tok_normalize(int kind, const char *s, size_t n, size_t *out_len, int *oom
     else if (kind == TOK_NORM_NFD) opt |= UTF8PROC_DECOMPOSE;
     else if (kind == TOK_NORM_NFKC) opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
     else opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-    utf8proc_uint8_t *o = NULL;
-    utf8proc_ssize_t r = utf8proc_map(u, (utf8proc_ssize_t)n, &o, (utf8proc_option_t)opt);
-    if (r < 0) { free(o); *oom = 1; return NULL; }
-    *out_len = (size_t)r;
-    return (char *)o;
+    size_t cap = n * 2 + 16, w = 0, start = 0;
+    char *o = malloc(cap);
+    if (!o) { *oom = 1; return NULL; }
+    for (i = 0; i < n;) {
+        uint32_t cp; int l = tok_utf8_next(u + i, &cp);
+        if (cp >= 0x7FD && is_norm_unknown(cp)) {
+            if (!map_append(u + start, i - start, opt, &o, &w, &cap)) { free(o); *oom = 1; return NULL; }
+            if (w + (size_t)l + 1 > cap) {
+                char *b = realloc(o, cap = (w + (size_t)l + 1) * 2);
+                if (!b) { free(o); *oom = 1; return NULL; }
+                o = b;
+            }
+            memcpy(o + w, u + i, (size_t)l); w += (size_t)l;
+            start = i + (size_t)l;
+        }
+        i += (size_t)l;
+    }
+    if (!map_append(u + start, n - start, opt, &o, &w, &cap)) { free(o); *oom = 1; return NULL; }
+    o[w] = 0;
+    *out_len = w;
+    return o;
 }

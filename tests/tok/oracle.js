@@ -1,6 +1,6 @@
 // Test oracle for the tokenizer: the Hugging Face `tokenizers` library (Rust, via npm
 // @anush008/tokenizers). Modes:
-//   gen SEED N            -> N random texts, one hex line each (mixed scripts, marks, emoji,
+//   gen SEED N [old]      -> N random texts, one hex line each (mixed scripts, marks, emoji,
 //                            whitespace runs, contractions, added-token text, invalid UTF-8)
 //   genids SEED N VOCAB   -> N random id lines below VOCAB
 //   encode TOKENIZER.json -> stdin hex lines -> id lines (add_special_tokens = false)
@@ -32,10 +32,12 @@ const pools = [
   '<|im_start|>', '<|im_end|>', '<|endoftext|>', '<think>', '</think>', '<tool_call>', '<|im_start', 'im_end|>', '<|', '|>',
   'the', ' the', 'ing', 'tion', 'def ', 'return', '    ', '\t\t', '#include', '{"a": 1}', 'http://x.y/z?q=1',
 ];
+const markRanges = [[0x300, 0x36f], [0x591, 0x5c7], [0x610, 0x61a], [0x64b, 0x65f], [0x900, 0x97f], [0x1ab0, 0x1aff],
+  [0x1dc0, 0x1dff], [0x20d0, 0x20ff], [0xfe20, 0xfe2f], [0x1100, 0x11ff], [0x3099, 0x309a], [0x0f71, 0x0f84]];
 const invalid = [[0x80], [0xbf], [0xc0, 0x80], [0xc3], [0xe2, 0x82], [0xed, 0xa0, 0x80], [0xf0, 0x9f, 0x98], [0xf4, 0x90, 0x80, 0x80],
   [0xf5], [0xff], [0xe0, 0x80, 0x80], [0xc2, 0x41], [0xef, 0xbf, 0xbe]];
 
-function gen(seed, n) {
+function gen(seed, n, old) {
   const r = rng(seed);
   const out = [];
   for (let i = 0; i < n; i++) {
@@ -44,9 +46,13 @@ function gen(seed, n) {
     for (let k = 0; k < len; k++) {
       const x = r();
       if (x < 0.04) parts.push(Buffer.from(invalid[Math.floor(r() * invalid.length)]));
-      else if (x < 0.12) { // any code point, mostly BMP
+      else if (x < 0.12) { // any code point, mostly BMP; 'old' keeps to characters Unicode 14 already had
         let cp = r() < 0.8 ? Math.floor(r() * 0xd800) : 0xe000 + Math.floor(r() * (0x30000 - 0xe000));
+        if (old) { cp = Math.floor(r() * 0x2000); if (cp === 0x897 || (cp >= 0x1c80 && cp <= 0x1c8f)) cp = 0x41; }
         parts.push(Buffer.from(String.fromCodePoint(cp), 'utf8'));
+      } else if (x < 0.18) { // combining marks and jamo: canonical reordering and composition
+        const [lo, hi] = markRanges[Math.floor(r() * markRanges.length)];
+        parts.push(Buffer.from(String.fromCodePoint(lo + Math.floor(r() * (hi - lo + 1))), 'utf8'));
       } else {
         const p = pools[Math.floor(r() * pools.length)];
         const cps = Array.from(p);
@@ -69,7 +75,7 @@ async function lines(fn) {
 
 async function main() {
   const [mode, a, b, c] = process.argv.slice(2);
-  if (mode === 'gen') { const g = gen(Number(a), Number(b)); process.stdout.write(g.join('\n') + '\n'); return; }
+  if (mode === 'gen') { const g = gen(Number(a), Number(b), c === 'old'); process.stdout.write(g.join('\n') + '\n'); return; }
   if (mode === 'genids') {
     const r = rng(Number(a)), out = [];
     for (let i = 0; i < Number(b); i++) {
