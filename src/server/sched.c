@@ -142,12 +142,13 @@ static void step(srv_sched *s, slot *sl) {
     if (j->state == 1) {
         int upto = s->o.prefill_chunk > 0 && j->n_prompt - j->n_fed > s->o.prefill_chunk ? j->n_fed + s->o.prefill_chunk
                                                                                            : j->n_prompt;
-        /* The engine snapshots its recurrent state where a prefill call ends; ending one at
-         * the start of the last turn leaves a snapshot the next turn of this conversation
-         * can restore (its prompt diverges right after that point). */
-        if (j->boundary > j->n_fed && j->boundary < upto) upto = j->boundary;
+        /* A snapshot where the last turn begins lets the next turn of this conversation
+         * resume there (its prompt re-renders that turn differently); the end of the
+         * prompt gets one for regenerations; intermediate chunk ends get none. */
+        int marks[1], n_marks = 0, snap_end = upto == j->n_prompt || upto == j->boundary;
+        if (j->boundary > j->n_fed && j->boundary < upto) marks[n_marks++] = j->boundary;
         int reused = 0;
-        lily_code rc = lily_session_prefill(sl->sess, j->prompt, upto, &reused, &st);
+        lily_code rc = lily_session_prefill_ex(sl->sess, j->prompt, upto, marks, n_marks, snap_end, &reused, &st);
         if (rc) {
             lily_session_reset(sl->sess);
             release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
