@@ -70,9 +70,12 @@ int srv_peer_closed(int fd) {
     return 0;
 }
 
-/* Waits on the job until `ready` holds or the client leaves. Called with j->mu held. */
-int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg) {
+/* Waits on the job until `ready` holds (0), the client leaves (-1) or, when max_s > 0,
+ * max_s seconds pass (1). Called with j->mu held. */
+int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg, double max_s) {
+    double t0 = lily_now();
     while (!ready(j, arg)) {
+        if (max_s > 0 && lily_now() - t0 >= max_s) return 1;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50 * 1000000L;
@@ -190,9 +193,13 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
 
 static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, conn_ctx *x, const srv_request *r,
                                        srv_job *j) {
+    /* no idle timeout while generating (nothing is sent until the end); setting it
+     * again afterwards restarts MHD's timer */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     pthread_mutex_lock(&j->mu);
-    int gone = srv_wait_job(j, x->fd, job_done, NULL);
+    int gone = srv_wait_job(j, x->fd, job_done, NULL, 0);
     pthread_mutex_unlock(&j->mu);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)SRV_IDLE_TIMEOUT);
     if (gone) {
         srv_sched_cancel(h->sched, j);
         pthread_mutex_lock(&j->mu);
@@ -422,7 +429,7 @@ lily_code srv_http_start(srv_http *h, srv_sched *sched, const tok_tokenizer *tok
                                 MHD_USE_ERROR_LOG,
                             0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)(h->o.threads > 0 ? h->o.threads : 512), MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            (unsigned)SRV_IDLE_TIMEOUT, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024), MHD_OPTION_END);
     if (!h->d) return lily_err(st, LILY_EIO, "cannot start the HTTP daemon on %s:%d", h->o.host, h->o.port);
     return LILY_OK;

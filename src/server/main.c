@@ -23,7 +23,7 @@ static const char usage[] =
     "  --served-model-name S   model id reported by /v1/models (default: folder name)\n"
     "  --template NAME         chat template qwen3.6|qwen3.5|qwen3 (default: detected)\n"
     "  --max-body BYTES        largest request body (default 8388608)\n"
-    "  --max-connections N     simultaneous HTTP connections (default 512)\n"
+    "  --max-connections N     simultaneous HTTP connections (default 1024)\n"
     "  --prefill-chunk N       prompt tokens per scheduling step (default 512; 0 = whole prompt)\n";
 
 static const char *opt(int argc, char **argv, const char *name) {
@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
         int_opt(argc, argv, "--slots", 4, 1, 256, &slots) || int_opt(argc, argv, "--max-queue", 64, 0, 100000, &max_queue) ||
         int_opt(argc, argv, "--threads", 0, 0, 1024, &threads) ||
         int_opt(argc, argv, "--max-body", 8 << 20, 1024, 1 << 30, &max_body) ||
-        int_opt(argc, argv, "--max-connections", 512, 1, 100000, &max_conn) ||
+        int_opt(argc, argv, "--max-connections", 1024, 1, 100000, &max_conn) ||
         int_opt(argc, argv, "--prefill-chunk", 512, 0, 1 << 22, &chunk))
         return 2;
     ho.host = opt(argc, argv, "--host") ? opt(argc, argv, "--host") : "127.0.0.1";
