@@ -149,6 +149,14 @@ t "tool_choice none renders no tools" python3 -c "
 import json,sys
 a=json.load(open('$tmp/tl'))['usage']['prompt_tokens']; b=json.load(open('$tmp/tn'))['usage']['prompt_tokens']
 sys.exit(0 if b < a else 1)"
+THINK='{"messages":[{"role":"user","content":"Think first."}],"max_tokens":8,"temperature":0}'
+NOTHINK='{"messages":[{"role":"user","content":"Think first."}],"max_tokens":8,"temperature":0,"chat_template_kwargs":{"enable_thinking":false}}'
+req th1 /v1/chat/completions "$THINK" >/dev/null; req th2 /v1/chat/completions "$NOTHINK" >/dev/null
+t "thinking on: the answer is reasoning" js "$tmp/th1" 'd["choices"][0]["message"]["reasoning_content"]'
+t "enable_thinking false: closed think block in the prompt, no reasoning" python3 -c "
+import json,sys
+a=json.load(open('$tmp/th1')); b=json.load(open('$tmp/th2'))
+sys.exit(0 if b['usage']['prompt_tokens'] > a['usage']['prompt_tokens'] and not b['choices'][0]['message']['reasoning_content'] and b['choices'][0]['message']['content'] else 1)"
 TURN1='{"messages":[{"role":"user","content":"Tell me a long story about a cat named Miso."}],"max_tokens":8,"temperature":0}'
 req p1 /v1/chat/completions "$TURN1" >/dev/null
 TURN2=$(python3 - "$tmp/p1" <<'EOF'
