@@ -310,7 +310,18 @@ t "no tokenizer: exit $rc, says so" [ $rc != 0 ] && grep -q "tokenizer" "$tmp/e5
 
 (ulimit -v 4000000; exec "$BUILD/lily-server" --model-path "$tmp/model" --port 0 --ctx-len 1000000 --slots 2) >"$tmp/e6" 2>&1; rc=$?
 t "caches that do not fit: exit $rc, says so" [ $rc != 0 ] && grep -q "lower --ctx-len or --slots" "$tmp/e6"
+# SIGTERM: requests in flight are answered (503 shutting_down), then a clean exit
+LONGN='{"messages":[{"role":"user","content":"Go on."}],"max_tokens":1500,"ignore_eos":true'
+curl -s -o "$tmp/sd1" -w '%{http_code}' "${AUTH[@]}" -d "$LONGN}" "$B/v1/chat/completions" >"$tmp/sd1.code" &
+w1=$!
+curl -s -N "${AUTH[@]}" -d "$LONGN,\"stream\":true}" "$B/v1/chat/completions" >"$tmp/sd2" &
+w2=$!
+sleep 0.7
 kill -TERM $MPID; wait $MPID 2>/dev/null; rc=$?
+wait $w1 $w2
 t "SIGTERM shuts down cleanly (rc $rc)" [ $rc = 0 ]
+t "a request in flight at shutdown gets 503 ($(cat "$tmp/sd1.code"))" [ "$(cat "$tmp/sd1.code")" = 503 ]
+t "a stream in flight at shutdown ends with an error event and [DONE]" sse "$tmp/sd2" 'done and c[-1].get("error",{}).get("code")=="shutting_down"'
+
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -4,6 +4,7 @@
  * between them, so a client that hangs up cancels its job within ~50 ms even when
  * nothing is being written to it. */
 #include <arpa/inet.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -208,6 +209,11 @@ static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, co
         return MHD_NO; /* closes the connection */
     }
     srv_metrics_tokens(h->m, j->n_prompt, j->n_reused, j->n_gen);
+    if (j->finish == SRV_FINISH_SHUTDOWN) {
+        srv_error e;
+        srv_error_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down. Retry elsewhere.");
+        return send_error(h, c, x->route, &e);
+    }
     if (j->finish == SRV_FINISH_ERROR) {
         srv_error e;
         srv_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", j->error);
@@ -300,6 +306,18 @@ static enum MHD_Result handle_get(srv_http *h, struct MHD_Connection *c, int rou
     int q, a;
     srv_sched_counts(h->sched, &q, &a);
     return send_body(h, c, route, 200, "text/plain; version=0.0.4", srv_metrics_render(h->m, q, a, h->o.slots));
+}
+
+/* MHD's own messages, minus the one it prints for every client that hangs up mid-answer
+ * (that is normal here and counted in the metrics). */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (strstr(msg, "Application reported internal error")) return;
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n') msg[--n] = 0;
+    fprintf(stderr, "lily-server: http: %s\n", msg);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -426,13 +444,20 @@ lily_code srv_http_start(srv_http *h, srv_sched *sched, const tok_tokenizer *tok
     h->m = m;
     srv_sched_info(sched, &h->info);
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                                MHD_USE_ERROR_LOG,
+                                MHD_USE_ERROR_LOG | MHD_USE_ITC,
                             0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)(h->o.threads > 0 ? h->o.threads : 512), MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)SRV_IDLE_TIMEOUT, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024), MHD_OPTION_END);
     if (!h->d) return lily_err(st, LILY_EIO, "cannot start the HTTP daemon on %s:%d", h->o.host, h->o.port);
     return LILY_OK;
+}
+
+void srv_http_quiesce(srv_http *h) {
+    if (!h || !h->d) return;
+    MHD_socket fd = MHD_quiesce_daemon(h->d);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
 void srv_http_stop(srv_http *h) {

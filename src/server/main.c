@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include "server/server.h"
 #include "util/util.h"
 
@@ -237,6 +238,12 @@ int main(int argc, char **argv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "lily-server: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    /* Every request in flight gets an answer: stop accepting, end the jobs (503 for the
+     * unfinished), give the handlers a moment to send that, then close what is left. */
+    srv_http_quiesce(http);
+    srv_sched_shutdown(sched);
+    struct timespec grace = { 0, 300 * 1000000L };
+    nanosleep(&grace, NULL);
     srv_http_stop(http);
     srv_sched_stop(sched);
     srv_metrics_free(metrics);

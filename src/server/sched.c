@@ -279,12 +279,12 @@ static void *sched_main(void *arg) {
     }
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < s->o.n_slots; i++)
-        if (s->slots[i].job) release_slot(s, &s->slots[i], SRV_FINISH_ERROR, "the server is shutting down");
+        if (s->slots[i].job) release_slot(s, &s->slots[i], SRV_FINISH_SHUTDOWN, "the server is shutting down");
     pthread_mutex_lock(&s->mu);
     while (s->q_head) {
         srv_job *j = s->q_head;
         s->q_head = j->next;
-        publish(j, NULL, 0, NULL, SRV_FINISH_ERROR, "the server is shutting down");
+        publish(j, NULL, 0, NULL, SRV_FINISH_SHUTDOWN, "the server is shutting down");
         srv_job_unref(j);
     }
     s->q_tail = NULL;
@@ -325,15 +325,19 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
     return LILY_OK;
 }
 
+void srv_sched_shutdown(srv_sched *s) {
+    if (!s || !s->started) return;
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->th, NULL);
+    s->started = 0;
+}
+
 void srv_sched_stop(srv_sched *s) {
     if (!s) return;
-    if (s->started) {
-        pthread_mutex_lock(&s->mu);
-        s->quit = 1;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->th, NULL);
-    }
+    srv_sched_shutdown(s);
     for (int i = 0; s->slots && i < s->o.n_slots; i++) {
         lily_session_free(s->slots[i].sess);
         free(s->slots[i].counts);

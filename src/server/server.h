@@ -101,7 +101,8 @@ int srv_stop_flush(srv_stop *f, char **out, size_t *out_len, size_t *out_cap);
 /* ---- jobs and the scheduler --------------------------------------------------------- */
 
 typedef enum {
-    SRV_FINISH_NONE = 0, SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_CANCELLED, SRV_FINISH_ERROR
+    SRV_FINISH_NONE = 0, SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_CANCELLED, SRV_FINISH_ERROR,
+    SRV_FINISH_SHUTDOWN       /* the server is stopping: answered with 503 */
 } srv_finish;
 
 typedef struct srv_job {
@@ -153,7 +154,10 @@ typedef struct {
 } srv_sched_opts;
 
 lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st);
-void srv_sched_stop(srv_sched *s);
+/* Stops the scheduler thread; every unfinished job ends with SRV_FINISH_SHUTDOWN. The
+ * object stays valid (cancel, counts, submit refusing) until srv_sched_stop. */
+void srv_sched_shutdown(srv_sched *s);
+void srv_sched_stop(srv_sched *s); /* shutdown (if not done) and free */
 /* New job owning nothing yet; the caller fills the submitter fields. refs = 1. */
 srv_job *srv_job_new(void);
 void srv_job_unref(srv_job *j);
@@ -235,6 +239,8 @@ typedef struct srv_http srv_http;
 lily_code srv_http_bind(const srv_http_opts *o, srv_http **out, int *bound_port, lily_status *st);
 lily_code srv_http_start(srv_http *h, srv_sched *sched, const tok_tokenizer *tok, srv_metrics *m,
                          lily_status *st);
+/* Stops accepting connections; requests in flight carry on. */
+void srv_http_quiesce(srv_http *h);
 void srv_http_stop(srv_http *h);
 
 #endif

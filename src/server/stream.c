@@ -119,9 +119,11 @@ static int produce(stream_ctx *x) {
     free(text);
     if (fin == SRV_FINISH_NONE) return rc;
     if (fin == SRV_FINISH_CANCELLED) return -1;
-    if (fin == SRV_FINISH_ERROR) {
+    if (fin == SRV_FINISH_ERROR || fin == SRV_FINISH_SHUTDOWN) {
         srv_error e;
-        srv_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", err);
+        if (fin == SRV_FINISH_SHUTDOWN)
+            srv_error_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+        else srv_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", err);
         rc |= emit(x, json_loads(srv_error_json(&e), 0, NULL));
     } else {
         const char *fr = srv_finish_name(fin, x->s.n_calls);
