@@ -55,13 +55,13 @@ int cli_run(int argc, char **argv) {
     /* template text may hold special tokens, the user's text never */
     tok_part *parts = malloc((size_t)(2 * n_plain + 2) * sizeof *parts);
     int np = 0;
-    size_t at = 0, len = strlen(text);
+    size_t at = 0, tlen = strlen(text);
     for (int i = 0; i < n_plain; i++) {
         if (plain[i].off > at) parts[np++] = (tok_part){ text + at, plain[i].off - at, 1 };
         parts[np++] = (tok_part){ text + plain[i].off, plain[i].len, 0 };
         at = plain[i].off + plain[i].len;
     }
-    if (at < len) parts[np++] = (tok_part){ text + at, len - at, rendered != NULL };
+    if (at < tlen) parts[np++] = (tok_part){ text + at, tlen - at, rendered != NULL };
     lily_code erc = tok_encode_parts(tok, parts, np, &ids, &n, &st);
     free(parts);
     free(plain);
