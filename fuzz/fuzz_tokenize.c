@@ -72,5 +72,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (at != len) abort();
     tok_stream_free(s);
     free(clean); free(out); free(ids);
+    /* the same bytes as three parts, template-like parts parsed and the middle one plain */
+    if (n >= 2) {
+        size_t a = data[1] % (n + 1), b = a + (n - a) / 2;
+        tok_part parts[3] = { { text, a, 1 }, { text + a, b - a, 0 }, { text + b, n - b, 1 } };
+        if (tok_encode_parts(t, parts, 3, &ids, &k, NULL) == LILY_OK) {
+            for (int i = 0; i < k; i++) if (ids[i] < 0 || ids[i] >= tok_vocab_size(t)) abort();
+            free(ids);
+        }
+    }
     return 0;
 }

@@ -60,6 +60,19 @@ compare synth-300 "$tmp/syn300/tokenizer.json" "$tmp/syn300" "$tmp/cases.hex" --
 compare synth-5000 "$tmp/syn5k/tokenizer.json" "$tmp/syn5k/tokenizer.json" "$tmp/cases.hex" --special
 compare synth-248320 "$tmp/synfull/tokenizer.json" "$tmp/synfull" "$tmp/cases.hex" --special
 
+# small hand-made files: lstrip/rstrip added tokens, ByteLevel's own GPT-2 regex with
+# ignore_merges, and added-token ids written in the file that HF re-derives
+python3 - "$tmp/gapids.json" <<'PY'
+import json, sys
+t = json.load(open("fuzz/corpus/tokenizer_json/small.json"))
+t["added_tokens"][0]["id"] = 1000
+t["added_tokens"][1]["id"] = 5
+json.dump(t, open(sys.argv[1], "w"))
+PY
+compare small-lstrip fuzz/corpus/tokenizer_json/small.json fuzz/corpus/tokenizer_json/small.json "$tmp/cases.hex" --special
+compare gpt2-bytelevel-regex fuzz/corpus/tokenizer_json/gpt2.json fuzz/corpus/tokenizer_json/gpt2.json "$tmp/old.hex" --special
+compare added-ids-rederived "$tmp/gapids.json" "$tmp/gapids.json" "$tmp/cases.hex" --special
+
 # decoding random ids (many split UTF-8 sequences), with and without skipping specials
 $ORACLE genids "$((SEED+2))" "$N" 151669 > "$tmp/ids.txt"
 for skip in 0 1; do

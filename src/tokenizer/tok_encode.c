@@ -19,15 +19,20 @@ static uint32_t last_cp(const char *s, size_t n, size_t *start) {
 }
 
 /* Leftmost-longest match at or after `from` among added tokens whose `normalized` flag
- * equals `norm`; returns the token index or -1; *ms and *me get the (stripped) span. */
+ * equals `norm`, lying wholly on bytes `allow` permits (NULL: all); returns the token
+ * index or -1; *ms and *me get the (stripped) span. */
 static int find_added(const tok_tokenizer *t, const char *s, size_t n, size_t from, int norm,
-                      size_t *ms, size_t *me) {
+                      const uint8_t *allow, size_t *ms, size_t *me) {
+    const uint8_t mask = norm ? 2 : 1;
+    const unsigned char *u = (const unsigned char *)s;
     for (size_t i = from; i < n; i++) {
+        if (!(t->added_first[u[i]] & mask) || (allow && !allow[i])) continue;
         int best = -1; size_t blen = 0;
         for (int k = 0; k < t->n_added; k++) {
             const tok_added *a = &t->added[k];
             if (a->normalized != norm || !a->len || a->len > n - i || a->len <= blen) continue;
             if (a->content[0] != s[i] || memcmp(a->content, s + i, a->len)) continue;
+            if (allow && memchr(allow + i, 0, a->len)) continue;
             if (a->single_word) {
                 size_t st0; uint32_t cp;
                 if (i > 0 && is_word_cp(last_cp(s, i, &st0))) continue;
@@ -70,17 +75,20 @@ static int encode_plain(const tok_tokenizer *t, const char *s, size_t n, tok_ids
     return tok_pretok_split(t->pre, s, n, on_word, &w);
 }
 
-/* Normalizes a raw stretch, then splits it on normalized added tokens (when parsing). */
-static int encode_segment(const tok_tokenizer *t, const char *s, size_t n, int parse, tok_ids *out) {
+/* Normalizes a raw stretch, then splits it on normalized added tokens (when parsing, and
+ * only when every byte of the stretch allows it: positions move under normalization). */
+static int encode_segment(const tok_tokenizer *t, const char *s, size_t n, int parse,
+                          const uint8_t *allow, tok_ids *out) {
     int oom = 0;
     size_t nl = 0;
+    if (parse && allow && memchr(allow, 0, n)) parse = 0;
     char *norm = tok_normalize(t->norm, s, n, &nl, &oom);
     if (oom) return -1;
     if (norm) { s = norm; n = nl; }
     int rc = 0;
     size_t pos = 0, ms, me;
     int k;
-    while (parse && (k = find_added(t, s, n, pos, 1, &ms, &me)) >= 0) {
+    while (parse && (k = find_added(t, s, n, pos, 1, NULL, &ms, &me)) >= 0) {
         if (ms > pos && encode_plain(t, s + pos, ms - pos, out)) { rc = -1; break; }
         if (!tok_ids_push(out, t->added[k].id)) { rc = -1; break; }
         pos = me;
@@ -88,6 +96,25 @@ static int encode_segment(const tok_tokenizer *t, const char *s, size_t n, int p
     if (!rc && pos < n) rc = encode_plain(t, s + pos, n - pos, out);
     free(norm);
     return rc;
+}
+
+/* text is valid UTF-8 here */
+static lily_code encode_clean(const tok_tokenizer *t, const char *text, size_t len, int parse_special,
+                              const uint8_t *allow, int32_t **ids, int *n, lily_status *st) {
+    tok_ids out = { 0 };
+    int rc = 0;
+    size_t pos = 0, ms, me;
+    int k;
+    while (parse_special && (k = find_added(t, text, len, pos, 0, allow, &ms, &me)) >= 0) {
+        if (ms > pos && encode_segment(t, text + pos, ms - pos, 1, allow ? allow + pos : NULL, &out)) { rc = -1; break; }
+        if (!tok_ids_push(&out, t->added[k].id)) { rc = -1; break; }
+        pos = me;
+    }
+    if (!rc && pos < len) rc = encode_segment(t, text + pos, len - pos, parse_special, allow ? allow + pos : NULL, &out);
+    if (rc) { free(out.v); return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); }
+    if (out.n > INT32_MAX) { free(out.v); return lily_err(st, LILY_ERANGE, "tokenizer: too many tokens"); }
+    *ids = out.v; *n = (int)out.n;
+    return LILY_OK;
 }
 
 lily_code tok_encode(const tok_tokenizer *t, const char *text, size_t len, int parse_special,
@@ -98,22 +125,41 @@ lily_code tok_encode(const tok_tokenizer *t, const char *text, size_t len, int p
     size_t clean_len = 0;
     char *clean = tok_utf8_sanitize(text, len, &clean_len, &oom);
     if (oom) return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
-    if (clean) { text = clean; len = clean_len; }
-    tok_ids out = { 0 };
-    int rc = 0;
-    size_t pos = 0, ms, me;
-    int k;
-    while (parse_special && (k = find_added(t, text, len, pos, 0, &ms, &me)) >= 0) {
-        if (ms > pos && encode_segment(t, text + pos, ms - pos, 1, &out)) { rc = -1; break; }
-        if (!tok_ids_push(&out, t->added[k].id)) { rc = -1; break; }
-        pos = me;
-    }
-    if (!rc && pos < len) rc = encode_segment(t, text + pos, len - pos, parse_special, &out);
+    lily_code rc = encode_clean(t, clean ? clean : text, clean ? clean_len : len, parse_special, NULL, ids, n, st);
     free(clean);
-    if (rc) { free(out.v); return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); }
-    if (out.n > INT32_MAX) { free(out.v); return lily_err(st, LILY_ERANGE, "tokenizer: too many tokens"); }
-    *ids = out.v; *n = (int)out.n;
-    return LILY_OK;
+    return rc;
+}
+
+lily_code tok_encode_parts(const tok_tokenizer *t, const tok_part *parts, int n_parts,
+                           int32_t **ids, int *n, lily_status *st) {
+    *ids = NULL; *n = 0;
+    size_t total = 0;
+    for (int i = 0; i < n_parts; i++) {
+        if (parts[i].len > (size_t)INT32_MAX / 4 || total * 3 > (size_t)INT32_MAX / 4)
+            return lily_err(st, LILY_ERANGE, "tokenizer: text too long");
+        total += parts[i].len;
+    }
+    char *buf = malloc(total * 3 + 1);
+    uint8_t *allow = malloc(total * 3 + 1);
+    if (!buf || !allow) { free(buf); free(allow); return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); }
+    size_t w = 0;
+    int any = 0;
+    for (int i = 0; i < n_parts; i++) {
+        int oom = 0;
+        size_t cl = 0;
+        char *clean = tok_utf8_sanitize(parts[i].text, parts[i].len, &cl, &oom);
+        if (oom) { free(buf); free(allow); return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); }
+        const char *p = clean ? clean : parts[i].text;
+        size_t pl = clean ? cl : parts[i].len;
+        if (pl) memcpy(buf + w, p, pl);
+        memset(allow + w, parts[i].parse_special ? 1 : 0, pl);
+        any |= parts[i].parse_special;
+        w += pl;
+        free(clean);
+    }
+    lily_code rc = encode_clean(t, buf, w, any, allow, ids, n, st);
+    free(buf); free(allow);
+    return rc;
 }
 
 /* ---- decoding ---- */

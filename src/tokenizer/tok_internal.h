@@ -18,7 +18,7 @@ typedef struct {          /* byte string -> int32 */
 } tok_strmap;
 int tok_strmap_init(tok_strmap *m, uint32_t expect);
 void tok_strmap_free(tok_strmap *m);
-/* Inserts or overwrites; returns 0 on allocation failure. */
+/* Inserts (returns 1) or overwrites (returns 2); 0 on allocation failure. */
 int tok_strmap_put(tok_strmap *m, const char *k, size_t n, int32_t v);
 int32_t tok_strmap_get(const tok_strmap *m, const char *k, size_t n); /* -1 if absent */
 
@@ -128,10 +128,18 @@ struct tok_tokenizer {
     int32_t byte_id[256];        /* id of the single-byte symbol, -1 if none */
     int32_t unk_id; int fuse_unk; int ignore_merges;
     tok_added *added; int n_added;
+    uint8_t added_first[256];    /* bit 1: a raw-matched added token starts with this byte; bit 2: a normalized one */
     int norm;
     tok_pretok *pre;
     tok_cache cache;
 };
+
+/* tokenizer.json fast path (tok_json.c) */
+typedef struct { const char *s; size_t n; int32_t id; } tok_vocab_ent;
+int tok_json_find_parts(const char *s, size_t n, size_t *vb, size_t *ve, size_t *mb, size_t *me);
+int tok_json_vocab(const char *s, size_t n, tok_vocab_ent **out, size_t *nout, char **arena);
+int tok_json_merges(const char *s, size_t n, int (*fn)(void *, const char *, size_t, const char *, size_t),
+                    void *ctx);
 
 /* BPE on one pre-tokenized word (raw bytes); appends ids. */
 typedef struct { int32_t *v; size_t n, cap; } tok_ids;

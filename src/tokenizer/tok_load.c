@@ -10,9 +10,7 @@
 
 #define MAX_ID (1 << 22) /* far above any real vocabulary; bounds what a hostile file can allocate */
 
-typedef struct {
-    const char *s; size_t n; int32_t id;
-} vocab_ent;
+typedef tok_vocab_ent vocab_ent;
 
 /* The raw bytes a token stands for, as HF's ByteLevel decoder gives them: every char
  * mapped back through the byte alphabet, or the UTF-8 itself when one char is not in it. */
@@ -46,15 +44,46 @@ void tok_free(tok_tokenizer *t) {
     free(t);
 }
 
+/* HF's rule for tokenizer.json (it does not take the ids written there): an added token
+ * spelled like a vocabulary entry or an earlier added token gets that id, any other the next
+ * id after the vocabulary (its entry count) and after every added id so far. */
+static lily_code assign_hf_ids(tok_tokenizer *t, lily_status *st) {
+    tok_strmap seen;
+    if (!tok_strmap_init(&seen, (uint32_t)t->n_added)) { tok_strmap_free(&seen); return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); }
+    int64_t vocab_len = t->vocab.n, max_added = -1;
+    for (int i = 0; i < t->n_added; i++) {
+        tok_added *a = &t->added[i];
+        int32_t id = tok_strmap_get(&seen, a->content, a->len);
+        if (id < 0) id = tok_strmap_get(&t->vocab, a->content, a->len);
+        if (id < 0) id = (int32_t)(max_added < 0 ? vocab_len : (max_added >= vocab_len || !vocab_len ? max_added + 1 : vocab_len));
+        if (id >= MAX_ID) { tok_strmap_free(&seen); return lily_err(st, LILY_EFORMAT, "tokenizer: too many added tokens"); }
+        a->id = id;
+        if (id > max_added) max_added = id;
+        if (!tok_strmap_put(&seen, a->content, a->len, id)) { tok_strmap_free(&seen); return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); }
+    }
+    tok_strmap_free(&seen);
+    return LILY_OK;
+}
+
 /* Builds the id tables from vocab entries and added tokens (already in t->added). */
-static lily_code build_tables(tok_tokenizer *t, const vocab_ent *v, size_t nv, lily_status *st) {
+static lily_code build_tables(tok_tokenizer *t, const vocab_ent *v, size_t nv, int hf_ids, lily_status *st) {
     int32_t maxid = -1;
     size_t bytes = 0;
+    if (!tok_strmap_init(&t->vocab, (uint32_t)(nv + (size_t)t->n_added)))
+        return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
     for (size_t i = 0; i < nv; i++) {
         if (v[i].id < 0 || v[i].id >= MAX_ID)
             return lily_err(st, LILY_EFORMAT, "tokenizer: vocabulary id %d out of range", (int)v[i].id);
         if (v[i].id > maxid) maxid = v[i].id;
         bytes += v[i].n;
+        int r = tok_strmap_put(&t->vocab, v[i].s, v[i].n, v[i].id);
+        if (!r) return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
+        if (r == 2) return lily_err(st, LILY_EFORMAT, "tokenizer: vocabulary entry \"%.*s\" appears twice",
+                                    (int)(v[i].n > 40 ? 40 : v[i].n), v[i].s);
+    }
+    if (hf_ids) {
+        lily_code rc = assign_hf_ids(t, st);
+        if (rc) return rc;
     }
     for (int i = 0; i < t->n_added; i++) {
         if (t->added[i].id < 0 || t->added[i].id >= MAX_ID)
@@ -68,14 +97,11 @@ static lily_code build_tables(tok_tokenizer *t, const vocab_ent *v, size_t nv, l
     t->piece_len = malloc((nid + 1) * sizeof *t->piece_len);
     t->flags = calloc(nid + 1, 1);
     t->pieces = malloc(bytes + 1);
-    if (!t->piece_off || !t->piece_len || !t->flags || !t->pieces || bytes > UINT32_MAX ||
-        !tok_strmap_init(&t->vocab, (uint32_t)(nv + (size_t)t->n_added)))
+    if (!t->piece_off || !t->piece_len || !t->flags || !t->pieces || bytes > UINT32_MAX)
         return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory for %zu tokens", nid);
     for (size_t i = 0; i <= nid; i++) t->piece_len[i] = UINT32_MAX;
     size_t w = 0;
     for (size_t i = 0; i < nv; i++) {
-        if (!tok_strmap_put(&t->vocab, v[i].s, v[i].n, v[i].id))
-            return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
         t->piece_off[v[i].id] = (uint32_t)w;
         t->piece_len[v[i].id] = (uint32_t)token_bytes(v[i].s, v[i].n, t->pieces + w);
         w += t->piece_len[v[i].id];
@@ -88,6 +114,7 @@ static lily_code build_tables(tok_tokenizer *t, const vocab_ent *v, size_t nv, l
         t->piece_len[a->id] = (uint32_t)token_bytes(a->content, a->len, t->pieces + w);
         w += t->piece_len[a->id];
         t->flags[a->id] = (uint8_t)(1 | (a->special ? 2 : 0));
+        if (a->len) t->added_first[(unsigned char)a->content[0]] |= (uint8_t)(a->normalized ? 2 : 1);
     }
     char key[8];
     for (int b = 0; b < 256; b++) {
@@ -255,7 +282,19 @@ static lily_code check_model(json_t *m, lily_status *st) {
     return LILY_OK;
 }
 
-static lily_code load_root(tok_tokenizer *t, json_t *root, lily_status *st) {
+typedef struct { tok_tokenizer *t; char *scratch; size_t scap; uint32_t rank; lily_status *st; lily_code rc; } merge_ctx;
+
+static int merge_cb(void *p, const char *a, size_t an, const char *b, size_t bn) {
+    merge_ctx *m = p;
+    m->rc = add_merge(m->t, a, an, b, bn, m->rank++, &m->scratch, &m->scap, m->st);
+    return m->rc == LILY_OK;
+}
+
+/* fast: the original text with model.vocab and model.merges spans (tok_json.c), or NULL
+ * when jansson parsed them into root. */
+typedef struct { const char *text; size_t vb, ve, mb, me; } fast_parts;
+
+static lily_code load_root(tok_tokenizer *t, json_t *root, const fast_parts *fast, lily_status *st) {
     json_t *m = json_object_get(root, "model");
     if (!json_is_object(m)) return lily_err(st, LILY_EFORMAT, "tokenizer: no \"model\" object");
     lily_code rc = check_model(m, st);
@@ -280,26 +319,42 @@ static lily_code load_root(tok_tokenizer *t, json_t *root, lily_status *st) {
         if (v < 0 || v >= MAX_ID) return lily_err(st, LILY_EFORMAT, "tokenizer: added token id %lld out of range", (long long)v);
         if ((rc = add_added(t, a, (int32_t)v, &cap, st))) return rc;
     }
-    json_t *vocab = json_object_get(m, "vocab");
-    size_t nv = json_object_size(vocab), k = 0;
-    vocab_ent *v = malloc((nv + 1) * sizeof *v);
-    if (!v) return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
-    const char *key; json_t *val;
-    size_t klen;
-    json_object_keylen_foreach(vocab, key, klen, val) {
-        if (!json_is_integer(val)) { free(v); return lily_err(st, LILY_EFORMAT, "tokenizer: vocab entry without an integer id"); }
-        json_int_t iv = json_integer_value(val);
-        if (iv < 0 || iv >= MAX_ID) { free(v); return lily_err(st, LILY_EFORMAT, "tokenizer: vocabulary id %lld out of range", (long long)iv); }
-        v[k].s = key; v[k].n = klen; v[k].id = (int32_t)iv; k++;
+    vocab_ent *v = NULL;
+    size_t k = 0;
+    char *arena = NULL;
+    if (fast) {
+        if (!tok_json_vocab(fast->text + fast->vb, fast->ve - fast->vb, &v, &k, &arena))
+            return lily_err(st, LILY_EFORMAT, "tokenizer: model.vocab is not an object of \"token\": id");
+    } else {
+        json_t *vocab = json_object_get(m, "vocab");
+        size_t nv = json_object_size(vocab);
+        v = malloc((nv + 1) * sizeof *v);
+        if (!v) return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
+        const char *key; json_t *val;
+        size_t klen;
+        json_object_keylen_foreach(vocab, key, klen, val) {
+            if (!json_is_integer(val)) { free(v); return lily_err(st, LILY_EFORMAT, "tokenizer: vocab entry without an integer id"); }
+            json_int_t iv = json_integer_value(val);
+            if (iv < 0 || iv >= MAX_ID) { free(v); return lily_err(st, LILY_EFORMAT, "tokenizer: vocabulary id %lld out of range", (long long)iv); }
+            v[k].s = key; v[k].n = klen; v[k].id = (int32_t)iv; k++;
+        }
     }
-    rc = build_tables(t, v, k, st);
-    free(v);
+    rc = build_tables(t, v, k, 1, st);
+    free(v); free(arena);
     if (rc) return rc;
     json_t *unk = json_object_get(m, "unk_token");
     t->unk_id = json_is_string(unk) ? tok_strmap_get(&t->vocab, json_string_value(unk), json_string_length(unk)) : -1;
     t->fuse_unk = jbool(m, "fuse_unk");
     t->ignore_merges = jbool(m, "ignore_merges");
-    if ((rc = merges_from_json(t, json_object_get(m, "merges"), st))) return rc;
+    if (fast) {
+        size_t approx = (fast->me - fast->mb) / 8 + 16;
+        if (!tok_pairmap_init(&t->merges, (uint32_t)approx)) return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
+        merge_ctx mc = { t, NULL, 0, 0, st, LILY_OK };
+        int ok = tok_json_merges(fast->text + fast->mb, fast->me - fast->mb, merge_cb, &mc);
+        free(mc.scratch);
+        if (mc.rc) return mc.rc;
+        if (!ok) return lily_err(st, LILY_EFORMAT, "tokenizer: model.merges is not an array of \"a b\" or [a, b]");
+    } else if ((rc = merges_from_json(t, json_object_get(m, "merges"), st))) return rc;
     return tok_pretok_new(ps.regex, ps.literal, 0, &t->pre, st);
 }
 
@@ -315,10 +370,27 @@ static tok_tokenizer *tok_alloc(void) {
 lily_code tok_load_json(const char *json, size_t len, tok_tokenizer **out, lily_status *st) {
     *out = NULL;
     json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_ALLOW_NUL, &je);
+    fast_parts fp = { json, 0, 0, 0, 0 };
+    int fast = tok_json_find_parts(json, len, &fp.vb, &fp.ve, &fp.mb, &fp.me);
+    json_t *root;
+    if (fast) { /* jansson reads the rest, with the two big values replaced by {} and [] */
+        char *mod = malloc(len + 5);
+        if (!mod) return lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
+        size_t a0 = fp.vb < fp.mb ? fp.vb : fp.mb, a1 = fp.vb < fp.mb ? fp.ve : fp.me;
+        size_t b0 = fp.vb < fp.mb ? fp.mb : fp.vb, b1 = fp.vb < fp.mb ? fp.me : fp.ve;
+        const char *ra = fp.vb < fp.mb ? "{}" : "[]", *rb = fp.vb < fp.mb ? "[]" : "{}";
+        size_t w = 0;
+        memcpy(mod + w, json, a0); w += a0;
+        memcpy(mod + w, ra, 2); w += 2;
+        memcpy(mod + w, json + a1, b0 - a1); w += b0 - a1;
+        memcpy(mod + w, rb, 2); w += 2;
+        memcpy(mod + w, json + b1, len - b1); w += len - b1;
+        root = json_loadb(mod, w, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
+        free(mod);
+    } else root = json_loadb(json, len, JSON_ALLOW_NUL | JSON_REJECT_DUPLICATES, &je);
     if (!root) return lily_err(st, LILY_EFORMAT, "tokenizer: bad JSON at line %d: %s", je.line, je.text);
     tok_tokenizer *t = tok_alloc();
-    lily_code rc = t ? (json_is_object(root) ? load_root(t, root, st)
+    lily_code rc = t ? (json_is_object(root) ? load_root(t, root, fast ? &fp : NULL, st)
                                              : lily_err(st, LILY_EFORMAT, "tokenizer: JSON is not an object"))
                      : lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
     json_decref(root);
@@ -336,16 +408,20 @@ static lily_code load_slow(tok_tokenizer *t, const char *dir, lily_status *st) {
     char *vtext = lily_read_file(path, &len, st);
     if (!vtext) return st ? st->code : LILY_EIO;
     json_error_t je;
-    json_t *vocab = json_loadb(vtext, len, JSON_ALLOW_NUL, &je), *cfg = NULL;
+    json_t *cfg = NULL;
+    vocab_ent *v = NULL;
+    size_t k = 0;
+    char *arena = NULL;
+    int vok = tok_json_vocab(vtext, len, &v, &k, &arena);
     free(vtext);
-    if (!json_is_object(vocab)) { json_decref(vocab); return lily_err(st, LILY_EFORMAT, "tokenizer: %s is not a JSON object", path); }
+    if (!vok) return lily_err(st, LILY_EFORMAT, "tokenizer: %s is not a JSON object of \"token\": id", path);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     struct stat sb;
     const char *regex = TOK_REGEX_QWEN2;
     int cap = 0;
     if (!stat(path, &sb)) {
         char *ctext = lily_read_file(path, &len, st);
-        if (!ctext) { json_decref(vocab); return st ? st->code : LILY_EIO; }
+        if (!ctext) { rc = st ? st->code : LILY_EIO; goto out; }
         cfg = json_loadb(ctext, len, JSON_ALLOW_NUL, &je);
         free(ctext);
         if (!json_is_object(cfg)) { rc = lily_err(st, LILY_EFORMAT, "tokenizer: %s is not a JSON object", path); goto out; }
@@ -359,17 +435,7 @@ static lily_code load_slow(tok_tokenizer *t, const char *dir, lily_status *st) {
             if ((rc = add_added(t, val, (int32_t)id, &cap, st))) goto out;
         }
     }
-    size_t nv = json_object_size(vocab), k = 0;
-    vocab_ent *v = malloc((nv + 1) * sizeof *v);
-    if (!v) { rc = lily_err(st, LILY_ENOMEM, "tokenizer: out of memory"); goto out; }
-    const char *key; json_t *val; size_t klen;
-    json_object_keylen_foreach(vocab, key, klen, val) {
-        json_int_t iv = json_integer_value(val);
-        if (!json_is_integer(val) || iv < 0 || iv >= MAX_ID) { free(v); rc = lily_err(st, LILY_EFORMAT, "tokenizer: bad id in vocab.json"); goto out; }
-        v[k].s = key; v[k].n = klen; v[k].id = (int32_t)iv; k++;
-    }
-    rc = build_tables(t, v, k, st);
-    free(v);
+    rc = build_tables(t, v, k, 0, st); /* transformers keeps added_tokens_decoder's ids */
     if (rc) goto out;
     snprintf(path, sizeof path, "%s/merges.txt", dir);
     char *mtext = lily_read_file(path, &len, st);
@@ -399,7 +465,7 @@ static lily_code load_slow(tok_tokenizer *t, const char *dir, lily_status *st) {
     t->norm = TOK_NORM_NFC; /* Qwen2Tokenizer normalizes to NFC */
     rc = tok_pretok_new(regex, 0, 0, &t->pre, st);
 out:
-    json_decref(vocab);
+    free(v); free(arena);
     json_decref(cfg);
     return rc;
 }
@@ -451,7 +517,7 @@ lily_code tok_from_parts(const char *const *vocab, int n_vocab, const char *cons
         t->n_added++;
     }
     for (int i = 0; !rc && i < n_vocab; i++) { v[i].s = vocab[i]; v[i].n = strlen(vocab[i]); v[i].id = i; }
-    if (!rc) rc = build_tables(t, v, (size_t)n_vocab, st);
+    if (!rc) rc = build_tables(t, v, (size_t)n_vocab, 0, st);
     free(v);
     if (!rc && !tok_pairmap_init(&t->merges, (uint32_t)n_merges)) rc = lily_err(st, LILY_ENOMEM, "tokenizer: out of memory");
     char *scratch = NULL; size_t scap = 0;

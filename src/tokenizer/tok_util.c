@@ -64,7 +64,7 @@ int tok_strmap_put(tok_strmap *m, const char *k, size_t n, int32_t v) {
         uint32_t e = m->slot[i] - 1;
         if (m->hash[e] == h && m->len[e] == n && !memcmp(m->blob + m->off[e], k, n)) {
             m->val[e] = v;
-            return 1;
+            return 2;
         }
     }
     if (m->n == m->ecap) {
@@ -301,46 +301,83 @@ static int map_append(const unsigned char *s, size_t n, int opt, char **o, size_
     return 1;
 }
 
+/* Normalizes [s, s+n) around ill-behaved characters into o. */
+static int normalize_span(const unsigned char *u, size_t n, int opt, char **o, size_t *w, size_t *cap) {
+    size_t start = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp; int l = tok_utf8_next(u + i, &cp);
+        if (cp >= 0x7FD && is_norm_unknown(cp)) {
+            if (!map_append(u + start, i - start, opt, o, w, cap)) return 0;
+            if (*w + (size_t)l + 1 > *cap) {
+                size_t nc = (*w + (size_t)l + 1) * 2;
+                char *b = realloc(*o, nc);
+                if (!b) return 0;
+                *o = b; *cap = nc;
+            }
+            memcpy(*o + *w, u + i, (size_t)l); *w += (size_t)l;
+            start = i + (size_t)l;
+        }
+        i += (size_t)l;
+    }
+    return map_append(u + start, n - start, opt, o, w, cap);
+}
+
+static int append_raw(const unsigned char *u, size_t n, char **o, size_t *w, size_t *cap) {
+    if (*w + n + 1 > *cap) {
+        size_t nc = (*w + n + 1) * 2;
+        char *b = realloc(*o, nc);
+        if (!b) return 0;
+        *o = b; *cap = nc;
+    }
+    memcpy(*o + *w, u, n); *w += n;
+    return 1;
+}
+
 char *tok_normalize(int kind, const char *s, size_t n, size_t *out_len, int *oom) {
     if (kind == TOK_NORM_NONE || n == 0) return NULL;
     const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    if (kind == TOK_NORM_NFC) {
-        while (i < n) {
-            if (u[i] < 0x80) { i++; continue; }
-            uint32_t cp; int l = tok_utf8_next(u + i, &cp);
-            if (!nfc_safe(cp)) break;
-            i += (size_t)l;
-        }
-        if (i == n) return NULL;
-    } else {
-        while (i < n && u[i] < 0x80) i++;
-        if (i == n) return NULL;
-    }
     int opt = UTF8PROC_STABLE;
     if (kind == TOK_NORM_NFC) opt |= UTF8PROC_COMPOSE;
     else if (kind == TOK_NORM_NFD) opt |= UTF8PROC_DECOMPOSE;
     else if (kind == TOK_NORM_NFKC) opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
     else opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
-    size_t cap = n * 2 + 16, w = 0, start = 0;
-    char *o = malloc(cap);
-    if (!o) { *oom = 1; return NULL; }
-    for (i = 0; i < n;) {
-        uint32_t cp; int l = tok_utf8_next(u + i, &cp);
-        if (cp >= 0x7FD && is_norm_unknown(cp)) {
-            if (!map_append(u + start, i - start, opt, &o, &w, &cap)) { free(o); *oom = 1; return NULL; }
-            if (w + (size_t)l + 1 > cap) {
-                char *b = realloc(o, cap = (w + (size_t)l + 1) * 2);
-                if (!b) { free(o); *oom = 1; return NULL; }
-                o = b;
+    size_t cap = 0, w = 0;
+    char *o = NULL;
+    if (kind != TOK_NORM_NFC) {
+        size_t i = 0;
+        while (i < n && u[i] < 0x80) i++;
+        if (i == n) return NULL;
+        if (!normalize_span(u, n, opt, &o, &w, &cap)) goto oom;
+    } else {
+        /* A safe character is a starter nothing before it can combine with, so the text
+         * splits before it: only stretches around unsafe characters (with the safe
+         * character just before them, which may compose with them) go to utf8proc. */
+        size_t done = 0, prev_safe = 0, i = 0;
+        while (i < n) {
+            if (u[i] < 0x80) { prev_safe = i++; continue; }
+            uint32_t cp; int l = tok_utf8_next(u + i, &cp);
+            if (nfc_safe(cp)) { prev_safe = i; i += (size_t)l; continue; }
+            size_t rs = prev_safe > done ? prev_safe : done, re = i + (size_t)l;
+            while (re < n) {
+                if (u[re] < 0x80) break;
+                int l2 = tok_utf8_next(u + re, &cp);
+                if (nfc_safe(cp)) break;
+                re += (size_t)l2;
             }
-            memcpy(o + w, u + i, (size_t)l); w += (size_t)l;
-            start = i + (size_t)l;
+            if (!o) { cap = n + n / 4 + 64; o = malloc(cap); if (!o) goto oom; }
+            if (!append_raw(u + done, rs - done, &o, &w, &cap)) goto oom;
+            if (!normalize_span(u + rs, re - rs, opt, &o, &w, &cap)) goto oom;
+            done = i = re;
+            prev_safe = re;
         }
-        i += (size_t)l;
+        if (!o) return NULL;
+        if (!append_raw(u + done, n - done, &o, &w, &cap)) goto oom;
     }
-    if (!map_append(u + start, n - start, opt, &o, &w, &cap)) { free(o); *oom = 1; return NULL; }
     o[w] = 0;
     *out_len = w;
     return o;
+oom:
+    free(o);
+    *oom = 1;
+    return NULL;
 }

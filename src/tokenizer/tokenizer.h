@@ -37,11 +37,21 @@ void tok_free(tok_tokenizer *t);
 /* *ids is malloc'ed (free() it); *n tokens. *ids may be NULL when *n == 0. */
 lily_code tok_encode(const tok_tokenizer *t, const char *text, size_t len, int parse_special,
                      int32_t **ids, int *n, lily_status *st);
+/* A prompt made of pieces, e.g. template text (parse_special = 1) around user content
+ * (parse_special = 0). Encodes like tok_encode on the concatenation, except that an added
+ * token is recognized only where it lies wholly inside parts that allow it. So the ids equal
+ * HF's for the whole prompt whenever the user content holds no added-token text, and such
+ * text in it stays plain. Use this rather than joining separately encoded pieces (BPE and
+ * the regex see across the joins). */
+typedef struct { const char *text; size_t len; int parse_special; } tok_part;
+lily_code tok_encode_parts(const tok_tokenizer *t, const tok_part *parts, int n_parts,
+                           int32_t **ids, int *n, lily_status *st);
+
 /* *out is malloc'ed and NUL-terminated; *len excludes the NUL (len may be NULL). */
 lily_code tok_decode(const tok_tokenizer *t, const int32_t *ids, int n, int skip_special,
                      char **out, size_t *len);
 
-/* Largest id + 1 (regular and added tokens). */
+/* Largest id + 1 (regular and added tokens); the model's embedding may be padded larger. */
 int tok_vocab_size(const tok_tokenizer *t);
 /* Id of a token by its exact string (added token content, or a vocabulary entry written
  * in the byte-level alphabet, e.g. "Ġthe"), or -1. */
@@ -53,7 +63,7 @@ int tok_is_added(const tok_tokenizer *t, int32_t id);
 /* Raw bytes of a token (not NUL-terminated), or NULL for an unknown id. */
 const char *tok_piece(const tok_tokenizer *t, int32_t id, size_t *len);
 
-/* Incremental decoding for streaming output. */
+/* Incremental decoding for streaming output; a stream is used by one thread at a time. */
 lily_code tok_stream_new(const tok_tokenizer *t, int skip_special, tok_stream **out,
                          lily_status *st);
 /* Feeds one id; *text and *len receive the newly completed text (possibly empty), valid UTF-8,
