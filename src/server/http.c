@@ -122,13 +122,28 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
     if (r->kind == SRV_CHAT) {
         json_t *body = r->tool_choice_none ? without_tools(r->body) : json_incref(r->body);
         char *text = NULL;
-        lily_code rc = chat_render(body, h->o.template_kind, &text, &st);
+        chat_span *plain = NULL;
+        int n_plain = 0;
+        lily_code rc = chat_render_ex(body, h->o.template_kind, &text, &plain, &n_plain, &st);
         json_decref(body);
         if (rc) {
             srv_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", st.msg);
             return -1;
         }
-        rc = tok_encode(h->tok, text, strlen(text), 1, &ids, &n, &st);
+        /* The template's own text may hold special tokens; what the request supplied
+         * (message contents, tool arguments...) never does: no injected <|im_start|>. */
+        tok_part *parts = malloc(sizeof *parts * (size_t)(2 * n_plain + 1));
+        int np = 0;
+        size_t at = 0, len = strlen(text);
+        for (int i = 0; parts && i < n_plain; i++) {
+            if (plain[i].off > at) parts[np++] = (tok_part){ text + at, plain[i].off - at, 1 };
+            parts[np++] = (tok_part){ text + plain[i].off, plain[i].len, 0 };
+            at = plain[i].off + plain[i].len;
+        }
+        if (parts && at < len) parts[np++] = (tok_part){ text + at, len - at, 1 };
+        rc = parts ? tok_encode_parts(h->tok, parts, np, &ids, &n, &st) : lily_err(&st, LILY_ENOMEM, "out of memory");
+        free(parts);
+        free(plain);
         free(text);
         if (rc) { srv_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", st.msg); return -1; }
     } else if (r->prompt) {
