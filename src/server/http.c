@@ -460,10 +460,9 @@ lily_code srv_http_start(srv_http *h, srv_sched *sched, const tok_tokenizer *tok
     srv_sched_info(sched, &h->info);
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                                 MHD_USE_ERROR_LOG | MHD_USE_ITC,
-                            0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
+                            0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)(h->o.threads > 0 ? h->o.threads : 512), MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)SRV_IDLE_TIMEOUT, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024), MHD_OPTION_END);
     if (!h->d) return lily_err(st, LILY_EIO, "cannot start the HTTP daemon on %s:%d", h->o.host, h->o.port);
     return LILY_OK;
