@@ -141,6 +141,16 @@ EOF
 req lp /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"logprobs":true,"top_logprobs":3}' >/dev/null
 t "logprobs per token" js "$tmp/lp" '(lp:=d["choices"][0]["logprobs"]["content"]) and d["usage"]["completion_tokens"]-1<=len(lp)<=d["usage"]["completion_tokens"] and all(len(e["top_logprobs"])==3 and e["logprob"]<=0 and e["top_logprobs"][0]["logprob"]>=e["top_logprobs"][2]["logprob"] and isinstance(e["bytes"],list) for e in lp)'
 t "greedy picks the top logprob" js "$tmp/lp" 'all(abs(e["logprob"]-e["top_logprobs"][0]["logprob"])<1e-6 for e in d["choices"][0]["logprobs"]["content"])'
+req lps /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"max_tokens":6,"temperature":0,"logprobs":true,"top_logprobs":3,"stream":true}' -N >/dev/null
+t "streamed logprobs equal the plain ones" python3 - "$tmp/lps" "$tmp/lp" <<'EOF2'
+import json, sys
+ev = [json.loads(e[6:]) for e in open(sys.argv[1]).read().split("\n\n") if e.startswith("data: {")]
+got = [x for e in ev if e["choices"] and e["choices"][0]["logprobs"] for x in e["choices"][0]["logprobs"]["content"]]
+want = json.load(open(sys.argv[2]))["choices"][0]["logprobs"]["content"]
+sys.exit(0 if [g["token"] for g in got] == [w["token"] for w in want] and all(abs(g["logprob"] - w["logprob"]) < 1e-6 for g, w in zip(got, want)) else 1)
+EOF2
+req klp /v1/completions '{"prompt":"The old lighthouse keeper","max_tokens":5,"temperature":0,"logprobs":2}' >/dev/null
+t "completion logprobs" js "$tmp/klp" '(lp:=d["choices"][0]["logprobs"]) and len(lp["tokens"])==len(lp["token_logprobs"])==len(lp["top_logprobs"])==len(lp["text_offset"]) and d["usage"]["completion_tokens"]-1<=len(lp["tokens"])<=d["usage"]["completion_tokens"] and all(len(a)<=2 for a in lp["top_logprobs"]) and lp["text_offset"]==sorted(lp["text_offset"])'
 TOOLS='{"messages":[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"sunny"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"max_tokens":4}'
 t "tools request accepted" [ "$(req tl /v1/chat/completions "$TOOLS")" = 200 ]
 TOOLSNONE=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['tool_choice']='none'; print(json.dumps(d))" "$TOOLS")
