@@ -1,0 +1,653 @@
+/* The CUDA kernels, each a float32 transcription of the CPU reference op it replaces
+ * (src/cpu/forward.c, src/cpu/ops.c), and their launchers (declared in cu_common.h). */
+#include "cuda/cu_common.h"
+#include <cuda_fp16.h>
+#include <math.h>
+
+#define WARP 32
+
+__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigm_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float ld_sb(const char *p, int t, size_t i) {
+    if (t == LW_BF16) return bf2f(((const uint16_t *)p)[i]);
+    if (t == LW_F16) return h2f(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum; every thread gets the result. sh needs 32 floats. */
+__device__ float block_sum(float v, float *sh) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = (blockDim.x + WARP - 1) / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = 0;
+    for (int i = 0; i < nw; i++) r += sh[i];
+    return r;
+}
+
+/* Elements c..c+7 of row r of expert e (c % 8 == 0); columns past the end read as 0. */
+__device__ __forceinline__ void load8(const dmat &m, int e, int r, int c, float out[8]) {
+    if (m.type == LW_Q) {
+        const char *wb = (const char *)m.w + (long long)e * m.ew;
+        int ng = m.cols / m.group;
+        size_t gi = (size_t)r * ng + c / m.group;
+        float sc = ld_sb((const char *)m.s + (long long)e * m.es, m.sbt, gi);
+        float bi = ld_sb((const char *)m.b + (long long)e * m.es, m.sbt, gi);
+        size_t el = (size_t)r * m.cols + c;
+        if (m.bits == 4) {
+            uint32_t q = ((const uint32_t *)wb)[el / 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) out[j] = sc * (float)((q >> (4 * j)) & 15u) + bi;
+        } else {
+            uint2 q = *(const uint2 *)((const uint32_t *)wb + el / 4);
+#pragma unroll
+            for (int j = 0; j < 4; j++) out[j] = sc * (float)((q.x >> (8 * j)) & 255u) + bi;
+#pragma unroll
+            for (int j = 0; j < 4; j++) out[4 + j] = sc * (float)((q.y >> (8 * j)) & 255u) + bi;
+        }
+        return;
+    }
+    size_t el = (size_t)r * m.cols + c;
+    int full = c + 8 <= m.cols && (m.cols % 8) == 0;
+    if (m.type == LW_BF16 || m.type == LW_F16) {
+        const uint16_t *p = (const uint16_t *)((const char *)m.w + (long long)e * m.ew) + el;
+        if (full) {
+            uint4 v = *(const uint4 *)p;
+            uint32_t wv[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint16_t lo = (uint16_t)(wv[j] & 0xffffu), hi = (uint16_t)(wv[j] >> 16);
+                out[2 * j] = m.type == LW_BF16 ? bf2f(lo) : h2f(lo);
+                out[2 * j + 1] = m.type == LW_BF16 ? bf2f(hi) : h2f(hi);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) out[j] = c + j < m.cols ? (m.type == LW_BF16 ? bf2f(p[j]) : h2f(p[j])) : 0.f;
+        }
+    } else {
+        const float *p = (const float *)((const char *)m.w + (long long)e * m.ew) + el;
+        if (full) {
+            float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+            out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+            out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) out[j] = c + j < m.cols ? p[j] : 0.f;
+        }
+    }
+}
+
+lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *file, int line) {
+    return lily_err(st, LILY_EDEVICE, "CUDA error %s (%s) in %s at %s:%d", cudaGetErrorName(e), cudaGetErrorString(e), what, file, line);
+}
+
+/* ---- matrix-vector: one warp per weight row, all T (<= NT) inputs at once ---- */
+template <int NT>
+__global__ void __launch_bounds__(256) k_mv(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
+                                            int ldy, const int *eidx, int xdiv) {
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int r = blockIdx.x * 8 + warp;
+    if (r >= m.rows) return;
+    int slot = blockIdx.y, e = 0;
+    const float *x = X;
+    float *y = Y;
+    if (eidx) { /* slot mode: one input row per slot */
+        e = eidx[slot];
+        x = X + (size_t)(slot / xdiv) * ldx;
+        y = Y + (size_t)slot * ldy;
+        T = 1;
+    }
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int vec = (ldx % 4) == 0;
+    for (int c = lane * 8; c < m.cols; c += WARP * 8) {
+        float w8[8];
+        load8(m, e, r, c, w8);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            const float *xp = x + (size_t)t * ldx + c;
+            if (vec && c + 8 <= m.cols) {
+                float4 a = *(const float4 *)xp, b = *(const float4 *)(xp + 4);
+                acc[t] += w8[0] * a.x + w8[1] * a.y + w8[2] * a.z + w8[3] * a.w + w8[4] * b.x + w8[5] * b.y + w8[6] * b.z + w8[7] * b.w;
+            } else {
+                for (int j = 0; j < 8 && c + j < m.cols; j++) acc[t] += w8[j] * xp[j];
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= T) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * ldy + r] = v;
+    }
+}
+
+/* ---- tiled: 64 weight rows x 64 inputs per block, 32 columns per step ---- */
+#define TBM 64
+#define TBN 64
+#define TBK 32
+__global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restrict__ X, int ldx, int T,
+                                                  float *__restrict__ Y, int ldy, dsort so, int xdiv) {
+    __shared__ float Ws[TBK][TBM + 4];
+    __shared__ float Xs[TBK][TBN + 4];
+    int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    int e = 0, n = T, base = 0;
+    if (so.count) {
+        e = blockIdx.z;
+        n = so.count[e];
+        base = so.off[e];
+    }
+    int r0 = blockIdx.x * TBM, t0 = blockIdx.y * TBN;
+    if (t0 >= n) return;
+    /* this thread's loads: weight row lr, input row lt, columns seg..seg+7 */
+    int lr = tid / 4, seg = (tid % 4) * 8;
+    int lt = tid / 4;
+    const float *xrow = NULL;
+    if (t0 + lt < n) {
+        int srow = base + t0 + lt;
+        int xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
+        xrow = X + (size_t)xr * ldx;
+    }
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < m.cols; k0 += TBK) {
+        float w8[8];
+        if (r0 + lr < m.rows && k0 + seg < m.cols) load8(m, e, r0 + lr, k0 + seg, w8);
+        else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) Ws[seg + j][lr] = w8[j];
+#pragma unroll
+        for (int j = 0; j < 8; j++) Xs[seg + j][lt] = (xrow && k0 + seg + j < m.cols) ? xrow[k0 + seg + j] : 0.f;
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < TBK; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = Ws[k][tx + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = Xs[k][ty + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int t = t0 + ty + 16 * j;
+        if (t >= n) continue;
+        float *yr = Y + (size_t)(base + t) * ldy;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + tx + 16 * i;
+            if (r < m.rows) yr[r] = acc[i][j];
+        }
+    }
+}
+
+static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    dim3 g((W->rows + 7) / 8, 1);
+    if (T <= 1) k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else if (T <= 2) k_mv<2><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else if (T <= 4) k_mv<4><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else k_mv<8><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+}
+
+void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    if (variant == 0) {
+        for (int t = 0; t < T; t += 8) mv_launch(s, W, X + (size_t)t * ldx, ldx, T - t < 8 ? T - t : 8, Y + (size_t)t * ldy, ldy);
+        return;
+    }
+    dsort none = { NULL, NULL, NULL, NULL };
+    dim3 g((W->rows + TBM - 1) / TBM, (T + TBN - 1) / TBN, 1);
+    k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+}
+
+void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    cu_matmul_variant(s, T <= 8 ? 0 : 1, W, X, ldx, T, Y, ldy);
+}
+
+void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float *X, int xdiv,
+                     int ldx, int nslots, float *Y, int ldy) {
+    dim3 g((W->rows + 7) / 8, nslots);
+    k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, 1, Y, ldy, eidx, xdiv);
+}
+
+void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
+                       int ldx, int maxcount, float *Y, int ldy) {
+    dim3 g((W->rows + TBM - 1) / TBM, (maxcount + TBN - 1) / TBN, E);
+    k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
+}
+
+/* ---- embedding, norms ---- */
+__global__ void k_embed(dmat m, const int *ids, float *x) {
+    int t = blockIdx.x, id = ids[t];
+    for (int c = threadIdx.x * 8; c < m.cols; c += blockDim.x * 8) {
+        float w8[8];
+        load8(m, 0, id, c, w8);
+        for (int j = 0; j < 8 && c + j < m.cols; j++) x[(size_t)t * m.cols + c + j] = w8[j];
+    }
+}
+void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x) {
+    k_embed<<<T, 256, 0, s>>>(*E, ids, x);
+}
+
+__global__ void k_rmsnorm(float *x, const float *add, const float *w, int n, float eps, float *y) {
+    __shared__ float sh[32];
+    float *xr = x + (size_t)blockIdx.x * n;
+    const float *ar = add ? add + (size_t)blockIdx.x * n : NULL;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (ar) { v += ar[i]; xr[i] = v; }
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / n + eps);
+    float *yr = y + (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+}
+void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y) {
+    k_rmsnorm<<<T, 256, 0, s>>>(x, add, w, n, eps, y);
+}
+
+/* ---- Gated DeltaNet ---- */
+__global__ void k_conv(const float *mixed, float *state, const float *w, int cd, int K, int T, float *u) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= cd) return;
+    float hist[8], wr[8];
+    for (int j = 0; j < K - 1; j++) hist[j] = state[(size_t)ch * (K - 1) + j];
+    for (int j = 0; j < K; j++) wr[j] = w[(size_t)ch * K + j];
+    for (int t = 0; t < T; t++) {
+        float in = mixed[(size_t)t * cd + ch], s = 0;
+        for (int j = 0; j < K - 1; j++) s += wr[j] * hist[j];
+        s += wr[K - 1] * in;
+        u[(size_t)t * cd + ch] = silu_f(s);
+        for (int j = 0; j + 1 < K - 1; j++) hist[j] = hist[j + 1];
+        if (K > 1) hist[K - 2] = in;
+    }
+    for (int j = 0; j < K - 1; j++) state[(size_t)ch * (K - 1) + j] = hist[j];
+}
+void cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u) {
+    k_conv<<<(cd + 127) / 128, 128, 0, s>>>(mixed, state, w, cd, K, T, u);
+}
+
+__global__ void k_l2norm_heads(float *u, int cd, int nk, int dk) {
+    __shared__ float sh[32];
+    int t = blockIdx.x, hh = blockIdx.y;
+    float *v = u + (size_t)t * cd + (size_t)hh * dk;
+    float ss = 0;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += v[i] * v[i];
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss + 1e-6f) * (hh < nk ? 1.0f / sqrtf((float)dk) : 1.0f);
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) v[i] *= r;
+}
+__global__ void k_gbeta(const float *bb, const float *aa, const float *A_log, const float *dt_bias, int n, int nv,
+                        float *g, float *beta) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int h = i % nv;
+    beta[i] = sigm_f(bb[i]);
+    float x = aa[i] + dt_bias[h];
+    float sp = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = -expf(A_log[h]) * sp;
+}
+void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
+                 const float *A_log, const float *dt_bias, int nv, float *g, float *beta) {
+    k_l2norm_heads<<<dim3(T, 2 * nk), 128, 0, s>>>(u, cd, nk, dk);
+    int n = T * nv;
+    k_gbeta<<<(n + 255) / 256, 256, 0, s>>>(bb, aa, A_log, dt_bias, n, nv, g, beta);
+}
+
+/* One block per value head. Fast form (dk = 128): four threads per state column j, each
+ * holding 32 rows of column j of S in registers; the generic form keeps S in global memory
+ * with one thread per column. */
+__global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int dv, const float *u, int cd, const float *g,
+                                                     const float *beta, float *S, float *o) {
+    __shared__ float qs[128], ks[128];
+    const int dk = 128;
+    int h = blockIdx.x, j = threadIdx.x / 4, p = threadIdx.x % 4, kh = h / (nv / nk), kd = nk * dk;
+    float *Sh = S + (size_t)h * dk * dv;
+    float sr[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + j];
+    for (int t = 0; t < T; t++) {
+        const float *row = u + (size_t)t * cd;
+        __syncthreads();
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) { qs[i] = row[kh * dk + i]; ks[i] = row[kd + kh * dk + i]; }
+        __syncthreads();
+        float decay = expf(g[(size_t)t * nv + h]), b = beta[(size_t)t * nv + h];
+        float vj = row[2 * kd + h * dv + j];
+        float d = 0, out = 0;
+#pragma unroll
+        for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * 32 + i]; }
+        d += __shfl_xor_sync(0xffffffffu, d, 1);
+        d += __shfl_xor_sync(0xffffffffu, d, 2);
+        d = (vj - d) * b;
+#pragma unroll
+        for (int i = 0; i < 32; i++) { sr[i] += ks[p * 32 + i] * d; out += sr[i] * qs[p * 32 + i]; }
+        out += __shfl_xor_sync(0xffffffffu, out, 1);
+        out += __shfl_xor_sync(0xffffffffu, out, 2);
+        if (p == 0) o[(size_t)t * nv * dv + (size_t)h * dv + j] = out;
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + j] = sr[i];
+}
+__global__ void k_gdn_rec_gen(int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                              const float *beta, float *S, float *o) {
+    extern __shared__ float qk[]; /* q[dk], k[dk] */
+    int h = blockIdx.x, j = threadIdx.x, kh = h / (nv / nk), kd = nk * dk;
+    float *Sh = S + (size_t)h * dk * dv;
+    for (int t = 0; t < T; t++) {
+        const float *row = u + (size_t)t * cd;
+        __syncthreads();
+        for (int i = j; i < dk; i += blockDim.x) { qk[i] = row[kh * dk + i]; qk[dk + i] = row[kd + kh * dk + i]; }
+        __syncthreads();
+        float decay = expf(g[(size_t)t * nv + h]), b = beta[(size_t)t * nv + h];
+        float vj = row[2 * kd + h * dv + j];
+        float d = 0, out = 0;
+        for (int i = 0; i < dk; i++) { float v = Sh[(size_t)i * dv + j] * decay; Sh[(size_t)i * dv + j] = v; d += v * qk[dk + i]; }
+        d = (vj - d) * b;
+        for (int i = 0; i < dk; i++) { float v = Sh[(size_t)i * dv + j] + qk[dk + i] * d; Sh[(size_t)i * dv + j] = v; out += v * qk[i]; }
+        o[(size_t)t * nv * dv + (size_t)h * dv + j] = out;
+    }
+}
+void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd,
+                const float *g, const float *beta, float *S, float *o) {
+    if (dk == 128 && dv * 4 <= 512) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o);
+    else k_gdn_rec_gen<<<nv, dv, 2 * (size_t)dk * sizeof(float), s>>>(T, nk, nv, dk, dv, u, cd, g, beta, S, o);
+}
+
+__global__ void k_gated_norm(float *o, const float *z, const float *gw, int nv, int dv, float eps) {
+    __shared__ float sh[32];
+    int t = blockIdx.x / nv, h = blockIdx.x % nv;
+    float *oh = o + (size_t)t * nv * dv + (size_t)h * dv;
+    const float *zh = z + (size_t)t * nv * dv + (size_t)h * dv;
+    float ss = 0;
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += oh[i] * oh[i];
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / dv + eps);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) oh[i] = oh[i] * r * gw[i] * silu_f(zh[i]);
+}
+void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps) {
+    k_gated_norm<<<T * nv, 128, 0, s>>>(o, z, gw, nv, dv, eps);
+}
+
+/* ---- gated attention ---- */
+__global__ void k_qk_prep(const float *qg, float *q, const float *k, const float *v, const float *qn,
+                          const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
+                          const int *pos, float *kc, float *vc) {
+    extern __shared__ float buf[];
+    __shared__ float sh[32];
+    int t = blockIdx.x, h = blockIdx.y, p = *pos + t;
+    const float *src;
+    const float *nw;
+    float *dst;
+    if (h < nh) {
+        src = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd;
+        nw = qn;
+        dst = q + (size_t)t * nh * hd + (size_t)h * hd;
+    } else {
+        int kh = h - nh;
+        src = k + (size_t)t * nkv * hd + (size_t)kh * hd;
+        nw = kn;
+        dst = kc + (size_t)p * nkv * hd + (size_t)kh * hd;
+        const float *vs = v + (size_t)t * nkv * hd + (size_t)kh * hd;
+        float *vd = vc + (size_t)p * nkv * hd + (size_t)kh * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) vd[i] = vs[i];
+    }
+    float ss = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = src[i] * r * nw[i];
+    __syncthreads();
+    int half = rot / 2;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float val = buf[i];
+        if (i < rot) {
+            int fi = i < half ? i : i - half;
+            float ang = (float)p * inv_freq[fi], cs = cosf(ang), sn = sinf(ang);
+            float a = buf[fi], b = buf[fi + half];
+            val = i < half ? a * cs - b * sn : b * cs + a * sn;
+        }
+        dst[i] = val;
+    }
+}
+void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const float *v, const float *qn,
+                const float *kn, int T, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
+                const int *pos, float *kc, float *vc) {
+    k_qk_prep<<<dim3(T, nh + nkv), 128, (size_t)hd * sizeof(float), s>>>(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps, pos, kc, vc);
+}
+
+/* Each warp runs an online softmax over its share of one split's keys and leaves
+ * (max, sum, acc[hd]) in part; k_attn_merge combines them and applies the gate. */
+#define ATT_WARPS 4
+#define ATT_MAXR 16
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const float *kc, const float *vc, int nh, int nkv,
+                                                           int hd, const int *pos, int splits, float *part) {
+    int th = blockIdx.x, t = th / nh, h = th % nh, kvh = h / (nh / nkv);
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, R = hd / WARP;
+    int n = *pos + t + 1;
+    int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
+    const float *qh = q + (size_t)t * nh * hd + (size_t)h * hd;
+    float qr[ATT_MAXR], acc[ATT_MAXR];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXR; i++) { qr[i] = i < R ? qh[lane + WARP * i] : 0.f; acc[i] = 0.f; }
+    float scale = rsqrtf((float)hd), mx = -INFINITY, l = 0;
+    size_t ld = (size_t)nkv * hd;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
+        float d = 0;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXR; i++) if (i < R) d += qr[i] * kj[lane + WARP * i];
+        float sc = warp_sum(d) * scale;
+        if (sc > mx) {
+            float corr = expf(mx - sc);
+            l = l * corr + 1.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] = acc[i] * corr + vj[lane + WARP * i];
+            mx = sc;
+        } else {
+            float p = expf(sc - mx);
+            l += p;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] += p * vj[lane + WARP * i];
+        }
+    }
+    float *pp = part + (((size_t)th * splits + blockIdx.y) * ATT_WARPS + warp) * (hd + 2);
+    if (lane == 0) { pp[0] = mx; pp[1] = l; }
+#pragma unroll
+    for (int i = 0; i < ATT_MAXR; i++) if (i < R) pp[2 + lane + WARP * i] = acc[i];
+}
+__global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o) {
+    int th = blockIdx.x, t = th / nh, h = th % nh;
+    const float *pp = part + (size_t)th * np * (hd + 2);
+    float M = -INFINITY;
+    for (int p = 0; p < np; p++) M = fmaxf(M, pp[(size_t)p * (hd + 2)]);
+    float L = 0;
+    for (int p = 0; p < np; p++) {
+        float m = pp[(size_t)p * (hd + 2)];
+        if (m != -INFINITY) L += pp[(size_t)p * (hd + 2) + 1] * expf(m - M);
+    }
+    const float *gate = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd + hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float a = 0;
+        for (int p = 0; p < np; p++) {
+            float m = pp[(size_t)p * (hd + 2)];
+            if (m != -INFINITY) a += pp[(size_t)p * (hd + 2) + 2 + i] * expf(m - M);
+        }
+        o[(size_t)t * nh * hd + (size_t)h * hd + i] = a / L * sigm_f(gate[i]);
+    }
+}
+size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
+    return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
+}
+void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {
+    k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part);
+    k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, splits * ATT_WARPS, o);
+}
+
+/* ---- MoE ---- */
+/* One warp per token: softmax over E, then K rounds of argmax (lowest index on ties). */
+__global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel, float *wt) {
+    extern __shared__ float pr[]; /* [warps][E] */
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int t = blockIdx.x * (blockDim.x / WARP) + warp;
+    if (t >= T) return;
+    float *p = pr + (size_t)warp * E;
+    const float *lg = logits + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, lg[e]);
+    mx = warp_max(mx);
+    float sum = 0;
+    for (int e = lane; e < E; e += WARP) { float v = expf(lg[e] - mx); p[e] = v; sum += v; }
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += WARP) p[e] = p[e] / sum;
+    __syncwarp();
+    float tot = 0;
+    for (int j = 0; j < K; j++) {
+        float bv = -1.0f;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += WARP)
+            if (p[e] > bv) { bv = p[e]; bi = e; }
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { sel[t * K + j] = bi; wt[t * K + j] = bv; }
+        tot += bv;
+        __syncwarp();
+        if (lane == 0) p[bi] = -2.0f; /* taken */
+        __syncwarp();
+    }
+    for (int j = lane; j < K; j += WARP) wt[t * K + j] = wt[t * K + j] / tot;
+}
+void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt) {
+    int wpb = 4;
+    k_router_topk<<<(T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s>>>(logits, T, E, K, sel, wt);
+}
+
+/* Counting sort of the n = T*K slots by expert, stable (slot order within an expert). */
+__global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
+    extern __shared__ int cnt[]; /* [E] counts, then [E] cursors */
+    int *cur = cnt + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[sel[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int a = 0;
+        for (int e = 0; e < E; e++) { cur[e] = a; off[e] = a; count[e] = cnt[e]; a += cnt[e]; }
+    }
+    __syncthreads();
+    /* stable placement: each expert's slots in increasing slot order, one thread per expert */
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        if (!cnt[e]) continue;
+        int c = cur[e];
+        for (int i = 0; i < n; i++)
+            if (sel[i] == e) { src[c] = i; pos[i] = c; c++; }
+    }
+}
+void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
+    k_moe_sort<<<1, 1024, 2 * (size_t)E * sizeof(int), s>>>(sel, n, E, count, off, src, pos);
+}
+
+__global__ void k_swiglu(const float *g, const float *u, float *h, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) h[i] = silu_f(g[i]) * u[i];
+}
+void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long long n) {
+    k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(g, u, h, n);
+}
+
+__global__ void k_moe_combine(float *x, const float *D, const int *pos, const float *wt, int K, int H,
+                              const float *SD, const float *sr) {
+    int t = blockIdx.x;
+    float gs = SD ? sigm_f(sr[t]) : 0.f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float y = 0;
+        for (int k = 0; k < K; k++) {
+            int slot = t * K + k, row = pos ? pos[slot] : slot;
+            y += wt[slot] * D[(size_t)row * H + i];
+        }
+        if (SD) y += gs * SD[(size_t)t * H + i];
+        x[(size_t)t * H + i] += y;
+    }
+}
+void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
+                    const float *SD, const float *sr) {
+    k_moe_combine<<<T, 256, 0, s>>>(x, D, pos, wt, K, H, SD, sr);
+}
+
+/* ---- token choice ---- */
+__global__ void k_argmax(const float *x, int V, int *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ float sh[32];
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = x[i];
+        if (v != v) v = -INFINITY;
+        if (bi == 0x7fffffff || v > bv) { bv = v; bi = i; }
+    }
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    if (lane == 0) { sv[w] = bv; si[w] = bi; }
+    __syncthreads();
+    bv = sv[0]; bi = si[0];
+    for (int i = 1; i < (int)(blockDim.x / WARP); i++)
+        if (sv[i] > bv || (sv[i] == bv && si[i] < bi)) { bv = sv[i]; bi = si[i]; }
+    float sum = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = x[i];
+        if (v == v && bv != -INFINITY) sum += expf(v - bv);
+    }
+    sum = block_sum(sum, sh);
+    if (threadIdx.x == 0) {
+        out[0] = bi == 0x7fffffff ? 0 : bi;
+        out[1] = __float_as_int(-logf(sum));
+    }
+}
+void cu_argmax(cudaStream_t s, const float *logits, int V, int *out) {
+    k_argmax<<<1, 1024, 0, s>>>(logits, V, out);
+}
+
+__global__ void k_set_int(int *p, int v) { *p = v; }
+void cu_set_int(cudaStream_t s, int *p, int v) { k_set_int<<<1, 1, 0, s>>>(p, v); }
+const void *cu_probe_kernel(void) { return (const void *)k_set_int; }
+
+__global__ void k_step_advance(const int *tok, int *ids, int *pos, int *step, int *ring, int ring_n) {
+    int slot = *step % ring_n;
+    ids[0] = tok[0];
+    ring[2 * slot] = tok[0];
+    ring[2 * slot + 1] = tok[1];
+    __threadfence_system();
+    *pos += 1;
+    *step += 1;
+}
+void cu_step_advance(cudaStream_t s, const int *tok, int *ids, int *pos, int *step, int *ring, int ring_n) {
+    k_step_advance<<<1, 1, 0, s>>>(tok, ids, pos, step, ring, ring_n);
+}
