@@ -244,7 +244,7 @@ lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
 }
 
 /* ---- sessions ---- */
-#define DECODE_SPLITS 32
+#define DECODE_SPLITS 64
 
 typedef struct { void **p; size_t n; } sbuf;
 

@@ -2,6 +2,8 @@
  * (src/cpu/forward.c, src/cpu/ops.c), and their launchers (declared in cu_common.h). */
 #include "cuda/cu_common.h"
 #include <cuda_fp16.h>
+#include <mma.h>
+using namespace nvcuda;
 #include <math.h>
 
 #define WARP 32
@@ -137,15 +139,19 @@ __global__ void __launch_bounds__(256) k_mv(dmat m, const float *__restrict__ X,
     }
 }
 
-/* ---- tiled: 64 weight rows x 64 inputs per block, 32 columns per step ---- */
+/* ---- tiled: 64 inputs x 64 weight rows per block, 32 columns per step, on the tensor
+ * cores in TF32 (fp32 accumulate): weights are dequantized into shared memory as fp32,
+ * rounded to TF32 in the fragments. Eight warps, each 16 inputs x 32 rows. ---- */
 #define TBM 64
 #define TBN 64
 #define TBK 32
+#define TLD (TBK + 4)
 __global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restrict__ X, int ldx, int T,
                                                   float *__restrict__ Y, int ldy, dsort so, int xdiv) {
-    __shared__ float Ws[TBK][TBM + 4];
-    __shared__ float Xs[TBK][TBN + 4];
-    int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    __shared__ __align__(32) float Ws[TBM * TLD];
+    __shared__ __align__(32) float Xs[TBN * TLD];
+    __shared__ __align__(32) float Cs[TBN * (TBM + 4)];
+    int tid = threadIdx.x, warp = tid / WARP;
     int e = 0, n = T, base = 0;
     if (so.count) {
         e = blockIdx.z;
@@ -154,53 +160,121 @@ __global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restric
     }
     int r0 = blockIdx.x * TBM, t0 = blockIdx.y * TBN;
     if (t0 >= n) return;
-    /* this thread's loads: weight row lr, input row lt, columns seg..seg+7 */
-    int lr = tid / 4, seg = (tid % 4) * 8;
-    int lt = tid / 4;
+    int lr = tid / 4, seg = (tid % 4) * 8, lt = tid / 4;
     const float *xrow = NULL;
     if (t0 + lt < n) {
         int srow = base + t0 + lt;
         int xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
         xrow = X + (size_t)xr * ldx;
     }
-    float acc[4][4] = {};
+    int wt = (warp / 2) * 16, wr = (warp % 2) * 32; /* this warp's inputs and rows within the tile */
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2];
+    wmma::fill_fragment(acc[0], 0.0f);
+    wmma::fill_fragment(acc[1], 0.0f);
     for (int k0 = 0; k0 < m.cols; k0 += TBK) {
         float w8[8];
         if (r0 + lr < m.rows && k0 + seg < m.cols) load8(m, e, r0 + lr, k0 + seg, w8);
         else for (int j = 0; j < 8; j++) w8[j] = 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) Ws[seg + j][lr] = w8[j];
+        for (int j = 0; j < 8; j++) Ws[lr * TLD + seg + j] = w8[j];
 #pragma unroll
-        for (int j = 0; j < 8; j++) Xs[seg + j][lt] = (xrow && k0 + seg + j < m.cols) ? xrow[k0 + seg + j] : 0.f;
+        for (int j = 0; j < 8; j++) Xs[lt * TLD + seg + j] = (xrow && k0 + seg + j < m.cols) ? xrow[k0 + seg + j] : 0.f;
         __syncthreads();
-#pragma unroll 8
-        for (int k = 0; k < TBK; k++) {
-            float a[4], b[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = Ws[k][tx + 16 * i];
+        for (int kk = 0; kk < TBK; kk += 8) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+            wmma::load_matrix_sync(fa, Xs + wt * TLD + kk, TLD);
 #pragma unroll
-            for (int j = 0; j < 4; j++) b[j] = Xs[k][ty + 16 * j];
+            for (int i = 0; i < fa.num_elements; i++) fa.x[i] = wmma::__float_to_tf32(fa.x[i]);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int f = 0; f < 2; f++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, Ws + (wr + 16 * f) * TLD + kk, TLD);
 #pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+                for (int i = 0; i < fb.num_elements; i++) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
+                wmma::mma_sync(acc[f], fa, fb, acc[f]);
+            }
         }
         __syncthreads();
     }
+    wmma::store_matrix_sync(Cs + wt * (TBM + 4) + wr, acc[0], TBM + 4, wmma::mem_row_major);
+    wmma::store_matrix_sync(Cs + wt * (TBM + 4) + wr + 16, acc[1], TBM + 4, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = tid; i < TBN * TBM; i += blockDim.x) {
+        int t = i / TBM, r = i % TBM;
+        if (t0 + t < n && r0 + r < m.rows) Y[(size_t)(base + t0 + t) * ldy + r0 + r] = Cs[t * (TBM + 4) + r];
+    }
+}
+
+/* ---- 4-bit matrix-vector for one input row (decode): LPR lanes per weight row, each
+ * lane reading 16 bytes (32 codes) at a time; the input row is staged in shared memory,
+ * swizzled so the lanes' float4 reads hit distinct banks. Needs cols % 32 == 0 and a
+ * group size that is a multiple of 32. */
+template <int LPR>
+__global__ void __launch_bounds__(256) k_mv4(dmat m, const float *__restrict__ X, int ldx, float *__restrict__ Y, int ldy,
+                                             const int *eidx, int xdiv) {
+    extern __shared__ float4 xs[];
+    const int RPW = 32 / LPR;
+    int nch = m.cols / 32, slot = blockIdx.y, e = 0;
+    const float *x = X;
+    float *y = Y;
+    if (eidx) { e = eidx[slot]; x = X + (size_t)(slot / xdiv) * ldx; y = Y + (size_t)slot * ldy; }
+    for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
+        int c = i / 8, j = i % 8;
+        const float *p = x + c * 32 + j * 4;
+        xs[c * 8 + ((j + c) & 7)] = make_float4(p[0], p[1], p[2], p[3]);
+    }
+    __syncthreads();
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
+    int r = (blockIdx.x * 8 + warp) * RPW + grp;
+    int valid = r < m.rows;
+    if (!valid) r = m.rows - 1;
+    const uint4 *wr = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * nch;
+    const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
+    int ng = m.cols / m.group, cpg = m.group / 32;
+    float acc = 0;
+#pragma unroll 4
+    for (int c = sub; c < nch; c += LPR) {
+        uint4 q = __ldg(wr + c);
+        size_t gi = (size_t)r * ng + c / cpg;
+        float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
+        uint32_t wv[4] = { q.x, q.y, q.z, q.w };
+        float sq = 0, sx = 0;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int t = t0 + ty + 16 * j;
-        if (t >= n) continue;
-        float *yr = Y + (size_t)(base + t) * ldy;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int r = r0 + tx + 16 * i;
-            if (r < m.rows) yr[r] = acc[i][j];
+        for (int w = 0; w < 4; w++) {
+            float4 a = xs[c * 8 + ((2 * w + c) & 7)], b = xs[c * 8 + ((2 * w + 1 + c) & 7)];
+            uint32_t v = wv[w];
+            sq += (float)(v & 15u) * a.x + (float)((v >> 4) & 15u) * a.y + (float)((v >> 8) & 15u) * a.z + (float)((v >> 12) & 15u) * a.w
+                + (float)((v >> 16) & 15u) * b.x + (float)((v >> 20) & 15u) * b.y + (float)((v >> 24) & 15u) * b.z + (float)(v >> 28) * b.w;
+            sx += (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
         }
+        acc += sc * sq + bi * sx;
+    }
+#pragma unroll
+    for (int o = LPR / 2; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (valid && sub == 0) y[r] = acc;
+}
+
+static int mv4_ok(const dmat *W) {
+    return W->type == LW_Q && W->bits == 4 && W->cols % 32 == 0 && W->group % 32 == 0 && W->cols <= 12288;
+}
+static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, float *Y, int ldy, const int *eidx, int xdiv, int nslots) {
+    int nch = W->cols / 32;
+    size_t sm = (size_t)W->cols * sizeof(float);
+    if (nch >= 32) {
+        dim3 g((W->rows + 7) / 8, nslots);
+        k_mv4<32><<<g, 256, sm, s>>>(*W, X, ldx, Y, ldy, eidx, xdiv);
+    } else if (nch >= 16) {
+        dim3 g((W->rows + 15) / 16, nslots);
+        k_mv4<16><<<g, 256, sm, s>>>(*W, X, ldx, Y, ldy, eidx, xdiv);
+    } else {
+        dim3 g((W->rows + 31) / 32, nslots);
+        k_mv4<8><<<g, 256, sm, s>>>(*W, X, ldx, Y, ldy, eidx, xdiv);
     }
 }
 
 static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    if (T == 1 && mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, NULL, 1, 1); return; }
     dim3 g((W->rows + 7) / 8, 1);
     if (T <= 1) k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
     else if (T <= 2) k_mv<2><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
@@ -224,6 +298,7 @@ void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, fl
 
 void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float *X, int xdiv,
                      int ldx, int nslots, float *Y, int ldy) {
+    if (mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, eidx, xdiv, nslots); return; }
     dim3 g((W->rows + 7) / 8, nslots);
     k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, 1, Y, ldy, eidx, xdiv);
 }
@@ -495,12 +570,66 @@ __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd,
         o[(size_t)t * nh * hd + (size_t)h * hd + i] = a / L * sigm_f(gate[i]);
     }
 }
+/* GQA form: one block per (token, KV head, split) runs the HG query heads that share the KV
+ * head together, so each key and value is read once for all of them. R = hd / 32. */
+template <int HG, int R>
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
+                                                               int nkv, const int *pos, int splits, float *part) {
+    const int hd = R * WARP;
+    int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int n = *pos + t + 1;
+    int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
+    float qr[HG][R], acc[HG][R], mx[HG], l[HG];
+    float scale = rsqrtf((float)hd);
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        const float *qh = q + (size_t)t * nh * hd + (size_t)(kvh * HG + g) * hd;
+#pragma unroll
+        for (int i = 0; i < R; i++) { qr[g][i] = qh[lane + WARP * i] * scale; acc[g][i] = 0.f; }
+        mx[g] = -INFINITY; l[g] = 0.f;
+    }
+    size_t ld = (size_t)nkv * hd;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
+        float kr[R], vr[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) { kr[i] = kj[lane + WARP * i]; vr[i] = vj[lane + WARP * i]; }
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            float d = 0;
+#pragma unroll
+            for (int i = 0; i < R; i++) d += qr[g][i] * kr[i];
+            float sc = warp_sum(d);
+            float mnew = fmaxf(mx[g], sc), corr = expf(mx[g] - mnew), p = expf(sc - mnew);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int i = 0; i < R; i++) acc[g][i] = acc[g][i] * corr + p * vr[i];
+            mx[g] = mnew;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        int th = t * nh + kvh * HG + g;
+        float *pp = part + (((size_t)th * splits + blockIdx.y) * ATT_WARPS + warp) * (hd + 2);
+        if (lane == 0) { pp[0] = mx[g]; pp[1] = l[g]; }
+#pragma unroll
+        for (int i = 0; i < R; i++) pp[2 + lane + WARP * i] = acc[g][i];
+    }
+}
+
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
     return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
 }
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                   int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {
-    k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part);
+    int hg = nh / nkv;
+    dim3 gq(T * nkv, splits);
+    if (hd == 256 && hg == 8) k_attn_gqa<8, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    else if (hd == 256 && hg == 4) k_attn_gqa<4, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    else if (hd == 256 && hg == 2) k_attn_gqa<2, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    else if (hd == 128 && hg == 8) k_attn_gqa<8, 4><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    else k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part);
     k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, splits * ATT_WARPS, o);
 }
 

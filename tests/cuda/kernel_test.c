@@ -91,7 +91,7 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
         char what[160];
         snprintf(what, sizeof what, "matmul %s %s %dx%d T=%d", v ? "tiled" : "mv", tname(t, bits), rows, cols, T);
         if (lct_matmul(&W, 1, X, T, v, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
-        report(what, rel(Y, ref, (size_t)T * rows), 1e-5);
+        report(what, rel(Y, ref, (size_t)T * rows), v ? 3e-3 : 1e-5); /* tiled runs on the tensor cores in TF32 */
     }
     free(X); free(ref); free(Y);
     for (int i = 0; i < 3; i++) free(hold[i]);
@@ -121,7 +121,7 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
         char what[160];
         snprintf(what, sizeof what, "experts %s q%d E=%d %dx%d T=%d K=%d", v == 2 ? "slots" : "grouped", bits, E, rows, cols, T, K);
         if (lct_matmul(W, E, X, T, v, sel, K, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
-        report(what, rel(Y, ref, (size_t)T * K * rows), 1e-5);
+        report(what, rel(Y, ref, (size_t)T * K * rows), v == 3 ? 3e-3 : 1e-5);
     }
     for (int i = 0; i < 3 * E; i++) free(hold[i]);
     free(hold); free(W); free(X); free(sel); free(ref); free(Y);
@@ -231,7 +231,7 @@ static void test_argmax(int V) {
         float lp;
         memcpy(&lp, &out[1], 4);
         float ref = (float)-log(sum);
-        report(what, out[0] == at ? fabs(lp - ref) / fabs(ref) : INFINITY, 1e-4);
+        report(what, out[0] == at ? fabs(lp - ref) / fmax(fabs(ref), 1e-3) : INFINITY, 1e-4);
     }
     free(x);
 }

@@ -7,7 +7,7 @@
 #   OUT   where logs go (default /tmp/lily-device)
 #   BENCH lily-bench tests (default pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768)
 set -u
-OUT=${OUT:-/tmp/lily-device}; BIN=${BIN:-build}; FIX=${FIX:-../shared/fixtures}
+OUT=${OUT:-/tmp/lily-device}; FXOUT=${FXOUT:-/tmp/lily-fx}; BIN=${BIN:-build}; FIX=${FIX:-../shared/fixtures}
 mkdir -p "$OUT"
 stages=${*:-build check kernels model bench}
 fail=0
@@ -19,20 +19,20 @@ for stage in $stages; do
     BIN=build ;;
   fixtures) # regenerates the extra fixtures with transformers (needs torch): tinyq (MLX 4-bit, reference on the
             # stored bf16(1+w) norms) and pe (one-tensor-per-expert layout, other sizes)
-    python3 tests/cuda/make_fixture_q.py "$OUT/fx/tinyq" --seed 1 --hidden 128 --layers 8 --heads 4 --kv-heads 2 \
+    python3 tests/cuda/make_fixture_q.py "$FXOUT/tinyq" --seed 1 --hidden 128 --layers 8 --heads 4 --kv-heads 2 \
       --lin-k-heads 2 --lin-v-heads 4 --experts 16 --topk 4 --moe-inter 64 --vocab 512 --prefill 100 --cont 37 --gen 24 \
       --shard 3MB --mlx4 >"$OUT/fx_tinyq.log" 2>&1 || { tail -20 "$OUT/fx_tinyq.log"; fail=1; }
-    python3 tests/cuda/make_fixture_q.py "$OUT/fx/pe" --layout per-expert --hidden 256 --layers 4 --heads 8 --kv-heads 1 \
+    python3 tests/cuda/make_fixture_q.py "$FXOUT/pe" --layout per-expert --hidden 256 --layers 4 --heads 8 --kv-heads 1 \
       --lin-k-heads 4 --lin-v-heads 8 --experts 8 --topk 2 --moe-inter 64 --vocab 384 --seed 7 --mlx4 \
       >"$OUT/fx_pe.log" 2>&1 || { tail -20 "$OUT/fx_pe.log"; fail=1; }
-    (cd "$OUT/fx" && tar czf "$OUT/fixtures.tar.gz" tinyq-mlx4 pe pe-mlx4 && ls -la "$OUT/fixtures.tar.gz") ;;
+    for f in tinyq-mlx4 pe pe-mlx4; do (cd "$FXOUT" && tar czf "$OUT/fx_$f.tar.gz" $f && ls -la "$OUT/fx_$f.tar.gz"); done ;;
   check)
     for d in "$FIX/tiny" "$FIX/tiny-mlx4" tests/fixtures/tinyq tests/fixtures/pe tests/fixtures/pe-mlx4 \
-             "$OUT/fx/tinyq-mlx4" "$OUT/fx/pe" "$OUT/fx/pe-mlx4"; do
+             "$FXOUT/tinyq-mlx4" "$FXOUT/pe" "$FXOUT/pe-mlx4"; do
       [ -f "$d/reference.safetensors" ] || continue
       for be in cpu cuda; do
         if "$BIN/lily" check --backend $be --model "$d" --reference "$d/reference.safetensors" >"$OUT/check.log" 2>&1; then
-          echo "check $be $d: $(grep -E 'rel err' "$OUT/check.log" | awk '{printf "%s %s; ", $1, $5}') PASS"
+          echo "check $be $d: PASS"; grep -E "rel err" "$OUT/check.log" | sed 's/^/    /'
         else echo "check $be $d: FAIL"; cat "$OUT/check.log"; fail=1; fi
       done
     done ;;
@@ -45,7 +45,7 @@ for stage in $stages; do
     cat "$OUT/model.log" ;;
   bench)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-    "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps 5 -o md 2>&1 | tee "$OUT/bench.md" ;;
+    "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps ${REPS:-5} -o md 2>&1 | tee "$OUT/bench.md" ;;
   esac
 done
 echo "device run: $([ $fail = 0 ] && echo ok || echo FAILURES)"
