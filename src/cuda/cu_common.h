@@ -38,13 +38,16 @@ lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *
 /* ---- launchers (all asynchronous on `s`) ---- */
 /* Y[T][rows] = X[T][ldx..] . W^T; picks the matrix-vector kernel for small T. */
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
-/* Forces one kernel: 0 = matrix-vector (T <= 8), 1 = tiled. For the kernel test. */
+/* Batches of at least this many rows run on the tensor cores (TF32); smaller ones in fp32. */
+#define CU_TC_MIN_T 128
+/* Forces one kernel: 0 = matrix-vector, 1 = tiled fp32, 2 = tiled TF32 tensor cores. For the kernel test. */
 void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
 /* Expert rows: slot i uses expert eidx[i] and input row i / xdiv; Y row i. */
 void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float *X, int xdiv,
                      int ldx, int nslots, float *Y, int ldy);
 /* Grouped by expert after cu_moe_sort: sorted row r (expert e) reads X row
- * (xdiv ? src[r] / xdiv : r) and writes Y row r. maxcount bounds the rows of one expert. */
+ * (xdiv ? src[r] / xdiv : r) and writes Y row r. maxcount bounds the rows of one expert
+ * (the chunk's token count); it also picks fp32 or TF32 tiles as cu_matmul does. */
 void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
                        int ldx, int maxcount, float *Y, int ldy);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);

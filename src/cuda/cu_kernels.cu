@@ -206,6 +206,66 @@ __global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restric
     }
 }
 
+/* The same tile in plain fp32 FMA: exact to fp32, for small batches (the fixtures). */
+__global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict__ X, int ldx, int T,
+                                                  float *__restrict__ Y, int ldy, dsort so, int xdiv) {
+    __shared__ float Ws[TBK][TBM + 4];
+    __shared__ float Xs[TBK][TBN + 4];
+    int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    int e = 0, n = T, base = 0;
+    if (so.count) {
+        e = blockIdx.z;
+        n = so.count[e];
+        base = so.off[e];
+    }
+    int r0 = blockIdx.x * TBM, t0 = blockIdx.y * TBN;
+    if (t0 >= n) return;
+    /* this thread's loads: weight row lr, input row lt, columns seg..seg+7 */
+    int lr = tid / 4, seg = (tid % 4) * 8;
+    int lt = tid / 4;
+    const float *xrow = NULL;
+    if (t0 + lt < n) {
+        int srow = base + t0 + lt;
+        int xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
+        xrow = X + (size_t)xr * ldx;
+    }
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < m.cols; k0 += TBK) {
+        float w8[8];
+        if (r0 + lr < m.rows && k0 + seg < m.cols) load8(m, e, r0 + lr, k0 + seg, w8);
+        else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) Ws[seg + j][lr] = w8[j];
+#pragma unroll
+        for (int j = 0; j < 8; j++) Xs[seg + j][lt] = (xrow && k0 + seg + j < m.cols) ? xrow[k0 + seg + j] : 0.f;
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < TBK; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = Ws[k][tx + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = Xs[k][ty + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int t = t0 + ty + 16 * j;
+        if (t >= n) continue;
+        float *yr = Y + (size_t)(base + t) * ldy;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + tx + 16 * i;
+            if (r < m.rows) yr[r] = acc[i][j];
+        }
+    }
+}
+
 /* ---- 4-bit matrix-vector for one input row (decode): LPR lanes per weight row, each
  * lane reading 16 bytes (32 codes) at a time; the input row is staged in shared memory,
  * swizzled so the lanes' float4 reads hit distinct banks. Needs cols % 32 == 0 and a
@@ -289,11 +349,12 @@ void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *
     }
     dsort none = { NULL, NULL, NULL, NULL };
     dim3 g((W->rows + TBM - 1) / TBM, (T + TBN - 1) / TBN, 1);
-    k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+    if (variant == 1) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+    else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
 }
 
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    cu_matmul_variant(s, T <= 8 ? 0 : 1, W, X, ldx, T, Y, ldy);
+    cu_matmul_variant(s, T <= 8 ? 0 : T < CU_TC_MIN_T ? 1 : 2, W, X, ldx, T, Y, ldy);
 }
 
 void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float *X, int xdiv,
@@ -306,7 +367,8 @@ void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float
 void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
                        int ldx, int maxcount, float *Y, int ldy) {
     dim3 g((W->rows + TBM - 1) / TBM, (maxcount + TBN - 1) / TBN, E);
-    k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
+    if (maxcount < CU_TC_MIN_T) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
+    else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
 }
 
 /* ---- embedding, norms ---- */
