@@ -75,7 +75,7 @@ static int cmp_d(const void *a, const void *b) {
 int main(int argc, char **argv) {
     if (flag(argc, argv, "--help") || flag(argc, argv, "-h")) {
         fprintf(stderr, "usage: lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768]\n"
-                        "                  [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE]\n");
+                        "                  [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE] [--profile]\n");
         return 2;
     }
     const char *model = opt(argc, argv, "--model"), *tests = opt(argc, argv, "--tests");
@@ -112,6 +112,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "model ready in %.1f s: %.2f GB on the GPU, context %d\n", lily_now() - t0, lcuda_model_bytes(m) / 1e9, max_ctx);
     lcuda_session *s = NULL;
     if (lcuda_session_new(m, &s, &st)) { fprintf(stderr, "lily-bench: %s\n", st.msg); return 1; }
+    if (flag(argc, argv, "--profile")) { /* where the time goes, stage by stage (events between launches, no graph) */
+        static char rep[16384];
+        int Ts[3] = { 1, 1, 512 }, Ps[3] = { 0, max_ctx > 4200 ? 4096 : 0, 0 };
+        for (int i = 0; i < 3; i++) {
+            if (lcuda_profile(s, Ts[i], Ps[i], rep, sizeof rep, &st) || lcuda_profile(s, Ts[i], Ps[i], rep, sizeof rep, &st)) {
+                fprintf(stderr, "lily-bench: profile: %s\n", st.msg);
+                return 1;
+            }
+            printf("%s\n", rep);
+        }
+    }
     model_bytes mb = count(&cfg);
     double kv_tok = 2.0 * cfg_n_full(&cfg) * cfg.n_kv_heads * cfg.head_dim * 4; /* fp32 K+V per context token */
     int n_lin = cfg.n_layers - cfg_n_full(&cfg);

@@ -355,67 +355,131 @@ void lcuda_session_reset(lcuda_session *s) {
 int lcuda_session_pos(const lcuda_session *s) { return s->pos; }
 
 /* ---- the forward pass ---- */
+/* Optional per-stage timing (lcuda_profile): an event after each stage. */
+#define PROF_MAX 8192
+static struct {
+    int on, n;
+    cudaEvent_t ev[PROF_MAX];
+    const char *lab[PROF_MAX];
+} prof;
+static void PM(lcuda_session *s, const char *lab) {
+    if (!prof.on || prof.n >= PROF_MAX) return;
+    if (!prof.ev[prof.n]) cudaEventCreate(&prof.ev[prof.n]);
+    prof.lab[prof.n] = lab;
+    cudaEventRecord(prof.ev[prof.n++], s->st);
+}
+
+/* Matrix-vector products of matrices reading the same row: one launch when they all have
+ * the fast quantized form, else one matmul each. */
+static void proj_group(lcuda_session *s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
+    int ok = T == 1 && n <= MVQ_MAX;
+    for (int i = 0; i < n && ok; i++) ok = cu_mvq_ok(W[i]) && W[i]->cols == W[0]->cols;
+    if (ok) { cu_matvec_group(s->st, n, W, X, NULL, ldx, Y, NULL, NULL, 1, 1); return; }
+    for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
+}
+
 static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
-    cu_matmul(q, &L->qkv, s->t, c->hidden, T, s->mixed, cd);
-    cu_matmul(q, &L->z, s->t, c->hidden, T, s->zb, vd);
-    cu_matmul(q, &L->b, s->t, c->hidden, T, s->bb, nv);
-    cu_matmul(q, &L->a, s->t, c->hidden, T, s->aa, nv);
-    cu_conv(q, s->mixed, s->conv + (size_t)li * s->conv_n, L->conv_w, cd, c->conv_k, T, s->u);
-    cu_gdn_prep(q, s->u, T, cd, c->lin_nk, c->lin_dk, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta);
-    cu_gdn_rec(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, s->S + (size_t)li * s->S_n, s->o);
-    cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+    const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
+    float *Y[4] = { s->mixed, s->zb, s->bb, s->aa };
+    proj_group(s, 4, W, s->t, c->hidden, T, Y);
+    PM(s, "gdn in-proj qkv|z|b|a");
+    float *conv = s->conv + (size_t)li * s->conv_n, *S = s->S + (size_t)li * s->S_n;
+    if (T == 1) cu_gdn_prep1(q, s->mixed, conv, L->conv_w, c->conv_k, c->lin_nk, c->lin_dk, vd, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->u, s->g, s->beta);
+    else {
+        cu_conv(q, s->mixed, conv, L->conv_w, cd, c->conv_k, T, s->u);
+        cu_gdn_prep(q, s->u, T, cd, c->lin_nk, c->lin_dk, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta);
+    }
+    PM(s, "gdn conv+norm+gates");
+    if (!cu_gdn_rec_norm(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->zb, L->gnorm, (float)c->eps)) {
+        cu_gdn_rec(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o);
+        cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+    }
+    PM(s, "gdn delta rule + gated norm");
     cu_matmul(q, &L->out, s->o, vd, T, s->y, c->hidden);
+    PM(s, "gdn out-proj");
 }
 
 static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, H = c->hidden;
-    cu_matmul(q, &L->q, s->t, H, T, s->qg, nh * 2 * hd);
-    cu_matmul(q, &L->k, s->t, H, T, s->kb, nkv * hd);
-    cu_matmul(q, &L->v, s->t, H, T, s->vb, nkv * hd);
+    const dmat *W[3] = { &L->q, &L->k, &L->v };
+    float *Y[3] = { s->qg, s->kb, s->vb };
+    proj_group(s, 3, W, s->t, H, T, Y);
+    PM(s, "attn in-proj q|k|v");
     float *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
     cu_qk_prep(q, s->qg, s->q, s->kb, s->vb, L->q_norm, L->k_norm, T, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
                (float)c->eps, s->d_pos, kc, vc);
+    PM(s, "attn q/k norm + rope + cache");
     cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
+    PM(s, "attn core");
     cu_matmul(q, &L->o, s->ao, nh * hd, T, s->y, H);
+    PM(s, "attn out-proj");
 }
 
-static void moe(lcuda_session *s, const cu_layer *L, int T) {
+/* MoE; leaves x += moe(t) and, with nw, t = rmsnorm(x) * nw for the next layer. */
+static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
-    int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter;
-    cu_matmul(q, &L->router, s->t, H, T, s->rl, E);
+    int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter;
+    {
+        const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
+        float *Y[4] = { s->rl, s->sg, s->su, s->sr };
+        proj_group(s, SI ? 4 : 1, W, s->t, H, T, Y);
+    }
+    PM(s, "moe router|shared gate|up|gate");
     cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
+    PM(s, "moe top-k");
     const int *pos = NULL;
     if (T * K <= 32) { /* decode: one matrix-vector pass per (token, expert) slot */
-        cu_matmul_slots(q, &L->gate, s->sel, s->t, K, H, T * K, s->hg, I);
-        cu_matmul_slots(q, &L->up, s->sel, s->t, K, H, T * K, s->hu, I);
-        cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
-        cu_matmul_slots(q, &L->down, s->sel, s->hg, 1, I, T * K, s->D, H);
+        const dmat *W[2] = { &L->gate, &L->up };
+        float *Y[2] = { s->hg, s->hu };
+        int ld[2] = { I, I };
+        if (cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down)) {
+            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K);
+            PM(s, "moe experts gate|up");
+            const dmat *Wd[1] = { &L->down };
+            float *Yd[1] = { s->D };
+            int ldd[1] = { H };
+            cu_matvec_group(q, 1, Wd, s->hg, s->hu, I, Yd, ldd, s->sel, 1, T * K);
+            PM(s, "moe experts swiglu+down");
+        } else {
+            cu_matmul_slots(q, &L->gate, s->sel, s->t, K, H, T * K, s->hg, I);
+            cu_matmul_slots(q, &L->up, s->sel, s->t, K, H, T * K, s->hu, I);
+            cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+            cu_matmul_slots(q, &L->down, s->sel, s->hg, 1, I, T * K, s->D, H);
+            PM(s, "moe experts");
+        }
     } else { /* prefill: tokens sorted by expert, one tiled GEMM per expert */
         cu_moe_sort(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos);
+        PM(s, "moe sort");
         dsort so = { s->cnt, s->off, s->src, s->spos };
         cu_matmul_grouped(q, &L->gate, E, &so, K, s->t, H, T, s->hg, I);
         cu_matmul_grouped(q, &L->up, E, &so, K, s->t, H, T, s->hu, I);
         cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+        PM(s, "moe experts gate|up (grouped)");
         cu_matmul_grouped(q, &L->down, E, &so, 0, s->hg, I, T, s->D, H);
+        PM(s, "moe experts down (grouped)");
         pos = s->spos;
     }
     const float *SD = NULL;
-    if (c->shared_inter) {
-        int SI = c->shared_inter;
-        cu_matmul(q, &L->sh_gate, s->t, H, T, s->sg, SI);
-        cu_matmul(q, &L->sh_up, s->t, H, T, s->su, SI);
-        cu_matmul(q, &L->sh_router, s->t, H, T, s->sr, 1);
-        cu_swiglu(q, s->sg, s->su, s->sg, (long long)T * SI);
-        cu_matmul(q, &L->sh_down, s->sg, SI, T, s->SD, H);
+    if (SI) {
+        if (T == 1 && cu_mvq_ok(&L->sh_down)) {
+            const dmat *W[1] = { &L->sh_down };
+            float *Y[1] = { s->SD };
+            cu_matvec_group(q, 1, W, s->sg, s->su, SI, Y, NULL, NULL, 1, 1);
+        } else {
+            cu_swiglu(q, s->sg, s->su, s->sg, (long long)T * SI);
+            cu_matmul(q, &L->sh_down, s->sg, SI, T, s->SD, H);
+        }
+        PM(s, "moe shared swiglu+down");
         SD = s->SD;
     }
-    cu_moe_combine(q, s->x, s->D, pos, s->wt, T, K, H, SD, s->sr);
+    cu_moe_combine(q, s->x, s->D, pos, s->wt, T, K, H, SD, s->sr, nw, (float)c->eps, s->t);
+    PM(s, "moe combine + next norm");
 }
 
 void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
@@ -423,24 +487,66 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     const lily_config *c = &m->cfg;
     int H = c->hidden;
     float eps = (float)c->eps;
+    PM(s, "start");
     cu_embed(s->st, &m->embed, s->d_ids, T, s->x);
+    cu_rmsnorm(s->st, s->x, NULL, m->L[0].ln1, H, T, eps, s->t);
+    PM(s, "embed + norm");
     int li = 0, fi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &m->L[l];
-        cu_rmsnorm(s->st, s->x, NULL, L->ln1, H, T, eps, s->t);
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);
         cu_rmsnorm(s->st, s->x, s->y, L->ln2, H, T, eps, s->t);
-        moe(s, L, T);
+        PM(s, "residual + norm");
+        /* the combine leaves the next layer's normed input, or the final norm's */
+        moe(s, L, T, l + 1 < c->n_layers ? m->L[l + 1].ln1 : m->norm);
     }
     if (!logits) return;
-    if (logits == 2) {
-        cu_rmsnorm(s->st, s->x, NULL, m->norm, H, T, eps, s->t);
-        cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
-    } else {
-        cu_rmsnorm(s->st, s->x + (size_t)(T - 1) * H, NULL, m->norm, H, 1, eps, s->t);
-        cu_matmul(s->st, &m->lm_head, s->t, H, 1, s->lg, c->vocab);
+    if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
+    else cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);
+    PM(s, "lm_head");
+}
+
+lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st) {
+    lcuda_model *m = s->m;
+    if (T < 1 || T > m->chunk || pos + T > m->max_ctx) return lily_err(st, LILY_ERANGE, "profile: %d tokens at %d do not fit", T, pos);
+    int32_t *ids = (int32_t *)malloc((size_t)T * sizeof *ids);
+    if (!ids) return lily_err(st, LILY_ENOMEM, "out of memory");
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919u + 17u) % (unsigned)m->cfg.vocab);
+    cudaError_t e = cudaMemcpy(s->d_ids, ids, (size_t)T * sizeof *ids, cudaMemcpyHostToDevice);
+    free(ids);
+    if (e != cudaSuccess) return cu_fail(st, e, "profile ids", __FILE__, __LINE__);
+    cu_set_int(s->st, s->d_pos, pos);
+    prof.on = 1;
+    prof.n = 0;
+    cu_enqueue_forward(s, T, 1);
+    prof.on = 0;
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    LCU_CHECK(cudaGetLastError());
+    /* sum the time between consecutive marks by label */
+    const char *lab[64];
+    double ms[64];
+    int cnt[64], nl = 0;
+    double tot = 0;
+    for (int i = 1; i < prof.n; i++) {
+        float f = 0;
+        cudaEventElapsedTime(&f, prof.ev[i - 1], prof.ev[i]);
+        int k = 0;
+        while (k < nl && strcmp(lab[k], prof.lab[i])) k++;
+        if (k == nl && nl < 64) { lab[nl] = prof.lab[i]; ms[nl] = 0; cnt[nl] = 0; nl++; }
+        if (k < nl) { ms[k] += f; cnt[k]++; }
+        tot += f;
     }
+    size_t o = (size_t)snprintf(out, n, "| stage (T=%d, pos=%d) | launches | ms | %% |\n| --- | ---: | ---: | ---: |\n", T, pos);
+    for (int pass = 0; pass < nl; pass++) { /* largest first */
+        int b = -1;
+        for (int k = 0; k < nl; k++) if (cnt[k] >= 0 && (b < 0 || ms[k] > ms[b])) b = k;
+        if (o < n) o += (size_t)snprintf(out + o, n - o, "| %s | %d | %.3f | %.1f |\n", lab[b], cnt[b], ms[b], 100 * ms[b] / tot);
+        cnt[b] = -1;
+    }
+    if (o < n) snprintf(out + o, n - o, "| total | | %.3f | 100 |\n", tot);
+    s->pos = pos + T;
+    return LILY_OK;
 }
 
 lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits, int all_logits, lily_status *st) {

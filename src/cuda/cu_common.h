@@ -24,6 +24,15 @@ typedef struct {
     long long ew, es;    /* bytes between experts: codes/values, and scales (= biases) */
 } dmat;
 
+#define MVQ_MAX 4
+typedef struct {
+    dmat m[MVQ_MAX];
+    float *y[MVQ_MAX];
+    int ldy[MVQ_MAX];
+    int blk0[MVQ_MAX + 1];
+    int n;
+} mvq_args;
+
 /* Per-expert counts and offsets after the on-GPU sort of (token, slot) pairs by expert. */
 typedef struct {
     const int *count;    /* [E] */
@@ -48,6 +57,13 @@ void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float
 /* Grouped by expert after cu_moe_sort: sorted row r (expert e) reads X row
  * (xdiv ? src[r] / xdiv : r) and writes Y row r. maxcount bounds the rows of one expert
  * (the chunk's token count); it also picks fp32 or TF32 tiles as cu_matmul does. */
+/* Can cu_matvec_group take W (4/8-bit, cols % 32 == 0, group % 32 == 0)? */
+int cu_mvq_ok(const dmat *W);
+/* One launch for n <= MVQ_MAX matrices of equal cols reading the same input row:
+ * Y[i] = W[i] x, with x = silu(X) * X2 when X2. Slot mode when eidx: slot j uses expert
+ * eidx[j], input row j / xdiv, output row j of each Y[i] (stride ldy[i]). */
+void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
+                     float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots);
 void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
                        int ldx, int maxcount, float *Y, int ldy);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
@@ -61,6 +77,14 @@ void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const 
 /* Recurrent delta rule over T steps for all nv heads; S [nv][dk][dv] fp32. */
 void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd,
                 const float *g, const float *beta, float *S, float *o);
+/* The recurrence with the gated norm below fused in; 0 (nothing launched) when the shape has
+ * no fused kernel. */
+int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                    const float *beta, float *S, float *o, const float *z, const float *gw, float eps);
+/* Decode form of conv + SiLU + q/k L2 norm + g/beta, one launch (T = 1). */
+void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
+                  const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
+                  float *u, float *g, float *beta);
 /* o = rmsnorm(o) * gw * silu(z), per head of dv. */
 void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps);
 /* q (from qg) and k: per-head rmsnorm + partial RoPE at positions *pos + t; k and v go to the
@@ -77,9 +101,10 @@ size_t cu_attention_part_floats(int T, int nh, int hd, int splits);
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt);
 void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos);
 void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long long n);
-/* x[t] += sum_k wt[t,k] D[row(t,k)] (+ sigmoid(sr[t]) SD[t] when SD). row = pos ? pos[t*K+k] : t*K+k. */
+/* x[t] += sum_k wt[t,k] D[row(t,k)] (+ sigmoid(sr[t]) SD[t] when SD). row = pos ? pos[t*K+k] : t*K+k.
+ * With nw: tout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, fused). */
 void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
-                    const float *SD, const float *sr);
+                    const float *SD, const float *sr, const float *nw, float eps, float *tout);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 void cu_argmax(cudaStream_t s, const float *logits, int V, int *out);
 void cu_set_int(cudaStream_t s, int *p, int v);

@@ -266,71 +266,120 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
     }
 }
 
-/* ---- 4-bit matrix-vector for one input row (decode): LPR lanes per weight row, each
- * lane reading 16 bytes (32 codes) at a time; the input row is staged in shared memory,
- * swizzled so the lanes' float4 reads hit distinct banks. Needs cols % 32 == 0 and a
- * group size that is a multiple of 32. */
+/* ---- quantized matrix-vector for one input row (decode), for up to MVQ_MAX matrices that
+ * read the same input in one launch: LPR lanes per weight row, each lane reading 16 bytes
+ * of codes at a time; the input row is staged in shared memory (swizzled so the lanes'
+ * float4 reads hit distinct banks), optionally as silu(X) * X2 (SwiGLU fused into the
+ * down projection). Needs 4- or 8-bit codes, cols % 32 == 0, group % 32 == 0. ---- */
 template <int LPR>
-__global__ void __launch_bounds__(256) k_mv4(dmat m, const float *__restrict__ X, int ldx, float *__restrict__ Y, int ldy,
+__global__ void __launch_bounds__(256) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
                                              const int *eidx, int xdiv) {
     extern __shared__ float4 xs[];
     const int RPW = 32 / LPR;
+    int mi = 0;
+    while (mi + 1 < a.n && (int)blockIdx.x >= a.blk0[mi + 1]) mi++;
+    const dmat &m = a.m[mi];
     int nch = m.cols / 32, slot = blockIdx.y, e = 0;
-    const float *x = X;
-    float *y = Y;
-    if (eidx) { e = eidx[slot]; x = X + (size_t)(slot / xdiv) * ldx; y = Y + (size_t)slot * ldy; }
+    const float *x = X, *x2 = X2;
+    float *y = a.y[mi];
+    if (eidx) {
+        e = eidx[slot];
+        x = X + (size_t)(slot / xdiv) * ldx;
+        if (X2) x2 = X2 + (size_t)(slot / xdiv) * ldx;
+        y += (size_t)slot * a.ldy[mi];
+    }
     for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
         int c = i / 8, j = i % 8;
         const float *p = x + c * 32 + j * 4;
-        xs[c * 8 + ((j + c) & 7)] = make_float4(p[0], p[1], p[2], p[3]);
+        float4 v = make_float4(p[0], p[1], p[2], p[3]);
+        if (X2) {
+            const float *p2 = x2 + c * 32 + j * 4;
+            v.x = silu_f(v.x) * p2[0]; v.y = silu_f(v.y) * p2[1]; v.z = silu_f(v.z) * p2[2]; v.w = silu_f(v.w) * p2[3];
+        }
+        xs[c * 8 + ((j + c) & 7)] = v;
     }
     __syncthreads();
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
-    int r = (blockIdx.x * 8 + warp) * RPW + grp;
+    int r = ((blockIdx.x - a.blk0[mi]) * 8 + warp) * RPW + grp;
     int valid = r < m.rows;
     if (!valid) r = m.rows - 1;
-    const uint4 *wr = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * nch;
     const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
     int ng = m.cols / m.group, cpg = m.group / 32;
     float acc = 0;
+    if (m.bits == 4) {
+        const uint4 *wr = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * nch;
 #pragma unroll 4
-    for (int c = sub; c < nch; c += LPR) {
-        uint4 q = __ldg(wr + c);
-        size_t gi = (size_t)r * ng + c / cpg;
-        float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
-        uint32_t wv[4] = { q.x, q.y, q.z, q.w };
-        float sq = 0, sx = 0;
+        for (int c = sub; c < nch; c += LPR) {
+            uint4 q = __ldg(wr + c);
+            size_t gi = (size_t)r * ng + c / cpg;
+            float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
+            uint32_t wv[4] = { q.x, q.y, q.z, q.w };
+            float sq = 0, sx = 0;
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            float4 a = xs[c * 8 + ((2 * w + c) & 7)], b = xs[c * 8 + ((2 * w + 1 + c) & 7)];
-            uint32_t v = wv[w];
-            sq += (float)(v & 15u) * a.x + (float)((v >> 4) & 15u) * a.y + (float)((v >> 8) & 15u) * a.z + (float)((v >> 12) & 15u) * a.w
-                + (float)((v >> 16) & 15u) * b.x + (float)((v >> 20) & 15u) * b.y + (float)((v >> 24) & 15u) * b.z + (float)(v >> 28) * b.w;
-            sx += (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+            for (int w = 0; w < 4; w++) {
+                float4 u = xs[c * 8 + ((2 * w + c) & 7)], t = xs[c * 8 + ((2 * w + 1 + c) & 7)];
+                uint32_t v = wv[w];
+                sq += (float)(v & 15u) * u.x + (float)((v >> 4) & 15u) * u.y + (float)((v >> 8) & 15u) * u.z + (float)((v >> 12) & 15u) * u.w
+                    + (float)((v >> 16) & 15u) * t.x + (float)((v >> 20) & 15u) * t.y + (float)((v >> 24) & 15u) * t.z + (float)(v >> 28) * t.w;
+                sx += (u.x + u.y) + (u.z + u.w) + (t.x + t.y) + (t.z + t.w);
+            }
+            acc += sc * sq + bi * sx;
         }
-        acc += sc * sq + bi * sx;
+    } else {
+        const uint4 *wr = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * nch * 2;
+#pragma unroll 2
+        for (int c = sub; c < nch; c += LPR) {
+            uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
+            size_t gi = (size_t)r * ng + c / cpg;
+            float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
+            uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+            float sq = 0, sx = 0;
+#pragma unroll
+            for (int w = 0; w < 8; w++) {
+                float4 u = xs[c * 8 + ((w + c) & 7)];
+                uint32_t v = wv[w];
+                sq += (float)(v & 255u) * u.x + (float)((v >> 8) & 255u) * u.y + (float)((v >> 16) & 255u) * u.z + (float)(v >> 24) * u.w;
+                sx += (u.x + u.y) + (u.z + u.w);
+            }
+            acc += sc * sq + bi * sx;
+        }
     }
 #pragma unroll
     for (int o = LPR / 2; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (valid && sub == 0) y[r] = acc;
 }
 
-static int mv4_ok(const dmat *W) {
-    return W->type == LW_Q && W->bits == 4 && W->cols % 32 == 0 && W->group % 32 == 0 && W->cols <= 12288;
+int cu_mvq_ok(const dmat *W) {
+    return W->type == LW_Q && (W->bits == 4 || W->bits == 8) && W->cols % 32 == 0 && W->group % 32 == 0 && W->cols <= 12288;
 }
-static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, float *Y, int ldy, const int *eidx, int xdiv, int nslots) {
-    int nch = W->cols / 32;
-    size_t sm = (size_t)W->cols * sizeof(float);
-    if (nch >= 32) {
-        dim3 g((W->rows + 7) / 8, nslots);
-        k_mv4<32><<<g, 256, sm, s>>>(*W, X, ldx, Y, ldy, eidx, xdiv);
-    } else if (nch >= 16) {
-        dim3 g((W->rows + 15) / 16, nslots);
-        k_mv4<16><<<g, 256, sm, s>>>(*W, X, ldx, Y, ldy, eidx, xdiv);
-    } else {
-        dim3 g((W->rows + 31) / 32, nslots);
-        k_mv4<8><<<g, 256, sm, s>>>(*W, X, ldx, Y, ldy, eidx, xdiv);
+
+void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
+                     float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots) {
+    mvq_args a;
+    memset(&a, 0, sizeof a);
+    a.n = n;
+    int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8, rpb = 8 * (32 / lpr), nb = 0;
+    for (int i = 0; i < n; i++) {
+        a.m[i] = *W[i];
+        a.y[i] = Y[i];
+        a.ldy[i] = ldy ? ldy[i] : 0;
+        a.blk0[i] = nb;
+        nb += (W[i]->rows + rpb - 1) / rpb;
     }
+    a.blk0[n] = nb;
+    dim3 g(nb, nslots);
+    size_t sm = (size_t)cols * sizeof(float);
+    if (lpr == 32) k_mvq<32><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16) k_mvq<16><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else k_mvq<8><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+}
+
+static int mv4_ok(const dmat *W) { return cu_mvq_ok(W); }
+static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, float *Y, int ldy, const int *eidx, int xdiv, int nslots) {
+    const dmat *w[1] = { W };
+    float *y[1] = { Y };
+    int l[1] = { ldy };
+    cu_matvec_group(s, 1, w, X, NULL, ldx, y, l, eidx, xdiv, nslots);
 }
 
 static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
@@ -451,12 +500,58 @@ void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const 
     k_gbeta<<<(n + 255) / 256, 256, 0, s>>>(bb, aa, A_log, dt_bias, n, nv, g, beta);
 }
 
+/* Decode (T = 1) in one launch: blocks [0, 2nk) do conv + SiLU + L2 norm of one q/k head,
+ * the next ones conv + SiLU of 128 value channels, the last one g and beta. */
+__global__ void k_gdn_prep1(const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
+                            const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
+                            float *u, float *g, float *beta) {
+    __shared__ float sh[32];
+    int b = blockIdx.x, kd = nk * dk, nvb = (vd + 127) / 128;
+    if (b == 2 * nk + nvb) {
+        for (int h = threadIdx.x; h < nv; h += blockDim.x) {
+            beta[h] = sigm_f(bb[h]);
+            float x = aa[h] + dt_bias[h];
+            float sp = x > 20.0f ? x : log1pf(expf(x));
+            g[h] = -expf(A_log[h]) * sp;
+        }
+        return;
+    }
+    int c0, n;
+    if (b < 2 * nk) { c0 = b * dk; n = dk; }
+    else { c0 = 2 * kd + (b - 2 * nk) * 128; n = min(128, 2 * kd + vd - c0); }
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int ch = c0 + i;
+        float *cs = state + (size_t)ch * (K - 1);
+        const float *wr = w + (size_t)ch * K;
+        float in = mixed[ch], acc = 0;
+        for (int j = 0; j < K - 1; j++) acc += wr[j] * cs[j];
+        acc += wr[K - 1] * in;
+        for (int j = 0; j + 1 < K - 1; j++) cs[j] = cs[j + 1];
+        if (K > 1) cs[K - 2] = in;
+        float v = silu_f(acc);
+        u[ch] = v;
+        ss += v * v;
+    }
+    if (b >= 2 * nk) return;
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss + 1e-6f) * (b < nk ? 1.0f / sqrtf((float)dk) : 1.0f);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) u[c0 + i] *= r;
+}
+void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
+                  const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
+                  float *u, float *g, float *beta) {
+    int nb = 2 * nk + (vd + 127) / 128 + 1;
+    k_gdn_prep1<<<nb, 128, 0, s>>>(mixed, state, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta);
+}
+
 /* One block per value head. Fast form (dk = 128): four threads per state column j, each
  * holding 32 rows of column j of S in registers; the generic form keeps S in global memory
  * with one thread per column. */
 __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int dv, const float *u, int cd, const float *g,
-                                                     const float *beta, float *S, float *o) {
-    __shared__ float qs[128], ks[128];
+                                                     const float *beta, float *S, float *o, const float *z,
+                                                     const float *gw, float eps) {
+    __shared__ float qs[128], ks[128], red[16];
     const int dk = 128;
     int h = blockIdx.x, j = threadIdx.x / 4, p = threadIdx.x % 4, kh = h / (nv / nk), kd = nk * dk;
     float *Sh = S + (size_t)h * dk * dv;
@@ -480,7 +575,17 @@ __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int d
         for (int i = 0; i < 32; i++) { sr[i] += ks[p * 32 + i] * d; out += sr[i] * qs[p * 32 + i]; }
         out += __shfl_xor_sync(0xffffffffu, out, 1);
         out += __shfl_xor_sync(0xffffffffu, out, 2);
-        if (p == 0) o[(size_t)t * nv * dv + (size_t)h * dv + j] = out;
+        size_t oi = (size_t)t * nv * dv + (size_t)h * dv + j;
+        if (z) { /* fused gated RMSNorm of the head's dv outputs (each column counted once) */
+            float sq = p == 0 ? out * out : 0.f;
+            sq = warp_sum(sq);
+            if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = sq;
+            __syncthreads();
+            float tot = 0;
+            for (int i = 0; i < (int)(blockDim.x / WARP); i++) tot += red[i];
+            float r = 1.0f / sqrtf(tot / dv + eps);
+            if (p == 0) o[oi] = out * r * gw[j] * silu_f(z[oi]);
+        } else if (p == 0) o[oi] = out;
     }
 #pragma unroll
     for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + j] = sr[i];
@@ -506,8 +611,15 @@ __global__ void k_gdn_rec_gen(int T, int nk, int nv, int dk, int dv, const float
 }
 void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd,
                 const float *g, const float *beta, float *S, float *o) {
-    if (dk == 128 && dv * 4 <= 512) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o);
+    if (dk == 128 && dv * 4 <= 512) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, NULL, NULL, 0.f);
     else k_gdn_rec_gen<<<nv, dv, 2 * (size_t)dk * sizeof(float), s>>>(T, nk, nv, dk, dv, u, cd, g, beta, S, o);
+}
+
+int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                    const float *beta, float *S, float *o, const float *z, const float *gw, float eps) {
+    if (!(dk == 128 && dv * 4 <= 512 && dv % 8 == 0)) return 0;
+    k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, z, gw, eps);
+    return 1;
 }
 
 __global__ void k_gated_norm(float *o, const float *z, const float *gw, int nv, int dv, float eps) {
@@ -770,9 +882,11 @@ void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long lo
 }
 
 __global__ void k_moe_combine(float *x, const float *D, const int *pos, const float *wt, int K, int H,
-                              const float *SD, const float *sr) {
+                              const float *SD, const float *sr, const float *nw, float eps, float *tout) {
+    __shared__ float sh[32];
     int t = blockIdx.x;
-    float gs = SD ? sigm_f(sr[t]) : 0.f;
+    float gs = SD ? sigm_f(sr[t]) : 0.f, ss = 0;
+    float *xr = x + (size_t)t * H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         float y = 0;
         for (int k = 0; k < K; k++) {
@@ -780,12 +894,18 @@ __global__ void k_moe_combine(float *x, const float *D, const int *pos, const fl
             y += wt[slot] * D[(size_t)row * H + i];
         }
         if (SD) y += gs * SD[(size_t)t * H + i];
-        x[(size_t)t * H + i] += y;
+        float v = xr[i] + y;
+        xr[i] = v;
+        ss += v * v;
     }
+    if (!nw) return;
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) tout[(size_t)t * H + i] = xr[i] * r * nw[i];
 }
 void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
-                    const float *SD, const float *sr) {
-    k_moe_combine<<<T, 256, 0, s>>>(x, D, pos, wt, K, H, SD, sr);
+                    const float *SD, const float *sr, const float *nw, float eps, float *tout) {
+    k_moe_combine<<<T, 256, 0, s>>>(x, D, pos, wt, K, H, SD, sr, nw, eps, tout);
 }
 
 /* ---- token choice ---- */

@@ -66,4 +66,7 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
  * (ids random when NULL), and of n greedy decode steps from pos (no host sync per step). */
 lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int pos, double *ms, lily_status *st);
 lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st);
+/* Runs one T-token forward at pos (T <= the backend's chunk) with an event after every stage
+ * and writes a markdown table of the time per stage, largest first. */
+lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st);
 #endif

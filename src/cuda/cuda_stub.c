@@ -48,3 +48,7 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
     if (n_out) *n_out = 0;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
+lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st) {
+    (void)s; (void)T; (void)pos; (void)out; (void)n;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}

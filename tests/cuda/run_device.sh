@@ -45,7 +45,7 @@ for stage in $stages; do
     cat "$OUT/model.log" ;;
   bench)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-    "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps ${REPS:-5} -o md 2>&1 | tee "$OUT/bench.md" ;;
+    "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps ${REPS:-5} -o md ${PROFILE:+--profile} 2>&1 | tee "$OUT/bench.md" ;;
   esac
 done
 echo "device run: $([ $fail = 0 ] && echo ok || echo FAILURES)"
