@@ -171,15 +171,25 @@ __global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restric
     wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2];
     wmma::fill_fragment(acc[0], 0.0f);
     wmma::fill_fragment(acc[1], 0.0f);
+    /* the next step's weights and inputs are loaded into registers while this step multiplies */
+    float w8[8], x8[8];
+    if (r0 + lr < m.rows && seg < m.cols) load8(m, e, r0 + lr, seg, w8);
+    else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) x8[j] = (xrow && seg + j < m.cols) ? xrow[seg + j] : 0.f;
     for (int k0 = 0; k0 < m.cols; k0 += TBK) {
-        float w8[8];
-        if (r0 + lr < m.rows && k0 + seg < m.cols) load8(m, e, r0 + lr, k0 + seg, w8);
-        else for (int j = 0; j < 8; j++) w8[j] = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) Ws[lr * TLD + seg + j] = w8[j];
 #pragma unroll
-        for (int j = 0; j < 8; j++) Xs[lt * TLD + seg + j] = (xrow && k0 + seg + j < m.cols) ? xrow[k0 + seg + j] : 0.f;
+        for (int j = 0; j < 8; j++) Xs[lt * TLD + seg + j] = x8[j];
         __syncthreads();
+        int k1 = k0 + TBK;
+        if (k1 < m.cols) {
+            if (r0 + lr < m.rows && k1 + seg < m.cols) load8(m, e, r0 + lr, k1 + seg, w8);
+            else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) x8[j] = (xrow && k1 + seg + j < m.cols) ? xrow[k1 + seg + j] : 0.f;
+        }
 #pragma unroll
         for (int kk = 0; kk < TBK; kk += 8) {
             wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
@@ -271,7 +281,7 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
  * of codes at a time; the input row is staged in shared memory (swizzled so the lanes'
  * float4 reads hit distinct banks), optionally as silu(X) * X2 (SwiGLU fused into the
  * down projection). Needs 4- or 8-bit codes, cols % 32 == 0, group % 32 == 0. ---- */
-template <int LPR>
+template <int LPR, int RW>
 __global__ void __launch_bounds__(256) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
                                              const int *eidx, int xdiv) {
     extern __shared__ float4 xs[];
@@ -300,53 +310,80 @@ __global__ void __launch_bounds__(256) k_mvq(mvq_args a, const float *__restrict
     }
     __syncthreads();
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
-    int r = ((blockIdx.x - a.blk0[mi]) * 8 + warp) * RPW + grp;
-    int valid = r < m.rows;
-    if (!valid) r = m.rows - 1;
-    const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
-    int ng = m.cols / m.group, cpg = m.group / 32;
-    float acc = 0;
-    if (m.bits == 4) {
-        const uint4 *wr = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * nch;
-#pragma unroll 4
-        for (int c = sub; c < nch; c += LPR) {
-            uint4 q = __ldg(wr + c);
-            size_t gi = (size_t)r * ng + c / cpg;
-            float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
-            uint32_t wv[4] = { q.x, q.y, q.z, q.w };
-            float sq = 0, sx = 0;
+    int rb = (((blockIdx.x - a.blk0[mi]) * 8 + warp) * RPW + grp) * RW;
+    int rr[RW];
 #pragma unroll
-            for (int w = 0; w < 4; w++) {
-                float4 u = xs[c * 8 + ((2 * w + c) & 7)], t = xs[c * 8 + ((2 * w + 1 + c) & 7)];
-                uint32_t v = wv[w];
-                sq += (float)(v & 15u) * u.x + (float)((v >> 4) & 15u) * u.y + (float)((v >> 8) & 15u) * u.z + (float)((v >> 12) & 15u) * u.w
-                    + (float)((v >> 16) & 15u) * t.x + (float)((v >> 20) & 15u) * t.y + (float)((v >> 24) & 15u) * t.z + (float)(v >> 28) * t.w;
-                sx += (u.x + u.y) + (u.z + u.w) + (t.x + t.y) + (t.z + t.w);
-            }
-            acc += sc * sq + bi * sx;
-        }
-    } else {
-        const uint4 *wr = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * nch * 2;
+    for (int k = 0; k < RW; k++) rr[k] = min(rb + k, m.rows - 1);
+    const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
+    const char *wb = (const char *)m.w + (long long)e * m.ew;
+    int ng = m.cols / m.group, cpg = m.group / 32;
+    float acc[RW];
+#pragma unroll
+    for (int k = 0; k < RW; k++) acc[k] = 0.f;
+    if (m.bits == 4) {
 #pragma unroll 2
         for (int c = sub; c < nch; c += LPR) {
-            uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
-            size_t gi = (size_t)r * ng + c / cpg;
-            float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
-            uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
-            float sq = 0, sx = 0;
+            uint4 q[RW];
+            float sc[RW], bi[RW];
 #pragma unroll
-            for (int w = 0; w < 8; w++) {
-                float4 u = xs[c * 8 + ((w + c) & 7)];
-                uint32_t v = wv[w];
-                sq += (float)(v & 255u) * u.x + (float)((v >> 8) & 255u) * u.y + (float)((v >> 16) & 255u) * u.z + (float)(v >> 24) * u.w;
-                sx += (u.x + u.y) + (u.z + u.w);
+            for (int k = 0; k < RW; k++) {
+                q[k] = __ldg((const uint4 *)wb + (size_t)rr[k] * nch + c);
+                size_t gi = (size_t)rr[k] * ng + c / cpg;
+                sc[k] = ld_sb(sp, m.sbt, gi);
+                bi[k] = ld_sb(bp, m.sbt, gi);
             }
-            acc += sc * sq + bi * sx;
+            float4 xv[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
+            float sx = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) sx += (xv[j].x + xv[j].y) + (xv[j].z + xv[j].w);
+#pragma unroll
+            for (int k = 0; k < RW; k++) {
+                uint32_t wv[4] = { q[k].x, q[k].y, q[k].z, q[k].w };
+                float sq = 0;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    float4 u = xv[2 * w], t = xv[2 * w + 1];
+                    uint32_t v = wv[w];
+                    sq += (float)(v & 15u) * u.x + (float)((v >> 4) & 15u) * u.y + (float)((v >> 8) & 15u) * u.z + (float)((v >> 12) & 15u) * u.w
+                        + (float)((v >> 16) & 15u) * t.x + (float)((v >> 20) & 15u) * t.y + (float)((v >> 24) & 15u) * t.z + (float)(v >> 28) * t.w;
+                }
+                acc[k] += sc[k] * sq + bi[k] * sx;
+            }
+        }
+    } else {
+        for (int c = sub; c < nch; c += LPR) {
+            float4 xv[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
+            float sx = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) sx += (xv[j].x + xv[j].y) + (xv[j].z + xv[j].w);
+#pragma unroll
+            for (int k = 0; k < RW; k++) {
+                const uint4 *wr = (const uint4 *)wb + (size_t)rr[k] * nch * 2;
+                uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
+                size_t gi = (size_t)rr[k] * ng + c / cpg;
+                float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
+                uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+                float sq = 0;
+#pragma unroll
+                for (int w = 0; w < 8; w++) {
+                    uint32_t v = wv[w];
+                    sq += (float)(v & 255u) * xv[w].x + (float)((v >> 8) & 255u) * xv[w].y + (float)((v >> 16) & 255u) * xv[w].z + (float)(v >> 24) * xv[w].w;
+                }
+                acc[k] += sc * sq + bi * sx;
+            }
         }
     }
 #pragma unroll
-    for (int o = LPR / 2; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (valid && sub == 0) y[r] = acc;
+    for (int k = 0; k < RW; k++) {
+        float v = acc[k];
+#pragma unroll
+        for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (rb + k < m.rows && sub == 0) y[rb + k] = v;
+    }
 }
 
 int cu_mvq_ok(const dmat *W) {
@@ -358,7 +395,8 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     mvq_args a;
     memset(&a, 0, sizeof a);
     a.n = n;
-    int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8, rpb = 8 * (32 / lpr), nb = 0;
+    int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8, nb = 0;
+    int rw = lpr == 32 ? 4 : lpr == 16 ? 2 : 1, rpb = 8 * (32 / lpr) * rw;
     for (int i = 0; i < n; i++) {
         a.m[i] = *W[i];
         a.y[i] = Y[i];
@@ -369,9 +407,9 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     a.blk0[n] = nb;
     dim3 g(nb, nslots);
     size_t sm = (size_t)cols * sizeof(float);
-    if (lpr == 32) k_mvq<32><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16) k_mvq<16><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else k_mvq<8><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    if (lpr == 32) k_mvq<32, 4><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16) k_mvq<16, 2><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else k_mvq<8, 1><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 
 static int mv4_ok(const dmat *W) { return cu_mvq_ok(W); }
@@ -449,7 +487,7 @@ __global__ void k_rmsnorm(float *x, const float *add, const float *w, int n, flo
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y) {
-    k_rmsnorm<<<T, 256, 0, s>>>(x, add, w, n, eps, y);
+    k_rmsnorm<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, add, w, n, eps, y);
 }
 
 /* ---- Gated DeltaNet ---- */
@@ -551,20 +589,28 @@ void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float 
 __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int dv, const float *u, int cd, const float *g,
                                                      const float *beta, float *S, float *o, const float *z,
                                                      const float *gw, float eps) {
-    __shared__ float qs[128], ks[128], red[16];
+    __shared__ float qkb[2][256], red[16]; /* q | k of a step, double-buffered */
     const int dk = 128;
     int h = blockIdx.x, j = threadIdx.x / 4, p = threadIdx.x % 4, kh = h / (nv / nk), kd = nk * dk;
     float *Sh = S + (size_t)h * dk * dv;
     float sr[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + j];
+    /* thread i < 256 carries element i of the next step's q | k; every thread its v, g, beta */
+    int qk_off = threadIdx.x < 128 ? kh * dk + threadIdx.x : kd + kh * dk + (threadIdx.x - 128);
+    float nqk = threadIdx.x < 256 ? u[qk_off] : 0.f, nv_j = u[2 * kd + h * dv + j], ng = g[h], nb = beta[h];
     for (int t = 0; t < T; t++) {
-        const float *row = u + (size_t)t * cd;
+        float *qs = qkb[t & 1], *ks = qkb[t & 1] + 128;
+        if (threadIdx.x < 256) qkb[t & 1][threadIdx.x] = nqk;
+        float decay = expf(ng), b = nb, vj = nv_j;
         __syncthreads();
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) { qs[i] = row[kh * dk + i]; ks[i] = row[kd + kh * dk + i]; }
-        __syncthreads();
-        float decay = expf(g[(size_t)t * nv + h]), b = beta[(size_t)t * nv + h];
-        float vj = row[2 * kd + h * dv + j];
+        if (t + 1 < T) { /* the next step's loads fly while this one computes */
+            const float *nrow = u + (size_t)(t + 1) * cd;
+            if (threadIdx.x < 256) nqk = nrow[qk_off];
+            nv_j = nrow[2 * kd + h * dv + j];
+            ng = g[(size_t)(t + 1) * nv + h];
+            nb = beta[(size_t)(t + 1) * nv + h];
+        }
         float d = 0, out = 0;
 #pragma unroll
         for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * 32 + i]; }
@@ -611,13 +657,13 @@ __global__ void k_gdn_rec_gen(int T, int nk, int nv, int dk, int dv, const float
 }
 void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd,
                 const float *g, const float *beta, float *S, float *o) {
-    if (dk == 128 && dv * 4 <= 512) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, NULL, NULL, 0.f);
+    if (dk == 128 && dv * 4 <= 512 && dv >= 64) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, NULL, NULL, 0.f);
     else k_gdn_rec_gen<<<nv, dv, 2 * (size_t)dk * sizeof(float), s>>>(T, nk, nv, dk, dv, u, cd, g, beta, S, o);
 }
 
 int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                     const float *beta, float *S, float *o, const float *z, const float *gw, float eps) {
-    if (!(dk == 128 && dv * 4 <= 512 && dv % 8 == 0)) return 0;
+    if (!(dk == 128 && dv * 4 <= 512 && dv >= 64 && dv % 8 == 0)) return 0;
     k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, z, gw, eps);
     return 1;
 }
@@ -725,23 +771,27 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const
     for (int i = 0; i < ATT_MAXR; i++) if (i < R) pp[2 + lane + WARP * i] = acc[i];
 }
 __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o) {
+    __shared__ float wsh[1024];
+    __shared__ float Lsh;
     int th = blockIdx.x, t = th / nh, h = th % nh;
     const float *pp = part + (size_t)th * np * (hd + 2);
-    float M = -INFINITY;
-    for (int p = 0; p < np; p++) M = fmaxf(M, pp[(size_t)p * (hd + 2)]);
-    float L = 0;
-    for (int p = 0; p < np; p++) {
-        float m = pp[(size_t)p * (hd + 2)];
-        if (m != -INFINITY) L += pp[(size_t)p * (hd + 2) + 1] * expf(m - M);
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int p = 0; p < np; p++) M = fmaxf(M, pp[(size_t)p * (hd + 2)]);
+        float L = 0;
+        for (int p = 0; p < np; p++) {
+            float m = pp[(size_t)p * (hd + 2)], w = m == -INFINITY ? 0.f : expf(m - M);
+            wsh[p] = w;
+            L += w * pp[(size_t)p * (hd + 2) + 1];
+        }
+        Lsh = L;
     }
+    __syncthreads();
     const float *gate = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd + hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float a = 0;
-        for (int p = 0; p < np; p++) {
-            float m = pp[(size_t)p * (hd + 2)];
-            if (m != -INFINITY) a += pp[(size_t)p * (hd + 2) + 2 + i] * expf(m - M);
-        }
-        o[(size_t)t * nh * hd + (size_t)h * hd + i] = a / L * sigm_f(gate[i]);
+        for (int p = 0; p < np; p++) if (wsh[p] != 0.f) a += pp[(size_t)p * (hd + 2) + 2 + i] * wsh[p];
+        o[(size_t)t * nh * hd + (size_t)h * hd + i] = a / Lsh * sigm_f(gate[i]);
     }
 }
 /* GQA form: one block per (token, KV head, split) runs the HG query heads that share the KV
@@ -782,13 +832,28 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
             mx[g] = mnew;
         }
     }
+    /* merge the warps in shared memory: one partial per block and head */
+    __shared__ float sm_m[HG][ATT_WARPS], sm_l[HG][ATT_WARPS], sm_a[HG][ATT_WARPS][R * WARP];
 #pragma unroll
     for (int g = 0; g < HG; g++) {
-        int th = t * nh + kvh * HG + g;
-        float *pp = part + (((size_t)th * splits + blockIdx.y) * ATT_WARPS + warp) * (hd + 2);
-        if (lane == 0) { pp[0] = mx[g]; pp[1] = l[g]; }
+        if (lane == 0) { sm_m[g][warp] = mx[g]; sm_l[g][warp] = l[g]; }
 #pragma unroll
-        for (int i = 0; i < R; i++) pp[2 + lane + WARP * i] = acc[g][i];
+        for (int i = 0; i < R; i++) sm_a[g][warp][lane + WARP * i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < HG * (hd + 2); idx += blockDim.x) {
+        int g = idx / (hd + 2), i = idx % (hd + 2);
+        float M = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[g][w]);
+        float v = 0;
+        if (i == 0) v = M;
+        else if (M != -INFINITY)
+            for (int w = 0; w < ATT_WARPS; w++) {
+                float f = sm_m[g][w] == -INFINITY ? 0.f : expf(sm_m[g][w] - M);
+                v += f * (i == 1 ? sm_l[g][w] : sm_a[g][w][i - 2]);
+            }
+        int th = t * nh + kvh * HG + g;
+        part[((size_t)th * splits + blockIdx.y) * (hd + 2) + i] = v;
     }
 }
 
@@ -797,14 +862,17 @@ size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
 }
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                   int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {
-    int hg = nh / nkv;
+    int hg = nh / nkv, np = splits;
     dim3 gq(T * nkv, splits);
     if (hd == 256 && hg == 8) k_attn_gqa<8, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
     else if (hd == 256 && hg == 4) k_attn_gqa<4, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
     else if (hd == 256 && hg == 2) k_attn_gqa<2, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
     else if (hd == 128 && hg == 8) k_attn_gqa<8, 4><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
-    else k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part);
-    k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, splits * ATT_WARPS, o);
+    else {
+        k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part);
+        np = splits * ATT_WARPS;
+    }
+    k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, np, o);
 }
 
 /* ---- MoE ---- */
@@ -848,7 +916,8 @@ void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, in
     k_router_topk<<<(T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s>>>(logits, T, E, K, sel, wt);
 }
 
-/* Counting sort of the n = T*K slots by expert, stable (slot order within an expert). */
+/* Counting sort of the n = T*K slots by expert. The order inside an expert follows the
+ * atomics, which changes no row's value: every row is computed on its own. */
 __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
     extern __shared__ int cnt[]; /* [E] counts, then [E] cursors */
     int *cur = cnt + E;
@@ -856,17 +925,20 @@ __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, i
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[sel[i]], 1);
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int a = 0;
-        for (int e = 0; e < E; e++) { cur[e] = a; off[e] = a; count[e] = cnt[e]; a += cnt[e]; }
+    if (threadIdx.x < WARP) { /* exclusive scan by one warp */
+        int carry = 0;
+        for (int e0 = 0; e0 < E; e0 += WARP) {
+            int e = e0 + threadIdx.x, v = e < E ? cnt[e] : 0, incl = v;
+            for (int o = 1; o < WARP; o <<= 1) { int u = __shfl_up_sync(0xffffffffu, incl, o); if ((int)threadIdx.x >= o) incl += u; }
+            if (e < E) { cur[e] = carry + incl - v; off[e] = carry + incl - v; count[e] = v; }
+            carry += __shfl_sync(0xffffffffu, incl, WARP - 1);
+        }
     }
     __syncthreads();
-    /* stable placement: each expert's slots in increasing slot order, one thread per expert */
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        if (!cnt[e]) continue;
-        int c = cur[e];
-        for (int i = 0; i < n; i++)
-            if (sel[i] == e) { src[c] = i; pos[i] = c; c++; }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int p = atomicAdd(&cur[sel[i]], 1);
+        src[p] = i;
+        pos[i] = p;
     }
 }
 void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
@@ -881,14 +953,16 @@ void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long lo
     k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(g, u, h, n);
 }
 
-__global__ void k_moe_combine(float *x, const float *D, const int *pos, const float *wt, int K, int H,
-                              const float *SD, const float *sr, const float *nw, float eps, float *tout) {
+__global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ D, const int *__restrict__ pos,
+                              const float *__restrict__ wt, int K, int H, const float *__restrict__ SD,
+                              const float *__restrict__ sr, const float *__restrict__ nw, float eps, float *__restrict__ tout) {
     __shared__ float sh[32];
     int t = blockIdx.x;
     float gs = SD ? sigm_f(sr[t]) : 0.f, ss = 0;
     float *xr = x + (size_t)t * H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         float y = 0;
+#pragma unroll 8
         for (int k = 0; k < K; k++) {
             int slot = t * K + k, row = pos ? pos[slot] : slot;
             y += wt[slot] * D[(size_t)row * H + i];
@@ -905,7 +979,7 @@ __global__ void k_moe_combine(float *x, const float *D, const int *pos, const fl
 }
 void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
                     const float *SD, const float *sr, const float *nw, float eps, float *tout) {
-    k_moe_combine<<<T, 256, 0, s>>>(x, D, pos, wt, K, H, SD, sr, nw, eps, tout);
+    k_moe_combine<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, D, pos, wt, K, H, SD, sr, nw, eps, tout);
 }
 
 /* ---- token choice ---- */
