@@ -333,6 +333,8 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_BF16, 0, 0, 4096, 2048, 5);
     test_matmul(pool, LW_BF16, 0, 0, 1000, 2048, 200);
     /* odd sizes */
+    test_matmul(pool, LW_Q, 4, 64, 100, 512, 1);
+    test_matmul(pool, LW_Q, 4, 64, 33, 1024, 1);
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 1);
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 9);
     test_matmul(pool, LW_Q, 8, 32, 65, 160, 67);
@@ -346,6 +348,7 @@ int main(int argc, char **argv) {
     test_experts(pool, 4, 256, 512, 2048, 300, 8);
     test_experts(pool, 4, 7, 96, 192, 70, 3);
     test_experts(pool, 8, 5, 33, 64, 1, 2);
+    test_experts(pool, 4, 9, 70, 512, 2, 3);
     test_gdn(1, 16, 32, 128, 128);
     test_gdn(100, 16, 32, 128, 128);
     test_gdn(37, 2, 4, 128, 128);
