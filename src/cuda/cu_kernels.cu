@@ -386,82 +386,6 @@ __global__ void __launch_bounds__(256) k_mvq(mvq_args a, const float *__restrict
     }
 }
 
-/* The same product with the input held in registers: lane `sub` of a row group always
- * takes chunks sub, sub + LPR, ... (CPL of them), so its 32*CPL input values are loaded
- * once and reused for the RSEQ rows it walks through; no shared-memory traffic per weight.
- * 4-bit only, nch == LPR * CPL. */
-template <int LPR, int CPL, int RSEQ>
-__global__ void __launch_bounds__(256) k_mvx(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
-                                             const int *eidx, int xdiv) {
-    const int RPW = 32 / LPR;
-    int mi = 0;
-    while (mi + 1 < a.n && (int)blockIdx.x >= a.blk0[mi + 1]) mi++;
-    const dmat &m = a.m[mi];
-    int nch = LPR * CPL, slot = blockIdx.y, e = 0;
-    const float *x = X, *x2 = X2;
-    float *y = a.y[mi];
-    if (eidx) {
-        e = eidx[slot];
-        x = X + (size_t)(slot / xdiv) * ldx;
-        if (X2) x2 = X2 + (size_t)(slot / xdiv) * ldx;
-        y += (size_t)slot * a.ldy[mi];
-    }
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
-    float4 xv[CPL][8];
-    float sx[CPL];
-#pragma unroll
-    for (int k = 0; k < CPL; k++) {
-        const float4 *p = (const float4 *)(x + (sub + LPR * k) * 32);
-        sx[k] = 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float4 v = __ldg(p + j);
-            if (X2) {
-                float4 w = __ldg((const float4 *)(x2 + (sub + LPR * k) * 32) + j);
-                v.x = silu_f(v.x) * w.x; v.y = silu_f(v.y) * w.y; v.z = silu_f(v.z) * w.z; v.w = silu_f(v.w) * w.w;
-            }
-            xv[k][j] = v;
-            sx[k] += (v.x + v.y) + (v.z + v.w);
-        }
-    }
-    const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
-    const uint4 *wb = (const uint4 *)((const char *)m.w + (long long)e * m.ew);
-    int ng = m.cols / m.group, cpg = m.group / 32;
-    int rbase = (((blockIdx.x - a.blk0[mi]) * 8 + warp) * RPW + grp) * RSEQ;
-#pragma unroll 2
-    for (int rs = 0; rs < RSEQ; rs++) {
-        int r = rbase + rs, valid = r < m.rows; /* no early exit: the shuffles below need every lane */
-        if (!valid) r = m.rows - 1;
-        uint4 q[CPL];
-        float sc[CPL], bi[CPL];
-#pragma unroll
-        for (int k = 0; k < CPL; k++) {
-            int c = sub + LPR * k;
-            q[k] = __ldg(wb + (size_t)r * nch + c);
-            size_t gi = (size_t)r * ng + c / cpg;
-            sc[k] = ld_sb(sp, m.sbt, gi);
-            bi[k] = ld_sb(bp, m.sbt, gi);
-        }
-        float acc = 0;
-#pragma unroll
-        for (int k = 0; k < CPL; k++) {
-            uint32_t wv[4] = { q[k].x, q[k].y, q[k].z, q[k].w };
-            float sq = 0;
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                float4 u = xv[k][2 * w], t = xv[k][2 * w + 1];
-                uint32_t v = wv[w];
-                sq += (float)(v & 15u) * u.x + (float)((v >> 4) & 15u) * u.y + (float)((v >> 8) & 15u) * u.z + (float)((v >> 12) & 15u) * u.w
-                    + (float)((v >> 16) & 15u) * t.x + (float)((v >> 20) & 15u) * t.y + (float)((v >> 24) & 15u) * t.z + (float)(v >> 28) * t.w;
-            }
-            acc += sc[k] * sq + bi[k] * sx[k];
-        }
-#pragma unroll
-        for (int o = LPR / 2; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (valid && sub == 0) y[r] = acc;
-    }
-}
-
 int cu_mvq_ok(const dmat *W) {
     return W->type == LW_Q && (W->bits == 4 || W->bits == 8) && W->cols % 32 == 0 && W->group % 32 == 0 && W->cols <= 12288;
 }
@@ -472,30 +396,14 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     memset(&a, 0, sizeof a);
     a.n = n;
     int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8, nb = 0;
-    int all4 = ((uintptr_t)X % 16) == 0 && (!X2 || ((uintptr_t)X2 % 16) == 0) && ldx % 4 == 0;
-    for (int i = 0; i < n; i++) all4 &= W[i]->bits == 4;
-    if (all4 && (nch == 64 || nch == 16 || nch == 32)) { /* input in registers: 2 (or 1) chunks a lane, 4 rows a group */
-        int L = nch == 16 ? 16 : 32, C = nch / L, RS = 4, rpb2 = 8 * (32 / L) * RS;
-        for (int i = 0; i < n; i++) {
-            a.m[i] = *W[i];
-            a.y[i] = Y[i];
-            a.ldy[i] = ldy ? ldy[i] : 0;
-            a.blk0[i] = nb;
-            nb += (W[i]->rows + rpb2 - 1) / rpb2;
-        }
-        a.blk0[n] = nb;
-        dim3 g2(nb, nslots);
-        if (L == 32 && C == 2) k_mvx<32, 2, 4><<<g2, 256, 0, s>>>(a, X, X2, ldx, eidx, xdiv);
-        else if (L == 32) k_mvx<32, 1, 4><<<g2, 256, 0, s>>>(a, X, X2, ldx, eidx, xdiv);
-        else k_mvx<16, 1, 4><<<g2, 256, 0, s>>>(a, X, X2, ldx, eidx, xdiv);
-        return;
-    }
     /* rows per lane group: as many as keep at least two blocks per multiprocessor busy */
     int rows = 0;
     for (int i = 0; i < n; i++) rows += W[i]->rows;
     rows *= nslots;
     int rw = 1, rw_max = lpr == 32 ? 4 : lpr == 16 ? 2 : 1;
-    while (rw < rw_max && rows / (8 * (32 / lpr) * rw * 2) >= 64 * 132) rw *= 2; /* more rows per warp measured slower below that */
+    /* more rows per warp (x reused from shared memory) and the input in registers (k_mvx, 4
+     * rows a warp) both measured slower on the H200 than one row a warp: occupancy wins */
+    while (rw < rw_max && rows / (8 * (32 / lpr) * rw * 2) >= 64 * 132) rw *= 2;
     int rpb = 8 * (32 / lpr) * rw;
     for (int i = 0; i < n; i++) {
         a.m[i] = *W[i];
