@@ -111,6 +111,7 @@ void convert_quantize(const float *w, size_t rows, size_t cols, int bits, int gr
             for (int k = 0; k < per; k++) {
                 int q = code_of(g[j + k], fs, fb, levels);
                 word |= (uint32_t)q << (bits * k);
+                if (!err) continue; /* the statistics cost as much as the codes */
                 double d = (double)g[j + k] - ((double)fs * q + (double)fb);
                 e2 += d * d; r2 += (double)g[j + k] * g[j + k];
                 if (fabs(d) > mx) mx = fabs(d);

@@ -29,8 +29,26 @@ void cpu_forward(const lily_weights *w, cpu_cache *k, lily_pool *pool, const int
                  int pos, float *logits, int all_logits, float *hidden);
 
 /* ---- ops, exposed for the kernel tests ---- */
-/* Y[T][rows] = X[T][cols] . W^T */
+/* Y[T][rows] = X[T][cols] . W^T, through the kernel cpu_mm_path selects. */
 void cpu_matmul(lily_pool *pool, const lw_mat *W, const float *X, int T, float *Y);
+/* Several independent products in one parallel region (e.g. the routed experts of a
+ * layer): the same results as calling cpu_matmul on each, with one thread hand-off. */
+typedef struct { const lw_mat *W; const float *X; int T; float *Y; } cpu_mm_job;
+void cpu_matmul_many(lily_pool *pool, const cpu_mm_job *jobs, int n);
+
+/* Matmul kernels. The reference (row buffer, ops.c) is the slow obvious path and stays;
+ * the fast ones fuse dequantization into the dot product and tile for many tokens, and
+ * decline (falling back to the reference) for layouts they do not cover. Each output
+ * element is computed by one thread in a fixed order, so results do not depend on the
+ * thread count. CPU_MM_AUTO = AVX2 where the CPU has AVX2+FMA+F16C, else portable C. */
+typedef enum { CPU_MM_AUTO = 0, CPU_MM_REF, CPU_MM_C, CPU_MM_AVX2 } cpu_mm_kind;
+/* Process-wide switch (tests, benchmarks); set it before running, not during. */
+extern cpu_mm_kind cpu_mm_path;
+void cpu_matmul_ref(lily_pool *pool, const lw_mat *W, const float *X, int T, float *Y);
+/* Runs jobs with kernel `kind` only: 1 when done, 0 (nothing written) when that kernel
+ * cannot run here (AVX2 on another CPU) or declines one of the matrices. */
+int cpu_matmul_kind(lily_pool *pool, const cpu_mm_job *jobs, int n, cpu_mm_kind kind);
+int cpu_mm_avx2_available(void);
 /* y = x * rsqrt(mean(x^2) + eps) * w, over n (in place allowed) */
 void cpu_rmsnorm(const float *x, const float *w, int n, double eps, float *y);
 /* Gated DeltaNet core for one value head over T steps, recurrent form.
@@ -43,4 +61,12 @@ void cpu_gdn_recurrent(int T, int dk, int dv, const float *q, int ldq, const flo
 void cpu_gdn_chunked(int T, int dk, int dv, const float *q, int ldq, const float *k, int ldk,
                      const float *v, int ldv, const float *g, const float *beta, float *S,
                      float *o, int ldo);
+/* The same two rules with vectorized inner loops (fast_gdn.c), kernel chosen like the
+ * matmuls' (CPU_MM_REF runs the reference above); forward uses them with cpu_mm_path. */
+void cpu_gdn_recurrent_fast(int T, int dk, int dv, const float *q, int ldq, const float *k, int ldk,
+                            const float *v, int ldv, const float *g, const float *beta, float *S,
+                            float *o, int ldo, cpu_mm_kind kind);
+void cpu_gdn_chunked_fast(int T, int dk, int dv, const float *q, int ldq, const float *k, int ldk,
+                          const float *v, int ldv, const float *g, const float *beta, float *S,
+                          float *o, int ldo, cpu_mm_kind kind);
 #endif

@@ -61,9 +61,9 @@ static void gdn_head(void *p, int h) {
     float *g = xmalloc((size_t)x->T * sizeof *g), *b = xmalloc((size_t)x->T * sizeof *b);
     for (int t = 0; t < x->T; t++) { g[t] = x->g[(size_t)t * nv + h]; b[t] = x->beta[(size_t)t * nv + h]; }
     void (*rule)(int, int, int, const float *, int, const float *, int, const float *, int, const float *,
-                 const float *, float *, float *, int) = x->T == 1 ? cpu_gdn_recurrent : cpu_gdn_chunked;
+                 const float *, float *, float *, int, cpu_mm_kind) = x->T == 1 ? cpu_gdn_recurrent_fast : cpu_gdn_chunked_fast;
     rule(x->T, dk, dv, x->qkv + (size_t)kh * dk, cd, x->qkv + kd + (size_t)kh * dk, cd,
-         x->qkv + 2 * kd + (size_t)h * dv, cd, g, b, x->S + (size_t)h * dk * dv, x->o + (size_t)h * dv, nv * dv);
+         x->qkv + 2 * kd + (size_t)h * dv, cd, g, b, x->S + (size_t)h * dk * dv, x->o + (size_t)h * dv, nv * dv, cpu_mm_path);
     free(g); free(b);
 }
 
@@ -74,10 +74,8 @@ static void gdn(const lily_config *c, const lily_layer *L, float *conv_state, fl
     float *mixed = xmalloc((size_t)T * cd * sizeof(float)), *u = xmalloc((size_t)T * cd * sizeof(float));
     float *z = xmalloc((size_t)T * vd * sizeof(float)), *bb = xmalloc((size_t)T * nv * sizeof(float));
     float *aa = xmalloc((size_t)T * nv * sizeof(float)), *o = xmalloc((size_t)T * vd * sizeof(float));
-    cpu_matmul(pool, &L->qkv, x, T, mixed);
-    cpu_matmul(pool, &L->z, x, T, z);
-    cpu_matmul(pool, &L->b, x, T, bb);
-    cpu_matmul(pool, &L->a, x, T, aa);
+    cpu_mm_job in[4] = { { &L->qkv, x, T, mixed }, { &L->z, x, T, z }, { &L->b, x, T, bb }, { &L->a, x, T, aa } };
+    cpu_matmul_many(pool, in, 4);
     /* causal depthwise conv over [cached K-1 inputs, this chunk], then SiLU */
     for (int ch = 0; ch < cd; ch++) {
         const float *w = L->conv_w + (size_t)ch * K;
@@ -190,9 +188,8 @@ static void attention(const lily_config *c, const lily_layer *L, float *kc, floa
     float *qg = xmalloc((size_t)T * nh * hd * 2 * sizeof(float)), *q = xmalloc((size_t)T * nh * hd * sizeof(float));
     float *k = xmalloc((size_t)T * nkv * hd * sizeof(float)), *v = xmalloc((size_t)T * nkv * hd * sizeof(float));
     float *o = xmalloc((size_t)T * nh * hd * sizeof(float));
-    cpu_matmul(pool, &L->q, x, T, qg);
-    cpu_matmul(pool, &L->k, x, T, k);
-    cpu_matmul(pool, &L->v, x, T, v);
+    cpu_mm_job in[3] = { { &L->q, x, T, qg }, { &L->k, x, T, k }, { &L->v, x, T, v } };
+    cpu_matmul_many(pool, in, 3);
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < nh; h++) { /* per head: hd query rows, then hd gate rows */
             float *qh = q + ((size_t)t * nh + h) * hd;
@@ -245,39 +242,64 @@ static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, cons
         for (int j = 0; j < K; j++) wt[t * K + j] = (float)(wt[t * K + j] / tot);
     }
     memset(y, 0, (size_t)T * H * sizeof(float));
-    /* gather the tokens routed to each expert and run them together */
-    float *xe = xmalloc((size_t)T * H * sizeof(float)), *ge = xmalloc((size_t)T * I * sizeof(float));
-    float *ue = xmalloc((size_t)T * I * sizeof(float)), *de = xmalloc((size_t)T * H * sizeof(float));
-    int *tok = xmalloc((size_t)T * sizeof(int));
-    float *tw = xmalloc((size_t)T * sizeof(float));
+    /* Gather the tokens routed to each expert (experts ascending, tokens ascending within),
+     * then run every expert's gate and up (and the shared expert's) in one parallel region
+     * and every down projection in a second: 2 thread hand-offs per layer, not 3 per expert. */
+    int TK = T * K, SI = c->shared_inter;
+    float *xe = xmalloc((size_t)TK * H * sizeof(float)), *ge = xmalloc((size_t)TK * I * sizeof(float));
+    float *ue = xmalloc((size_t)TK * I * sizeof(float)), *de = xmalloc((size_t)TK * H * sizeof(float));
+    int *tok = xmalloc((size_t)TK * sizeof(int)), *off = xmalloc((size_t)(E + 1) * sizeof(int));
+    float *tw = xmalloc((size_t)TK * sizeof(float));
+    cpu_mm_job *jobs = xmalloc((size_t)(2 * E + 3) * sizeof *jobs);
+    for (int e = 0; e <= E; e++) off[e] = 0;
+    for (int i = 0; i < TK; i++) off[sel[i] + 1]++;
+    for (int e = 0; e < E; e++) off[e + 1] += off[e];
+    int *fillp = xmalloc((size_t)E * sizeof(int));
+    for (int e = 0; e < E; e++) fillp[e] = off[e];
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < K; j++) {
+            int e = sel[t * K + j], m = fillp[e]++;
+            tok[m] = t; tw[m] = wt[t * K + j];
+            memcpy(xe + (size_t)m * H, x + (size_t)t * H, (size_t)H * sizeof(float));
+        }
+    free(fillp);
+    float *sg = NULL, *su = NULL, *sr = NULL, *sd = NULL;
+    int nj = 0;
     for (int e = 0; e < E; e++) {
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int j = 0; j < K; j++)
-                if (sel[t * K + j] == e) { tok[n] = t; tw[n] = wt[t * K + j]; memcpy(xe + (size_t)n * H, x + (size_t)t * H, (size_t)H * sizeof(float)); n++; }
+        int n = off[e + 1] - off[e];
         if (!n) continue;
-        cpu_matmul(pool, &L->gate[e], xe, n, ge);
-        cpu_matmul(pool, &L->up[e], xe, n, ue);
-        for (size_t i = 0; i < (size_t)n * I; i++) ge[i] = silu(ge[i]) * ue[i];
-        cpu_matmul(pool, &L->down[e], ge, n, de);
-        for (int m = 0; m < n; m++)
-            for (int i = 0; i < H; i++) y[(size_t)tok[m] * H + i] += tw[m] * de[(size_t)m * H + i];
+        jobs[nj++] = (cpu_mm_job){ &L->gate[e], xe + (size_t)off[e] * H, n, ge + (size_t)off[e] * I };
+        jobs[nj++] = (cpu_mm_job){ &L->up[e], xe + (size_t)off[e] * H, n, ue + (size_t)off[e] * I };
     }
-    if (c->shared_inter) {
-        int SI = c->shared_inter;
-        float *sg = xmalloc((size_t)T * SI * sizeof(float)), *su = xmalloc((size_t)T * SI * sizeof(float));
-        float *sr = xmalloc((size_t)T * sizeof(float));
-        cpu_matmul(pool, &L->sh_gate, x, T, sg);
-        cpu_matmul(pool, &L->sh_up, x, T, su);
-        cpu_matmul(pool, &L->sh_router, x, T, sr);
+    if (SI) {
+        sg = xmalloc((size_t)T * SI * sizeof(float)); su = xmalloc((size_t)T * SI * sizeof(float));
+        sr = xmalloc((size_t)T * sizeof(float)); sd = xmalloc((size_t)T * H * sizeof(float));
+        jobs[nj++] = (cpu_mm_job){ &L->sh_gate, x, T, sg };
+        jobs[nj++] = (cpu_mm_job){ &L->sh_up, x, T, su };
+        jobs[nj++] = (cpu_mm_job){ &L->sh_router, x, T, sr };
+    }
+    cpu_matmul_many(pool, jobs, nj);
+    for (size_t i = 0; i < (size_t)TK * I; i++) ge[i] = silu(ge[i]) * ue[i];
+    nj = 0;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (n) jobs[nj++] = (cpu_mm_job){ &L->down[e], ge + (size_t)off[e] * I, n, de + (size_t)off[e] * H };
+    }
+    if (SI) {
         for (size_t i = 0; i < (size_t)T * SI; i++) sg[i] = silu(sg[i]) * su[i];
-        cpu_matmul(pool, &L->sh_down, sg, T, de);
+        jobs[nj++] = (cpu_mm_job){ &L->sh_down, sg, T, sd };
+    }
+    cpu_matmul_many(pool, jobs, nj);
+    for (int m = 0; m < TK; m++)
+        for (int i = 0; i < H; i++) y[(size_t)tok[m] * H + i] += tw[m] * de[(size_t)m * H + i];
+    if (SI) {
         for (int t = 0; t < T; t++) {
             float gsc = sigm(sr[t]);
-            for (int i = 0; i < H; i++) y[(size_t)t * H + i] += gsc * de[(size_t)t * H + i];
+            for (int i = 0; i < H; i++) y[(size_t)t * H + i] += gsc * sd[(size_t)t * H + i];
         }
-        free(sg); free(su); free(sr);
+        free(sg); free(su); free(sr); free(sd);
     }
+    free(jobs); free(off);
     free(logits); free(sel); free(wt); free(xe); free(ge); free(ue); free(de); free(tok); free(tw);
 }
 

@@ -2,8 +2,9 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* Rows are split into blocks; each block dequantizes one weight row at a time and
- * dots it with all T inputs, so a quantized row is decoded once per call. */
+/* The reference matmul, kept forever as the oracle the fast kernels (matmul.c) are
+ * tested against: rows are split into blocks; each block dequantizes one weight row at a
+ * time into a buffer and dots it with all T inputs. */
 typedef struct {
     const lw_mat *W;
     const float *X;
@@ -38,7 +39,7 @@ static void mm_block(void *p, int blk) {
     if (row != stackbuf) free(row);
 }
 
-void cpu_matmul(lily_pool *pool, const lw_mat *W, const float *X, int T, float *Y) {
+void cpu_matmul_ref(lily_pool *pool, const lw_mat *W, const float *X, int T, float *Y) {
     int nth = lily_pool_size(pool);
     int rows_per = (W->rows + nth * 8 - 1) / (nth * 8);
     if (rows_per < 4) rows_per = 4;

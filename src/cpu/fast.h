@@ -1,0 +1,49 @@
+/* Internal contract between the matmul dispatcher (matmul.c) and the fast kernels
+ * (fast_c.c portable, fast_avx2.c x86 AVX2+FMA+F16C).
+ *
+ * A kernel computes Y[t][r] for rows r0..r1-1 and every token t. The dispatcher cuts
+ * a matrix into row tasks whose size depends only on the shape, and each kernel does
+ * the same arithmetic for an output element wherever its row and token fall inside the
+ * tiles, so results do not depend on the thread count.
+ *
+ * Quantized matrices (MLX affine, 4 or 8 bits) are read eight uint32 words at a time.
+ * Such a block holds 8*per codes (per = 32/bits); lane i of "code slot" k is element
+ * i*per + k of the block. The dispatcher hands the kernels X already permuted the same
+ * way (mm_permute), so codes are consumed in the order they are unpacked, and the
+ * per-group sums of X (xsum) that let the fused kernel apply the bias once per group:
+ *   sum_j (s*q_j + b) x_j = s * sum_j q_j x_j + b * sum_j x_j. */
+#ifndef LILY_CPU_FAST_H
+#define LILY_CPU_FAST_H
+#include "cpu/cpu.h"
+
+typedef struct {
+    const lw_mat *W;
+    int T, rows, cols;
+    const float *X;    /* [T][cols]; permuted per 8-word block when W is quantized */
+    const float *xsum; /* quantized W: [T][cols/group] sums of X over each group */
+    float *Y;          /* [T][rows] */
+} mm_args;
+
+typedef void (*mm_rows_fn)(const mm_args *a, int r0, int r1);
+
+enum {
+    MM_FUSED_T = 4,       /* up to this many tokens: fused dequant-dot, no tile */
+    MM_TILE_FLOATS = 32768 /* stack tile of dequantized rows for larger T (128 KB) */
+};
+
+/* Can the fast kernels run W at all? (type, bits 4/8, group a multiple of the block) */
+int mm_fast_supported(const lw_mat *W);
+/* X[T][cols] -> the block-permuted order the quantized kernels read. */
+void mm_permute(const lw_mat *W, const float *X, int T, float *Xp);
+static inline float mm_sb(const void *p, lw_type t, size_t i) { /* one scale or bias as float */
+    if (t == LW_BF16) return lily_bf16_to_f32(((const uint16_t *)p)[i]);
+    if (t == LW_F32) return ((const float *)p)[i];
+    return lily_f16_to_f32(((const uint16_t *)p)[i]);
+}
+
+void mm_rows_c(const mm_args *a, int r0, int r1);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MM_HAVE_AVX2 1
+void mm_rows_avx2(const mm_args *a, int r0, int r1);
+#endif
+#endif
