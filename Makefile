@@ -17,13 +17,14 @@ ifeq ($(CUDA),1)
   CFLAGS  += -DLILY_CUDA
   LIB_OBJ_CU := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
   LDLIBS  += -L$(dir $(NVCC))../lib64 -lcudart -lstdc++
+  CUDA_PROGS := $(BUILD)/cuda-kernel-test
 else
   LIB_SRC += $(wildcard src/cuda/*.c)
 endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ_CU)
 LIB      := $(BUILD)/liblily.a
 
-PROGS    := $(BUILD)/lily $(BUILD)/lily-server $(BUILD)/lily-bench
+PROGS    := $(BUILD)/lily $(BUILD)/lily-server $(BUILD)/lily-bench $(CUDA_PROGS)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
@@ -47,6 +48,8 @@ $(BUILD)/lily: $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/cli/*.c)) $(LIB)
 $(BUILD)/lily-server: $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/server/*.c)) $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/lily-bench: $(patsubst %.c,$(BUILD)/%.o,$(wildcard src/bench/*.c)) $(LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/cuda-kernel-test: $(BUILD)/tests/cuda/kernel_test.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)

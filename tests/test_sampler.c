@@ -264,6 +264,9 @@ static int ref_cmp(const void *a, const void *b) {
 }
 
 /* Brute force: full sort, top-k, top-p, min-p, then the same draw rule. */
+/* The sampler's weight function (single-precision exp), so draws compare exactly. */
+#define RW(d) ((double)expf((float)(d)))
+
 static int ref_sample(const float *lg, int v, const lily_sampling *p, double u) {
     c_t *c = malloc(sizeof *c * (size_t)v);
     double inv = 1.0 / p->temperature, zmax = -INFINITY;
@@ -272,34 +275,34 @@ static int ref_sample(const float *lg, int v, const lily_sampling *p, double u) 
     double minthr = p->min_p > 0 ? zmax + log(p->min_p) : -INFINITY;
     if (!top_k && !top_p) { /* id order */
         double tot = 0, acc = 0;
-        for (int i = 0; i < v; i++) if (c[i].z >= minthr) tot += exp(c[i].z - zmax);
+        for (int i = 0; i < v; i++) if (c[i].z >= minthr) tot += RW(c[i].z - zmax);
         int last = 0;
         for (int i = 0; i < v; i++) {
             if (!(c[i].z >= minthr)) continue;
             last = i;
-            acc += exp(c[i].z - zmax);
+            acc += RW(c[i].z - zmax);
             if (u * tot < acc) { free(c); return i; }
         }
         free(c);
         return last;
     }
     double total = 0;
-    if (top_p && !top_k) for (int i = 0; i < v; i++) total += exp(c[i].z - zmax);
+    if (top_p && !top_k) for (int i = 0; i < v; i++) total += RW(c[i].z - zmax);
     qsort(c, (size_t)v, sizeof *c, ref_cmp);
     int n = v;
     if (top_k) n = top_k;
     if (top_p) {
-        if (top_k) { total = 0; for (int i = 0; i < n; i++) total += exp(c[i].z - zmax); }
+        if (top_k) { total = 0; for (int i = 0; i < n; i++) total += RW(c[i].z - zmax); }
         double acc = 0;
-        for (int i = 0; i < n; i++) { acc += exp(c[i].z - zmax); if (acc >= p->top_p * total) { n = i + 1; break; } }
+        for (int i = 0; i < n; i++) { acc += RW(c[i].z - zmax); if (acc >= p->top_p * total) { n = i + 1; break; } }
     }
     int keep = 1;
     while (keep < n && c[keep].z >= minthr) keep++;
     n = keep;
     double tot = 0, acc = 0;
-    for (int i = 0; i < n; i++) tot += exp(c[i].z - zmax);
+    for (int i = 0; i < n; i++) tot += RW(c[i].z - zmax);
     int id = c[n - 1].id;
-    for (int i = 0; i < n; i++) { acc += exp(c[i].z - zmax); if (u * tot < acc) { id = c[i].id; break; } }
+    for (int i = 0; i < n; i++) { acc += RW(c[i].z - zmax); if (u * tot < acc) { id = c[i].id; break; } }
     free(c);
     return id;
 }

@@ -37,9 +37,11 @@ int cli_run(int argc, char **argv) {
     if (lily_model_open(model, &o, &m, &st)) { fprintf(stderr, "lily run: %s\n", st.msg); tok_free(tok); return 1; }
     const char *text = prompt ? prompt : "Hello";
     char *rendered = NULL;
+    chat_span *plain = NULL;
+    int n_plain = 0;
     if (!cli_flag(argc, argv, "--raw")) { /* wrap in the chat template as a user turn */
         json_t *req = json_pack("{s:[{s:s,s:s}]}", "messages", "role", "user", "content", text);
-        if (chat_render(req, CHAT_TEMPLATE_QWEN36, &rendered, &st)) {
+        if (chat_render_ex(req, CHAT_TEMPLATE_QWEN36, &rendered, &plain, &n_plain, &st)) {
             fprintf(stderr, "lily run: %s\n", st.msg);
             json_decref(req); lily_model_free(m); tok_free(tok); return 1;
         }
@@ -50,7 +52,20 @@ int cli_run(int argc, char **argv) {
     int rc = 1;
     lily_session *s = NULL;
     run_ctx r = { 0 };
-    if (tok_encode(tok, text, strlen(text), rendered != NULL, &ids, &n, &st) || !n ||
+    /* template text may hold special tokens, the user's text never */
+    tok_part *parts = malloc((size_t)(2 * n_plain + 2) * sizeof *parts);
+    int np = 0;
+    size_t at = 0, tlen = strlen(text);
+    for (int i = 0; i < n_plain; i++) {
+        if (plain[i].off > at) parts[np++] = (tok_part){ text + at, plain[i].off - at, 1 };
+        parts[np++] = (tok_part){ text + plain[i].off, plain[i].len, 0 };
+        at = plain[i].off + plain[i].len;
+    }
+    if (at < tlen) parts[np++] = (tok_part){ text + at, tlen - at, rendered != NULL };
+    lily_code erc = tok_encode_parts(tok, parts, np, &ids, &n, &st);
+    free(parts);
+    free(plain);
+    if (erc || !n ||
         lily_session_new(m, &s, &st) || tok_stream_new(tok, 1, &r.ts, &st)) {
         fprintf(stderr, "lily run: %s\n", n ? st.msg : "empty prompt");
         goto out;

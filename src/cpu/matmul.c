@@ -3,6 +3,9 @@
  * tasks of all the jobs in one lily_pool_run. Task sizes depend on the shape only. */
 #include "cpu/fast.h"
 #include <stdlib.h>
+#ifdef MM_HAVE_AVX2
+#include <cpuid.h>
+#endif
 
 cpu_mm_kind cpu_mm_path = CPU_MM_AUTO;
 
@@ -11,8 +14,11 @@ int cpu_mm_avx2_available(void) {
     static int cached = -1;
     int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (v < 0) {
+        /* F16C through cpuid: clang 14's __builtin_cpu_supports does not know "f16c" */
+        unsigned a, b, c, d;
+        int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
         __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
         __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }
     return v;

@@ -29,8 +29,16 @@ typedef struct lcuda_session lcuda_session;
 /* 1 when a usable GPU is present; otherwise 0 and a reason in why. */
 int lcuda_available(char *why, size_t n);
 
+/* progress (may be NULL) gets bytes uploaded so far and the total. */
 lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
+                          void (*progress)(void *, uint64_t, uint64_t), void *progress_user,
                           lcuda_model **out, lily_status *st);
+/* A model of shape `cfg` with random MLX-style 4-bit weights (8-bit router) made directly in
+ * GPU memory, for lily-bench: no checkpoint file needed. */
+lily_code lcuda_model_random(const lily_config *cfg, int max_ctx, uint64_t seed, lcuda_model **out,
+                             lily_status *st);
+/* Bytes of weights held on the device. */
+uint64_t lcuda_model_bytes(const lcuda_model *m);
 void lcuda_model_free(lcuda_model *m);
 
 lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st);
@@ -43,7 +51,22 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
 lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st);
 lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st);
 
+/* Position the device state covers (after lcuda_generate: pos + tokens it fed). */
+int lcuda_session_pos(const lcuda_session *s);
+/* Logits [V] of the last token lcuda_generate fed. */
+lily_code lcuda_last_logits(lcuda_session *s, float *out, lily_status *st);
+
+/* Greedy only (temperature 0, no penalties, no logprobs); anything else gives
+ * LILY_EUNSUPPORTED and the engine samples on the host. */
 lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p,
                          uint64_t seed, int max_tokens, lily_token_cb cb, void *user,
                          int *n_out, lily_status *st);
+
+/* For lily-bench: device time in milliseconds (CUDA events) of a T-token forward at pos
+ * (ids random when NULL), and of n greedy decode steps from pos (no host sync per step). */
+lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int pos, double *ms, lily_status *st);
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st);
+/* Runs one T-token forward at pos (T <= the backend's chunk) with an event after every stage
+ * and writes a markdown table of the time per stage, largest first. */
+lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st);
 #endif

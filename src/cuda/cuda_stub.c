@@ -8,8 +8,25 @@ int lcuda_available(char *why, size_t n) {
     snprintf(why, n, NO_GPU);
     return 0;
 }
-lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions, lcuda_model **out, lily_status *st) {
-    (void)w; (void)max_ctx; (void)max_sessions; *out = NULL;
+lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
+                          void (*progress)(void *, uint64_t, uint64_t), void *progress_user,
+                          lcuda_model **out, lily_status *st) {
+    (void)w; (void)max_ctx; (void)max_sessions; (void)progress; (void)progress_user; *out = NULL;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+lily_code lcuda_model_random(const lily_config *cfg, int max_ctx, uint64_t seed, lcuda_model **out, lily_status *st) {
+    (void)cfg; (void)max_ctx; (void)seed; *out = NULL;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+uint64_t lcuda_model_bytes(const lcuda_model *m) { (void)m; return 0; }
+int lcuda_session_pos(const lcuda_session *s) { (void)s; return 0; }
+lily_code lcuda_last_logits(lcuda_session *s, float *out, lily_status *st) { (void)s; (void)out; return lily_err(st, LILY_EDEVICE, NO_GPU); }
+lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int pos, double *ms, lily_status *st) {
+    (void)s; (void)ids; (void)T; (void)pos; (void)ms;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st) {
+    (void)s; (void)pos; (void)n; (void)ms;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
 void lcuda_model_free(lcuda_model *m) { (void)m; }
@@ -29,5 +46,9 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
                          lily_token_cb cb, void *user, int *n_out, lily_status *st) {
     (void)s; (void)pos; (void)first; (void)p; (void)seed; (void)max_tokens; (void)cb; (void)user;
     if (n_out) *n_out = 0;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st) {
+    (void)s; (void)T; (void)pos; (void)out; (void)n;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }

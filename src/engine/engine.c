@@ -20,16 +20,22 @@ lily_code lily_model_open(const char *dir, const lily_model_opts *opts, lily_mod
     if (rc) { free(m); return rc; }
     m->max_ctx = opts->max_ctx > 0 ? opts->max_ctx : 4096;
     m->w.cfg.rope_bf16_freq = opts->rope_bf16_freq;
-    if (opts->backend == LILY_BACKEND_CUDA) {
-        char why[256];
-        if (!lcuda_available(why, sizeof why)) {
+    char why[256];
+    int want_cuda = opts->backend == LILY_BACKEND_CUDA;
+#ifdef LILY_CUDA
+    if (opts->backend == LILY_BACKEND_AUTO && lcuda_available(why, sizeof why)) want_cuda = 2;
+#endif
+    if (want_cuda) {
+        if (want_cuda == 1 && !lcuda_available(why, sizeof why)) {
             lw_free(&m->w);
             free(m);
             return lily_err(st, LILY_EDEVICE, "CUDA backend unavailable: %s", why);
         }
-        lw_free(&m->w);
-        free(m);
-        return lily_err(st, LILY_EUNSUPPORTED, "CUDA backend not yet wired into the engine");
+        lcuda_model *cm = NULL;
+        rc = lcuda_model_new(&m->w, m->max_ctx, opts->max_sessions > 0 ? opts->max_sessions : 1, opts->progress,
+                             opts->progress_user, &cm, st);
+        if (rc && !(want_cuda == 2 && rc == LILY_EUNSUPPORTED)) { lw_free(&m->w); free(m); return rc; }
+        if (!rc) { m->use_cuda = 1; m->cuda = cm; }
     }
     m->pool = lily_pool_new(opts->n_threads);
     if (!m->pool) { lw_free(&m->w); free(m); return lily_err(st, LILY_ENOMEM, "cannot start threads"); }
@@ -39,6 +45,7 @@ lily_code lily_model_open(const char *dir, const lily_model_opts *opts, lily_mod
 
 void lily_model_free(lily_model *m) {
     if (!m) return;
+    if (m->use_cuda) lcuda_model_free(m->cuda);
     lily_pool_free(m->pool);
     lw_free(&m->w);
     free(m);
@@ -77,7 +84,8 @@ lily_code lily_session_new(lily_model *m, lily_session **out, lily_status *st) {
     lily_session *s = calloc(1, sizeof *s);
     if (!s) return lily_err(st, LILY_ENOMEM, "out of memory");
     s->m = m;
-    lily_code rc = cpu_cache_new(&m->w.cfg, m->max_ctx, &s->cache, st);
+    lily_code rc = m->use_cuda ? lcuda_session_new(m->cuda, (lcuda_session **)&s->cuda, st)
+                               : cpu_cache_new(&m->w.cfg, m->max_ctx, &s->cache, st);
     if (rc) { free(s); return rc; }
     s->tokens = malloc((size_t)m->max_ctx * sizeof *s->tokens);
     s->logits = malloc((size_t)m->w.cfg.vocab * sizeof *s->logits);
@@ -89,7 +97,8 @@ lily_code lily_session_new(lily_model *m, lily_session **out, lily_status *st) {
 
 void lily_session_free(lily_session *s) {
     if (!s) return;
-    cpu_cache_free(&s->cache);
+    if (s->cuda) lcuda_session_free(s->cuda);
+    else cpu_cache_free(&s->cache);
     for (int i = 0; i < LILY_SNAPSHOTS; i++) { free(s->snap[i].conv); free(s->snap[i].S); free(s->snap[i].tokens); }
     free(s->tokens);
     free(s->logits);
@@ -99,7 +108,8 @@ void lily_session_free(lily_session *s) {
 void lily_session_reset(lily_session *s) {
     s->n = 0;
     s->has_logits = 0;
-    cpu_cache_reset(&s->cache, &s->m->w.cfg);
+    if (s->cuda) lcuda_session_reset(s->cuda);
+    else cpu_cache_reset(&s->cache, &s->m->w.cfg);
 }
 
 int lily_session_len(const lily_session *s) { return s->n; }
@@ -114,6 +124,15 @@ lily_code engine_forward(lily_session *s, const int32_t *ids, int n, float *all_
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab)
             return lily_err(st, LILY_EINVAL, "token id %d outside the vocabulary [0, %d)", ids[i], c->vocab);
+    if (s->cuda) { /* the backend chunks prefill itself */
+        lily_code rc = lcuda_forward(s->cuda, ids, n, s->n, all_logits ? all_logits : s->logits, all_logits != NULL, st);
+        if (rc) return rc;
+        memcpy(s->tokens + s->n, ids, (size_t)n * sizeof *ids);
+        s->n += n;
+        if (all_logits) memcpy(s->logits, all_logits + (size_t)(n - 1) * c->vocab, (size_t)c->vocab * sizeof(float));
+        s->has_logits = 1;
+        return LILY_OK;
+    }
     /* Prefill in chunks bounds the activation memory; the chunked DeltaNet rule and the
      * attention cache make chunk boundaries invisible in the result. */
     const int CH = 512;
@@ -145,19 +164,24 @@ static void snapshot_take(lily_session *s) {
         if (sp->pos == s->n && !memcmp(sp->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens)) { sp->stamp = ++s->clock; return; }
         if (!best || sp->stamp < best->stamp) best = sp;
     }
-    if (!best->conv) {
-        best->conv = malloc(conv_floats(c, &s->cache) * sizeof(float) + 1);
-        best->S = malloc(S_floats(c, &s->cache) * sizeof(float) + 1);
-        best->tokens = malloc((size_t)s->m->max_ctx * sizeof *best->tokens);
-        if (!best->conv || !best->S || !best->tokens) {
-            free(best->conv); free(best->S); free(best->tokens);
-            best->conv = best->S = NULL; best->tokens = NULL;
-            return;
+    if (!best->tokens && !(best->tokens = malloc((size_t)s->m->max_ctx * sizeof *best->tokens))) return;
+    best->pos = 0; /* unusable until filled */
+    if (s->cuda) { /* the state is copied into a device-side slot */
+        if (lcuda_snapshot_save(s->cuda, (int)(best - s->snap), NULL)) return;
+    } else {
+        if (!best->conv) {
+            best->conv = malloc(conv_floats(c, &s->cache) * sizeof(float) + 1);
+            best->S = malloc(S_floats(c, &s->cache) * sizeof(float) + 1);
+            if (!best->conv || !best->S) {
+                free(best->conv); free(best->S);
+                best->conv = best->S = NULL;
+                return;
+            }
         }
+        memcpy(best->conv, s->cache.conv, conv_floats(c, &s->cache) * sizeof(float));
+        memcpy(best->S, s->cache.S, S_floats(c, &s->cache) * sizeof(float));
     }
     memcpy(best->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens);
-    memcpy(best->conv, s->cache.conv, conv_floats(c, &s->cache) * sizeof(float));
-    memcpy(best->S, s->cache.S, S_floats(c, &s->cache) * sizeof(float));
     best->pos = s->n;
     best->stamp = ++s->clock;
 }
@@ -193,7 +217,11 @@ lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, co
                 !memcmp(sp->tokens, ids, (size_t)sp->pos * sizeof *ids))
                 best = sp;
         }
-        if (best) {
+        if (best && s->cuda && lcuda_snapshot_load(s->cuda, (int)(best - s->snap), NULL)) best = NULL;
+        if (best && s->cuda) {
+            best->stamp = ++s->clock;
+            s->n = best->pos;
+        } else if (best) {
             memcpy(s->cache.conv, best->conv, conv_floats(c, &s->cache) * sizeof(float));
             memcpy(s->cache.S, best->S, S_floats(c, &s->cache) * sizeof(float));
             best->stamp = ++s->clock;

@@ -3,7 +3,59 @@
  * generated tokens for the penalties. */
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "cuda/cuda_backend.h"
 #include <stdlib.h>
+
+/* ---- the GPU decode loop (greedy): tokens chosen and fed on the device ---- */
+typedef struct {
+    lily_token_cb cb;
+    void *user;
+    int32_t *ids;
+    int n, stopped;
+    const lily_model *m;
+} gpu_gen;
+
+static int gpu_gen_cb(void *user, const lily_token *tok) {
+    gpu_gen *g = user;
+    g->ids[g->n++] = tok->id;
+    int stop = g->cb ? g->cb(g->user, tok) : 0;
+    if (stop || lily_model_is_eos(g->m, tok->id)) g->stopped = 1;
+    return stop;
+}
+
+static int gpu_greedy(const lily_sampling *p) {
+    return p->temperature <= 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           (p->repetition_penalty == 1 || p->repetition_penalty == 0) && p->n_logprobs == 0;
+}
+
+static lily_code gpu_generate(lily_session *s, const lily_sampling *p, int max_tokens, lily_token_cb cb, void *user,
+                              int *n_out, lily_status *st) {
+    lily_token tok;
+    lily_code rc = lily_sample_logits(s->logits, s->m->w.cfg.vocab, p, NULL, NULL, &tok, st);
+    if (rc) return rc;
+    *n_out = 1;
+    int stop = cb ? cb(user, &tok) : 0;
+    if (stop || lily_model_is_eos(s->m, tok.id) || max_tokens == 1) return LILY_OK;
+    int room = s->m->max_ctx - s->n, want = max_tokens - 1;
+    if (room < 1) return lily_err(st, LILY_ERANGE, "context length exceeded: %d + 1 tokens > %d", s->n, s->m->max_ctx);
+    int steps = want < room ? want : room;
+    gpu_gen g = { cb, user, malloc((size_t)steps * sizeof(int32_t)), 0, 0, s->m };
+    if (!g.ids) return lily_err(st, LILY_ENOMEM, "out of memory");
+    int made = 0, start = s->n;
+    rc = lcuda_generate(s->cuda, start, tok.id, p, p->seed, steps, gpu_gen_cb, &g, &made, st);
+    /* the device fed `first` and then every token but possibly the last one it made */
+    int fed = lcuda_session_pos(s->cuda) - start;
+    if (!rc && fed > 0) {
+        s->tokens[s->n++] = tok.id;
+        for (int i = 0; i + 1 < fed; i++) s->tokens[s->n++] = g.ids[i];
+        rc = lcuda_last_logits(s->cuda, s->logits, st);
+    }
+    free(g.ids);
+    *n_out += made;
+    if (!rc && made == steps && steps < want && !g.stopped)
+        rc = lily_err(st, LILY_ERANGE, "context length exceeded: %d tokens", s->m->max_ctx);
+    return rc;
+}
 
 lily_code lily_session_sample(lily_session *s, const lily_sampling *p, lily_token *out, lily_status *st) {
     if (!s->has_logits) return lily_err(st, LILY_EINVAL, "nothing to sample from: feed a prompt first");
@@ -22,6 +74,12 @@ lily_code lily_session_generate(lily_session *s, const lily_sampling *p, int max
     if (!counts) return lily_err(st, LILY_ENOMEM, "out of memory");
     lily_rng_seed(&s->rng, p->seed);
     int n = 0;
+    if (s->cuda && max_tokens > 0 && gpu_greedy(p)) {
+        free(counts);
+        rc = gpu_generate(s, p, max_tokens, cb, user, &n, st);
+        if (n_out) *n_out = n;
+        return rc;
+    }
     while (n < max_tokens) {
         lily_token tok;
         if ((rc = lily_sample_logits(s->logits, V, p, &s->rng, counts, &tok, st))) break;

@@ -4,6 +4,7 @@
  * between them, so a client that hangs up cancels its job within ~50 ms even when
  * nothing is being written to it. */
 #include <arpa/inet.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -70,9 +71,12 @@ int srv_peer_closed(int fd) {
     return 0;
 }
 
-/* Waits on the job until `ready` holds or the client leaves. Called with j->mu held. */
-int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg) {
+/* Waits on the job until `ready` holds (0), the client leaves (-1) or, when max_s > 0,
+ * max_s seconds pass (1). Called with j->mu held. */
+int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg, double max_s) {
+    double t0 = lily_now();
     while (!ready(j, arg)) {
+        if (max_s > 0 && lily_now() - t0 >= max_s) return 1;
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50 * 1000000L;
@@ -118,13 +122,28 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
     if (r->kind == SRV_CHAT) {
         json_t *body = r->tool_choice_none ? without_tools(r->body) : json_incref(r->body);
         char *text = NULL;
-        lily_code rc = chat_render(body, h->o.template_kind, &text, &st);
+        chat_span *plain = NULL;
+        int n_plain = 0;
+        lily_code rc = chat_render_ex(body, h->o.template_kind, &text, &plain, &n_plain, &st);
         json_decref(body);
         if (rc) {
             srv_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", st.msg);
             return -1;
         }
-        rc = tok_encode(h->tok, text, strlen(text), 1, &ids, &n, &st);
+        /* The template's own text may hold special tokens; what the request supplied
+         * (message contents, tool arguments...) never does: no injected <|im_start|>. */
+        tok_part *parts = malloc(sizeof *parts * (size_t)(2 * n_plain + 1));
+        int np = 0;
+        size_t at = 0, len = strlen(text);
+        for (int i = 0; parts && i < n_plain; i++) {
+            if (plain[i].off > at) parts[np++] = (tok_part){ text + at, plain[i].off - at, 1 };
+            parts[np++] = (tok_part){ text + plain[i].off, plain[i].len, 0 };
+            at = plain[i].off + plain[i].len;
+        }
+        if (parts && at < len) parts[np++] = (tok_part){ text + at, len - at, 1 };
+        rc = parts ? tok_encode_parts(h->tok, parts, np, &ids, &n, &st) : lily_err(&st, LILY_ENOMEM, "out of memory");
+        free(parts);
+        free(plain);
         free(text);
         if (rc) { srv_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", st.msg); return -1; }
     } else if (r->prompt) {
@@ -133,12 +152,6 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
             return -1;
         }
     } else {
-        for (int i = 0; i < r->n_prompt_ids; i++)
-            if (r->prompt_ids[i] >= h->info.vocab_size) {
-                srv_error_set(e, 400, "invalid_request_error", "prompt", NULL,
-                              "prompt token %d is outside the vocabulary (size %d)", r->prompt_ids[i], h->info.vocab_size);
-                return -1;
-            }
         ids = malloc(sizeof *ids * (size_t)r->n_prompt_ids);
         if (ids) memcpy(ids, r->prompt_ids, sizeof *ids * (size_t)r->n_prompt_ids);
         n = r->n_prompt_ids;
@@ -148,6 +161,15 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
         srv_error_set(e, 400, "invalid_request_error", r->kind == SRV_CHAT ? "messages" : "prompt", NULL, "the prompt is empty");
         return -1;
     }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= h->info.vocab_size) { /* a tokenizer larger than the model */
+            int32_t bad = ids[i];
+            free(ids);
+            srv_error_set(e, 400, "invalid_request_error", r->kind == SRV_CHAT ? "messages" : "prompt", NULL,
+                          "the prompt has token %d, outside the model's vocabulary of %d (tokenizer and model do "
+                          "not match)", bad, h->info.vocab_size);
+            return -1;
+        }
     if (n >= h->o.ctx_len) {
         free(ids);
         srv_error_set(e, 400, "invalid_request_error", r->kind == SRV_CHAT ? "messages" : "prompt",
@@ -161,6 +183,9 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
     if (!j) { free(ids); srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory"); return -1; }
     j->prompt = ids;
     j->n_prompt = n;
+    int32_t im_start = tok_id(h->tok, "<|im_start|>");
+    for (int i = n - 1; i > 0 && im_start >= 0; i--)
+        if (ids[i] == im_start) { j->boundary = i; break; }
     int room = h->o.ctx_len - n;
     j->max_tokens = r->max_tokens > 0 && r->max_tokens < room ? r->max_tokens : room;
     lily_sampling *p = &j->samp;
@@ -176,6 +201,7 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
     p->seed = r->has_seed ? r->seed : random_seed();
     p->n_logprobs = r->logprobs ? r->top_logprobs : 0;
     j->want_logprobs = r->logprobs;
+    j->ignore_eos = r->ignore_eos;
     for (int i = 0; i < r->n_stop; i++)
         if ((j->stops[j->n_stop] = strdup(r->stop[i]))) j->n_stop++;
     *out = j;
@@ -186,14 +212,26 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
 
 static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, conn_ctx *x, const srv_request *r,
                                        srv_job *j) {
+    /* no idle timeout while generating (nothing is sent until the end); setting it
+     * again afterwards restarts MHD's timer */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     pthread_mutex_lock(&j->mu);
-    int gone = srv_wait_job(j, x->fd, job_done, NULL);
+    int gone = srv_wait_job(j, x->fd, job_done, NULL, 0);
     pthread_mutex_unlock(&j->mu);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)SRV_IDLE_TIMEOUT);
     if (gone) {
         srv_sched_cancel(h->sched, j);
+        pthread_mutex_lock(&j->mu);
+        srv_metrics_tokens(h->m, j->n_prompt, j->n_reused, j->n_gen);
+        pthread_mutex_unlock(&j->mu);
         return MHD_NO; /* closes the connection */
     }
     srv_metrics_tokens(h->m, j->n_prompt, j->n_reused, j->n_gen);
+    if (j->finish == SRV_FINISH_SHUTDOWN) {
+        srv_error e;
+        srv_error_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down. Retry elsewhere.");
+        return send_error(h, c, x->route, &e);
+    }
     if (j->finish == SRV_FINISH_ERROR) {
         srv_error e;
         srv_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", j->error);
@@ -286,6 +324,18 @@ static enum MHD_Result handle_get(srv_http *h, struct MHD_Connection *c, int rou
     int q, a;
     srv_sched_counts(h->sched, &q, &a);
     return send_body(h, c, route, 200, "text/plain; version=0.0.4", srv_metrics_render(h->m, q, a, h->o.slots));
+}
+
+/* MHD's own messages, minus the one it prints for every client that hangs up mid-answer
+ * (that is normal here and counted in the metrics). */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (strstr(msg, "Application reported internal error")) return;
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n') msg[--n] = 0;
+    fprintf(stderr, "lily-server: http: %s\n", msg);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -412,13 +462,19 @@ lily_code srv_http_start(srv_http *h, srv_sched *sched, const tok_tokenizer *tok
     h->m = m;
     srv_sched_info(sched, &h->info);
     h->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                                MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, on_request, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
+                                MHD_USE_ERROR_LOG | MHD_USE_ITC,
+                            0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_LISTEN_SOCKET, h->fd, MHD_OPTION_CONNECTION_LIMIT,
                             (unsigned)(h->o.threads > 0 ? h->o.threads : 512), MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)300, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            (unsigned)SRV_IDLE_TIMEOUT, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(1 << 20), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024), MHD_OPTION_END);
     if (!h->d) return lily_err(st, LILY_EIO, "cannot start the HTTP daemon on %s:%d", h->o.host, h->o.port);
     return LILY_OK;
+}
+
+void srv_http_quiesce(srv_http *h) {
+    if (!h || !h->d) return;
+    MHD_socket fd = MHD_quiesce_daemon(h->d);
+    if (fd != MHD_INVALID_SOCKET) close(fd);
 }
 
 void srv_http_stop(srv_http *h) {

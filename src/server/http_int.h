@@ -18,8 +18,14 @@ struct srv_http {
 
 /* 1 when the peer has closed or reset the connection (non-blocking peek). */
 int srv_peer_closed(int fd);
-/* Waits (j->mu held) until ready(j, arg) or the client leaves (-1). */
-int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg);
+/* Seconds an idle connection is kept; streams send a comment line when they would be
+ * silent for SRV_SSE_PING seconds (a queued request waiting for a slot), which keeps
+ * proxies and MHD's timer from closing them. */
+#define SRV_IDLE_TIMEOUT 300
+#define SRV_SSE_PING 10.0
+/* Waits (j->mu held) until ready(j, arg) (0), the client leaves (-1), or max_s > 0
+ * seconds pass (1). */
+int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg, double max_s);
 /* Queues a 200 text/event-stream response that relays job j (takes its own reference). */
 enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
                                  const srv_request *r, srv_job *j);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include "server/server.h"
 #include "util/util.h"
 
@@ -23,7 +24,7 @@ static const char usage[] =
     "  --served-model-name S   model id reported by /v1/models (default: folder name)\n"
     "  --template NAME         chat template qwen3.6|qwen3.5|qwen3 (default: detected)\n"
     "  --max-body BYTES        largest request body (default 8388608)\n"
-    "  --max-connections N     simultaneous HTTP connections (default 512)\n"
+    "  --max-connections N     simultaneous HTTP connections (default 1024)\n"
     "  --prefill-chunk N       prompt tokens per scheduling step (default 512; 0 = whole prompt)\n";
 
 static const char *opt(int argc, char **argv, const char *name) {
@@ -88,7 +89,7 @@ int main(int argc, char **argv) {
         int_opt(argc, argv, "--slots", 4, 1, 256, &slots) || int_opt(argc, argv, "--max-queue", 64, 0, 100000, &max_queue) ||
         int_opt(argc, argv, "--threads", 0, 0, 1024, &threads) ||
         int_opt(argc, argv, "--max-body", 8 << 20, 1024, 1 << 30, &max_body) ||
-        int_opt(argc, argv, "--max-connections", 512, 1, 100000, &max_conn) ||
+        int_opt(argc, argv, "--max-connections", 1024, 1, 100000, &max_conn) ||
         int_opt(argc, argv, "--prefill-chunk", 512, 0, 1 << 22, &chunk))
         return 2;
     ho.host = opt(argc, argv, "--host") ? opt(argc, argv, "--host") : "127.0.0.1";
@@ -237,6 +238,12 @@ int main(int argc, char **argv) {
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "lily-server: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    /* Every request in flight gets an answer: stop accepting, end the jobs (503 for the
+     * unfinished), give the handlers a moment to send that, then close what is left. */
+    srv_http_quiesce(http);
+    srv_sched_shutdown(sched);
+    struct timespec grace = { 0, 300 * 1000000L };
+    nanosleep(&grace, NULL);
     srv_http_stop(http);
     srv_sched_stop(sched);
     srv_metrics_free(metrics);

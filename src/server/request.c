@@ -244,6 +244,7 @@ static int parse_fields(json_t *o, srv_request *r, srv_error *err) {
         r->seed = (uint64_t)json_integer_value(seed);
         r->has_seed = 1;
     }
+    if (get_bool(o, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
     if ((rc = get_int(o, "n", 1, 1e9, &d, err)) < 0) return -1;
     if (rc && d != 1) return BAD("n", "only n = 1 is supported (got %.0f)", d);
     if (parse_stop(o, r, err)) return -1;

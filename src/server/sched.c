@@ -142,8 +142,13 @@ static void step(srv_sched *s, slot *sl) {
     if (j->state == 1) {
         int upto = s->o.prefill_chunk > 0 && j->n_prompt - j->n_fed > s->o.prefill_chunk ? j->n_fed + s->o.prefill_chunk
                                                                                            : j->n_prompt;
+        /* A snapshot where the last turn begins lets the next turn of this conversation
+         * resume there (its prompt re-renders that turn differently); the end of the
+         * prompt gets one for regenerations; intermediate chunk ends get none. */
+        int marks[1], n_marks = 0, snap_end = upto == j->n_prompt || upto == j->boundary;
+        if (j->boundary > j->n_fed && j->boundary < upto) marks[n_marks++] = j->boundary;
         int reused = 0;
-        lily_code rc = lily_session_prefill(sl->sess, j->prompt, upto, &reused, &st);
+        lily_code rc = lily_session_prefill_ex(sl->sess, j->prompt, upto, marks, n_marks, snap_end, &reused, &st);
         if (rc) {
             lily_session_reset(sl->sess);
             release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
@@ -174,7 +179,7 @@ static void step(srv_sched *s, slot *sl) {
     else srv_metrics_itl(s->o.metrics, now - j->t_last);
     j->t_last = now;
 
-    if (is_stop_token(s, tok.id)) {
+    if (!j->ignore_eos && is_stop_token(s, tok.id)) {
         finish_text(j, SRV_FINISH_STOP, NULL);
         release_slot(s, sl, SRV_FINISH_STOP, NULL);
         return;
@@ -274,12 +279,12 @@ static void *sched_main(void *arg) {
     }
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < s->o.n_slots; i++)
-        if (s->slots[i].job) release_slot(s, &s->slots[i], SRV_FINISH_ERROR, "the server is shutting down");
+        if (s->slots[i].job) release_slot(s, &s->slots[i], SRV_FINISH_SHUTDOWN, "the server is shutting down");
     pthread_mutex_lock(&s->mu);
     while (s->q_head) {
         srv_job *j = s->q_head;
         s->q_head = j->next;
-        publish(j, NULL, 0, NULL, SRV_FINISH_ERROR, "the server is shutting down");
+        publish(j, NULL, 0, NULL, SRV_FINISH_SHUTDOWN, "the server is shutting down");
         srv_job_unref(j);
     }
     s->q_tail = NULL;
@@ -320,15 +325,19 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
     return LILY_OK;
 }
 
+void srv_sched_shutdown(srv_sched *s) {
+    if (!s || !s->started) return;
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->th, NULL);
+    s->started = 0;
+}
+
 void srv_sched_stop(srv_sched *s) {
     if (!s) return;
-    if (s->started) {
-        pthread_mutex_lock(&s->mu);
-        s->quit = 1;
-        pthread_cond_broadcast(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->th, NULL);
-    }
+    srv_sched_shutdown(s);
     for (int i = 0; s->slots && i < s->o.n_slots; i++) {
         lily_session_free(s->slots[i].sess);
         free(s->slots[i].counts);

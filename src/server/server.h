@@ -60,6 +60,7 @@ typedef struct {
     int has_temperature, has_top_p, has_min_p, has_top_k;
     int has_seed;
     uint64_t seed;
+    int ignore_eos;           /* vLLM extension: end-of-sequence tokens do not stop it */
     int logprobs;             /* logprobs wanted */
     int top_logprobs;         /* 0..20 */
     int n_stop;
@@ -100,16 +101,19 @@ int srv_stop_flush(srv_stop *f, char **out, size_t *out_len, size_t *out_cap);
 /* ---- jobs and the scheduler --------------------------------------------------------- */
 
 typedef enum {
-    SRV_FINISH_NONE = 0, SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_CANCELLED, SRV_FINISH_ERROR
+    SRV_FINISH_NONE = 0, SRV_FINISH_STOP, SRV_FINISH_LENGTH, SRV_FINISH_CANCELLED, SRV_FINISH_ERROR,
+    SRV_FINISH_SHUTDOWN       /* the server is stopping: answered with 503 */
 } srv_finish;
 
 typedef struct srv_job {
     /* set by the submitter, read-only afterwards */
     int32_t *prompt;
     int n_prompt;
+    int boundary;             /* a prefill step ends here (start of the last turn), 0 = none */
     int max_tokens;
     lily_sampling samp;
     int want_logprobs;
+    int ignore_eos;
     char *stops[SRV_MAX_STOP];
     int n_stop;
     double t_submit;
@@ -150,7 +154,10 @@ typedef struct {
 } srv_sched_opts;
 
 lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st);
-void srv_sched_stop(srv_sched *s);
+/* Stops the scheduler thread; every unfinished job ends with SRV_FINISH_SHUTDOWN. The
+ * object stays valid (cancel, counts, submit refusing) until srv_sched_stop. */
+void srv_sched_shutdown(srv_sched *s);
+void srv_sched_stop(srv_sched *s); /* shutdown (if not done) and free */
 /* New job owning nothing yet; the caller fills the submitter fields. refs = 1. */
 srv_job *srv_job_new(void);
 void srv_job_unref(srv_job *j);
@@ -232,6 +239,8 @@ typedef struct srv_http srv_http;
 lily_code srv_http_bind(const srv_http_opts *o, srv_http **out, int *bound_port, lily_status *st);
 lily_code srv_http_start(srv_http *h, srv_sched *sched, const tok_tokenizer *tok, srv_metrics *m,
                          lily_status *st);
+/* Stops accepting connections; requests in flight carry on. */
+void srv_http_quiesce(srv_http *h);
 void srv_http_stop(srv_http *h);
 
 #endif

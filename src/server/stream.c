@@ -60,9 +60,23 @@ static int produce(stream_ctx *x) {
         return emit(x, srv_chat_chunk(&x->s, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL));
     }
     pthread_mutex_lock(&j->mu);
-    if (srv_wait_job(j, x->fd, has_news, x)) {
+    int w = srv_wait_job(j, x->fd, has_news, x, SRV_SSE_PING);
+    if (w < 0) {
         pthread_mutex_unlock(&j->mu);
         return -1;
+    }
+    if (w > 0) { /* still waiting (queued or a long prefill): an SSE comment, ignored by clients */
+        pthread_mutex_unlock(&j->mu);
+        static const char ping[] = ": keep-alive\n\n";
+        if (x->out_len + sizeof ping > x->out_cap) {
+            char *b = realloc(x->out, x->out_len + sizeof ping);
+            if (!b) return -1;
+            x->out = b;
+            x->out_cap = x->out_len + sizeof ping;
+        }
+        memcpy(x->out + x->out_len, ping, sizeof ping - 1);
+        x->out_len += sizeof ping - 1;
+        return 0;
     }
     size_t n = j->text_len - x->text_off;
     char *text = malloc(n + 1);
@@ -105,9 +119,11 @@ static int produce(stream_ctx *x) {
     free(text);
     if (fin == SRV_FINISH_NONE) return rc;
     if (fin == SRV_FINISH_CANCELLED) return -1;
-    if (fin == SRV_FINISH_ERROR) {
+    if (fin == SRV_FINISH_ERROR || fin == SRV_FINISH_SHUTDOWN) {
         srv_error e;
-        srv_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", err);
+        if (fin == SRV_FINISH_SHUTDOWN)
+            srv_error_set(&e, 503, "server_error", NULL, "shutting_down", "The server is shutting down.");
+        else srv_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", err);
         rc |= emit(x, json_loads(srv_error_json(&e), 0, NULL));
     } else {
         const char *fr = srv_finish_name(fin, x->s.n_calls);

@@ -52,6 +52,16 @@ typedef enum {
  * *out is malloc'd, NUL-terminated; free() it. */
 lily_code chat_render(const json_t *request, chat_template_kind kind, char **out, lily_status *st);
 
+/* A byte range of the rendered prompt. */
+typedef struct { size_t off, len; } chat_span;
+/* chat_render that also reports, in increasing order, the spans of the prompt that came
+ * from the request (message content, reasoning, tool definitions, names and arguments)
+ * rather than from the template. Encode those with special-token parsing off
+ * (tok_encode_parts), so no message can inject <|im_start|> or </think>. *plain is
+ * malloc'd (free() it; NULL when *n_plain is 0). */
+lily_code chat_render_ex(const json_t *request, chat_template_kind kind, char **out,
+                         chat_span **plain, int *n_plain, lily_status *st);
+
 /* Picks the template from a checkpoint's chat_template.jinja or tokenizer_config.json
  * text (either works: detection uses substrings that survive JSON escaping).
  * Unknown or NULL text gives CHAT_TEMPLATE_QWEN36. */

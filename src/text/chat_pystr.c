@@ -16,6 +16,20 @@ void chat_buf_add(chat_buf *b, const char *s, size_t n) {
         b->cap = cap;
     }
     if (n) memcpy(b->p + b->n, s, n);
+    if (b->plain && n) {
+        chat_span *last = b->n_spans ? &b->spans[b->n_spans - 1] : NULL;
+        if (last && last->off + last->len == b->n) last->len += n;
+        else {
+            if (b->n_spans == b->cap_spans) {
+                int cap = b->cap_spans ? b->cap_spans * 2 : 16;
+                chat_span *g = realloc(b->spans, (size_t)cap * sizeof *g);
+                if (!g) { b->oom = 1; return; }
+                b->spans = g;
+                b->cap_spans = cap;
+            }
+            b->spans[b->n_spans++] = (chat_span){ b->n, n };
+        }
+    }
     b->n += n;
     b->p[b->n] = 0;
 }
@@ -35,8 +49,19 @@ char *chat_buf_take(chat_buf *b) {
 
 void chat_buf_free(chat_buf *b) {
     free(b->p);
+    free(b->spans);
     b->p = NULL;
+    b->spans = NULL;
     b->n = b->cap = 0;
+    b->n_spans = b->cap_spans = 0;
+}
+
+chat_span *chat_buf_take_spans(chat_buf *b, int *n) {
+    chat_span *s = b->spans;
+    *n = b->n_spans;
+    b->spans = NULL;
+    b->n_spans = b->cap_spans = 0;
+    return s;
 }
 
 /* Python's json string encoder with ensure_ascii=False: only '"', '\\' and C0

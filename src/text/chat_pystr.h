@@ -5,6 +5,7 @@
 #define LILY_TEXT_CHAT_PYSTR_H
 #include <jansson.h>
 #include <stddef.h>
+#include "text/chat.h"
 
 /* Appends never fail loudly: an allocation failure sets oom and later appends are
  * ignored, so callers check once at the end. p is always NUL-terminated when non-NULL. */
@@ -12,6 +13,11 @@ typedef struct {
     char *p;
     size_t n, cap;
     int oom;
+    /* While `plain` is set, appended bytes are recorded as request-supplied text, which the
+     * tokenizer must never read as special tokens (chat_render_ex). */
+    int plain;
+    chat_span *spans;
+    int n_spans, cap_spans;
 } chat_buf;
 
 void chat_buf_add(chat_buf *b, const char *s, size_t n);
@@ -20,6 +26,8 @@ void chat_buf_addc(chat_buf *b, char c);
 /* Hands over the NUL-terminated text (never NULL unless oom) and resets b. */
 char *chat_buf_take(chat_buf *b);
 void chat_buf_free(chat_buf *b);
+/* Hands over the recorded plain spans (may be NULL when none) and their count. */
+chat_span *chat_buf_take_spans(chat_buf *b, int *n);
 
 /* json.dumps(v, ensure_ascii=False) with the default ", " and ": " separators. */
 void chat_py_json(chat_buf *b, const json_t *v);

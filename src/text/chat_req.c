@@ -220,13 +220,28 @@ void chat_parse_opts_for(const json_t *request, chat_template_kind kind, chat_pa
     o->id_seed = 0;
 }
 
-lily_code chat_render(const json_t *request, chat_template_kind kind, char **out, lily_status *st) {
+lily_code chat_render_ex(const json_t *request, chat_template_kind kind, char **out,
+                         chat_span **plain, int *n_plain, lily_status *st) {
     chat_req r;
     *out = NULL;
+    if (plain) { *plain = NULL; *n_plain = 0; }
     lily_code rc = chat_req_load(request, &r, st);
     if (rc) return rc;
-    if (kind == CHAT_TEMPLATE_QWEN3) rc = chat_render_qwen3(&r, out, st);
-    else rc = chat_render_qwen35(&r, kind == CHAT_TEMPLATE_QWEN36, out, st);
+    chat_buf b = { 0 };
+    if (kind == CHAT_TEMPLATE_QWEN3) rc = chat_render_qwen3(&r, &b, st);
+    else rc = chat_render_qwen35(&r, kind == CHAT_TEMPLATE_QWEN36, &b, st);
     chat_req_free(&r);
+    if (!rc && b.oom) rc = lily_err(st, LILY_ENOMEM, "out of memory rendering the chat template");
+    if (!rc) {
+        int ns = 0;
+        chat_span *sp = chat_buf_take_spans(&b, &ns);
+        if (plain) { *plain = sp; *n_plain = ns; } else free(sp);
+        *out = chat_buf_take(&b);
+    }
+    chat_buf_free(&b);
     return rc;
+}
+
+lily_code chat_render(const json_t *request, chat_template_kind kind, char **out, lily_status *st) {
+    return chat_render_ex(request, kind, out, NULL, NULL, st);
 }

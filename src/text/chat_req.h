@@ -4,6 +4,7 @@
 #ifndef LILY_TEXT_CHAT_REQ_H
 #define LILY_TEXT_CHAT_REQ_H
 #include "text/chat.h"
+#include "text/chat_pystr.h"
 
 typedef enum { CHAT_ROLE_SYSTEM, CHAT_ROLE_USER, CHAT_ROLE_ASSISTANT, CHAT_ROLE_TOOL } chat_role;
 
@@ -34,7 +35,7 @@ typedef struct {
 lily_code chat_req_load(const json_t *request, chat_req *r, lily_status *st);
 void chat_req_free(chat_req *r);
 
-lily_code chat_render_qwen35(const chat_req *r, int v36, char **out, lily_status *st);
-lily_code chat_render_qwen3(const chat_req *r, char **out, lily_status *st);
+lily_code chat_render_qwen35(const chat_req *r, int v36, chat_buf *b, lily_status *st);
+lily_code chat_render_qwen3(const chat_req *r, chat_buf *b, lily_status *st);
 
 #endif

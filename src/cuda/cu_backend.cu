@@ -1,0 +1,616 @@
+/* The CUDA backend: weight upload, sessions with device caches, the forward pass as a
+ * sequence of kernel launches on the session's stream, snapshots. */
+#include "cuda/cu_model.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <math.h>
+
+int lcuda_available(char *why, size_t n) {
+    int cnt = 0;
+    cudaError_t e = cudaGetDeviceCount(&cnt);
+    if (e != cudaSuccess || cnt == 0) {
+        snprintf(why, n, "no CUDA GPU found (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        return 0;
+    }
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) { snprintf(why, n, "cannot read the GPU's properties"); return 0; }
+    cudaFuncAttributes fa;
+    e = cudaFuncGetAttributes(&fa, (const void *)cu_probe_kernel());
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(why, n, "GPU %s (compute capability %d.%d) cannot run this build's kernels (%s); rebuild with CUDA_ARCH matching it",
+                 p.name, p.major, p.minor, cudaGetErrorString(e));
+        return 0;
+    }
+    return 1;
+}
+
+lily_code cu_model_alloc(lcuda_model *m, void **p, size_t n, lily_status *st) {
+    if (m->n_alloc == m->cap_alloc) {
+        int nc = m->cap_alloc ? 2 * m->cap_alloc : 256;
+        void **na = (void **)realloc(m->allocs, (size_t)nc * sizeof *na);
+        if (!na) return lily_err(st, LILY_ENOMEM, "out of host memory");
+        m->allocs = na;
+        m->cap_alloc = nc;
+    }
+    cudaError_t e = cudaMalloc(p, n ? n : 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        return lily_err(st, LILY_ENOMEM, "GPU out of memory: %.2f GB more needed after %.2f GB of weights (%.2f GB free of %.2f GB)",
+                        n / 1e9, m->bytes / 1e9, fr / 1e9, tot / 1e9);
+    }
+    m->allocs[m->n_alloc++] = *p;
+    m->bytes += n;
+    return LILY_OK;
+}
+
+void lcuda_model_free(lcuda_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_alloc; i++) cudaFree(m->allocs[i]);
+    free(m->allocs);
+    free(m->L);
+    free(m);
+}
+
+uint64_t lcuda_model_bytes(const lcuda_model *m) { return m->bytes; }
+
+/* ---- upload ---- */
+typedef struct {
+    lcuda_model *m;
+    void (*progress)(void *, uint64_t, uint64_t);
+    void *pu;
+    uint64_t done, total;
+    lily_status *st;
+} up_ctx;
+
+static size_t sb_size(int t) { return t == LW_F32 ? 4 : 2; }
+static size_t mat_w_bytes(const lw_mat *w) {
+    if (w->type == LW_Q) return (size_t)w->rows * w->cols * w->bits / 8;
+    return (size_t)w->rows * w->cols * (w->type == LW_F32 ? 4 : 2);
+}
+static size_t mat_s_bytes(const lw_mat *w) {
+    return w->type == LW_Q ? (size_t)w->rows * (w->cols / w->group) * sb_size(w->sb_type) : 0;
+}
+
+static lily_code copy_up(up_ctx *u, void *dst, const void *src, size_t n) {
+    lily_status *st = u->st;
+    LCU_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    u->done += n;
+    if (u->progress) u->progress(u->pu, u->done, u->total);
+    return LILY_OK;
+}
+
+/* n matrices of one shape (experts, or n = 1) into one stack. */
+static lily_code up_mats(up_ctx *u, const lw_mat *src, int n, dmat *d) {
+    const lw_mat *w = &src[0];
+    memset(d, 0, sizeof *d);
+    d->type = w->type; d->rows = w->rows; d->cols = w->cols; d->bits = w->bits; d->group = w->group; d->sbt = w->sb_type;
+    if (w->type == LW_Q && ((w->group % 8) || (w->bits != 4 && w->bits != 8)))
+        return lily_err(u->st, LILY_EUNSUPPORTED, "CUDA backend: quantized matrix with %d bits, group %d (needs 4 or 8 bits, group a multiple of 8)", w->bits, w->group);
+    size_t wb = mat_w_bytes(w), sb = mat_s_bytes(w);
+    d->ew = (long long)wb;
+    d->es = (long long)sb;
+    void *pw, *ps = NULL, *pb = NULL;
+    lily_code rc = cu_model_alloc(u->m, &pw, wb * n, u->st);
+    if (!rc && sb) rc = cu_model_alloc(u->m, &ps, sb * n, u->st);
+    if (!rc && sb) rc = cu_model_alloc(u->m, &pb, sb * n, u->st);
+    if (rc) return rc;
+    for (int e = 0; e < n && !rc; e++) {
+        if (src[e].type != w->type || src[e].rows != w->rows || src[e].cols != w->cols || src[e].sb_type != w->sb_type || src[e].bits != w->bits)
+            return lily_err(u->st, LILY_EFORMAT, "CUDA backend: experts of one layer differ in type or shape");
+        rc = copy_up(u, (char *)pw + wb * e, src[e].w, wb);
+        if (!rc && sb) rc = copy_up(u, (char *)ps + sb * e, src[e].scales, sb);
+        if (!rc && sb) rc = copy_up(u, (char *)pb + sb * e, src[e].biases, sb);
+    }
+    d->w = pw; d->s = ps; d->b = pb;
+    return rc;
+}
+
+static lily_code up_vec(up_ctx *u, const float *v, size_t n, float **d) {
+    lily_code rc = cu_model_alloc(u->m, (void **)d, n * sizeof(float), u->st);
+    return rc ? rc : copy_up(u, *d, v, n * sizeof(float));
+}
+
+lily_code cu_upload_mats(lcuda_model *m, const lw_mat *src, int n, dmat *d, lily_status *st) {
+    up_ctx u = { m, NULL, NULL, 0, 0, st };
+    return up_mats(&u, src, n, d);
+}
+
+static uint64_t mats_bytes(const lw_mat *m, int n) {
+    uint64_t b = 0;
+    for (int i = 0; i < n; i++) b += mat_w_bytes(&m[i]) + 2 * mat_s_bytes(&m[i]);
+    return b;
+}
+
+static uint64_t session_bytes(const lily_config *c, int max_ctx, int chunk);
+
+lily_code cu_model_finish(lcuda_model *m, lily_status *st) {
+    const lily_config *c = &m->cfg;
+    m->chunk = m->max_ctx < 2048 ? m->max_ctx : 2048;
+    int half = c->rot_dim / 2;
+    float *inv = (float *)malloc((size_t)(half + 1) * sizeof(float));
+    if (!inv) return lily_err(st, LILY_ENOMEM, "out of memory");
+    for (int i = 0; i < half; i++) { /* exactly the CPU reference's table */
+        float f = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)c->rot_dim);
+        if (c->rope_bf16_freq) f = lily_bf16_to_f32(lily_f32_to_bf16(f));
+        inv[i] = f;
+    }
+    lily_code rc = cu_model_alloc(m, (void **)&m->inv_freq, (size_t)(half + 1) * sizeof(float), st);
+    if (!rc && half) {
+        cudaError_t e = cudaMemcpy(m->inv_freq, inv, (size_t)half * sizeof(float), cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) rc = cu_fail(st, e, "rope table", __FILE__, __LINE__);
+    }
+    free(inv);
+    return rc;
+}
+
+static lily_code check_shape(const lily_config *c, lily_status *st) {
+    if (c->lin_dv > 1024 || c->lin_dv < 1 || c->lin_nk < 1 || c->lin_nv % c->lin_nk)
+        return lily_err(st, LILY_EUNSUPPORTED, "CUDA backend: DeltaNet value dim %d / heads %d/%d unsupported", c->lin_dv, c->lin_nk, c->lin_nv);
+    if (c->head_dim % 32 || c->head_dim > 512 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads)
+        return lily_err(st, LILY_EUNSUPPORTED, "CUDA backend: attention head dim %d (needs a multiple of 32, at most 512) or heads %d/%d unsupported",
+                        c->head_dim, c->n_heads, c->n_kv_heads);
+    if (c->conv_k < 1 || c->conv_k > 8) return lily_err(st, LILY_EUNSUPPORTED, "CUDA backend: conv kernel %d > 8", c->conv_k);
+    if (c->n_experts > 2048 || c->top_k > c->n_experts) return lily_err(st, LILY_EUNSUPPORTED, "CUDA backend: %d experts unsupported", c->n_experts);
+    return LILY_OK;
+}
+
+static lily_code check_fits(const lily_config *c, uint64_t weights, int max_ctx, int max_sessions, lily_status *st) {
+    size_t fr = 0, tot = 0;
+    cudaError_t e = cudaMemGetInfo(&fr, &tot);
+    if (e != cudaSuccess) return cu_fail(st, e, "cudaMemGetInfo", __FILE__, __LINE__);
+    int chunk = max_ctx < 2048 ? max_ctx : 2048;
+    uint64_t need = weights + (uint64_t)max_sessions * session_bytes(c, max_ctx, chunk) + (256ull << 20);
+    if (need > fr)
+        return lily_err(st, LILY_ENOMEM, "the model does not fit on the GPU: %.2f GB needed (%.2f GB weights + %d session(s) of %d tokens at %.2f GB each), %.2f GB free of %.2f GB; lower --ctx-len or the session count",
+                        need / 1e9, weights / 1e9, max_sessions, max_ctx, session_bytes(c, max_ctx, chunk) / 1e9, fr / 1e9, tot / 1e9);
+    return LILY_OK;
+}
+
+lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
+                          void (*progress)(void *, uint64_t, uint64_t), void *progress_user,
+                          lcuda_model **out, lily_status *st) {
+    *out = NULL;
+    char why[256];
+    if (!lcuda_available(why, sizeof why)) return lily_err(st, LILY_EDEVICE, "%s", why);
+    const lily_config *c = &w->cfg;
+    lily_code rc = check_shape(c, st);
+    if (rc) return rc;
+    int H = c->hidden, E = c->n_experts, cd = cfg_conv_dim(c);
+    uint64_t total = mats_bytes(&w->embed, 1) + mats_bytes(&w->lm_head, 1) + (uint64_t)H * 4;
+    for (int l = 0; l < c->n_layers; l++) {
+        const lily_layer *L = &w->layers[l];
+        total += 2ull * H * 4;
+        if (L->full_attn) total += mats_bytes(&L->q, 1) + mats_bytes(&L->k, 1) + mats_bytes(&L->v, 1) + mats_bytes(&L->o, 1) + 2ull * c->head_dim * 4;
+        else total += mats_bytes(&L->qkv, 1) + mats_bytes(&L->z, 1) + mats_bytes(&L->b, 1) + mats_bytes(&L->a, 1) + mats_bytes(&L->out, 1)
+                      + ((uint64_t)cd * c->conv_k + 2ull * c->lin_nv + c->lin_dv) * 4;
+        total += mats_bytes(&L->router, 1) + mats_bytes(L->gate, E) + mats_bytes(L->up, E) + mats_bytes(L->down, E);
+        if (c->shared_inter) total += mats_bytes(&L->sh_gate, 1) + mats_bytes(&L->sh_up, 1) + mats_bytes(&L->sh_down, 1) + mats_bytes(&L->sh_router, 1);
+    }
+    if (max_sessions < 1) max_sessions = 1;
+    if ((rc = check_fits(c, total, max_ctx, max_sessions, st))) return rc;
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    if (!m) return lily_err(st, LILY_ENOMEM, "out of memory");
+    m->cfg = *c;
+    m->max_ctx = max_ctx;
+    m->max_sessions = max_sessions;
+    m->L = (cu_layer *)calloc((size_t)c->n_layers, sizeof *m->L);
+    if (!m->L) { free(m); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+    up_ctx u = { m, progress, progress_user, 0, total, st };
+    rc = up_mats(&u, &w->embed, 1, &m->embed);
+    if (!rc) rc = up_mats(&u, &w->lm_head, 1, &m->lm_head);
+    if (!rc) rc = up_vec(&u, w->norm, H, &m->norm);
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        const lily_layer *L = &w->layers[l];
+        cu_layer *D = &m->L[l];
+        D->full = L->full_attn;
+        rc = up_vec(&u, L->ln1, H, &D->ln1);
+        if (!rc) rc = up_vec(&u, L->ln2, H, &D->ln2);
+        if (L->full_attn) {
+            if (!rc) rc = up_mats(&u, &L->q, 1, &D->q);
+            if (!rc) rc = up_mats(&u, &L->k, 1, &D->k);
+            if (!rc) rc = up_mats(&u, &L->v, 1, &D->v);
+            if (!rc) rc = up_mats(&u, &L->o, 1, &D->o);
+            if (!rc) rc = up_vec(&u, L->q_norm, c->head_dim, &D->q_norm);
+            if (!rc) rc = up_vec(&u, L->k_norm, c->head_dim, &D->k_norm);
+        } else {
+            if (!rc) rc = up_mats(&u, &L->qkv, 1, &D->qkv);
+            if (!rc) rc = up_mats(&u, &L->z, 1, &D->z);
+            if (!rc) rc = up_mats(&u, &L->b, 1, &D->b);
+            if (!rc) rc = up_mats(&u, &L->a, 1, &D->a);
+            if (!rc) rc = up_mats(&u, &L->out, 1, &D->out);
+            if (!rc) rc = up_vec(&u, L->conv_w, (size_t)cd * c->conv_k, &D->conv_w);
+            if (!rc) rc = up_vec(&u, L->A_log, c->lin_nv, &D->A_log);
+            if (!rc) rc = up_vec(&u, L->dt_bias, c->lin_nv, &D->dt_bias);
+            if (!rc) rc = up_vec(&u, L->gnorm, c->lin_dv, &D->gnorm);
+        }
+        if (!rc) rc = up_mats(&u, &L->router, 1, &D->router);
+        if (!rc) rc = up_mats(&u, L->gate, E, &D->gate);
+        if (!rc) rc = up_mats(&u, L->up, E, &D->up);
+        if (!rc) rc = up_mats(&u, L->down, E, &D->down);
+        if (c->shared_inter) {
+            if (!rc) rc = up_mats(&u, &L->sh_gate, 1, &D->sh_gate);
+            if (!rc) rc = up_mats(&u, &L->sh_up, 1, &D->sh_up);
+            if (!rc) rc = up_mats(&u, &L->sh_down, 1, &D->sh_down);
+            if (!rc) rc = up_mats(&u, &L->sh_router, 1, &D->sh_router);
+        }
+    }
+    if (!rc) rc = cu_model_finish(m, st);
+    if (rc) { lcuda_model_free(m); return rc; }
+    *out = m;
+    return LILY_OK;
+}
+
+/* ---- sessions ---- */
+#define DECODE_SPLITS 64
+
+typedef struct { void **p; size_t n; } sbuf;
+
+static uint64_t scratch_bytes(const lily_config *c, int T) {
+    uint64_t H = c->hidden, cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv, nh = c->n_heads, hd = c->head_dim;
+    uint64_t nkv = c->n_kv_heads, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter ? c->shared_inter : 1;
+    size_t p1 = cu_attention_part_floats(T, (int)nh, (int)hd, 1), p2 = cu_attention_part_floats(1, (int)nh, (int)hd, DECODE_SPLITS);
+    uint64_t f = 3 * T * H + 2 * T * cd + 2 * T * vd + 4 * T * nv + T * nh * 2 * hd + 2 * T * nh * hd + 2 * T * nkv * hd
+                 + (p1 > p2 ? p1 : p2) + T * E + T * K + 2 * T * K * I + T * K * H + 2 * T * SI + T + T * H + c->vocab;
+    uint64_t i = 3 * T * K + 2 * E + 16;
+    return (f + i) * 4 + 64 * 40;
+}
+
+static uint64_t session_bytes(const lily_config *c, int max_ctx, int chunk) {
+    int n_full = cfg_n_full(c), n_lin = c->n_layers - n_full;
+    uint64_t rec = (uint64_t)n_lin * ((uint64_t)cfg_conv_dim(c) * (c->conv_k - 1) + (uint64_t)c->lin_nv * c->lin_dk * c->lin_dv) * 4;
+    uint64_t kv = 2ull * n_full * max_ctx * c->n_kv_heads * c->head_dim * 4;
+    return rec * (1 + LCU_SNAPSHOTS) + kv + scratch_bytes(c, chunk);
+}
+
+void lcuda_session_free(lcuda_session *s) {
+    if (!s) return;
+    if (s->st) cudaStreamSynchronize(s->st);
+    if (s->graph) cudaGraphExecDestroy(s->graph);
+    float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
+                     &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
+                     &s->su, &s->sr, &s->SD, &s->lg };
+    for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
+    int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos };
+    for (size_t i = 0; i < sizeof il / sizeof *il; i++) cudaFree(*il[i]);
+    for (int i = 0; i < LCU_SNAPSHOTS; i++) { cudaFree(s->snap_conv[i]); cudaFree(s->snap_S[i]); }
+    if (s->ring_h) cudaFreeHost(s->ring_h);
+    for (int i = 0; i < 4; i++) if (s->ev[i]) cudaEventDestroy(s->ev[i]);
+    if (s->st) cudaStreamDestroy(s->st);
+    free(s);
+}
+
+lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st) {
+    *out = NULL;
+    const lily_config *c = &m->cfg;
+    lcuda_session *s = (lcuda_session *)calloc(1, sizeof *s);
+    if (!s) return lily_err(st, LILY_ENOMEM, "out of memory");
+    s->m = m;
+    s->n_full = cfg_n_full(c);
+    s->n_lin = c->n_layers - s->n_full;
+    s->conv_n = (size_t)cfg_conv_dim(c) * (c->conv_k - 1);
+    s->S_n = (size_t)c->lin_nv * c->lin_dk * c->lin_dv;
+    s->kv_n = (size_t)m->max_ctx * c->n_kv_heads * c->head_dim;
+    size_t T = (size_t)m->chunk, H = c->hidden, cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
+    size_t nh = c->n_heads, hd = c->head_dim, nkv = c->n_kv_heads, E = c->n_experts, K = c->top_k, I = c->moe_inter;
+    size_t SI = c->shared_inter ? c->shared_inter : 1;
+    size_t p1 = cu_attention_part_floats((int)T, (int)nh, (int)hd, 1), p2 = cu_attention_part_floats(1, (int)nh, (int)hd, DECODE_SPLITS);
+    s->lg_rows = 1;
+    struct { float **p; size_t n; } f[] = {
+        { &s->conv, s->n_lin * s->conv_n }, { &s->S, s->n_lin * s->S_n }, { &s->kc, s->n_full * s->kv_n }, { &s->vc, s->n_full * s->kv_n },
+        { &s->x, T * H }, { &s->t, T * H }, { &s->y, T * H }, { &s->mixed, T * cd }, { &s->u, T * cd }, { &s->zb, T * vd },
+        { &s->bb, T * nv }, { &s->aa, T * nv }, { &s->g, T * nv }, { &s->beta, T * nv }, { &s->o, T * vd },
+        { &s->qg, T * nh * 2 * hd }, { &s->q, T * nh * hd }, { &s->kb, T * nkv * hd }, { &s->vb, T * nkv * hd }, { &s->ao, T * nh * hd },
+        { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, T * K * I }, { &s->hu, T * K * I },
+        { &s->D, T * K * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab } };
+    lily_code rc = LILY_OK;
+    cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
+    if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaStreamCreate", __FILE__, __LINE__); goto fail; }
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        e = cudaMalloc((void **)f[i].p, (f[i].n ? f[i].n : 1) * sizeof(float));
+        if (e != cudaSuccess) goto oom;
+    }
+    {
+        struct { int **p; size_t n; } ii[] = { { &s->d_ids, T }, { &s->d_pos, 1 }, { &s->d_tok, 2 }, { &s->d_step, 1 }, { &s->sel, T * K },
+                                                { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K } };
+        for (size_t i = 0; i < sizeof ii / sizeof *ii; i++) {
+            e = cudaMalloc((void **)ii[i].p, ii[i].n * sizeof(int));
+            if (e != cudaSuccess) goto oom;
+        }
+    }
+    e = cudaHostAlloc((void **)&s->ring_h, LCU_RING * 2 * sizeof(int), cudaHostAllocMapped);
+    if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaHostAlloc", __FILE__, __LINE__); goto fail; }
+    e = cudaHostGetDevicePointer((void **)&s->ring_d, s->ring_h, 0);
+    if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaHostGetDevicePointer", __FILE__, __LINE__); goto fail; }
+    for (int i = 0; i < 4; i++) {
+        e = cudaEventCreateWithFlags(&s->ev[i], cudaEventDisableTiming);
+        if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaEventCreate", __FILE__, __LINE__); goto fail; }
+    }
+    lcuda_session_reset(s);
+    e = cudaStreamSynchronize(s->st);
+    if (e != cudaSuccess) { rc = cu_fail(st, e, "session init", __FILE__, __LINE__); goto fail; }
+    *out = s;
+    return LILY_OK;
+oom:
+    cudaGetLastError();
+    {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        rc = lily_err(st, LILY_ENOMEM, "GPU out of memory for a session of %d tokens: %.2f GB needed, %.2f GB free",
+                      m->max_ctx, session_bytes(c, m->max_ctx, m->chunk) / 1e9, fr / 1e9);
+    }
+fail:
+    lcuda_session_free(s);
+    return rc;
+}
+
+void lcuda_session_reset(lcuda_session *s) {
+    cudaMemsetAsync(s->conv, 0, s->n_lin * s->conv_n * sizeof(float), s->st);
+    cudaMemsetAsync(s->S, 0, s->n_lin * s->S_n * sizeof(float), s->st);
+    s->pos = 0;
+}
+
+int lcuda_session_pos(const lcuda_session *s) { return s->pos; }
+
+/* ---- the forward pass ---- */
+/* Optional per-stage timing (lcuda_profile): an event after each stage. */
+#define PROF_MAX 8192
+static struct {
+    int on, n;
+    cudaEvent_t ev[PROF_MAX];
+    const char *lab[PROF_MAX];
+} prof;
+static void PM(lcuda_session *s, const char *lab) {
+    if (!prof.on || prof.n >= PROF_MAX) return;
+    if (!prof.ev[prof.n]) cudaEventCreate(&prof.ev[prof.n]);
+    prof.lab[prof.n] = lab;
+    cudaEventRecord(prof.ev[prof.n++], s->st);
+}
+
+/* Matrix-vector products of matrices reading the same row: one launch when they all have
+ * the fast quantized form, else one matmul each. */
+static void proj_group(lcuda_session *s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
+    int ok = T == 1 && n <= MVQ_MAX;
+    for (int i = 0; i < n && ok; i++) ok = cu_mvq_ok(W[i]) && W[i]->cols == W[0]->cols;
+    if (ok) { cu_matvec_group(s->st, n, W, X, NULL, ldx, Y, NULL, NULL, 1, 1); return; }
+    for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
+}
+
+static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
+    const lily_config *c = &s->m->cfg;
+    cudaStream_t q = s->st;
+    int cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
+    const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
+    float *Y[4] = { s->mixed, s->zb, s->bb, s->aa };
+    proj_group(s, 4, W, s->t, c->hidden, T, Y);
+    PM(s, "gdn in-proj qkv|z|b|a");
+    float *conv = s->conv + (size_t)li * s->conv_n, *S = s->S + (size_t)li * s->S_n;
+    if (T == 1) cu_gdn_prep1(q, s->mixed, conv, L->conv_w, c->conv_k, c->lin_nk, c->lin_dk, vd, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->u, s->g, s->beta);
+    else {
+        cu_conv(q, s->mixed, conv, L->conv_w, cd, c->conv_k, T, s->u);
+        cu_gdn_prep(q, s->u, T, cd, c->lin_nk, c->lin_dk, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta);
+    }
+    PM(s, "gdn conv+norm+gates");
+    if (!cu_gdn_rec_norm(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->zb, L->gnorm, (float)c->eps)) {
+        cu_gdn_rec(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o);
+        cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+    }
+    PM(s, "gdn delta rule + gated norm");
+    cu_matmul(q, &L->out, s->o, vd, T, s->y, c->hidden);
+    PM(s, "gdn out-proj");
+}
+
+static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
+    const lily_config *c = &s->m->cfg;
+    cudaStream_t q = s->st;
+    int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, H = c->hidden;
+    const dmat *W[3] = { &L->q, &L->k, &L->v };
+    float *Y[3] = { s->qg, s->kb, s->vb };
+    proj_group(s, 3, W, s->t, H, T, Y);
+    PM(s, "attn in-proj q|k|v");
+    float *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
+    cu_qk_prep(q, s->qg, s->q, s->kb, s->vb, L->q_norm, L->k_norm, T, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
+               (float)c->eps, s->d_pos, kc, vc);
+    PM(s, "attn q/k norm + rope + cache");
+    cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
+    PM(s, "attn core");
+    cu_matmul(q, &L->o, s->ao, nh * hd, T, s->y, H);
+    PM(s, "attn out-proj");
+}
+
+/* MoE; leaves x += moe(t) and, with nw, t = rmsnorm(x) * nw for the next layer. */
+static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
+    const lily_config *c = &s->m->cfg;
+    cudaStream_t q = s->st;
+    int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter;
+    {
+        const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
+        float *Y[4] = { s->rl, s->sg, s->su, s->sr };
+        proj_group(s, SI ? 4 : 1, W, s->t, H, T, Y);
+    }
+    PM(s, "moe router|shared gate|up|gate");
+    cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
+    PM(s, "moe top-k");
+    const int *pos = NULL;
+    if (T * K <= 32) { /* decode: one matrix-vector pass per (token, expert) slot */
+        const dmat *W[2] = { &L->gate, &L->up };
+        float *Y[2] = { s->hg, s->hu };
+        int ld[2] = { I, I };
+        if (cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down)) {
+            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K);
+            PM(s, "moe experts gate|up");
+            const dmat *Wd[1] = { &L->down };
+            float *Yd[1] = { s->D };
+            int ldd[1] = { H };
+            cu_matvec_group(q, 1, Wd, s->hg, s->hu, I, Yd, ldd, s->sel, 1, T * K);
+            PM(s, "moe experts swiglu+down");
+        } else {
+            cu_matmul_slots(q, &L->gate, s->sel, s->t, K, H, T * K, s->hg, I);
+            cu_matmul_slots(q, &L->up, s->sel, s->t, K, H, T * K, s->hu, I);
+            cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+            cu_matmul_slots(q, &L->down, s->sel, s->hg, 1, I, T * K, s->D, H);
+            PM(s, "moe experts");
+        }
+    } else { /* prefill: tokens sorted by expert, one tiled GEMM per expert */
+        cu_moe_sort(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos);
+        PM(s, "moe sort");
+        dsort so = { s->cnt, s->off, s->src, s->spos };
+        cu_matmul_grouped(q, &L->gate, E, &so, K, s->t, H, T, s->hg, I);
+        cu_matmul_grouped(q, &L->up, E, &so, K, s->t, H, T, s->hu, I);
+        cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+        PM(s, "moe experts gate|up (grouped)");
+        cu_matmul_grouped(q, &L->down, E, &so, 0, s->hg, I, T, s->D, H);
+        PM(s, "moe experts down (grouped)");
+        pos = s->spos;
+    }
+    const float *SD = NULL;
+    if (SI) {
+        if (T == 1 && cu_mvq_ok(&L->sh_down)) {
+            const dmat *W[1] = { &L->sh_down };
+            float *Y[1] = { s->SD };
+            cu_matvec_group(q, 1, W, s->sg, s->su, SI, Y, NULL, NULL, 1, 1);
+        } else {
+            cu_swiglu(q, s->sg, s->su, s->sg, (long long)T * SI);
+            cu_matmul(q, &L->sh_down, s->sg, SI, T, s->SD, H);
+        }
+        PM(s, "moe shared swiglu+down");
+        SD = s->SD;
+    }
+    cu_moe_combine(q, s->x, s->D, pos, s->wt, T, K, H, SD, s->sr, nw, (float)c->eps, s->t);
+    PM(s, "moe combine + next norm");
+}
+
+void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
+    lcuda_model *m = s->m;
+    const lily_config *c = &m->cfg;
+    int H = c->hidden;
+    float eps = (float)c->eps;
+    PM(s, "start");
+    cu_embed(s->st, &m->embed, s->d_ids, T, s->x);
+    cu_rmsnorm(s->st, s->x, NULL, m->L[0].ln1, H, T, eps, s->t);
+    PM(s, "embed + norm");
+    int li = 0, fi = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const cu_layer *L = &m->L[l];
+        if (L->full) mixer_attn(s, L, fi++, T);
+        else mixer_gdn(s, L, li++, T);
+        cu_rmsnorm(s->st, s->x, s->y, L->ln2, H, T, eps, s->t);
+        PM(s, "residual + norm");
+        /* the combine leaves the next layer's normed input, or the final norm's */
+        moe(s, L, T, l + 1 < c->n_layers ? m->L[l + 1].ln1 : m->norm);
+    }
+    if (!logits) return;
+    if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
+    else cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);
+    PM(s, "lm_head");
+}
+
+lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st) {
+    lcuda_model *m = s->m;
+    if (T < 1 || T > m->chunk || pos + T > m->max_ctx) return lily_err(st, LILY_ERANGE, "profile: %d tokens at %d do not fit", T, pos);
+    int32_t *ids = (int32_t *)malloc((size_t)T * sizeof *ids);
+    if (!ids) return lily_err(st, LILY_ENOMEM, "out of memory");
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919u + 17u) % (unsigned)m->cfg.vocab);
+    cudaError_t e = cudaMemcpy(s->d_ids, ids, (size_t)T * sizeof *ids, cudaMemcpyHostToDevice);
+    free(ids);
+    if (e != cudaSuccess) return cu_fail(st, e, "profile ids", __FILE__, __LINE__);
+    cu_set_int(s->st, s->d_pos, pos);
+    prof.on = 1;
+    prof.n = 0;
+    cu_enqueue_forward(s, T, 1);
+    prof.on = 0;
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    LCU_CHECK(cudaGetLastError());
+    /* sum the time between consecutive marks by label */
+    const char *lab[64];
+    double ms[64];
+    int cnt[64], nl = 0;
+    double tot = 0;
+    for (int i = 1; i < prof.n; i++) {
+        float f = 0;
+        cudaEventElapsedTime(&f, prof.ev[i - 1], prof.ev[i]);
+        int k = 0;
+        while (k < nl && strcmp(lab[k], prof.lab[i])) k++;
+        if (k == nl && nl < 64) { lab[nl] = prof.lab[i]; ms[nl] = 0; cnt[nl] = 0; nl++; }
+        if (k < nl) { ms[k] += f; cnt[k]++; }
+        tot += f;
+    }
+    size_t o = (size_t)snprintf(out, n, "| stage (T=%d, pos=%d) | launches | ms | %% |\n| --- | ---: | ---: | ---: |\n", T, pos);
+    for (int pass = 0; pass < nl; pass++) { /* largest first */
+        int b = -1;
+        for (int k = 0; k < nl; k++) if (cnt[k] >= 0 && (b < 0 || ms[k] > ms[b])) b = k;
+        if (o < n) o += (size_t)snprintf(out + o, n - o, "| %s | %d | %.3f | %.1f |\n", lab[b], cnt[b], ms[b], 100 * ms[b] / tot);
+        cnt[b] = -1;
+    }
+    if (o < n) snprintf(out + o, n - o, "| total | | %.3f | 100 |\n", tot);
+    s->pos = pos + T;
+    return LILY_OK;
+}
+
+lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits, int all_logits, lily_status *st) {
+    lcuda_model *m = s->m;
+    int V = m->cfg.vocab;
+    if (T < 1 || pos < 0 || pos + T > m->max_ctx) return lily_err(st, LILY_ERANGE, "positions %d..%d outside the context of %d", pos, pos + T, m->max_ctx);
+    if (all_logits && logits && s->lg_rows < (T < m->chunk ? T : m->chunk)) {
+        int rows = T < m->chunk ? T : m->chunk;
+        float *nl;
+        LCU_CHECK(cudaStreamSynchronize(s->st));
+        cudaError_t e = cudaMalloc((void **)&nl, (size_t)rows * V * sizeof(float));
+        if (e != cudaSuccess) { cudaGetLastError(); return lily_err(st, LILY_ENOMEM, "GPU out of memory for %d rows of logits (%.2f GB)", rows, (double)rows * V * 4 / 1e9); }
+        cudaFree(s->lg);
+        s->lg = nl;
+        s->lg_rows = rows;
+    }
+    for (int i = 0; i < T; i += m->chunk) {
+        int k = T - i < m->chunk ? T - i : m->chunk;
+        int last = i + k == T;
+        LCU_CHECK(cudaMemcpyAsync(s->d_ids, ids + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
+        cu_set_int(s->st, s->d_pos, pos + i);
+        int mode = !logits ? 0 : all_logits ? 2 : last ? 1 : 0;
+        cu_enqueue_forward(s, k, mode);
+        LCU_CHECK(cudaGetLastError());
+        if (mode == 2) LCU_CHECK(cudaMemcpyAsync(logits + (size_t)i * V, s->lg, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
+        if (mode == 1) LCU_CHECK(cudaMemcpyAsync(logits, s->lg, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
+        /* the ids buffer is reused by the next chunk: wait until this one has read it */
+        LCU_CHECK(cudaStreamSynchronize(s->st));
+    }
+    s->pos = pos + T;
+    return LILY_OK;
+}
+
+lily_code lcuda_last_logits(lcuda_session *s, float *out, lily_status *st) {
+    LCU_CHECK(cudaMemcpyAsync(out, s->lg, (size_t)s->m->cfg.vocab * sizeof(float), cudaMemcpyDeviceToHost, s->st));
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    return LILY_OK;
+}
+
+/* ---- snapshots of the recurrent state ---- */
+lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st) {
+    if (slot < 0 || slot >= LCU_SNAPSHOTS) return lily_err(st, LILY_EINVAL, "snapshot slot %d outside 0..%d", slot, LCU_SNAPSHOTS - 1);
+    size_t cb = s->n_lin * s->conv_n * sizeof(float), sb = s->n_lin * s->S_n * sizeof(float);
+    if (!s->snap_conv[slot]) {
+        cudaError_t e1 = cudaMalloc((void **)&s->snap_conv[slot], cb ? cb : 4);
+        cudaError_t e2 = cudaMalloc((void **)&s->snap_S[slot], sb ? sb : 4);
+        if (e1 != cudaSuccess || e2 != cudaSuccess) {
+            cudaGetLastError();
+            cudaFree(s->snap_conv[slot]); cudaFree(s->snap_S[slot]);
+            s->snap_conv[slot] = s->snap_S[slot] = NULL;
+            return lily_err(st, LILY_ENOMEM, "GPU out of memory for a state snapshot (%.1f MB)", (cb + sb) / 1e6);
+        }
+    }
+    LCU_CHECK(cudaMemcpyAsync(s->snap_conv[slot], s->conv, cb, cudaMemcpyDeviceToDevice, s->st));
+    LCU_CHECK(cudaMemcpyAsync(s->snap_S[slot], s->S, sb, cudaMemcpyDeviceToDevice, s->st));
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    return LILY_OK;
+}
+
+lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st) {
+    if (slot < 0 || slot >= LCU_SNAPSHOTS || !s->snap_conv[slot]) return lily_err(st, LILY_EINVAL, "no snapshot in slot %d", slot);
+    size_t cb = s->n_lin * s->conv_n * sizeof(float), sb = s->n_lin * s->S_n * sizeof(float);
+    LCU_CHECK(cudaMemcpyAsync(s->conv, s->snap_conv[slot], cb, cudaMemcpyDeviceToDevice, s->st));
+    LCU_CHECK(cudaMemcpyAsync(s->S, s->snap_S[slot], sb, cudaMemcpyDeviceToDevice, s->st));
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    return LILY_OK;
+}

@@ -1,0 +1,115 @@
+/* Internal to the CUDA backend (C++ side): the device matrix descriptor, the model and
+ * session structures, and the kernel launchers that cu_kernels.cu defines.
+ *
+ * Device activations are float32 row-major [T][dim], as in the CPU reference; weights
+ * keep their checkpoint storage (bf16/f16/f32 or MLX affine 4/8-bit), copied into one
+ * contiguous stack per expert group so an expert index selects a fixed stride. */
+#ifndef LILY_CU_COMMON_H
+#define LILY_CU_COMMON_H
+#include <cuda_runtime.h>
+#include <stdint.h>
+extern "C" {
+#include "lily.h"
+#include "loader/weights.h"
+#include "util/util.h"
+}
+
+/* A weight matrix on the device; experts of one tensor group sit at fixed strides. */
+typedef struct {
+    int type;            /* lw_type: LW_F32, LW_BF16, LW_F16, LW_Q */
+    int rows, cols;
+    int bits, group;     /* LW_Q */
+    int sbt;             /* scales/biases type (LW_F32/LW_BF16/LW_F16) */
+    const void *w, *s, *b;
+    long long ew, es;    /* bytes between experts: codes/values, and scales (= biases) */
+} dmat;
+
+#define MVQ_MAX 4
+typedef struct {
+    dmat m[MVQ_MAX];
+    float *y[MVQ_MAX];
+    int ldy[MVQ_MAX];
+    int blk0[MVQ_MAX + 1];
+    int n;
+} mvq_args;
+
+/* Per-expert counts and offsets after the on-GPU sort of (token, slot) pairs by expert. */
+typedef struct {
+    const int *count;    /* [E] */
+    const int *off;      /* [E] start in the sorted order */
+    const int *src;      /* [T*K] sorted position -> slot index t*K+k */
+    const int *pos;      /* [T*K] slot -> sorted position */
+} dsort;
+
+#define LCU_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return cu_fail(st, e_, #call, __FILE__, __LINE__); } while (0)
+lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *file, int line);
+
+/* ---- launchers (all asynchronous on `s`) ---- */
+/* Y[T][rows] = X[T][ldx..] . W^T; picks the matrix-vector kernel for small T. */
+void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
+/* Batches of at least this many rows run on the tensor cores (TF32); smaller ones in fp32. */
+#define CU_TC_MIN_T 128
+/* Forces one kernel: 0 = matrix-vector, 1 = tiled fp32, 2 = tiled TF32 tensor cores. For the kernel test. */
+void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
+/* Expert rows: slot i uses expert eidx[i] and input row i / xdiv; Y row i. */
+void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float *X, int xdiv,
+                     int ldx, int nslots, float *Y, int ldy);
+/* Grouped by expert after cu_moe_sort: sorted row r (expert e) reads X row
+ * (xdiv ? src[r] / xdiv : r) and writes Y row r. maxcount bounds the rows of one expert
+ * (the chunk's token count); it also picks fp32 or TF32 tiles as cu_matmul does. */
+/* Can cu_matvec_group take W (4/8-bit, cols % 32 == 0, group % 32 == 0)? */
+int cu_mvq_ok(const dmat *W);
+/* One launch for n <= MVQ_MAX matrices of equal cols reading the same input row:
+ * Y[i] = W[i] x, with x = silu(X) * X2 when X2. Slot mode when eidx: slot j uses expert
+ * eidx[j], input row j / xdiv, output row j of each Y[i] (stride ldy[i]). */
+void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
+                     float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots);
+void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
+                       int ldx, int maxcount, float *Y, int ldy);
+void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
+/* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
+void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);
+/* Causal depthwise conv + SiLU, updating the [cd][K-1] state. */
+void cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u);
+/* L2 norm of q,k heads (q also scaled by dk^-0.5), g and beta. */
+void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
+                 const float *A_log, const float *dt_bias, int nv, float *g, float *beta);
+/* Recurrent delta rule over T steps for all nv heads; S [nv][dk][dv] fp32. */
+void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd,
+                const float *g, const float *beta, float *S, float *o);
+/* The recurrence with the gated norm below fused in; 0 (nothing launched) when the shape has
+ * no fused kernel. */
+int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                    const float *beta, float *S, float *o, const float *z, const float *gw, float eps);
+/* Decode form of conv + SiLU + q/k L2 norm + g/beta, one launch (T = 1). */
+void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
+                  const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
+                  float *u, float *g, float *beta);
+/* o = rmsnorm(o) * gw * silu(z), per head of dv. */
+void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps);
+/* q (from qg) and k: per-head rmsnorm + partial RoPE at positions *pos + t; k and v go to the
+ * cache rows *pos + t. */
+void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const float *v, const float *qn,
+                const float *kn, int T, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
+                const int *pos, float *kc, float *vc);
+/* Causal attention of T queries at *pos+t over the cache; o *= sigmoid(gate from qg). */
+void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o);
+/* Floats of scratch cu_attention needs for `part`. */
+size_t cu_attention_part_floats(int T, int nh, int hd, int splits);
+/* Router: softmax, top-k (lower index on ties), renormalized weights. */
+void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt);
+void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos);
+void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long long n);
+/* x[t] += sum_k wt[t,k] D[row(t,k)] (+ sigmoid(sr[t]) SD[t] when SD). row = pos ? pos[t*K+k] : t*K+k.
+ * With nw: tout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, fused). */
+void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
+                    const float *SD, const float *sr, const float *nw, float eps, float *tout);
+/* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
+void cu_argmax(cudaStream_t s, const float *logits, int V, int *out);
+void cu_set_int(cudaStream_t s, int *p, int v);
+/* A kernel of this build, to ask the runtime whether the GPU can run it. */
+const void *cu_probe_kernel(void);
+/* Decode bookkeeping: ids[0] = tok[0]; ring[2*(step % ring_n)..] = tok[0..1]; *pos += 1; *step += 1. */
+void cu_step_advance(cudaStream_t s, const int *tok, int *ids, int *pos, int *step, int *ring, int ring_n);
+#endif

@@ -1,0 +1,147 @@
+/* The decode loop on the GPU: one CUDA graph per token step (forward, argmax, the chosen
+ * token written into the next step's input), the host one step behind, reading tokens
+ * from pinned mapped memory. Also the event-timed helpers lily-bench uses. */
+#include "cuda/cu_model.h"
+#include <stdlib.h>
+
+static lily_code build_graph(lcuda_session *s, lily_status *st) {
+    if (s->graph) return LILY_OK;
+    cudaGraph_t g;
+    LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
+    cu_enqueue_forward(s, 1, 1);
+    cu_argmax(s->st, s->lg, s->m->cfg.vocab, s->d_tok);
+    cu_step_advance(s->st, s->d_tok, s->d_ids, s->d_pos, s->d_step, s->ring_d, LCU_RING);
+    cudaError_t e = cudaStreamEndCapture(s->st, &g);
+    if (e != cudaSuccess) return cu_fail(st, e, "graph capture of the decode step", __FILE__, __LINE__);
+    e = cudaGraphInstantiate(&s->graph, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) { s->graph = NULL; return cu_fail(st, e, "cudaGraphInstantiate", __FILE__, __LINE__); }
+    return LILY_OK;
+}
+
+static lily_code start_steps(lcuda_session *s, int pos, int32_t first, lily_status *st) {
+    LCU_CHECK(cudaMemcpyAsync(s->d_ids, &first, sizeof first, cudaMemcpyHostToDevice, s->st));
+    cu_set_int(s->st, s->d_pos, pos);
+    cu_set_int(s->st, s->d_step, 0);
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    return LILY_OK;
+}
+
+static int greedy_only(const lily_sampling *p) {
+    if (!p) return 1;
+    return p->temperature <= 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
+           (p->repetition_penalty == 1 || p->repetition_penalty == 0) && p->n_logprobs == 0;
+}
+
+static int is_eos(const lily_config *c, int id) {
+    for (int i = 0; i < c->n_eos && i < 8; i++) if (c->eos[i] == id) return 1;
+    return 0;
+}
+
+lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, uint64_t seed,
+                         int max_tokens, lily_token_cb cb, void *user, int *n_out, lily_status *st) {
+    (void)seed;
+    if (n_out) *n_out = 0;
+    if (!greedy_only(p)) return lily_err(st, LILY_EUNSUPPORTED, "GPU decode loop samples greedily only");
+    if (max_tokens <= 0) return LILY_OK;
+    if (pos < 0 || pos + max_tokens > s->m->max_ctx)
+        return lily_err(st, LILY_ERANGE, "decoding %d tokens from position %d passes the context of %d", max_tokens, pos, s->m->max_ctx);
+    lily_code rc = build_graph(s, st);
+    if (rc) return rc;
+    if ((rc = start_steps(s, pos, first, st))) return rc;
+    volatile int *ring = s->ring_h;
+    int launched = 0, n = 0;
+    LCU_CHECK(cudaGraphLaunch(s->graph, s->st));
+    LCU_CHECK(cudaEventRecord(s->ev[0], s->st));
+    launched = 1;
+    for (int i = 0; i < max_tokens; i++) {
+        /* keep the GPU one step ahead: step i+1 reads the token step i wrote on the device */
+        if (launched < max_tokens) {
+            LCU_CHECK(cudaGraphLaunch(s->graph, s->st));
+            LCU_CHECK(cudaEventRecord(s->ev[launched % 4], s->st));
+            launched++;
+        }
+        LCU_CHECK(cudaEventSynchronize(s->ev[i % 4]));
+        lily_token tok;
+        memset(&tok, 0, sizeof tok);
+        int slot = i % LCU_RING;
+        tok.id = ring[2 * slot];
+        int lpb = ring[2 * slot + 1];
+        memcpy(&tok.logprob, &lpb, sizeof lpb);
+        n++;
+        int stop = cb ? cb(user, &tok) : 0;
+        if (stop || is_eos(&s->m->cfg, tok.id)) break;
+    }
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    s->pos = pos + launched;
+    if (n_out) *n_out = n;
+    return LILY_OK;
+}
+
+/* ---- timing for lily-bench ---- */
+lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int pos, double *ms, lily_status *st) {
+    lcuda_model *m = s->m;
+    if (T < 1 || pos < 0 || pos + T > m->max_ctx) return lily_err(st, LILY_ERANGE, "positions %d..%d outside the context of %d", pos, pos + T, m->max_ctx);
+    int32_t *own = NULL;
+    if (!ids) {
+        own = (int32_t *)malloc((size_t)T * sizeof *own);
+        if (!own) return lily_err(st, LILY_ENOMEM, "out of memory");
+        uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)pos;
+        for (int i = 0; i < T; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; own[i] = (int32_t)(x % (uint64_t)m->cfg.vocab); }
+        ids = own;
+    }
+    int32_t *pinned = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    lily_code rc = LILY_OK;
+    cudaError_t e = cudaMallocHost((void **)&pinned, (size_t)T * sizeof *pinned);
+    if (e == cudaSuccess) e = cudaEventCreate(&a);
+    if (e == cudaSuccess) e = cudaEventCreate(&b);
+    if (e != cudaSuccess) { rc = cu_fail(st, e, "timing setup", __FILE__, __LINE__); goto out; }
+    memcpy(pinned, ids, (size_t)T * sizeof *pinned);
+    cudaEventRecord(a, s->st);
+    for (int i = 0; i < T; i += m->chunk) {
+        int k = T - i < m->chunk ? T - i : m->chunk;
+        cudaMemcpyAsync(s->d_ids, pinned + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st);
+        cu_set_int(s->st, s->d_pos, pos + i);
+        cu_enqueue_forward(s, k, i + k == T ? 1 : 0);
+    }
+    cudaEventRecord(b, s->st);
+    e = cudaEventSynchronize(b);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) { rc = cu_fail(st, e, "timed forward", __FILE__, __LINE__); goto out; }
+    {
+        float f = 0;
+        cudaEventElapsedTime(&f, a, b);
+        *ms = f;
+    }
+    s->pos = pos + T;
+out:
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    if (pinned) cudaFreeHost(pinned);
+    free(own);
+    return rc;
+}
+
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st) {
+    if (pos < 0 || pos + n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "decoding %d tokens from %d passes the context of %d", n, pos, s->m->max_ctx);
+    lily_code rc = build_graph(s, st);
+    if (rc) return rc;
+    if ((rc = start_steps(s, pos, 1, st))) return rc;
+    cudaEvent_t a, b;
+    LCU_CHECK(cudaEventCreate(&a));
+    LCU_CHECK(cudaEventCreate(&b));
+    cudaEventRecord(a, s->st);
+    for (int i = 0; i < n; i++) cudaGraphLaunch(s->graph, s->st);
+    cudaEventRecord(b, s->st);
+    cudaError_t e = cudaEventSynchronize(b);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    float f = 0;
+    cudaEventElapsedTime(&f, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    if (e != cudaSuccess) return cu_fail(st, e, "timed decode", __FILE__, __LINE__);
+    *ms = f;
+    s->pos = pos + n;
+    return LILY_OK;
+}

@@ -1,0 +1,1049 @@
+/* The CUDA kernels, each a float32 transcription of the CPU reference op it replaces
+ * (src/cpu/forward.c, src/cpu/ops.c), and their launchers (declared in cu_common.h). */
+#include "cuda/cu_common.h"
+#include <cuda_fp16.h>
+#include <mma.h>
+using namespace nvcuda;
+#include <math.h>
+
+#define WARP 32
+
+__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigm_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float ld_sb(const char *p, int t, size_t i) {
+    if (t == LW_BF16) return bf2f(((const uint16_t *)p)[i]);
+    if (t == LW_F16) return h2f(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum; every thread gets the result. sh needs 32 floats. */
+__device__ float block_sum(float v, float *sh) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = (blockDim.x + WARP - 1) / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = 0;
+    for (int i = 0; i < nw; i++) r += sh[i];
+    return r;
+}
+
+/* Elements c..c+7 of row r of expert e (c % 8 == 0); columns past the end read as 0. */
+__device__ __forceinline__ void load8(const dmat &m, int e, int r, int c, float out[8]) {
+    if (m.type == LW_Q) {
+        const char *wb = (const char *)m.w + (long long)e * m.ew;
+        int ng = m.cols / m.group;
+        size_t gi = (size_t)r * ng + c / m.group;
+        float sc = ld_sb((const char *)m.s + (long long)e * m.es, m.sbt, gi);
+        float bi = ld_sb((const char *)m.b + (long long)e * m.es, m.sbt, gi);
+        size_t el = (size_t)r * m.cols + c;
+        if (m.bits == 4) {
+            uint32_t q = ((const uint32_t *)wb)[el / 8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) out[j] = sc * (float)((q >> (4 * j)) & 15u) + bi;
+        } else {
+            uint2 q = *(const uint2 *)((const uint32_t *)wb + el / 4);
+#pragma unroll
+            for (int j = 0; j < 4; j++) out[j] = sc * (float)((q.x >> (8 * j)) & 255u) + bi;
+#pragma unroll
+            for (int j = 0; j < 4; j++) out[4 + j] = sc * (float)((q.y >> (8 * j)) & 255u) + bi;
+        }
+        return;
+    }
+    size_t el = (size_t)r * m.cols + c;
+    int full = c + 8 <= m.cols && (m.cols % 8) == 0;
+    if (m.type == LW_BF16 || m.type == LW_F16) {
+        const uint16_t *p = (const uint16_t *)((const char *)m.w + (long long)e * m.ew) + el;
+        if (full) {
+            uint4 v = *(const uint4 *)p;
+            uint32_t wv[4] = { v.x, v.y, v.z, v.w };
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint16_t lo = (uint16_t)(wv[j] & 0xffffu), hi = (uint16_t)(wv[j] >> 16);
+                out[2 * j] = m.type == LW_BF16 ? bf2f(lo) : h2f(lo);
+                out[2 * j + 1] = m.type == LW_BF16 ? bf2f(hi) : h2f(hi);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) out[j] = c + j < m.cols ? (m.type == LW_BF16 ? bf2f(p[j]) : h2f(p[j])) : 0.f;
+        }
+    } else {
+        const float *p = (const float *)((const char *)m.w + (long long)e * m.ew) + el;
+        if (full) {
+            float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+            out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+            out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) out[j] = c + j < m.cols ? p[j] : 0.f;
+        }
+    }
+}
+
+lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *file, int line) {
+    return lily_err(st, LILY_EDEVICE, "CUDA error %s (%s) in %s at %s:%d", cudaGetErrorName(e), cudaGetErrorString(e), what, file, line);
+}
+
+/* ---- matrix-vector: one warp per weight row, all T (<= NT) inputs at once ---- */
+template <int NT>
+__global__ void __launch_bounds__(256) k_mv(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
+                                            int ldy, const int *eidx, int xdiv) {
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int r = blockIdx.x * 8 + warp;
+    if (r >= m.rows) return;
+    int slot = blockIdx.y, e = 0;
+    const float *x = X;
+    float *y = Y;
+    if (eidx) { /* slot mode: one input row per slot */
+        e = eidx[slot];
+        x = X + (size_t)(slot / xdiv) * ldx;
+        y = Y + (size_t)slot * ldy;
+        T = 1;
+    }
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    int vec = (ldx % 4) == 0;
+    for (int c = lane * 8; c < m.cols; c += WARP * 8) {
+        float w8[8];
+        load8(m, e, r, c, w8);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= T) break;
+            const float *xp = x + (size_t)t * ldx + c;
+            if (vec && c + 8 <= m.cols) {
+                float4 a = *(const float4 *)xp, b = *(const float4 *)(xp + 4);
+                acc[t] += w8[0] * a.x + w8[1] * a.y + w8[2] * a.z + w8[3] * a.w + w8[4] * b.x + w8[5] * b.y + w8[6] * b.z + w8[7] * b.w;
+            } else {
+                for (int j = 0; j < 8 && c + j < m.cols; j++) acc[t] += w8[j] * xp[j];
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= T) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)t * ldy + r] = v;
+    }
+}
+
+/* ---- tiled: 64 inputs x 64 weight rows per block, 32 columns per step, on the tensor
+ * cores in TF32 (fp32 accumulate): weights are dequantized into shared memory as fp32,
+ * rounded to TF32 in the fragments. Eight warps, each 16 inputs x 32 rows. ---- */
+#define TBM 64
+#define TBN 64
+#define TBK 32
+#define TLD (TBK + 4)
+__global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restrict__ X, int ldx, int T,
+                                                  float *__restrict__ Y, int ldy, dsort so, int xdiv) {
+    __shared__ __align__(32) float Ws[TBM * TLD];
+    __shared__ __align__(32) float Xs[TBN * TLD];
+    __shared__ __align__(32) float Cs[TBN * (TBM + 4)];
+    int tid = threadIdx.x, warp = tid / WARP;
+    int e = 0, n = T, base = 0;
+    if (so.count) {
+        e = blockIdx.z;
+        n = so.count[e];
+        base = so.off[e];
+    }
+    int r0 = blockIdx.x * TBM, t0 = blockIdx.y * TBN;
+    if (t0 >= n) return;
+    int lr = tid / 4, seg = (tid % 4) * 8, lt = tid / 4;
+    const float *xrow = NULL;
+    if (t0 + lt < n) {
+        int srow = base + t0 + lt;
+        int xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
+        xrow = X + (size_t)xr * ldx;
+    }
+    int wt = (warp / 2) * 16, wr = (warp % 2) * 32; /* this warp's inputs and rows within the tile */
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc[2];
+    wmma::fill_fragment(acc[0], 0.0f);
+    wmma::fill_fragment(acc[1], 0.0f);
+    /* the next step's weights and inputs are loaded into registers while this step multiplies */
+    float w8[8], x8[8];
+    if (r0 + lr < m.rows && seg < m.cols) load8(m, e, r0 + lr, seg, w8);
+    else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) x8[j] = (xrow && seg + j < m.cols) ? xrow[seg + j] : 0.f;
+    for (int k0 = 0; k0 < m.cols; k0 += TBK) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) Ws[lr * TLD + seg + j] = w8[j];
+#pragma unroll
+        for (int j = 0; j < 8; j++) Xs[lt * TLD + seg + j] = x8[j];
+        __syncthreads();
+        int k1 = k0 + TBK;
+        if (k1 < m.cols) {
+            if (r0 + lr < m.rows && k1 + seg < m.cols) load8(m, e, r0 + lr, k1 + seg, w8);
+            else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) x8[j] = (xrow && k1 + seg + j < m.cols) ? xrow[k1 + seg + j] : 0.f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < TBK; kk += 8) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+            wmma::load_matrix_sync(fa, Xs + wt * TLD + kk, TLD);
+#pragma unroll
+            for (int i = 0; i < fa.num_elements; i++) fa.x[i] = wmma::__float_to_tf32(fa.x[i]);
+#pragma unroll
+            for (int f = 0; f < 2; f++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, Ws + (wr + 16 * f) * TLD + kk, TLD);
+#pragma unroll
+                for (int i = 0; i < fb.num_elements; i++) fb.x[i] = wmma::__float_to_tf32(fb.x[i]);
+                wmma::mma_sync(acc[f], fa, fb, acc[f]);
+            }
+        }
+        __syncthreads();
+    }
+    wmma::store_matrix_sync(Cs + wt * (TBM + 4) + wr, acc[0], TBM + 4, wmma::mem_row_major);
+    wmma::store_matrix_sync(Cs + wt * (TBM + 4) + wr + 16, acc[1], TBM + 4, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = tid; i < TBN * TBM; i += blockDim.x) {
+        int t = i / TBM, r = i % TBM;
+        if (t0 + t < n && r0 + r < m.rows) Y[(size_t)(base + t0 + t) * ldy + r0 + r] = Cs[t * (TBM + 4) + r];
+    }
+}
+
+/* The same tile in plain fp32 FMA: exact to fp32, for small batches (the fixtures). */
+__global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict__ X, int ldx, int T,
+                                                  float *__restrict__ Y, int ldy, dsort so, int xdiv) {
+    __shared__ float Ws[TBK][TBM + 4];
+    __shared__ float Xs[TBK][TBN + 4];
+    int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    int e = 0, n = T, base = 0;
+    if (so.count) {
+        e = blockIdx.z;
+        n = so.count[e];
+        base = so.off[e];
+    }
+    int r0 = blockIdx.x * TBM, t0 = blockIdx.y * TBN;
+    if (t0 >= n) return;
+    /* this thread's loads: weight row lr, input row lt, columns seg..seg+7 */
+    int lr = tid / 4, seg = (tid % 4) * 8;
+    int lt = tid / 4;
+    const float *xrow = NULL;
+    if (t0 + lt < n) {
+        int srow = base + t0 + lt;
+        int xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
+        xrow = X + (size_t)xr * ldx;
+    }
+    float acc[4][4] = {};
+    for (int k0 = 0; k0 < m.cols; k0 += TBK) {
+        float w8[8];
+        if (r0 + lr < m.rows && k0 + seg < m.cols) load8(m, e, r0 + lr, k0 + seg, w8);
+        else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) Ws[seg + j][lr] = w8[j];
+#pragma unroll
+        for (int j = 0; j < 8; j++) Xs[seg + j][lt] = (xrow && k0 + seg + j < m.cols) ? xrow[k0 + seg + j] : 0.f;
+        __syncthreads();
+#pragma unroll 8
+        for (int k = 0; k < TBK; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = Ws[k][tx + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = Xs[k][ty + 16 * j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int t = t0 + ty + 16 * j;
+        if (t >= n) continue;
+        float *yr = Y + (size_t)(base + t) * ldy;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int r = r0 + tx + 16 * i;
+            if (r < m.rows) yr[r] = acc[i][j];
+        }
+    }
+}
+
+/* ---- quantized matrix-vector for one input row (decode), for up to MVQ_MAX matrices that
+ * read the same input in one launch: LPR lanes per weight row, each lane reading 16 bytes
+ * of codes at a time; the input row is staged in shared memory (swizzled so the lanes'
+ * float4 reads hit distinct banks), optionally as silu(X) * X2 (SwiGLU fused into the
+ * down projection). Needs 4- or 8-bit codes, cols % 32 == 0, group % 32 == 0. ---- */
+template <int LPR, int RW>
+__global__ void __launch_bounds__(256) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
+                                             const int *eidx, int xdiv) {
+    extern __shared__ float4 xs[];
+    const int RPW = 32 / LPR;
+    int mi = 0;
+    while (mi + 1 < a.n && (int)blockIdx.x >= a.blk0[mi + 1]) mi++;
+    const dmat &m = a.m[mi];
+    int nch = m.cols / 32, slot = blockIdx.y, e = 0;
+    const float *x = X, *x2 = X2;
+    float *y = a.y[mi];
+    if (eidx) {
+        e = eidx[slot];
+        x = X + (size_t)(slot / xdiv) * ldx;
+        if (X2) x2 = X2 + (size_t)(slot / xdiv) * ldx;
+        y += (size_t)slot * a.ldy[mi];
+    }
+    for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
+        int c = i / 8, j = i % 8;
+        const float *p = x + c * 32 + j * 4;
+        float4 v = make_float4(p[0], p[1], p[2], p[3]);
+        if (X2) {
+            const float *p2 = x2 + c * 32 + j * 4;
+            v.x = silu_f(v.x) * p2[0]; v.y = silu_f(v.y) * p2[1]; v.z = silu_f(v.z) * p2[2]; v.w = silu_f(v.w) * p2[3];
+        }
+        xs[c * 8 + ((j + c) & 7)] = v;
+    }
+    __syncthreads();
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
+    int rb = (((blockIdx.x - a.blk0[mi]) * 8 + warp) * RPW + grp) * RW;
+    int rr[RW];
+#pragma unroll
+    for (int k = 0; k < RW; k++) rr[k] = min(rb + k, m.rows - 1);
+    const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
+    const char *wb = (const char *)m.w + (long long)e * m.ew;
+    int ng = m.cols / m.group, cpg = m.group / 32;
+    float acc[RW];
+#pragma unroll
+    for (int k = 0; k < RW; k++) acc[k] = 0.f;
+    if (m.bits == 4) {
+#pragma unroll 2
+        for (int c = sub; c < nch; c += LPR) {
+            uint4 q[RW];
+            float sc[RW], bi[RW];
+#pragma unroll
+            for (int k = 0; k < RW; k++) {
+                q[k] = __ldg((const uint4 *)wb + (size_t)rr[k] * nch + c);
+                size_t gi = (size_t)rr[k] * ng + c / cpg;
+                sc[k] = ld_sb(sp, m.sbt, gi);
+                bi[k] = ld_sb(bp, m.sbt, gi);
+            }
+            float4 xv[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
+            float sx = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) sx += (xv[j].x + xv[j].y) + (xv[j].z + xv[j].w);
+#pragma unroll
+            for (int k = 0; k < RW; k++) {
+                uint32_t wv[4] = { q[k].x, q[k].y, q[k].z, q[k].w };
+                float sq = 0;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    float4 u = xv[2 * w], t = xv[2 * w + 1];
+                    uint32_t v = wv[w];
+                    sq += (float)(v & 15u) * u.x + (float)((v >> 4) & 15u) * u.y + (float)((v >> 8) & 15u) * u.z + (float)((v >> 12) & 15u) * u.w
+                        + (float)((v >> 16) & 15u) * t.x + (float)((v >> 20) & 15u) * t.y + (float)((v >> 24) & 15u) * t.z + (float)(v >> 28) * t.w;
+                }
+                acc[k] += sc[k] * sq + bi[k] * sx;
+            }
+        }
+    } else {
+        for (int c = sub; c < nch; c += LPR) {
+            float4 xv[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
+            float sx = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) sx += (xv[j].x + xv[j].y) + (xv[j].z + xv[j].w);
+#pragma unroll
+            for (int k = 0; k < RW; k++) {
+                const uint4 *wr = (const uint4 *)wb + (size_t)rr[k] * nch * 2;
+                uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
+                size_t gi = (size_t)rr[k] * ng + c / cpg;
+                float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
+                uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+                float sq = 0;
+#pragma unroll
+                for (int w = 0; w < 8; w++) {
+                    uint32_t v = wv[w];
+                    sq += (float)(v & 255u) * xv[w].x + (float)((v >> 8) & 255u) * xv[w].y + (float)((v >> 16) & 255u) * xv[w].z + (float)(v >> 24) * xv[w].w;
+                }
+                acc[k] += sc * sq + bi * sx;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < RW; k++) {
+        float v = acc[k];
+#pragma unroll
+        for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (rb + k < m.rows && sub == 0) y[rb + k] = v;
+    }
+}
+
+int cu_mvq_ok(const dmat *W) {
+    return W->type == LW_Q && (W->bits == 4 || W->bits == 8) && W->cols % 32 == 0 && W->group % 32 == 0 && W->cols <= 12288;
+}
+
+void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
+                     float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots) {
+    mvq_args a;
+    memset(&a, 0, sizeof a);
+    a.n = n;
+    int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8, nb = 0;
+    /* rows per lane group: as many as keep at least two blocks per multiprocessor busy */
+    int rows = 0;
+    for (int i = 0; i < n; i++) rows += W[i]->rows;
+    rows *= nslots;
+    int rw = 1, rw_max = lpr == 32 ? 4 : lpr == 16 ? 2 : 1;
+    /* more rows per warp (x reused from shared memory) and the input in registers (k_mvx, 4
+     * rows a warp) both measured slower on the H200 than one row a warp: occupancy wins */
+    while (rw < rw_max && rows / (8 * (32 / lpr) * rw * 2) >= 64 * 132) rw *= 2;
+    int rpb = 8 * (32 / lpr) * rw;
+    for (int i = 0; i < n; i++) {
+        a.m[i] = *W[i];
+        a.y[i] = Y[i];
+        a.ldy[i] = ldy ? ldy[i] : 0;
+        a.blk0[i] = nb;
+        nb += (W[i]->rows + rpb - 1) / rpb;
+    }
+    a.blk0[n] = nb;
+    dim3 g(nb, nslots);
+    size_t sm = (size_t)cols * sizeof(float);
+    if (lpr == 32 && rw == 4) k_mvq<32, 4><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32 && rw == 2) k_mvq<32, 2><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32) k_mvq<32, 1><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16 && rw == 2) k_mvq<16, 2><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16) k_mvq<16, 1><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else k_mvq<8, 1><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+}
+
+static int mv4_ok(const dmat *W) { return cu_mvq_ok(W); }
+static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, float *Y, int ldy, const int *eidx, int xdiv, int nslots) {
+    const dmat *w[1] = { W };
+    float *y[1] = { Y };
+    int l[1] = { ldy };
+    cu_matvec_group(s, 1, w, X, NULL, ldx, y, l, eidx, xdiv, nslots);
+}
+
+static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    if (T == 1 && mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, NULL, 1, 1); return; }
+    dim3 g((W->rows + 7) / 8, 1);
+    if (T <= 1) k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else if (T <= 2) k_mv<2><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else if (T <= 4) k_mv<4><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else k_mv<8><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+}
+
+void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    if (variant == 0) {
+        for (int t = 0; t < T; t += 8) mv_launch(s, W, X + (size_t)t * ldx, ldx, T - t < 8 ? T - t : 8, Y + (size_t)t * ldy, ldy);
+        return;
+    }
+    dsort none = { NULL, NULL, NULL, NULL };
+    dim3 g((W->rows + TBM - 1) / TBM, (T + TBN - 1) / TBN, 1);
+    if (variant == 1) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+    else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+}
+
+void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    cu_matmul_variant(s, T <= 8 ? 0 : T < CU_TC_MIN_T ? 1 : 2, W, X, ldx, T, Y, ldy);
+}
+
+void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float *X, int xdiv,
+                     int ldx, int nslots, float *Y, int ldy) {
+    if (mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, eidx, xdiv, nslots); return; }
+    dim3 g((W->rows + 7) / 8, nslots);
+    k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, 1, Y, ldy, eidx, xdiv);
+}
+
+void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
+                       int ldx, int maxcount, float *Y, int ldy) {
+    dim3 g((W->rows + TBM - 1) / TBM, (maxcount + TBN - 1) / TBN, E);
+    if (maxcount < CU_TC_MIN_T) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
+    else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
+}
+
+/* ---- embedding, norms ---- */
+__global__ void k_embed(dmat m, const int *ids, float *x) {
+    int t = blockIdx.x, id = ids[t];
+    for (int c = threadIdx.x * 8; c < m.cols; c += blockDim.x * 8) {
+        float w8[8];
+        load8(m, 0, id, c, w8);
+        for (int j = 0; j < 8 && c + j < m.cols; j++) x[(size_t)t * m.cols + c + j] = w8[j];
+    }
+}
+void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x) {
+    k_embed<<<T, 256, 0, s>>>(*E, ids, x);
+}
+
+__global__ void k_rmsnorm(float *x, const float *add, const float *w, int n, float eps, float *y) {
+    __shared__ float sh[32];
+    float *xr = x + (size_t)blockIdx.x * n;
+    const float *ar = add ? add + (size_t)blockIdx.x * n : NULL;
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i];
+        if (ar) { v += ar[i]; xr[i] = v; }
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / n + eps);
+    float *yr = y + (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+}
+void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y) {
+    k_rmsnorm<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, add, w, n, eps, y);
+}
+
+/* ---- Gated DeltaNet ---- */
+__global__ void k_conv(const float *mixed, float *state, const float *w, int cd, int K, int T, float *u) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= cd) return;
+    float hist[8], wr[8];
+    for (int j = 0; j < K - 1; j++) hist[j] = state[(size_t)ch * (K - 1) + j];
+    for (int j = 0; j < K; j++) wr[j] = w[(size_t)ch * K + j];
+    for (int t = 0; t < T; t++) {
+        float in = mixed[(size_t)t * cd + ch], s = 0;
+        for (int j = 0; j < K - 1; j++) s += wr[j] * hist[j];
+        s += wr[K - 1] * in;
+        u[(size_t)t * cd + ch] = silu_f(s);
+        for (int j = 0; j + 1 < K - 1; j++) hist[j] = hist[j + 1];
+        if (K > 1) hist[K - 2] = in;
+    }
+    for (int j = 0; j < K - 1; j++) state[(size_t)ch * (K - 1) + j] = hist[j];
+}
+void cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u) {
+    k_conv<<<(cd + 127) / 128, 128, 0, s>>>(mixed, state, w, cd, K, T, u);
+}
+
+__global__ void k_l2norm_heads(float *u, int cd, int nk, int dk) {
+    __shared__ float sh[32];
+    int t = blockIdx.x, hh = blockIdx.y;
+    float *v = u + (size_t)t * cd + (size_t)hh * dk;
+    float ss = 0;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += v[i] * v[i];
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss + 1e-6f) * (hh < nk ? 1.0f / sqrtf((float)dk) : 1.0f);
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) v[i] *= r;
+}
+__global__ void k_gbeta(const float *bb, const float *aa, const float *A_log, const float *dt_bias, int n, int nv,
+                        float *g, float *beta) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int h = i % nv;
+    beta[i] = sigm_f(bb[i]);
+    float x = aa[i] + dt_bias[h];
+    float sp = x > 20.0f ? x : log1pf(expf(x));
+    g[i] = -expf(A_log[h]) * sp;
+}
+void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
+                 const float *A_log, const float *dt_bias, int nv, float *g, float *beta) {
+    k_l2norm_heads<<<dim3(T, 2 * nk), 128, 0, s>>>(u, cd, nk, dk);
+    int n = T * nv;
+    k_gbeta<<<(n + 255) / 256, 256, 0, s>>>(bb, aa, A_log, dt_bias, n, nv, g, beta);
+}
+
+/* Decode (T = 1) in one launch: blocks [0, 2nk) do conv + SiLU + L2 norm of one q/k head,
+ * the next ones conv + SiLU of 128 value channels, the last one g and beta. */
+__global__ void k_gdn_prep1(const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
+                            const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
+                            float *u, float *g, float *beta) {
+    __shared__ float sh[32];
+    int b = blockIdx.x, kd = nk * dk, nvb = (vd + 127) / 128;
+    if (b == 2 * nk + nvb) {
+        for (int h = threadIdx.x; h < nv; h += blockDim.x) {
+            beta[h] = sigm_f(bb[h]);
+            float x = aa[h] + dt_bias[h];
+            float sp = x > 20.0f ? x : log1pf(expf(x));
+            g[h] = -expf(A_log[h]) * sp;
+        }
+        return;
+    }
+    int c0, n;
+    if (b < 2 * nk) { c0 = b * dk; n = dk; }
+    else { c0 = 2 * kd + (b - 2 * nk) * 128; n = min(128, 2 * kd + vd - c0); }
+    float ss = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int ch = c0 + i;
+        float *cs = state + (size_t)ch * (K - 1);
+        const float *wr = w + (size_t)ch * K;
+        float in = mixed[ch], acc = 0;
+        for (int j = 0; j < K - 1; j++) acc += wr[j] * cs[j];
+        acc += wr[K - 1] * in;
+        for (int j = 0; j + 1 < K - 1; j++) cs[j] = cs[j + 1];
+        if (K > 1) cs[K - 2] = in;
+        float v = silu_f(acc);
+        u[ch] = v;
+        ss += v * v;
+    }
+    if (b >= 2 * nk) return;
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss + 1e-6f) * (b < nk ? 1.0f / sqrtf((float)dk) : 1.0f);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) u[c0 + i] *= r;
+}
+void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
+                  const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
+                  float *u, float *g, float *beta) {
+    int nb = 2 * nk + (vd + 127) / 128 + 1;
+    k_gdn_prep1<<<nb, 128, 0, s>>>(mixed, state, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta);
+}
+
+/* One block per value head. Fast form (dk = 128): four threads per state column j, each
+ * holding 32 rows of column j of S in registers; the generic form keeps S in global memory
+ * with one thread per column. */
+__global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int dv, const float *u, int cd, const float *g,
+                                                     const float *beta, float *S, float *o, const float *z,
+                                                     const float *gw, float eps) {
+    __shared__ float qkb[2][256], red[16]; /* q | k of a step, double-buffered */
+    const int dk = 128;
+    int h = blockIdx.x, j = threadIdx.x / 4, p = threadIdx.x % 4, kh = h / (nv / nk), kd = nk * dk;
+    float *Sh = S + (size_t)h * dk * dv;
+    float sr[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + j];
+    /* thread i < 256 carries element i of the next step's q | k; every thread its v, g, beta */
+    int qk_off = threadIdx.x < 128 ? kh * dk + threadIdx.x : kd + kh * dk + (threadIdx.x - 128);
+    float nqk = threadIdx.x < 256 ? u[qk_off] : 0.f, nv_j = u[2 * kd + h * dv + j], ng = g[h], nb = beta[h];
+    for (int t = 0; t < T; t++) {
+        float *qs = qkb[t & 1], *ks = qkb[t & 1] + 128;
+        if (threadIdx.x < 256) qkb[t & 1][threadIdx.x] = nqk;
+        float decay = expf(ng), b = nb, vj = nv_j;
+        __syncthreads();
+        if (t + 1 < T) { /* the next step's loads fly while this one computes */
+            const float *nrow = u + (size_t)(t + 1) * cd;
+            if (threadIdx.x < 256) nqk = nrow[qk_off];
+            nv_j = nrow[2 * kd + h * dv + j];
+            ng = g[(size_t)(t + 1) * nv + h];
+            nb = beta[(size_t)(t + 1) * nv + h];
+        }
+        float d = 0, out = 0;
+#pragma unroll
+        for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * 32 + i]; }
+        d += __shfl_xor_sync(0xffffffffu, d, 1);
+        d += __shfl_xor_sync(0xffffffffu, d, 2);
+        d = (vj - d) * b;
+#pragma unroll
+        for (int i = 0; i < 32; i++) { sr[i] += ks[p * 32 + i] * d; out += sr[i] * qs[p * 32 + i]; }
+        out += __shfl_xor_sync(0xffffffffu, out, 1);
+        out += __shfl_xor_sync(0xffffffffu, out, 2);
+        size_t oi = (size_t)t * nv * dv + (size_t)h * dv + j;
+        if (z) { /* fused gated RMSNorm of the head's dv outputs (each column counted once) */
+            float sq = p == 0 ? out * out : 0.f;
+            sq = warp_sum(sq);
+            if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = sq;
+            __syncthreads();
+            float tot = 0;
+            for (int i = 0; i < (int)(blockDim.x / WARP); i++) tot += red[i];
+            float r = 1.0f / sqrtf(tot / dv + eps);
+            if (p == 0) o[oi] = out * r * gw[j] * silu_f(z[oi]);
+        } else if (p == 0) o[oi] = out;
+    }
+#pragma unroll
+    for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + j] = sr[i];
+}
+__global__ void k_gdn_rec_gen(int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                              const float *beta, float *S, float *o) {
+    extern __shared__ float qk[]; /* q[dk], k[dk] */
+    int h = blockIdx.x, j = threadIdx.x, kh = h / (nv / nk), kd = nk * dk;
+    float *Sh = S + (size_t)h * dk * dv;
+    for (int t = 0; t < T; t++) {
+        const float *row = u + (size_t)t * cd;
+        __syncthreads();
+        for (int i = j; i < dk; i += blockDim.x) { qk[i] = row[kh * dk + i]; qk[dk + i] = row[kd + kh * dk + i]; }
+        __syncthreads();
+        float decay = expf(g[(size_t)t * nv + h]), b = beta[(size_t)t * nv + h];
+        float vj = row[2 * kd + h * dv + j];
+        float d = 0, out = 0;
+        for (int i = 0; i < dk; i++) { float v = Sh[(size_t)i * dv + j] * decay; Sh[(size_t)i * dv + j] = v; d += v * qk[dk + i]; }
+        d = (vj - d) * b;
+        for (int i = 0; i < dk; i++) { float v = Sh[(size_t)i * dv + j] + qk[dk + i] * d; Sh[(size_t)i * dv + j] = v; out += v * qk[i]; }
+        o[(size_t)t * nv * dv + (size_t)h * dv + j] = out;
+    }
+}
+void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd,
+                const float *g, const float *beta, float *S, float *o) {
+    if (dk == 128 && dv * 4 <= 512 && dv >= 64) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, NULL, NULL, 0.f);
+    else k_gdn_rec_gen<<<nv, dv, 2 * (size_t)dk * sizeof(float), s>>>(T, nk, nv, dk, dv, u, cd, g, beta, S, o);
+}
+
+int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                    const float *beta, float *S, float *o, const float *z, const float *gw, float eps) {
+    if (!(dk == 128 && dv * 4 <= 512 && dv >= 64 && dv % 8 == 0)) return 0;
+    k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, z, gw, eps);
+    return 1;
+}
+
+__global__ void k_gated_norm(float *o, const float *z, const float *gw, int nv, int dv, float eps) {
+    __shared__ float sh[32];
+    int t = blockIdx.x / nv, h = blockIdx.x % nv;
+    float *oh = o + (size_t)t * nv * dv + (size_t)h * dv;
+    const float *zh = z + (size_t)t * nv * dv + (size_t)h * dv;
+    float ss = 0;
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += oh[i] * oh[i];
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / dv + eps);
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) oh[i] = oh[i] * r * gw[i] * silu_f(zh[i]);
+}
+void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps) {
+    k_gated_norm<<<T * nv, 128, 0, s>>>(o, z, gw, nv, dv, eps);
+}
+
+/* ---- gated attention ---- */
+__global__ void k_qk_prep(const float *qg, float *q, const float *k, const float *v, const float *qn,
+                          const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
+                          const int *pos, float *kc, float *vc) {
+    extern __shared__ float buf[];
+    __shared__ float sh[32];
+    int t = blockIdx.x, h = blockIdx.y, p = *pos + t;
+    const float *src;
+    const float *nw;
+    float *dst;
+    if (h < nh) {
+        src = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd;
+        nw = qn;
+        dst = q + (size_t)t * nh * hd + (size_t)h * hd;
+    } else {
+        int kh = h - nh;
+        src = k + (size_t)t * nkv * hd + (size_t)kh * hd;
+        nw = kn;
+        dst = kc + (size_t)p * nkv * hd + (size_t)kh * hd;
+        const float *vs = v + (size_t)t * nkv * hd + (size_t)kh * hd;
+        float *vd = vc + (size_t)p * nkv * hd + (size_t)kh * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) vd[i] = vs[i];
+    }
+    float ss = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = src[i] * r * nw[i];
+    __syncthreads();
+    int half = rot / 2;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float val = buf[i];
+        if (i < rot) {
+            int fi = i < half ? i : i - half;
+            float ang = (float)p * inv_freq[fi], cs = cosf(ang), sn = sinf(ang);
+            float a = buf[fi], b = buf[fi + half];
+            val = i < half ? a * cs - b * sn : b * cs + a * sn;
+        }
+        dst[i] = val;
+    }
+}
+void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const float *v, const float *qn,
+                const float *kn, int T, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
+                const int *pos, float *kc, float *vc) {
+    k_qk_prep<<<dim3(T, nh + nkv), 128, (size_t)hd * sizeof(float), s>>>(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps, pos, kc, vc);
+}
+
+/* Each warp runs an online softmax over its share of one split's keys and leaves
+ * (max, sum, acc[hd]) in part; k_attn_merge combines them and applies the gate. */
+#define ATT_WARPS 4
+#define ATT_MAXR 16
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const float *kc, const float *vc, int nh, int nkv,
+                                                           int hd, const int *pos, int splits, float *part) {
+    int th = blockIdx.x, t = th / nh, h = th % nh, kvh = h / (nh / nkv);
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, R = hd / WARP;
+    int n = *pos + t + 1;
+    int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
+    const float *qh = q + (size_t)t * nh * hd + (size_t)h * hd;
+    float qr[ATT_MAXR], acc[ATT_MAXR];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXR; i++) { qr[i] = i < R ? qh[lane + WARP * i] : 0.f; acc[i] = 0.f; }
+    float scale = rsqrtf((float)hd), mx = -INFINITY, l = 0;
+    size_t ld = (size_t)nkv * hd;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
+        float d = 0;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXR; i++) if (i < R) d += qr[i] * kj[lane + WARP * i];
+        float sc = warp_sum(d) * scale;
+        if (sc > mx) {
+            float corr = expf(mx - sc);
+            l = l * corr + 1.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] = acc[i] * corr + vj[lane + WARP * i];
+            mx = sc;
+        } else {
+            float p = expf(sc - mx);
+            l += p;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] += p * vj[lane + WARP * i];
+        }
+    }
+    float *pp = part + (((size_t)th * splits + blockIdx.y) * ATT_WARPS + warp) * (hd + 2);
+    if (lane == 0) { pp[0] = mx; pp[1] = l; }
+#pragma unroll
+    for (int i = 0; i < ATT_MAXR; i++) if (i < R) pp[2 + lane + WARP * i] = acc[i];
+}
+__global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o) {
+    __shared__ float wsh[1024];
+    __shared__ float Lsh;
+    int th = blockIdx.x, t = th / nh, h = th % nh;
+    const float *pp = part + (size_t)th * np * (hd + 2);
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int p = 0; p < np; p++) M = fmaxf(M, pp[(size_t)p * (hd + 2)]);
+        float L = 0;
+        for (int p = 0; p < np; p++) {
+            float m = pp[(size_t)p * (hd + 2)], w = m == -INFINITY ? 0.f : expf(m - M);
+            wsh[p] = w;
+            L += w * pp[(size_t)p * (hd + 2) + 1];
+        }
+        Lsh = L;
+    }
+    __syncthreads();
+    const float *gate = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd + hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float a = 0;
+        for (int p = 0; p < np; p++) if (wsh[p] != 0.f) a += pp[(size_t)p * (hd + 2) + 2 + i] * wsh[p];
+        o[(size_t)t * nh * hd + (size_t)h * hd + i] = a / Lsh * sigm_f(gate[i]);
+    }
+}
+/* GQA form: one block per (token, KV head, split) runs the HG query heads that share the KV
+ * head together, so each key and value is read once for all of them. R = hd / 32. */
+template <int HG, int R>
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
+                                                               int nkv, const int *pos, int splits, float *part) {
+    const int hd = R * WARP;
+    int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int n = *pos + t + 1;
+    int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
+    float qr[HG][R], acc[HG][R], mx[HG], l[HG];
+    float scale = rsqrtf((float)hd);
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        const float *qh = q + (size_t)t * nh * hd + (size_t)(kvh * HG + g) * hd;
+#pragma unroll
+        for (int i = 0; i < R; i++) { qr[g][i] = qh[lane + WARP * i] * scale; acc[g][i] = 0.f; }
+        mx[g] = -INFINITY; l[g] = 0.f;
+    }
+    size_t ld = (size_t)nkv * hd;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
+        float kr[R], vr[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) { kr[i] = kj[lane + WARP * i]; vr[i] = vj[lane + WARP * i]; }
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            float d = 0;
+#pragma unroll
+            for (int i = 0; i < R; i++) d += qr[g][i] * kr[i];
+            float sc = warp_sum(d);
+            float mnew = fmaxf(mx[g], sc), corr = expf(mx[g] - mnew), p = expf(sc - mnew);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int i = 0; i < R; i++) acc[g][i] = acc[g][i] * corr + p * vr[i];
+            mx[g] = mnew;
+        }
+    }
+    /* merge the warps in shared memory: one partial per block and head */
+    __shared__ float sm_m[HG][ATT_WARPS], sm_l[HG][ATT_WARPS], sm_a[HG][ATT_WARPS][R * WARP];
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        if (lane == 0) { sm_m[g][warp] = mx[g]; sm_l[g][warp] = l[g]; }
+#pragma unroll
+        for (int i = 0; i < R; i++) sm_a[g][warp][lane + WARP * i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < HG * (hd + 2); idx += blockDim.x) {
+        int g = idx / (hd + 2), i = idx % (hd + 2);
+        float M = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[g][w]);
+        float v = 0;
+        if (i == 0) v = M;
+        else if (M != -INFINITY)
+            for (int w = 0; w < ATT_WARPS; w++) {
+                float f = sm_m[g][w] == -INFINITY ? 0.f : expf(sm_m[g][w] - M);
+                v += f * (i == 1 ? sm_l[g][w] : sm_a[g][w][i - 2]);
+            }
+        int th = t * nh + kvh * HG + g;
+        part[((size_t)th * splits + blockIdx.y) * (hd + 2) + i] = v;
+    }
+}
+
+size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
+    return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
+}
+void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {
+    int hg = nh / nkv, np = splits;
+    dim3 gq(T * nkv, splits);
+    if (hd == 256 && hg == 8) k_attn_gqa<8, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    else if (hd == 256 && hg == 4) k_attn_gqa<4, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    else if (hd == 256 && hg == 2) k_attn_gqa<2, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    else if (hd == 128 && hg == 8) k_attn_gqa<8, 4><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    else {
+        k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part);
+        np = splits * ATT_WARPS;
+    }
+    k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, np, o);
+}
+
+/* ---- MoE ---- */
+/* One warp per token: softmax over E, then K rounds of argmax (lowest index on ties). */
+__global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel, float *wt) {
+    extern __shared__ float pr[]; /* [warps][E] */
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int t = blockIdx.x * (blockDim.x / WARP) + warp;
+    if (t >= T) return;
+    float *p = pr + (size_t)warp * E;
+    const float *lg = logits + (size_t)t * E;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, lg[e]);
+    mx = warp_max(mx);
+    float sum = 0;
+    for (int e = lane; e < E; e += WARP) { float v = expf(lg[e] - mx); p[e] = v; sum += v; }
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += WARP) p[e] = p[e] / sum;
+    __syncwarp();
+    float tot = 0;
+    for (int j = 0; j < K; j++) {
+        float bv = -1.0f;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += WARP)
+            if (p[e] > bv) { bv = p[e]; bi = e; }
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (lane == 0) { sel[t * K + j] = bi; wt[t * K + j] = bv; }
+        tot += bv;
+        __syncwarp();
+        if (lane == 0) p[bi] = -2.0f; /* taken */
+        __syncwarp();
+    }
+    for (int j = lane; j < K; j += WARP) wt[t * K + j] = wt[t * K + j] / tot;
+}
+void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt) {
+    int wpb = 4;
+    k_router_topk<<<(T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s>>>(logits, T, E, K, sel, wt);
+}
+
+/* Counting sort of the n = T*K slots by expert. The order inside an expert follows the
+ * atomics, which changes no row's value: every row is computed on its own. */
+__global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
+    extern __shared__ int cnt[]; /* [E] counts, then [E] cursors */
+    int *cur = cnt + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[sel[i]], 1);
+    __syncthreads();
+    if (threadIdx.x < WARP) { /* exclusive scan by one warp */
+        int carry = 0;
+        for (int e0 = 0; e0 < E; e0 += WARP) {
+            int e = e0 + threadIdx.x, v = e < E ? cnt[e] : 0, incl = v;
+            for (int o = 1; o < WARP; o <<= 1) { int u = __shfl_up_sync(0xffffffffu, incl, o); if ((int)threadIdx.x >= o) incl += u; }
+            if (e < E) { cur[e] = carry + incl - v; off[e] = carry + incl - v; count[e] = v; }
+            carry += __shfl_sync(0xffffffffu, incl, WARP - 1);
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int p = atomicAdd(&cur[sel[i]], 1);
+        src[p] = i;
+        pos[i] = p;
+    }
+}
+void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
+    k_moe_sort<<<1, 1024, 2 * (size_t)E * sizeof(int), s>>>(sel, n, E, count, off, src, pos);
+}
+
+__global__ void k_swiglu(const float *g, const float *u, float *h, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) h[i] = silu_f(g[i]) * u[i];
+}
+void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long long n) {
+    k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(g, u, h, n);
+}
+
+__global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ D, const int *__restrict__ pos,
+                              const float *__restrict__ wt, int K, int H, const float *__restrict__ SD,
+                              const float *__restrict__ sr, const float *__restrict__ nw, float eps, float *__restrict__ tout) {
+    __shared__ float sh[32];
+    int t = blockIdx.x;
+    float gs = SD ? sigm_f(sr[t]) : 0.f, ss = 0;
+    float *xr = x + (size_t)t * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float y = 0;
+#pragma unroll 8
+        for (int k = 0; k < K; k++) {
+            int slot = t * K + k, row = pos ? pos[slot] : slot;
+            y += wt[slot] * D[(size_t)row * H + i];
+        }
+        if (SD) y += gs * SD[(size_t)t * H + i];
+        float v = xr[i] + y;
+        xr[i] = v;
+        ss += v * v;
+    }
+    if (!nw) return;
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) tout[(size_t)t * H + i] = xr[i] * r * nw[i];
+}
+void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
+                    const float *SD, const float *sr, const float *nw, float eps, float *tout) {
+    k_moe_combine<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, D, pos, wt, K, H, SD, sr, nw, eps, tout);
+}
+
+/* ---- token choice ---- */
+__global__ void k_argmax(const float *x, int V, int *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ float sh[32];
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = x[i];
+        if (v != v) v = -INFINITY;
+        if (bi == 0x7fffffff || v > bv) { bv = v; bi = i; }
+    }
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    if (lane == 0) { sv[w] = bv; si[w] = bi; }
+    __syncthreads();
+    bv = sv[0]; bi = si[0];
+    for (int i = 1; i < (int)(blockDim.x / WARP); i++)
+        if (sv[i] > bv || (sv[i] == bv && si[i] < bi)) { bv = sv[i]; bi = si[i]; }
+    float sum = 0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = x[i];
+        if (v == v && bv != -INFINITY) sum += expf(v - bv);
+    }
+    sum = block_sum(sum, sh);
+    if (threadIdx.x == 0) {
+        out[0] = bi == 0x7fffffff ? 0 : bi;
+        out[1] = __float_as_int(-logf(sum));
+    }
+}
+void cu_argmax(cudaStream_t s, const float *logits, int V, int *out) {
+    k_argmax<<<1, 1024, 0, s>>>(logits, V, out);
+}
+
+__global__ void k_set_int(int *p, int v) { *p = v; }
+void cu_set_int(cudaStream_t s, int *p, int v) { k_set_int<<<1, 1, 0, s>>>(p, v); }
+const void *cu_probe_kernel(void) { return (const void *)k_set_int; }
+
+__global__ void k_step_advance(const int *tok, int *ids, int *pos, int *step, int *ring, int ring_n) {
+    int slot = *step % ring_n;
+    ids[0] = tok[0];
+    ring[2 * slot] = tok[0];
+    ring[2 * slot + 1] = tok[1];
+    __threadfence_system();
+    *pos += 1;
+    *step += 1;
+}
+void cu_step_advance(cudaStream_t s, const int *tok, int *ids, int *pos, int *step, int *ring, int ring_n) {
+    k_step_advance<<<1, 1, 0, s>>>(tok, ids, pos, step, ring, ring_n);
+}

@@ -1,0 +1,64 @@
+/* Internal to the CUDA backend: the model and session as cu_backend.cu, cu_random.cu and
+ * cu_decode.cu share them. */
+#ifndef LILY_CU_MODEL_H
+#define LILY_CU_MODEL_H
+#include "cuda/cu_common.h"
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+#define LCU_SNAPSHOTS 4
+#define LCU_RING 64
+
+typedef struct {
+    int full;
+    float *ln1, *ln2;
+    dmat qkv, z, b, a, out;
+    float *conv_w, *A_log, *dt_bias, *gnorm;
+    dmat q, k, v, o;
+    float *q_norm, *k_norm;
+    dmat router, gate, up, down, sh_gate, sh_up, sh_down, sh_router;
+} cu_layer;
+
+struct lcuda_model {
+    lily_config cfg;
+    int max_ctx, max_sessions, chunk;
+    dmat embed, lm_head;
+    float *norm, *inv_freq;
+    cu_layer *L;
+    void **allocs;
+    int n_alloc, cap_alloc;
+    uint64_t bytes;
+};
+
+struct lcuda_session {
+    lcuda_model *m;
+    cudaStream_t st;
+    int n_lin, n_full;
+    size_t conv_n, S_n, kv_n;     /* floats per layer */
+    float *conv, *S, *kc, *vc;
+    float *snap_conv[LCU_SNAPSHOTS], *snap_S[LCU_SNAPSHOTS];
+    /* step inputs/outputs on the device */
+    int *d_ids, *d_pos, *d_tok, *d_step;
+    int *ring_h, *ring_d;          /* pinned, mapped: [LCU_RING][2] (token, logprob bits) */
+    /* scratch for up to `chunk` tokens */
+    float *x, *t, *y, *mixed, *u, *zb, *bb, *aa, *g, *beta, *o;
+    float *qg, *q, *kb, *vb, *ao, *part;
+    float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;
+    int *sel, *cnt, *off, *src, *spos;
+    float *lg;                     /* [lg_rows][V] */
+    int lg_rows;
+    int pos;                       /* tokens the device state covers */
+    cudaGraphExec_t graph;
+    cudaEvent_t ev[4];
+};
+
+/* Tracks a device allocation for lcuda_model_free. */
+lily_code cu_model_alloc(lcuda_model *m, void **p, size_t n, lily_status *st);
+/* Uploads n same-shape matrices into one expert stack (for the kernel test too). */
+lily_code cu_upload_mats(lcuda_model *m, const lw_mat *src, int n, dmat *d, lily_status *st);
+lily_code cu_model_finish(lcuda_model *m, lily_status *st); /* chunk size, rope table */
+/* Enqueues the whole forward of T tokens (ids in s->d_ids, position in s->d_pos);
+ * logits: 0 none, 1 last row into s->lg, 2 all rows into s->lg. */
+void cu_enqueue_forward(lcuda_session *s, int T, int logits);
+#endif

@@ -1,0 +1,123 @@
+/* The kernel test's entry points (see cuda_test.h): host in, device kernel, host out. */
+#include "cuda/cu_model.h"
+extern "C" {
+#include "cuda/cuda_test.h"
+}
+#include <stdlib.h>
+
+typedef struct { void *p[16]; int n; } dlist;
+static void *dput(dlist *d, const void *h, size_t n, lily_status *st, lily_code *rc) {
+    void *p = NULL;
+    if (*rc) return NULL;
+    cudaError_t e = cudaMalloc(&p, n ? n : 4);
+    if (e == cudaSuccess && h) e = cudaMemcpy(p, h, n, cudaMemcpyHostToDevice);
+    else if (e == cudaSuccess) e = cudaMemset(p, 0xff, n ? n : 4); /* NaN poison for floats */
+    if (e != cudaSuccess) { *rc = cu_fail(st, e, "test buffer", __FILE__, __LINE__); return NULL; }
+    d->p[d->n++] = p;
+    return p;
+}
+static void dfree(dlist *d) { for (int i = 0; i < d->n; i++) cudaFree(d->p[i]); }
+static lily_code finish(lily_status *st, lily_code rc) {
+    if (rc) return rc;
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return e == cudaSuccess ? LILY_OK : cu_fail(st, e, "kernel", __FILE__, __LINE__);
+}
+static lily_code dget(void *h, const void *d, size_t n, lily_status *st) {
+    cudaError_t e = cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost);
+    return e == cudaSuccess ? LILY_OK : cu_fail(st, e, "copy back", __FILE__, __LINE__);
+}
+
+lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
+                     float *Y, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d;
+    lily_code rc = cu_upload_mats(m, W, variant >= 3 ? E : 1, &d, st);
+    dlist L = { {0}, 0 };
+    int rows = W->rows, cols = W->cols, ny = variant >= 3 ? T * K : T;
+    float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
+    float *dy = (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc);
+    int *ds = variant >= 3 ? (int *)dput(&L, sel, (size_t)T * K * 4, st, &rc) : NULL;
+    int *cnt = variant == 4 ? (int *)dput(&L, NULL, (size_t)E * 4, st, &rc) : NULL;
+    int *off = variant == 4 ? (int *)dput(&L, NULL, (size_t)E * 4, st, &rc) : NULL;
+    int *src = variant == 4 ? (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc) : NULL;
+    int *pos = variant == 4 ? (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc) : NULL;
+    float *dys = variant == 4 ? (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc) : NULL;
+    if (!rc) {
+        if (variant <= 2) cu_matmul_variant(0, variant, &d, dx, cols, T, dy, rows);
+        else if (variant == 3) cu_matmul_slots(0, &d, ds, dx, K, cols, T * K, dy, rows);
+        else {
+            cu_moe_sort(0, ds, T * K, E, cnt, off, src, pos);
+            dsort so = { cnt, off, src, pos };
+            cu_matmul_grouped(0, &d, E, &so, K, dx, cols, T, dys, rows);
+        }
+    }
+    rc = finish(st, rc);
+    if (!rc && variant == 4) { /* back to slot order */
+        int *hp = (int *)malloc((size_t)T * K * 4);
+        float *hs = (float *)malloc((size_t)ny * rows * 4);
+        rc = dget(hp, pos, (size_t)T * K * 4, st);
+        if (!rc) rc = dget(hs, dys, (size_t)ny * rows * 4, st);
+        for (int i = 0; !rc && i < T * K; i++) memcpy(Y + (size_t)i * rows, hs + (size_t)hp[i] * rows, (size_t)rows * 4);
+        free(hp); free(hs);
+    } else if (!rc) rc = dget(Y, dy, (size_t)ny * rows * 4, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
+lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
+                  float *S, float *o, lily_status *st) {
+    int cd = 2 * nk * dk + nv * dv;
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *du = (float *)dput(&L, u, (size_t)T * cd * 4, st, &rc), *dg = (float *)dput(&L, g, (size_t)T * nv * 4, st, &rc);
+    float *db = (float *)dput(&L, beta, (size_t)T * nv * 4, st, &rc), *dS = (float *)dput(&L, S, (size_t)nv * dk * dv * 4, st, &rc);
+    float *dout = (float *)dput(&L, NULL, (size_t)T * nv * dv * 4, st, &rc);
+    if (!rc) cu_gdn_rec(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(o, dout, (size_t)T * nv * dv * 4, st);
+    if (!rc) rc = dget(S, dS, (size_t)nv * dk * dv * 4, st);
+    dfree(&L);
+    return rc;
+}
+
+lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,
+                      float *x_out, lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *dx = (float *)dput(&L, x, (size_t)T * n * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)T * n * 4, st, &rc) : NULL;
+    float *dw = (float *)dput(&L, w, (size_t)n * 4, st, &rc), *dy = (float *)dput(&L, NULL, (size_t)T * n * 4, st, &rc);
+    if (!rc) cu_rmsnorm(0, dx, da, dw, n, T, eps, dy);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(y, dy, (size_t)T * n * 4, st);
+    if (!rc && x_out) rc = dget(x_out, dx, (size_t)T * n * 4, st);
+    dfree(&L);
+    return rc;
+}
+
+lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *dl = (float *)dput(&L, logits, (size_t)T * E * 4, st, &rc);
+    int *ds = (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc);
+    float *dw = (float *)dput(&L, NULL, (size_t)T * K * 4, st, &rc);
+    if (!rc) cu_router_topk(0, dl, T, E, K, ds, dw);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(sel, ds, (size_t)T * K * 4, st);
+    if (!rc) rc = dget(wt, dw, (size_t)T * K * 4, st);
+    dfree(&L);
+    return rc;
+}
+
+lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *dx = (float *)dput(&L, x, (size_t)V * 4, st, &rc);
+    int *dout = (int *)dput(&L, NULL, 8, st, &rc);
+    if (!rc) cu_argmax(0, dx, V, dout);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(out, dout, 8, st);
+    dfree(&L);
+    return rc;
+}

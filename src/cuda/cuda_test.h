@@ -1,0 +1,25 @@
+/* Entry points for the CUDA kernel test (tests/cuda/kernel_test.c): each uploads host
+ * inputs, poisons the device output with NaN so unwritten elements show, runs one kernel
+ * and copies the result back. Built only with CUDA=1. */
+#ifndef LILY_CUDA_TEST_H
+#define LILY_CUDA_TEST_H
+#include "lily.h"
+#include "loader/weights.h"
+
+/* variant 0: matrix-vector (W[0], any T), 1: tiled fp32 (W[0]), 2: tiled TF32 tensor cores,
+ * 3: per-slot experts, 4: grouped by expert after the on-GPU sort. For 3 and 4, W holds E experts, sel [T*K]
+ * the expert of slot t*K+k (distinct within a token), and Y gets [T*K][rows] in slot order;
+ * otherwise Y is [T][rows]. X is [T][cols]. */
+lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
+                     float *Y, lily_status *st);
+/* Recurrent delta rule for all heads: u [T][2*nk*dk + nv*dv] (q already normalized and
+ * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
+lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
+                  float *S, float *o, lily_status *st);
+/* y = rmsnorm(x (+ add)) * w for T rows of n; x_out gets x after the add (may be NULL). */
+lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,
+                      float *x_out, lily_status *st);
+lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
+/* out[0] = argmax, out[1] = its log-probability bits. */
+lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st);
+#endif

@@ -1,0 +1,367 @@
+/* CUDA kernel test: every kernel against the CPU reference on fresh random inputs, at
+ * the real Qwen3.6-35B-A3B shapes and at odd sizes, with outputs poisoned (NaN) before
+ * each run so an unwritten element fails the comparison. Needs a GPU; built with CUDA=1.
+ *
+ *   cuda-kernel-test [--seed N]                 kernel-by-kernel checks
+ *   cuda-kernel-test --model DIR [--prompt 1000] [--steps 32]
+ *                                               whole model: CPU and CUDA logits after a random
+ *                                               prompt, and the greedy tokens of the next steps
+ * Last line: "N passed, N failed". */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "cpu/cpu.h"
+#include "cuda/cuda_test.h"
+#include "lily.h"
+#include "util/util.h"
+
+static int n_pass, n_fail;
+static lily_rng rng;
+
+static void report(const char *what, double err, double tol) {
+    int ok = err <= tol; /* NaN fails */
+    printf("%-58s rel err %.3e (tol %.0e)  %s\n", what, err, tol, ok ? "ok" : "FAIL");
+    if (ok) n_pass++; else n_fail++;
+}
+
+static double rel(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    if (!isfinite(num)) return INFINITY;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static float *rnd(size_t n, float sd) {
+    float *p = malloc(n * sizeof *p);
+    for (size_t i = 0; i < n; i++) p[i] = lily_rng_normal(&rng) * sd;
+    return p;
+}
+
+/* A random matrix of the given storage: type LW_Q with bits 4/8 (bf16 scales, group g). */
+static lw_mat mk_mat(lw_type t, int bits, int group, int rows, int cols, void **hold) {
+    lw_mat m;
+    memset(&m, 0, sizeof m);
+    m.type = t; m.rows = rows; m.cols = cols;
+    size_t n = (size_t)rows * cols;
+    if (t == LW_Q) {
+        m.bits = bits; m.group = group; m.sb_type = LW_BF16;
+        size_t words = n * bits / 32, ng = n / group;
+        uint32_t *w = malloc(words * 4);
+        uint16_t *s = malloc(ng * 2), *b = malloc(ng * 2);
+        for (size_t i = 0; i < words; i++) w[i] = (uint32_t)lily_rng_u64(&rng);
+        float amp = 1.0f / sqrtf((float)cols);
+        for (size_t i = 0; i < ng; i++) {
+            s[i] = lily_f32_to_bf16(amp * (0.5f + (float)lily_rng_uniform(&rng)) / ((1 << bits) - 1) * 2);
+            b[i] = lily_f32_to_bf16(-amp * (0.5f + (float)lily_rng_uniform(&rng)));
+        }
+        m.w = w; m.scales = s; m.biases = b;
+        hold[0] = w; hold[1] = s; hold[2] = b;
+    } else {
+        size_t es = t == LW_F32 ? 4 : 2;
+        void *p = malloc(n * es);
+        for (size_t i = 0; i < n; i++) {
+            float v = lily_rng_normal(&rng) / sqrtf((float)cols);
+            if (t == LW_F32) ((float *)p)[i] = v;
+            else if (t == LW_BF16) ((uint16_t *)p)[i] = lily_f32_to_bf16(v);
+            else ((uint16_t *)p)[i] = lily_f32_to_f16(v);
+        }
+        m.w = p;
+        hold[0] = p; hold[1] = hold[2] = NULL;
+    }
+    return m;
+}
+
+static const char *tname(lw_type t, int bits) {
+    return t == LW_Q ? (bits == 4 ? "q4" : "q8") : t == LW_BF16 ? "bf16" : t == LW_F16 ? "f16" : "f32";
+}
+
+static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int rows, int cols, int T) {
+    void *hold[3];
+    lw_mat W = mk_mat(t, bits, group, rows, cols, hold);
+    float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * rows * 4), *Y = malloc((size_t)T * rows * 4);
+    cpu_matmul(pool, &W, X, T, ref);
+    for (int v = 0; v < 3; v++) {
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "matmul %s %s %dx%d T=%d", v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv", tname(t, bits), rows, cols, T);
+        if (lct_matmul(&W, 1, X, T, v, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
+        report(what, rel(Y, ref, (size_t)T * rows), v == 2 ? 3e-3 : 1e-5); /* TF32 tensor cores: 10-bit mantissas */
+    }
+    free(X); free(ref); free(Y);
+    for (int i = 0; i < 3; i++) free(hold[i]);
+}
+
+/* Experts: E matrices, T tokens each routed to K distinct experts. */
+static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, int T, int K) {
+    void **hold = calloc((size_t)E * 3, sizeof *hold);
+    lw_mat *W = malloc((size_t)E * sizeof *W);
+    for (int e = 0; e < E; e++) W[e] = mk_mat(LW_Q, bits, 64, rows, cols, hold + 3 * e);
+    float *X = rnd((size_t)T * cols, 1.0f);
+    int *sel = malloc((size_t)T * K * sizeof *sel);
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < K; k++) {
+            int e, dup;
+            do {
+                e = (int)(lily_rng_u64(&rng) % (uint64_t)E);
+                dup = 0;
+                for (int j = 0; j < k; j++) dup |= sel[t * K + j] == e;
+            } while (dup);
+            sel[t * K + k] = e;
+        }
+    float *ref = malloc((size_t)T * K * rows * 4), *Y = malloc((size_t)T * K * rows * 4);
+    for (int i = 0; i < T * K; i++) cpu_matmul(pool, &W[sel[i]], X + (size_t)(i / K) * cols, 1, ref + (size_t)i * rows);
+    for (int v = 3; v < 5; v++) {
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "experts %s q%d E=%d %dx%d T=%d K=%d", v == 3 ? "slots" : "grouped", bits, E, rows, cols, T, K);
+        if (lct_matmul(W, E, X, T, v, sel, K, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
+        report(what, rel(Y, ref, (size_t)T * K * rows), v == 4 && T >= 128 ? 3e-3 : 1e-5);
+    }
+    for (int i = 0; i < 3 * E; i++) free(hold[i]);
+    free(hold); free(W); free(X); free(sel); free(ref); free(Y);
+}
+
+static void test_gdn(int T, int nk, int nv, int dk, int dv) {
+    int cd = 2 * nk * dk + nv * dv;
+    float *u = rnd((size_t)T * cd, 1.0f), *g = malloc((size_t)T * nv * 4), *beta = malloc((size_t)T * nv * 4);
+    for (int t = 0; t < T; t++)
+        for (int hh = 0; hh < 2 * nk; hh++) { /* unit q/k rows, q scaled, as the model feeds them */
+            float *v = u + (size_t)t * cd + (size_t)hh * dk;
+            double ss = 0;
+            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+            float r = (float)(1 / sqrt(ss)) * (hh < nk ? 1.0f / sqrtf((float)dk) : 1.0f);
+            for (int i = 0; i < dk; i++) v[i] *= r;
+        }
+    for (int i = 0; i < T * nv; i++) { g[i] = -(float)lily_rng_uniform(&rng) * 2.0f; beta[i] = (float)lily_rng_uniform(&rng); }
+    float *S0 = rnd((size_t)nv * dk * dv, 0.1f), *S = malloc((size_t)nv * dk * dv * 4), *Sref = malloc((size_t)nv * dk * dv * 4);
+    memcpy(S, S0, (size_t)nv * dk * dv * 4);
+    memcpy(Sref, S0, (size_t)nv * dk * dv * 4);
+    float *o = malloc((size_t)T * nv * dv * 4), *oref = malloc((size_t)T * nv * dv * 4);
+    float *gh = malloc((size_t)T * 4), *bh = malloc((size_t)T * 4);
+    int kd = nk * dk;
+    for (int h = 0; h < nv; h++) {
+        int kh = h / (nv / nk);
+        for (int t = 0; t < T; t++) { gh[t] = g[t * nv + h]; bh[t] = beta[t * nv + h]; }
+        cpu_gdn_recurrent(T, dk, dv, u + (size_t)kh * dk, cd, u + kd + (size_t)kh * dk, cd, u + 2 * kd + (size_t)h * dv, cd,
+                          gh, bh, Sref + (size_t)h * dk * dv, oref + (size_t)h * dv, nv * dv);
+    }
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "gdn recurrent T=%d nk=%d nv=%d dk=%d dv=%d (out, state)", T, nk, nv, dk, dv);
+    if (lct_gdn(T, nk, nv, dk, dv, u, g, beta, S, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        double e1 = rel(o, oref, (size_t)T * nv * dv), e2 = rel(S, Sref, (size_t)nv * dk * dv);
+        report(what, e1 > e2 ? e1 : e2, 1e-4);
+    }
+    free(u); free(g); free(beta); free(S0); free(S); free(Sref); free(o); free(oref); free(gh); free(bh);
+}
+
+static void test_rmsnorm(int n, int T) {
+    float *x = rnd((size_t)T * n, 2.0f), *add = rnd((size_t)T * n, 1.0f), *w = rnd(n, 1.0f);
+    float *y = malloc((size_t)T * n * 4), *xo = malloc((size_t)T * n * 4), *ref = malloc((size_t)T * n * 4), *xs = malloc((size_t)T * n * 4);
+    for (size_t i = 0; i < (size_t)T * n; i++) xs[i] = x[i] + add[i];
+    for (int t = 0; t < T; t++) cpu_rmsnorm(xs + (size_t)t * n, w, n, 1e-6, ref + (size_t)t * n);
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "add + rmsnorm n=%d T=%d", n, T);
+    if (lct_rmsnorm(x, add, w, n, T, 1e-6f, y, xo, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        double e1 = rel(y, ref, (size_t)T * n), e2 = rel(xo, xs, (size_t)T * n);
+        report(what, e1 > e2 ? e1 : e2, 1e-5);
+    }
+    free(x); free(add); free(w); free(y); free(xo); free(ref); free(xs);
+}
+
+/* The reference routing of src/cpu/forward.c (softmax, top-k by selection, renormalize). */
+static void router_ref(const float *lg, int E, int K, int *sel, float *wt) {
+    float *p = malloc((size_t)E * 4), mx = -INFINITY;
+    for (int e = 0; e < E; e++) if (lg[e] > mx) mx = lg[e];
+    double sum = 0;
+    for (int e = 0; e < E; e++) { p[e] = expf(lg[e] - mx); sum += p[e]; }
+    for (int e = 0; e < E; e++) p[e] = (float)(p[e] / sum);
+    double tot = 0;
+    for (int j = 0; j < K; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int m = 0; m < j; m++) taken |= sel[m] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best; wt[j] = p[best]; tot += p[best];
+    }
+    for (int j = 0; j < K; j++) wt[j] = (float)(wt[j] / tot);
+    free(p);
+}
+
+static void test_router(int T, int E, int K) {
+    float *lg = rnd((size_t)T * E, 2.0f);
+    int *sel = malloc((size_t)T * K * 4), *sref = malloc((size_t)T * K * 4);
+    float *wt = malloc((size_t)T * K * 4), *wref = malloc((size_t)T * K * 4);
+    for (int t = 0; t < T; t++) router_ref(lg + (size_t)t * E, E, K, sref + t * K, wref + t * K);
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "router softmax+top-k T=%d E=%d K=%d (weights; ids must match)", T, E, K);
+    if (lct_router(lg, T, E, K, sel, wt, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        int same = !memcmp(sel, sref, (size_t)T * K * 4);
+        report(what, same ? rel(wt, wref, (size_t)T * K) : INFINITY, 1e-5);
+    }
+    free(lg); free(sel); free(sref); free(wt); free(wref);
+}
+
+static void test_argmax(int V) {
+    float *x = rnd(V, 3.0f);
+    int at = (int)(lily_rng_u64(&rng) % (uint64_t)V);
+    x[at] = 50.0f;
+    if (at + 1 < V) x[V - 1] = 50.0f; /* a tie: the lower id wins */
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)x[i] - 50.0);
+    int out[2];
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "argmax + logprob V=%d", V);
+    if (lct_argmax(x, V, out, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        float lp;
+        memcpy(&lp, &out[1], 4);
+        float ref = (float)-log(sum);
+        report(what, out[0] == at ? fabs(lp - ref) / fmax(fabs(ref), 1e-3) : INFINITY, 1e-4);
+    }
+    free(x);
+}
+
+/* Whole model: CPU and CUDA backends on one random prompt, then greedy steps. */
+static int test_model(const char *dir, int P, int steps) {
+    lily_model_opts o;
+    lily_model_opts_default(&o);
+    o.max_ctx = P + steps + 8;
+    lily_model *mc = NULL, *mg = NULL;
+    lily_status st = { 0 };
+    o.backend = LILY_BACKEND_CPU;
+    if (lily_model_open(dir, &o, &mc, &st)) { printf("cpu open: %s\n", st.msg); return 1; }
+    o.backend = LILY_BACKEND_CUDA;
+    if (lily_model_open(dir, &o, &mg, &st)) { printf("cuda open: %s\n", st.msg); return 1; }
+    lily_model_info info;
+    lily_model_get_info(mc, &info);
+    int V = info.vocab_size;
+    int32_t *ids = malloc((size_t)P * 4);
+    for (int i = 0; i < P; i++) ids[i] = (int32_t)(lily_rng_u64(&rng) % (uint64_t)V);
+    lily_session *sc, *sg;
+    if (lily_session_new(mc, &sc, &st) || lily_session_new(mg, &sg, &st)) { printf("session: %s\n", st.msg); return 1; }
+    double t0 = lily_now();
+    if (lily_session_feed(sc, ids, P, NULL, &st)) { printf("cpu feed: %s\n", st.msg); return 1; }
+    double t1 = lily_now();
+    if (lily_session_feed(sg, ids, P, NULL, &st)) { printf("cuda feed: %s\n", st.msg); return 1; }
+    double t2 = lily_now();
+    printf("prompt %d tokens: cpu %.1f s, cuda %.3f s\n", P, t1 - t0, t2 - t1);
+    char what[160];
+    snprintf(what, sizeof what, "model logits after a %d-token prompt", P);
+    report(what, rel(lily_session_logits(sg), lily_session_logits(sc), (size_t)V), 1e-2);
+    /* greedy: each backend follows its own argmax; the token lists must be identical */
+    int32_t *tc = malloc((size_t)steps * 4), *tg = malloc((size_t)steps * 4);
+    double worst = 0;
+    for (int i = 0; i < steps; i++) {
+        const float *lc = lily_session_logits(sc), *lg = lily_session_logits(sg);
+        double e = rel(lg, lc, (size_t)V);
+        if (!(e <= worst)) worst = e;
+        int bc = 0, bg = 0;
+        for (int j = 1; j < V; j++) { if (lc[j] > lc[bc]) bc = j; if (lg[j] > lg[bg]) bg = j; }
+        tc[i] = bc; tg[i] = bg;
+        if (lily_session_feed(sc, &tc[i], 1, NULL, &st) || lily_session_feed(sg, &tg[i], 1, NULL, &st)) { printf("step: %s\n", st.msg); return 1; }
+    }
+    int agree = 0;
+    while (agree < steps && tc[agree] == tg[agree]) agree++;
+    printf("greedy: %d/%d tokens agree before the first difference; worst step logit rel err %.3e\n", agree, steps, worst);
+    snprintf(what, sizeof what, "model greedy %d steps identical", steps);
+    report(what, agree == steps ? 0 : INFINITY, 0);
+    /* the GPU decode loop (graph, on-device argmax) must give the same tokens */
+    lily_session_reset(sg);
+    if (lily_session_feed(sg, ids, P, NULL, &st)) { printf("cuda feed: %s\n", st.msg); return 1; }
+    lily_sampling sp;
+    lily_sampling_default(&sp);
+    sp.temperature = 0;
+    int32_t *tl = calloc((size_t)steps, 4);
+    int made = 0;
+    struct { int32_t *out; int n; } col = { tl, 0 };
+    int collect(void *u, const lily_token *t);
+    if (lily_session_generate(sg, &sp, steps, collect, &col, &made, &st)) { printf("generate: %s\n", st.msg); return 1; }
+    int same = made == steps && !memcmp(tl, tg, (size_t)steps * 4);
+    snprintf(what, sizeof what, "GPU decode loop: %d greedy tokens as the stepwise path", steps);
+    report(what, same ? 0 : INFINITY, 0);
+    free(ids); free(tc); free(tg); free(tl);
+    lily_session_free(sc); lily_session_free(sg);
+    lily_model_free(mc); lily_model_free(mg);
+    return 0;
+}
+
+int collect(void *u, const lily_token *t) {
+    struct { int32_t *out; int n; } *c = u;
+    c->out[c->n++] = t->id;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    uint64_t seed = (uint64_t)time(NULL);
+    const char *model = NULL;
+    int P = 1000, steps = 32;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--model")) model = argv[++i];
+        else if (!strcmp(argv[i], "--prompt")) P = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[++i]);
+    }
+    printf("seed %llu\n", (unsigned long long)seed);
+    lily_rng_seed(&rng, seed);
+    if (model) {
+        if (test_model(model, P, steps)) n_fail++;
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        return n_fail != 0;
+    }
+    lily_pool *pool = lily_pool_new(0);
+    /* real 35B-A3B shapes (H 2048): DeltaNet qkv, out, attention q, router, lm_head slice */
+    test_matmul(pool, LW_Q, 4, 64, 12288, 2048, 1);
+    test_matmul(pool, LW_Q, 4, 64, 2048, 4096, 3);
+    test_matmul(pool, LW_Q, 4, 64, 8192, 2048, 77);
+    test_matmul(pool, LW_Q, 8, 64, 256, 2048, 1);
+    test_matmul(pool, LW_Q, 8, 64, 256, 2048, 130);
+    test_matmul(pool, LW_BF16, 0, 0, 4096, 2048, 5);
+    test_matmul(pool, LW_BF16, 0, 0, 1000, 2048, 200);
+    /* odd sizes */
+    test_matmul(pool, LW_Q, 4, 64, 100, 512, 1);
+    test_matmul(pool, LW_Q, 4, 64, 33, 1024, 1);
+    test_matmul(pool, LW_Q, 4, 32, 37, 96, 1);
+    test_matmul(pool, LW_Q, 4, 32, 37, 96, 9);
+    test_matmul(pool, LW_Q, 8, 32, 65, 160, 67);
+    test_matmul(pool, LW_BF16, 0, 0, 33, 100, 7);
+    test_matmul(pool, LW_F16, 0, 0, 70, 36, 65);
+    test_matmul(pool, LW_F32, 0, 0, 129, 13, 3);
+    test_matmul(pool, LW_F32, 0, 0, 1, 1000, 70);
+    /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
+    test_experts(pool, 4, 256, 512, 2048, 1, 8);
+    test_experts(pool, 4, 256, 2048, 512, 3, 8);
+    test_experts(pool, 4, 256, 512, 2048, 300, 8);
+    test_experts(pool, 4, 7, 96, 192, 70, 3);
+    test_experts(pool, 8, 5, 33, 64, 1, 2);
+    test_experts(pool, 4, 9, 70, 512, 2, 3);
+    test_gdn(1, 16, 32, 128, 128);
+    test_gdn(100, 16, 32, 128, 128);
+    test_gdn(37, 2, 4, 128, 128);
+    test_gdn(9, 1, 3, 40, 24);
+    test_rmsnorm(2048, 5);
+    test_rmsnorm(129, 3);
+    test_router(1, 256, 8);
+    test_router(333, 256, 8);
+    test_router(5, 17, 3);
+    test_argmax(248320);
+    test_argmax(1);
+    test_argmax(1000);
+    lily_pool_free(pool);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail != 0;
+}

@@ -1,0 +1,52 @@
+#!/bin/bash
+# What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
+# Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
+#   stages: build fixtures check kernels model bench   (default: build check kernels model bench)
+#   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
+#   FIX   folder with the fixtures tiny, tiny-mlx4 (default ../shared/fixtures); tests/fixtures is read too
+#   OUT   where logs go (default /tmp/lily-device)
+#   BENCH lily-bench tests (default pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768)
+set -u
+OUT=${OUT:-/tmp/lily-device}; FXOUT=${FXOUT:-/tmp/lily-fx}; BIN=${BIN:-build}; FIX=${FIX:-../shared/fixtures}
+mkdir -p "$OUT"
+stages=${*:-build check kernels model bench}
+fail=0
+for stage in $stages; do
+  echo "== $stage ($(date -u +%H:%M:%S))"
+  case $stage in
+  build)
+    make -j16 CUDA=1 CUDA_ARCH=sm_90a BUILD=build >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    BIN=build ;;
+  fixtures) # regenerates the extra fixtures with transformers (needs torch): tinyq (MLX 4-bit, reference on the
+            # stored bf16(1+w) norms) and pe (one-tensor-per-expert layout, other sizes)
+    python3 tests/cuda/make_fixture_q.py "$FXOUT/tinyq" --seed 1 --hidden 128 --layers 8 --heads 4 --kv-heads 2 \
+      --lin-k-heads 2 --lin-v-heads 4 --experts 16 --topk 4 --moe-inter 64 --vocab 512 --prefill 100 --cont 37 --gen 24 \
+      --shard 3MB --mlx4 >"$OUT/fx_tinyq.log" 2>&1 || { tail -20 "$OUT/fx_tinyq.log"; fail=1; }
+    python3 tests/cuda/make_fixture_q.py "$FXOUT/pe" --layout per-expert --hidden 256 --layers 4 --heads 8 --kv-heads 1 \
+      --lin-k-heads 4 --lin-v-heads 8 --experts 8 --topk 2 --moe-inter 64 --vocab 384 --seed 7 --mlx4 \
+      >"$OUT/fx_pe.log" 2>&1 || { tail -20 "$OUT/fx_pe.log"; fail=1; }
+    for f in tinyq-mlx4 pe pe-mlx4; do (cd "$FXOUT" && tar czf "$OUT/fx_$f.tar.gz" $f && ls -la "$OUT/fx_$f.tar.gz"); done ;;
+  check)
+    for d in "$FIX/tiny" "$FIX/tiny-mlx4" tests/fixtures/tinyq tests/fixtures/pe tests/fixtures/pe-mlx4 \
+             "$FXOUT/tinyq-mlx4" "$FXOUT/pe" "$FXOUT/pe-mlx4"; do
+      [ -f "$d/reference.safetensors" ] || continue
+      for be in cpu cuda; do
+        if "$BIN/lily" check --backend $be --model "$d" --reference "$d/reference.safetensors" >"$OUT/check.log" 2>&1; then
+          echo "check $be $d: PASS"; grep -E "rel err" "$OUT/check.log" | sed 's/^/    /'
+        else echo "check $be $d: FAIL"; cat "$OUT/check.log"; fail=1; fi
+      done
+    done ;;
+  kernels)
+    "$BIN/cuda-kernel-test" >"$OUT/kernels.log" 2>&1 || fail=1
+    grep -E "FAIL|error|passed" "$OUT/kernels.log" ;;
+  model) # CPU and CUDA on a random model of the real widths (4 layers): 1000-token prompt, 32 greedy steps
+    "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1 || { tail "$OUT/synth.log"; fail=1; }
+    "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model.log" 2>&1 || fail=1
+    cat "$OUT/model.log" ;;
+  bench)
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+    "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps ${REPS:-5} -o md ${PROFILE:+--profile} 2>&1 | tee "$OUT/bench.md" ;;
+  esac
+done
+echo "device run: $([ $fail = 0 ] && echo ok || echo FAILURES)"
+exit $fail
