@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "cpu/cpu.h"
+#include "loader/synth.h"
 #include "t.h"
 
 static lily_rng rng;
@@ -254,6 +255,48 @@ static void attn_case(int n, int hd, int nkv, float sharp) {
     free(q); free(k); free(v); free(sc); free(ref);
 }
 
+/* ---- the whole forward: fast vs reference paths, and the same bits for any thread count ---- */
+static void forward_case(int mlx4) {
+    char dir[] = "/tmp/lily-test-cpufast-XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    synth_opts o;
+    memset(&o, 0, sizeof o);
+    lily_status st = { 0 };
+    synth_preset("tiny", &o.cfg, &st);
+    o.mlx4 = mlx4; o.seed = lily_rng_u64(&rng) >> 1;
+    lily_weights w;
+    CHECK(synth_write(dir, &o, &st) == LILY_OK && lw_load(dir, &w, &st) == LILY_OK, "synth/load: %s", st.msg);
+    if (st.code) return;
+    const lily_config *c = &w.cfg;
+    enum { T = 37, D = 3 }; /* a prefill chunk, then decode steps */
+    int32_t ids[T + D];
+    for (int i = 0; i < T + D; i++) ids[i] = (int32_t)(lily_rng_u64(&rng) % (uint64_t)c->vocab);
+    lily_pool *p1 = lily_pool_new(1), *p2 = lily_pool_new(2), *p3 = lily_pool_new(3);
+    lily_pool *pools[3] = { p1, p2, p3 };
+    size_t V = (size_t)c->vocab, nl = (size_t)(T + D) * V;
+    float *lg[4];
+    cpu_mm_kind path[4] = { CPU_MM_REF, CPU_MM_AUTO, CPU_MM_AUTO, CPU_MM_AUTO };
+    for (int r = 0; r < 4; r++) {
+        cpu_cache k;
+        cpu_cache_new(c, T + D, &k, &st);
+        lg[r] = poisoned(nl);
+        cpu_mm_path = path[r];
+        cpu_forward(&w, &k, pools[r ? r - 1 : 1], ids, T, 0, lg[r], 1, NULL);
+        for (int d = 0; d < D; d++) cpu_forward(&w, &k, pools[r ? r - 1 : 1], ids + T + d, 1, T + d, lg[r] + (size_t)(T + d) * V, 0, NULL);
+        cpu_mm_path = CPU_MM_AUTO;
+        cpu_cache_free(&k);
+    }
+    double e = relerr(lg[1], lg[0], nl);
+    CHECK(e < 1e-5, "%s forward: fast vs reference logits rel err %.3g", mlx4 ? "mlx4" : "hf", e);
+    CHECK(!memcmp(lg[1], lg[2], nl * 4) && !memcmp(lg[1], lg[3], nl * 4), "%s forward depends on the thread count", mlx4 ? "mlx4" : "hf");
+    for (int r = 0; r < 4; r++) free(lg[r]);
+    lily_pool_free(p1); lily_pool_free(p2); lily_pool_free(p3);
+    lw_free(&w);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    CHECK(system(cmd) == 0, "cleanup");
+}
+
 int main(void) {
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
     printf("seed %llu, avx2 %s\n", (unsigned long long)seed, cpu_mm_avx2_available() ? "yes" : "no (portable kernel only)");
@@ -301,6 +344,8 @@ int main(void) {
     for (size_t i = 0; i < sizeof aN / sizeof *aN; i++) { attn_case(aN[i], 256, 2, 1.0f); attn_case(aN[i], 256, 2, 4.0f); }
     attn_case(33, 20, 3, 1.0f);
     attn_case(5, 3, 2, 0.5f);
+    forward_case(1);
+    forward_case(0);
     gdn_case(129, 7, 3);
     printf("largest |fast - ref| / sum|w||x|: %.3g (tolerance 2e-5), %.1f s\n", worst_ratio, lily_now() - t0);
     lily_pool_free(pool);

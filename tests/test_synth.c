@@ -98,6 +98,16 @@ int main(void) {
         }
     }
 
+    {   /* seeds are recorded in config.json, so they must fit JSON's int64 */
+        synth_opts o;
+        memset(&o, 0, sizeof o);
+        lily_status st = { 0 };
+        synth_preset("tiny", &o.cfg, &st);
+        o.seed = 1ull << 63;
+        char d[512];
+        snprintf(d, sizeof d, "%s/bigseed", tmp);
+        CHECK(synth_write(d, &o, &st) == LILY_EINVAL && strstr(st.msg, "seed"), "seed 2^63 accepted: %s", st.msg);
+    }
     char d[512];
     lily_weights hf, mlx;
     lily_status st = { 0 };

@@ -340,6 +340,8 @@ lily_code synth_write(const char *dir, const synth_opts *o, lily_status *st) {
     if (c->top_k > c->n_experts || c->n_heads % c->n_kv_heads || c->lin_nv % c->lin_nk || c->n_layers < 1 || c->n_layers > LILY_MAX_LAYERS || c->vocab < 1)
         return lily_err(st, LILY_EINVAL, "inconsistent sizes (top-k %d of %d experts, heads %d/%d, linear heads %d/%d, layers %d)",
                         c->top_k, c->n_experts, c->n_heads, c->n_kv_heads, c->lin_nv, c->lin_nk, c->n_layers);
+    if (o->seed >> 63) /* config.json records it, and JSON readers stop at int64 */
+        return lily_err(st, LILY_EINVAL, "seed %llu must be below 2^63", (unsigned long long)o->seed);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) return lily_err(st, LILY_EIO, "%s: %s", dir, strerror(errno));
     int eos0 = o->eos[0] || o->eos[1] ? o->eos[0] : 248046, eos1 = o->eos[0] || o->eos[1] ? o->eos[1] : 248044;
     spec_list L = { 0 };
