@@ -310,6 +310,14 @@ sys.exit(0 if ts and max(ts) < 0.5 else 1)"
 f503=$(grep -l '^503' "$tmp"/q*.code | head -1); f503=${f503%.code}
 t "503 error shape" js "$f503" 'd["error"]["code"]=="queue_full"'
 
+# ---- a tokenizer larger than the model: a warning at startup, a clear 400 per request --------------
+mkdir -p "$tmp/bigtok"
+"$BUILD/lily" tokenize --synth-out "$tmp/bigtok/tokenizer.json" --vocab-size 4096 >/dev/null 2>&1
+start mismatch --slots 1 --tokenizer "$tmp/bigtok/tokenizer.json"
+t "mismatched tokenizer: startup warning" grep -q "warning: the tokenizer has 4096 tokens" "$tmp/mismatch.log"
+code=$(curl -s -o "$tmp/mm" -w '%{http_code}' -d '{"messages":[{"role":"user","content":"hi"}]}' "http://127.0.0.1:$PORT/v1/chat/completions")
+t "mismatched tokenizer: 400 ($code) naming the vocabulary" [ "$code" = 400 ] && js "$tmp/mm" '"vocabulary" in d["error"]["message"]'
+
 # ---- startup errors ---------------------------------------------------------------------------------
 "$BUILD/lily-server" --model-path "$tmp/nowhere" >"$tmp/e1" 2>&1; rc=$?
 t "missing model: exit $rc" [ $rc != 0 ]

@@ -152,12 +152,6 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
             return -1;
         }
     } else {
-        for (int i = 0; i < r->n_prompt_ids; i++)
-            if (r->prompt_ids[i] >= h->info.vocab_size) {
-                srv_error_set(e, 400, "invalid_request_error", "prompt", NULL,
-                              "prompt token %d is outside the vocabulary (size %d)", r->prompt_ids[i], h->info.vocab_size);
-                return -1;
-            }
         ids = malloc(sizeof *ids * (size_t)r->n_prompt_ids);
         if (ids) memcpy(ids, r->prompt_ids, sizeof *ids * (size_t)r->n_prompt_ids);
         n = r->n_prompt_ids;
@@ -167,6 +161,15 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
         srv_error_set(e, 400, "invalid_request_error", r->kind == SRV_CHAT ? "messages" : "prompt", NULL, "the prompt is empty");
         return -1;
     }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= h->info.vocab_size) { /* a tokenizer larger than the model */
+            int32_t bad = ids[i];
+            free(ids);
+            srv_error_set(e, 400, "invalid_request_error", r->kind == SRV_CHAT ? "messages" : "prompt", NULL,
+                          "the prompt has token %d, outside the model's vocabulary of %d (tokenizer and model do "
+                          "not match)", bad, h->info.vocab_size);
+            return -1;
+        }
     if (n >= h->o.ctx_len) {
         free(ids);
         srv_error_set(e, 400, "invalid_request_error", r->kind == SRV_CHAT ? "messages" : "prompt",
