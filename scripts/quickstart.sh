@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 keep=0; [ "${1:-}" = "--keep" ] && keep=1
 jobs=$(nproc 2>/dev/null || echo 2)
+bash scripts/setup.sh | grep -v "^setup: ok" || true
 echo "== building (make -j$jobs)"
 make -s -j"$jobs" build/lily build/lily-server
 model=${MODEL:-build/demo-model}

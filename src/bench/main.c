@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
     if (!strcmp(fmt, "csv")) fprintf(out, "model,test,tokens,depth,reps,median_ms,tok_s,eff_GB_s,floor_tok_s,pct_floor\n");
     else if (!strcmp(fmt, "json")) fprintf(out, "[\n");
     else fprintf(out, "| model | test | t/s | ms | eff. GB/s | floor t/s | %% of floor |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
-    const char *mname = model ? model : "qwen3.6-35b-a3b-shape (random 4-bit, on GPU)";
+    const char *mname = model ? model : "qwen3.6-35b-a3b-shape (random 4-bit on GPU)";
     int first = 1, rc = 0;
     snprintf(list, sizeof list, "%s", tests);
     for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {

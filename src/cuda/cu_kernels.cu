@@ -5,6 +5,7 @@
 #include <mma.h>
 using namespace nvcuda;
 #include <math.h>
+#include <stdlib.h>
 
 #define WARP 32
 
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
  * float4 reads hit distinct banks), optionally as silu(X) * X2 (SwiGLU fused into the
  * down projection). Needs 4- or 8-bit codes, cols % 32 == 0, group % 32 == 0. ---- */
 template <int LPR, int RW>
-__global__ void __launch_bounds__(256) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
+__global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
                                              const int *eidx, int xdiv) {
     extern __shared__ float4 xs[];
     const int RPW = 32 / LPR;
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__(256) k_mvq(mvq_args a, const float *__restrict
     }
     __syncthreads();
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
-    int rb = (((blockIdx.x - a.blk0[mi]) * 8 + warp) * RPW + grp) * RW;
+    int rb = (((blockIdx.x - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp) * RW;
     int rr[RW];
 #pragma unroll
     for (int k = 0; k < RW; k++) rr[k] = min(rb + k, m.rows - 1);
@@ -321,7 +322,7 @@ __global__ void __launch_bounds__(256) k_mvq(mvq_args a, const float *__restrict
 #pragma unroll
     for (int k = 0; k < RW; k++) acc[k] = 0.f;
     if (m.bits == 4) {
-#pragma unroll 2
+#pragma unroll(RW == 1 ? 2 : 1)
         for (int c = sub; c < nch; c += LPR) {
             uint4 q[RW];
             float sc[RW], bi[RW];
@@ -400,11 +401,21 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     int rows = 0;
     for (int i = 0; i < n; i++) rows += W[i]->rows;
     rows *= nslots;
-    int rw = 1, rw_max = lpr == 32 ? 4 : lpr == 16 ? 2 : 1;
-    /* more rows per warp (x reused from shared memory) and the input in registers (k_mvx, 4
-     * rows a warp) both measured slower on the H200 than one row a warp: occupancy wins */
-    while (rw < rw_max && rows / (8 * (32 / lpr) * rw * 2) >= 64 * 132) rw *= 2;
-    int rpb = 8 * (32 / lpr) * rw;
+    int rw_max = lpr == 32 ? 4 : lpr == 16 ? 2 : 1;
+    /* Rows a lane group walks (the staged input reused across them) and warps a block. Four rows
+     * a warp at 128 registers and the input in registers (k_mvx) both measured slower on the H200
+     * than one row a warp with 8 warps. LILY_MVQ_RW / LILY_MVQ_WARPS override, for measuring. */
+    static int env_rw = -1, env_warps = -1;
+    if (env_rw < 0) {
+        const char *e1 = getenv("LILY_MVQ_RW"), *e2 = getenv("LILY_MVQ_WARPS");
+        env_rw = e1 ? atoi(e1) : 1;
+        env_warps = e2 ? atoi(e2) : 8;
+        if (env_rw != 1 && env_rw != 2 && env_rw != 4) env_rw = 1;
+        if (env_warps != 4 && env_warps != 8 && env_warps != 16) env_warps = 8;
+    }
+    (void)rows;
+    int rw = env_rw < rw_max ? env_rw : rw_max, warps = env_warps;
+    int rpb = warps * (32 / lpr) * rw;
     for (int i = 0; i < n; i++) {
         a.m[i] = *W[i];
         a.y[i] = Y[i];
@@ -415,12 +426,13 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     a.blk0[n] = nb;
     dim3 g(nb, nslots);
     size_t sm = (size_t)cols * sizeof(float);
-    if (lpr == 32 && rw == 4) k_mvq<32, 4><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 32 && rw == 2) k_mvq<32, 2><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 32) k_mvq<32, 1><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16 && rw == 2) k_mvq<16, 2><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16) k_mvq<16, 1><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else k_mvq<8, 1><<<g, 256, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    int bt = warps * WARP;
+    if (lpr == 32 && rw == 4) k_mvq<32, 4><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32 && rw == 2) k_mvq<32, 2><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32) k_mvq<32, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16 && rw == 2) k_mvq<16, 2><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16) k_mvq<16, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else k_mvq<8, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 
 static int mv4_ok(const dmat *W) { return cu_mvq_ok(W); }

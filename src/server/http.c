@@ -132,7 +132,7 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
         }
         /* The template's own text may hold special tokens; what the request supplied
          * (message contents, tool arguments...) never does: no injected <|im_start|>. */
-        tok_part *parts = malloc(sizeof *parts * (size_t)(2 * n_plain + 1));
+        tok_part *parts = malloc(sizeof *parts * (size_t)(2 * n_plain + 4));
         int np = 0;
         size_t at = 0, len = strlen(text);
         for (int i = 0; parts && i < n_plain; i++) {
@@ -141,6 +141,16 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
             at = plain[i].off + plain[i].len;
         }
         if (parts && at < len) parts[np++] = (tok_part){ text + at, len - at, 1 };
+        /* A forced tool_choice: the turn already begins with the call (the name is the
+         * request's, so plain); the output parser is given the same text first. */
+        const char *open = chat_think_open(r->body, h->o.template_kind) ? "\n</think>\n\n<tool_call>\n<function=" : "<tool_call>\n<function=";
+        if (parts && r->tool_force) {
+            parts[np++] = (tok_part){ open, strlen(open), 1 };
+            if (*r->tool_force) {
+                parts[np++] = (tok_part){ r->tool_force, strlen(r->tool_force), 0 };
+                parts[np++] = (tok_part){ ">\n", 2, 1 };
+            }
+        }
         rc = parts ? tok_encode_parts(h->tok, parts, np, &ids, &n, &st) : lily_err(&st, LILY_ENOMEM, "out of memory");
         free(parts);
         free(plain);
@@ -240,13 +250,23 @@ static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, co
     char id[48];
     long now = (long)time(NULL);
     const char *text = j->text ? j->text : "";
+    size_t text_len = j->text_len;
     json_t *resp;
     if (r->kind == SRV_CHAT) {
-        chat_parse_opts po = { chat_think_open(r->body, h->o.template_kind),
-                               r->tool_choice_none ? NULL : json_object_get(r->body, "tools"), 0 };
+        int think_open = chat_think_open(r->body, h->o.template_kind);
+        chat_parse_opts po = { think_open, r->tool_choice_none ? NULL : json_object_get(r->body, "tools"), 0 };
         chat_parsed parsed;
         lily_status st = { 0 };
-        if (parse_output(text, j->text_len, &po, &parsed, &st)) {
+        char *forced = srv_tool_prefix(r, think_open), *whole = NULL;
+        if (forced) { /* the model's turn, as the parser must see it, starts with the forced call */
+            size_t fl = strlen(forced);
+            whole = malloc(fl + text_len + 1);
+            if (whole) { memcpy(whole, forced, fl); memcpy(whole + fl, text, text_len + 1); text = whole; text_len += fl; }
+            free(forced);
+        }
+        lily_code prc = parse_output(text, text_len, &po, &parsed, &st);
+        free(whole);
+        if (prc) {
             srv_error e;
             srv_error_set(&e, 500, "server_error", NULL, NULL, "cannot parse the output: %s", st.msg);
             return send_error(h, c, x->route, &e);

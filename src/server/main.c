@@ -5,13 +5,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "hub/hub.h"
 #include <time.h>
 #include "server/server.h"
 #include "util/util.h"
 
 static const char usage[] =
     "usage: lily-server --model-path DIR [options]\n"
-    "  --model-path DIR        checkpoint folder (config.json + *.safetensors)\n"
+    "  --model-path DIR|ID     checkpoint folder (config.json + *.safetensors), or a Hugging Face\n"
+    "                          repo id ORG/NAME, pulled into $LILY_HOME (default ~/.cache/lily)\n"
     "  --tokenizer PATH        tokenizer.json or folder (default: the model folder)\n"
     "  --host ADDR             IPv4 address to listen on (default 127.0.0.1)\n"
     "  --port N                TCP port (default 8000; 0 = any free port, printed at startup)\n"
@@ -115,9 +117,23 @@ int main(int argc, char **argv) {
     mo.progress_user = &last;
 
     struct stat sb;
-    char path[4096];
-    if (stat(model_dir, &sb) || !S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "lily-server: model folder '%s' does not exist (--model-path must be a local checkpoint folder)\n", model_dir);
+    char path[4400], resolved[4096];
+    int is_dir = !stat(model_dir, &sb) && S_ISDIR(sb.st_mode);
+    /* Not a folder but shaped like ORG/NAME: a Hugging Face repo id, pulled (and the bf16
+     * release converted to 4-bit once) into the cache. */
+    if (!is_dir && model_dir[0] != '/' && model_dir[0] != '.' && strchr(model_dir, '/') &&
+        strchr(model_dir, '/') == strrchr(model_dir, '/')) {
+        lily_status hs = { 0 };
+        fprintf(stderr, "lily-server: '%s' is not a local folder; fetching it from the Hugging Face hub\n", model_dir);
+        if (hub_resolve_model(model_dir, resolved, sizeof resolved, &hs)) {
+            fprintf(stderr, "lily-server: %s\n", hs.msg);
+            return 1;
+        }
+        model_dir = resolved;
+        is_dir = 1;
+    }
+    if (!is_dir) {
+        fprintf(stderr, "lily-server: model folder '%s' does not exist (--model-path is a checkpoint folder or a hub repo id ORG/NAME)\n", model_dir);
         return 1;
     }
     snprintf(path, sizeof path, "%s/config.json", model_dir);

@@ -166,13 +166,26 @@ static int parse_tools(json_t *o, srv_request *r, srv_error *err) {
     if (json_is_string(c)) {
         const char *s = json_string_value(c);
         if (!strcmp(s, "none")) r->tool_choice_none = 1;
-        else if (strcmp(s, "auto") && strcmp(s, "required"))
+        else if (!strcmp(s, "required")) {
+            if (!r->has_tools) return BAD("tool_choice", "tool_choice \"required\" needs a non-empty 'tools' list");
+            r->tool_force = strdup("");
+        } else if (strcmp(s, "auto"))
             return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a function");
         return 0;
     }
     json_t *fn = json_object_get(c, "function");
     if (!json_is_object(c) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
         return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a function");
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    json_t *tools = json_object_get(o, "tools");
+    int found = 0;
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        const char *tn = json_string_value(json_object_get(json_object_get(json_array_get(tools, i), "function"), "name"));
+        found |= tn && !strcmp(tn, name);
+    }
+    if (!found) return BAD("tool_choice", "tool_choice names function '%s', which is not in 'tools'", name);
+    if (!*name || strpbrk(name, "<>\n")) return BAD("tool_choice", "tool_choice function name '%s' cannot be written in a tool call", name);
+    r->tool_force = strdup(name);
     return 0;
 }
 
@@ -307,8 +320,18 @@ int srv_request_parse(const char *body, size_t len, srv_kind kind, srv_request *
 
 void srv_request_free(srv_request *r) {
     json_decref(r->body);
+    free(r->tool_force);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->prompt);
     free(r->prompt_ids);
     memset(r, 0, sizeof *r);
+}
+
+char *srv_tool_prefix(const srv_request *r, int think_open) {
+    if (!r->tool_force) return NULL;
+    const char *close = think_open ? "\n</think>\n\n" : "";
+    size_t n = strlen(close) + strlen(r->tool_force) + 64;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s<tool_call>\n<function=%s%s", close, r->tool_force, *r->tool_force ? ">\n" : "");
+    return p;
 }

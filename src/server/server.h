@@ -66,6 +66,7 @@ typedef struct {
     int n_stop;
     char *stop[SRV_MAX_STOP];
     int tool_choice_none;     /* tools are not offered to the model */
+    char *tool_force;         /* tool_choice "required" (""), or the named function; NULL = auto */
     int has_tools;
     /* completions: exactly one of prompt / prompt_ids */
     char *prompt;
@@ -77,6 +78,11 @@ typedef struct {
  * -1 with *err filled (and nothing to free). */
 int srv_request_parse(const char *body, size_t len, srv_kind kind, srv_request *out, srv_error *err);
 void srv_request_free(srv_request *r);
+
+/* For a forced tool_choice, the text the assistant turn is made to begin with (closing an
+ * open <think>, opening <tool_call> and, for a named function, its <function=NAME> line);
+ * NULL otherwise. malloc'd. The prompt ends with it and the output parser reads it first. */
+char *srv_tool_prefix(const srv_request *r, int think_open);
 
 /* ---- stop strings -------------------------------------------------------------------- */
 

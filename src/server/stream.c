@@ -206,6 +206,13 @@ enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, 
             stream_free(x);
             return MHD_NO;
         }
+        char *forced = srv_tool_prefix(r, po.think_open);
+        if (forced) { /* already in the prompt: the parser reads it first, nothing is sent for it */
+            json_t *skip = json_array();
+            parse_stream_feed(x->s.parser, forced, strlen(forced), skip, &st);
+            json_decref(skip);
+            free(forced);
+        }
     }
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, x, stream_free);
