@@ -5,9 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEBS="build-essential pkg-config clang libjansson-dev libmicrohttpd-dev libcurl4-openssl-dev
-      libssl-dev libpcre2-dev libutf8proc-dev curl python3 python3-jinja2 nodejs npm"
+      libssl-dev libpcre2-dev libutf8proc-dev curl"
 missing=""
 for p in $DEBS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+# Tools may come from elsewhere (a NodeSource nodejs bundles npm and conflicts with Debian's
+# npm; python3 may be a pyenv build with its own jinja2): install only what is absent.
+command -v python3 >/dev/null 2>&1 || missing="$missing python3"
+python3 -c 'import jinja2' >/dev/null 2>&1 || missing="$missing python3-jinja2"
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 if [ -n "$missing" ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
