@@ -234,7 +234,9 @@ static void test_penalties(void) {
 static void test_determinism(void) {
     enum { V = 3000, K = 200 };
     static float lg[V];
-    rand_logits(lg, V, 2);
+    /* a flat distribution (two draws collide with probability ~1/V), so the check on a
+     * different seed below cannot fail by chance whatever the test seed */
+    rand_logits(lg, V, 0.5f);
     lily_sampling p;
     lily_sampling_default(&p);
     p.top_p = 0.9f;
