@@ -15,7 +15,7 @@ make -s -j"$jobs" build/lily build/lily-server
 model=${MODEL:-build/demo-model}
 if [ -z "${MODEL:-}" ] && [ ! -f "$model/tokenizer.json" ]; then
   echo "== writing a random-weight demo model to $model"
-  build/lily synth --out "$model" --preset tiny --vocab 4096 --seed 1
+  build/lily synth --out "$model" --preset tiny --seed 1
 fi
 log=$(mktemp)
 echo "== starting lily-server on $model"
