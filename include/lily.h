@@ -121,6 +121,11 @@ lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *
 lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, const int *marks,
                                   int n_marks, int snapshot_end, int *reused, lily_status *st);
 
+/* Feeds one token to each of n sessions of one model in a single pass, so the weights are
+ * read once for all of them (continuous batching): session ss[i] gets ids[i]. The result
+ * equals n separate lily_session_feed calls. Sessions must be distinct. */
+lily_code lily_decode_batch(lily_session **ss, const int32_t *ids, int n, lily_status *st);
+
 /* Logits [vocab] after the last fed token, or NULL before any token. */
 const float *lily_session_logits(lily_session *s);
 

@@ -112,6 +112,32 @@ static void test_model(const char *dir, lily_rng *r) {
         CHECK(n1 == n2 && !memcmp(toks1, lily_session_tokens(s2) + 40, (size_t)(n1 > 1 ? n1 - 1 : 0) * 4),
               "generation not reproducible (temperature %g): n %d %d", p.temperature, n1, n2);
     }
+    /* batched decode: three sessions at different positions, one pass, equal to separate feeds */
+    {
+        lily_session *bs[3], *solo;
+        int lens[3] = { 5, 37, 90 };
+        CHECK(lily_session_new(m, &solo, &st) == LILY_OK, "session");
+        for (int i = 0; i < 3; i++) {
+            CHECK(lily_session_new(m, &bs[i], &st) == LILY_OK, "session");
+            lily_session_feed(bs[i], ids + i, lens[i], NULL, &st);
+        }
+        for (int step = 0; step < 4; step++) {
+            int32_t nx[3];
+            for (int i = 0; i < 3; i++) nx[i] = (ids[i * 7 + step] + step) % V;
+            CHECK(lily_decode_batch(bs, nx, 3, &st) == LILY_OK, "decode batch: %s", st.msg);
+            for (int i = 0; i < 3; i++) {
+                lily_session_reset(solo);
+                lily_session_feed(solo, lily_session_tokens(bs[i]), lily_session_len(bs[i]), NULL, &st);
+                double eb = rel(lily_session_logits(bs[i]), lily_session_logits(solo), (size_t)V);
+                CHECK(eb < 1e-4, "%s: batch row %d step %d rel err %.3e", dir, i, step, eb);
+            }
+        }
+        lily_session *dup[2] = { bs[0], bs[0] };
+        int32_t two[2] = { 1, 2 };
+        CHECK(lily_decode_batch(dup, two, 2, &st) == LILY_EINVAL, "a session twice in a batch accepted");
+        for (int i = 0; i < 3; i++) lily_session_free(bs[i]);
+        lily_session_free(solo);
+    }
     free(ids); free(a); free(b); free(ref); free(ac);
     lily_session_free(s1);
     lily_session_free(s2);

@@ -28,6 +28,12 @@ size_t cpu_cache_recurrent_bytes(const lily_config *c); /* conv + S */
 void cpu_forward(const lily_weights *w, cpu_cache *k, lily_pool *pool, const int32_t *ids, int T,
                  int pos, float *logits, int all_logits, float *hidden);
 
+/* One decode step for B sessions at once: row i is session i's next token ids[i] at
+ * position pos[i] of its own caches k[i] (all distinct). The weights are read once for the
+ * whole batch. logits: [B][V]. */
+void cpu_forward_batch(const lily_weights *w, cpu_cache *const *k, const int *pos, lily_pool *pool,
+                       const int32_t *ids, int B, float *logits);
+
 /* ---- ops, exposed for the kernel tests ---- */
 /* Y[T][rows] = X[T][cols] . W^T, through the kernel cpu_mm_path selects. */
 void cpu_matmul(lily_pool *pool, const lw_mat *W, const float *X, int T, float *Y);

@@ -46,37 +46,49 @@ void cpu_cache_reset(cpu_cache *k, const lily_config *c) {
 }
 
 /* ---- Gated DeltaNet mixer ---- */
+/* A row of a forward pass: its session's caches and position. One session's prefill
+ * chunk has rows at consecutive positions of one cache; a decode batch has one row per
+ * session. Every mixer reads its state through the row. */
+typedef struct {
+    cpu_cache *k;
+    int pos;
+} fw_row;
+
 typedef struct {
     const lily_config *c;
     const lily_layer *L;
-    int T;
-    float *qkv, *g, *beta, *o, *S;
+    int T, batch, li;
+    const fw_row *rows;
+    float *qkv, *g, *beta, *o;
 } gdn_ctx;
 
-static void gdn_head(void *p, int h) {
+static float *gdn_state(const gdn_ctx *x, const fw_row *r) {
+    const lily_config *c = x->c;
+    return r->k->S + (size_t)x->li * c->lin_nv * c->lin_dk * c->lin_dv;
+}
+
+/* Task i: value head i of the one session (chunked or recurrent over T rows), or in a
+ * batch, head i % nv of row i / nv (one recurrent step on that row's own state). */
+static void gdn_head(void *p, int i) {
     gdn_ctx *x = p;
     const lily_config *c = x->c;
     int kd = cfg_key_dim(c), cd = cfg_conv_dim(c), dk = c->lin_dk, dv = c->lin_dv, nv = c->lin_nv;
+    int row = x->batch ? i / nv : 0, h = x->batch ? i % nv : i, T = x->batch ? 1 : x->T;
     int kh = h / (nv / c->lin_nk); /* v-head h reads k-head h / (nv/nk): grouped, as repeat_interleave */
-    float *g = xmalloc((size_t)x->T * sizeof *g), *b = xmalloc((size_t)x->T * sizeof *b);
-    for (int t = 0; t < x->T; t++) { g[t] = x->g[(size_t)t * nv + h]; b[t] = x->beta[(size_t)t * nv + h]; }
+    float *g = xmalloc((size_t)T * sizeof *g), *b = xmalloc((size_t)T * sizeof *b);
+    for (int t = 0; t < T; t++) { g[t] = x->g[(size_t)(row + t) * nv + h]; b[t] = x->beta[(size_t)(row + t) * nv + h]; }
     void (*rule)(int, int, int, const float *, int, const float *, int, const float *, int, const float *,
-                 const float *, float *, float *, int, cpu_mm_kind) = x->T == 1 ? cpu_gdn_recurrent_fast : cpu_gdn_chunked_fast;
-    rule(x->T, dk, dv, x->qkv + (size_t)kh * dk, cd, x->qkv + kd + (size_t)kh * dk, cd,
-         x->qkv + 2 * kd + (size_t)h * dv, cd, g, b, x->S + (size_t)h * dk * dv, x->o + (size_t)h * dv, nv * dv, cpu_mm_path);
+                 const float *, float *, float *, int, cpu_mm_kind) = T == 1 ? cpu_gdn_recurrent_fast : cpu_gdn_chunked_fast;
+    const float *qkv = x->qkv + (size_t)row * cd;
+    rule(T, dk, dv, qkv + (size_t)kh * dk, cd, qkv + kd + (size_t)kh * dk, cd, qkv + 2 * kd + (size_t)h * dv, cd, g, b,
+         gdn_state(x, &x->rows[row]) + (size_t)h * dk * dv, x->o + (size_t)row * nv * dv + (size_t)h * dv, nv * dv, cpu_mm_path);
     free(g); free(b);
 }
 
-static void gdn(const lily_config *c, const lily_layer *L, float *conv_state, float *S, lily_pool *pool,
-                const float *x, int T, float *y) {
-    int cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
-    int K = c->conv_k, dk = c->lin_dk, dv = c->lin_dv;
-    float *mixed = xmalloc((size_t)T * cd * sizeof(float)), *u = xmalloc((size_t)T * cd * sizeof(float));
-    float *z = xmalloc((size_t)T * vd * sizeof(float)), *bb = xmalloc((size_t)T * nv * sizeof(float));
-    float *aa = xmalloc((size_t)T * nv * sizeof(float)), *o = xmalloc((size_t)T * vd * sizeof(float));
-    cpu_mm_job in[4] = { { &L->qkv, x, T, mixed }, { &L->z, x, T, z }, { &L->b, x, T, bb }, { &L->a, x, T, aa } };
-    cpu_matmul_many(pool, in, 4);
-    /* causal depthwise conv over [cached K-1 inputs, this chunk], then SiLU */
+/* Causal depthwise conv of T consecutive rows over [cached K-1 inputs, the rows], then
+ * SiLU; the cache keeps the last K-1 pre-conv inputs. */
+static void conv_rows(const lily_config *c, const lily_layer *L, float *conv_state, const float *mixed, int T, float *u) {
+    int cd = cfg_conv_dim(c), K = c->conv_k;
     for (int ch = 0; ch < cd; ch++) {
         const float *w = L->conv_w + (size_t)ch * K;
         float *cs = conv_state + (size_t)ch * (K - 1);
@@ -89,7 +101,6 @@ static void gdn(const lily_config *c, const lily_layer *L, float *conv_state, fl
             }
             u[(size_t)t * cd + ch] = silu(s);
         }
-        /* keep the last K-1 pre-conv inputs */
         float hist[64];
         for (int j = 0; j < K - 1; j++) {
             int src = T - (K - 1) + j;
@@ -97,6 +108,22 @@ static void gdn(const lily_config *c, const lily_layer *L, float *conv_state, fl
         }
         memcpy(cs, hist, (size_t)(K - 1) * sizeof(float));
     }
+}
+
+static void gdn(const lily_config *c, const lily_layer *L, int li, const fw_row *rows, int batch, lily_pool *pool,
+                const float *x, int T, float *y) {
+    int cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
+    int dk = c->lin_dk, dv = c->lin_dv;
+    size_t conv_sz = (size_t)cd * (c->conv_k - 1);
+    float *mixed = xmalloc((size_t)T * cd * sizeof(float)), *u = xmalloc((size_t)T * cd * sizeof(float));
+    float *z = xmalloc((size_t)T * vd * sizeof(float)), *bb = xmalloc((size_t)T * nv * sizeof(float));
+    float *aa = xmalloc((size_t)T * nv * sizeof(float)), *o = xmalloc((size_t)T * vd * sizeof(float));
+    cpu_mm_job in[4] = { { &L->qkv, x, T, mixed }, { &L->z, x, T, z }, { &L->b, x, T, bb }, { &L->a, x, T, aa } };
+    cpu_matmul_many(pool, in, 4);
+    if (batch)
+        for (int t = 0; t < T; t++) conv_rows(c, L, rows[t].k->conv + li * conv_sz, mixed + (size_t)t * cd, 1, u + (size_t)t * cd);
+    else
+        conv_rows(c, L, rows[0].k->conv + li * conv_sz, mixed, T, u);
     /* L2-normalize q and k per head; q also takes the dk^-0.5 scale */
     float qscale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < T; t++)
@@ -114,8 +141,8 @@ static void gdn(const lily_config *c, const lily_layer *L, float *conv_state, fl
             beta[i] = sigm(bb[i]);
             g[i] = -expf(L->A_log[h]) * softplus(aa[i] + L->dt_bias[h]);
         }
-    gdn_ctx gc = { c, L, T, u, g, beta, o, S };
-    lily_pool_run(pool, nv, gdn_head, &gc);
+    gdn_ctx gc = { c, L, T, batch, li, rows, u, g, beta, o };
+    lily_pool_run(pool, batch ? T * nv : nv, gdn_head, &gc);
     /* gated RMSNorm per head (weight used directly), then the output projection */
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nv; h++) {
@@ -149,46 +176,56 @@ static void rope(float *v, int rot, int pos, double theta, int bf16_freq) {
 
 typedef struct {
     const lily_config *c;
-    int T, pos;
-    const float *q, *kc, *vc;
+    int fi;
+    const fw_row *rows;
+    const float *q;
     float *o;
 } attn_ctx;
+
+static size_t kv_layer(const lily_config *c, const cpu_cache *k, int fi) {
+    return (size_t)fi * k->max_ctx * c->n_kv_heads * c->head_dim;
+}
 
 static void attn_head(void *p, int idx) {
     attn_ctx *x = p;
     const lily_config *c = x->c;
     int nh = c->n_heads, hd = c->head_dim, nkv = c->n_kv_heads;
     int t = idx / nh, h = idx % nh, kvh = h / (nh / nkv);
-    int n = x->pos + t + 1;
+    const fw_row *r = &x->rows[t];
+    int n = r->pos + 1; /* causal: this row sees its own cache up to itself */
+    const float *kc = r->k->kc + kv_layer(c, r->k, x->fi), *vc = r->k->vc + kv_layer(c, r->k, x->fi);
     float *sc = xmalloc((size_t)n * sizeof *sc);
-    cpu_attn_row_fast(n, hd, x->q + (size_t)t * nh * hd + (size_t)h * hd, x->kc + (size_t)kvh * hd, x->vc + (size_t)kvh * hd,
+    cpu_attn_row_fast(n, hd, x->q + (size_t)t * nh * hd + (size_t)h * hd, kc + (size_t)kvh * hd, vc + (size_t)kvh * hd,
                       nkv * hd, sc, x->o + (size_t)t * nh * hd + (size_t)h * hd, cpu_mm_path);
     free(sc);
 }
 
-static void attention(const lily_config *c, const lily_layer *L, float *kc, float *vc, lily_pool *pool,
-                      const float *x, int T, int pos, float *y) {
+static void attention(const lily_config *c, const lily_layer *L, int fi, const fw_row *rows, lily_pool *pool,
+                      const float *x, int T, float *y) {
     int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     float *qg = xmalloc((size_t)T * nh * hd * 2 * sizeof(float)), *q = xmalloc((size_t)T * nh * hd * sizeof(float));
     float *k = xmalloc((size_t)T * nkv * hd * sizeof(float)), *v = xmalloc((size_t)T * nkv * hd * sizeof(float));
     float *o = xmalloc((size_t)T * nh * hd * sizeof(float));
     cpu_mm_job in[3] = { { &L->q, x, T, qg }, { &L->k, x, T, k }, { &L->v, x, T, v } };
     cpu_matmul_many(pool, in, 3);
+    /* every row's key and value reach its cache before any row attends (a chunk's rows see each other) */
     for (int t = 0; t < T; t++) {
+        int pos = rows[t].pos;
         for (int h = 0; h < nh; h++) { /* per head: hd query rows, then hd gate rows */
             float *qh = q + ((size_t)t * nh + h) * hd;
             cpu_rmsnorm(qg + ((size_t)t * nh + h) * 2 * hd, L->q_norm, hd, c->eps, qh);
-            rope(qh, c->rot_dim, pos + t, c->rope_theta, c->rope_bf16_freq);
+            rope(qh, c->rot_dim, pos, c->rope_theta, c->rope_bf16_freq);
         }
         for (int h = 0; h < nkv; h++) {
             float *kh = k + ((size_t)t * nkv + h) * hd;
             cpu_rmsnorm(kh, L->k_norm, hd, c->eps, kh);
-            rope(kh, c->rot_dim, pos + t, c->rope_theta, c->rope_bf16_freq);
+            rope(kh, c->rot_dim, pos, c->rope_theta, c->rope_bf16_freq);
         }
-        memcpy(kc + (size_t)(pos + t) * nkv * hd, k + (size_t)t * nkv * hd, (size_t)nkv * hd * sizeof(float));
-        memcpy(vc + (size_t)(pos + t) * nkv * hd, v + (size_t)t * nkv * hd, (size_t)nkv * hd * sizeof(float));
+        cpu_cache *kk = rows[t].k;
+        memcpy(kk->kc + kv_layer(c, kk, fi) + (size_t)pos * nkv * hd, k + (size_t)t * nkv * hd, (size_t)nkv * hd * sizeof(float));
+        memcpy(kk->vc + kv_layer(c, kk, fi) + (size_t)pos * nkv * hd, v + (size_t)t * nkv * hd, (size_t)nkv * hd * sizeof(float));
     }
-    attn_ctx ac = { c, T, pos, q, kc, vc, o };
+    attn_ctx ac = { c, fi, rows, q, o };
     lily_pool_run(pool, T * nh, attn_head, &ac);
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++)
@@ -287,11 +324,11 @@ static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, cons
     free(logits); free(sel); free(wt); free(xe); free(ge); free(ue); free(de); free(tok); free(tw);
 }
 
-void cpu_forward(const lily_weights *w, cpu_cache *k, lily_pool *pool, const int32_t *ids, int T,
-                 int pos, float *logits, int all_logits, float *hidden) {
+/* The layer stack over T rows; batch = each row is its own session's next token. */
+static void forward_rows(const lily_weights *w, const fw_row *rows, int batch, lily_pool *pool, const int32_t *ids,
+                         int T, float *logits, int all_logits, float *hidden) {
     const lily_config *c = &w->cfg;
     int H = c->hidden;
-    LILY_ASSERT(T >= 1 && pos >= 0 && pos + T <= k->max_ctx);
     float *x = xmalloc((size_t)T * H * sizeof(float)), *t = xmalloc((size_t)T * H * sizeof(float));
     float *y = xmalloc((size_t)T * H * sizeof(float));
     for (int i = 0; i < T; i++) {
@@ -300,13 +337,11 @@ void cpu_forward(const lily_weights *w, cpu_cache *k, lily_pool *pool, const int
     }
     if (hidden) memcpy(hidden, x, (size_t)T * H * sizeof(float));
     int li = 0, fi = 0;
-    size_t conv_sz = (size_t)cfg_conv_dim(c) * (c->conv_k - 1), S_sz = (size_t)c->lin_nv * c->lin_dk * c->lin_dv;
-    size_t kv_sz = (size_t)k->max_ctx * c->n_kv_heads * c->head_dim;
     for (int l = 0; l < c->n_layers; l++) {
         const lily_layer *L = &w->layers[l];
         for (int i = 0; i < T; i++) cpu_rmsnorm(x + (size_t)i * H, L->ln1, H, c->eps, t + (size_t)i * H);
-        if (L->full_attn) { attention(c, L, k->kc + fi * kv_sz, k->vc + fi * kv_sz, pool, t, T, pos, y); fi++; }
-        else { gdn(c, L, k->conv + li * conv_sz, k->S + li * S_sz, pool, t, T, y); li++; }
+        if (L->full_attn) attention(c, L, fi++, rows, pool, t, T, y);
+        else gdn(c, L, li++, rows, batch, pool, t, T, y);
         for (size_t i = 0; i < (size_t)T * H; i++) x[i] += y[i];
         for (int i = 0; i < T; i++) cpu_rmsnorm(x + (size_t)i * H, L->ln2, H, c->eps, t + (size_t)i * H);
         moe(c, L, pool, t, T, y);
@@ -320,4 +355,26 @@ void cpu_forward(const lily_weights *w, cpu_cache *k, lily_pool *pool, const int
         else cpu_matmul(pool, &w->lm_head, x + (size_t)(T - 1) * H, 1, logits);
     }
     free(x); free(t); free(y);
+}
+
+void cpu_forward(const lily_weights *w, cpu_cache *k, lily_pool *pool, const int32_t *ids, int T,
+                 int pos, float *logits, int all_logits, float *hidden) {
+    LILY_ASSERT(T >= 1 && pos >= 0 && pos + T <= k->max_ctx);
+    fw_row *rows = xmalloc((size_t)T * sizeof *rows);
+    for (int i = 0; i < T; i++) rows[i] = (fw_row){ k, pos + i };
+    forward_rows(w, rows, 0, pool, ids, T, logits, all_logits, hidden);
+    free(rows);
+}
+
+void cpu_forward_batch(const lily_weights *w, cpu_cache *const *k, const int *pos, lily_pool *pool,
+                       const int32_t *ids, int B, float *logits) {
+    LILY_ASSERT(B >= 1);
+    fw_row *rows = xmalloc((size_t)B * sizeof *rows);
+    for (int i = 0; i < B; i++) {
+        LILY_ASSERT(pos[i] >= 0 && pos[i] < k[i]->max_ctx);
+        for (int j = 0; j < i; j++) LILY_ASSERT(k[j] != k[i]); /* one row per session */
+        rows[i] = (fw_row){ k[i], pos[i] };
+    }
+    forward_rows(w, rows, 1, pool, ids, B, logits, 1, NULL);
+    free(rows);
 }

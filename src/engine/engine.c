@@ -152,6 +152,42 @@ lily_code lily_session_feed(lily_session *s, const int32_t *ids, int n, float *l
     return engine_forward(s, ids, n, logits, st);
 }
 
+lily_code lily_decode_batch(lily_session **ss, const int32_t *ids, int n, lily_status *st) {
+    if (n < 1) return lily_err(st, LILY_EINVAL, "empty batch");
+    lily_model *m = ss[0]->m;
+    for (int i = 0; i < n; i++) {
+        if (ss[i]->m != m) return lily_err(st, LILY_EINVAL, "batch mixes sessions of different models");
+        for (int j = 0; j < i; j++)
+            if (ss[j] == ss[i]) return lily_err(st, LILY_EINVAL, "a session appears twice in one batch");
+        if (ss[i]->n + 1 > m->max_ctx)
+            return lily_err(st, LILY_ERANGE, "context length exceeded: %d + 1 tokens > %d", ss[i]->n, m->max_ctx);
+        if (ids[i] < 0 || ids[i] >= m->w.cfg.vocab)
+            return lily_err(st, LILY_EINVAL, "token id %d outside the vocabulary [0, %d)", ids[i], m->w.cfg.vocab);
+    }
+    if (n == 1 || m->use_cuda) { /* the GPU decodes one session per step for now */
+        for (int i = 0; i < n; i++) {
+            lily_code rc = engine_forward(ss[i], &ids[i], 1, NULL, st);
+            if (rc) return rc;
+        }
+        return LILY_OK;
+    }
+    int V = m->w.cfg.vocab;
+    cpu_cache **k = malloc((size_t)n * sizeof *k);
+    int *pos = malloc((size_t)n * sizeof *pos);
+    float *lg = malloc((size_t)n * V * sizeof *lg);
+    if (!k || !pos || !lg) { free(k); free(pos); free(lg); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+    for (int i = 0; i < n; i++) { k[i] = &ss[i]->cache; pos[i] = ss[i]->n; }
+    cpu_forward_batch(&m->w, k, pos, m->pool, ids, n, lg);
+    for (int i = 0; i < n; i++) {
+        lily_session *s = ss[i];
+        memcpy(s->logits, lg + (size_t)i * V, (size_t)V * sizeof *lg);
+        s->tokens[s->n++] = ids[i];
+        s->has_logits = 1;
+    }
+    free(k); free(pos); free(lg);
+    return LILY_OK;
+}
+
 /* ---- prefix reuse ---- */
 static size_t conv_floats(const lily_config *c, const cpu_cache *k) { return (size_t)k->n_lin * cfg_conv_dim(c) * (c->conv_k - 1); }
 static size_t S_floats(const lily_config *c, const cpu_cache *k) { return (size_t)k->n_lin * c->lin_nv * c->lin_dk * c->lin_dv; }
