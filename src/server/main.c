@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
     srv_http_opts ho = { 0 };
     int ctx_len, slots, max_queue, threads, max_body, max_conn, chunk;
     if (int_opt(argc, argv, "--port", 8000, 0, 65535, &ho.port) || int_opt(argc, argv, "--ctx-len", 4096, 16, 1 << 22, &ctx_len) ||
-        int_opt(argc, argv, "--slots", 4, 1, 256, &slots) || int_opt(argc, argv, "--max-queue", 64, 0, 100000, &max_queue) ||
+        int_opt(argc, argv, "--slots", 4, 1, SRV_MAX_SLOTS, &slots) || int_opt(argc, argv, "--max-queue", 64, 0, 100000, &max_queue) ||
         int_opt(argc, argv, "--threads", 0, 0, 1024, &threads) ||
         int_opt(argc, argv, "--max-body", 8 << 20, 1024, 1 << 30, &max_body) ||
         int_opt(argc, argv, "--max-connections", 1024, 1, 100000, &max_conn) ||

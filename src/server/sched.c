@@ -18,6 +18,8 @@ typedef struct {
     srv_job *job;
     int32_t *counts;
     double last_used;
+    int has_pending;   /* a sampled token waits to be fed with the round's batch */
+    int32_t pending;
 } slot;
 
 struct srv_sched {
@@ -206,9 +208,30 @@ static void step(srv_sched *s, slot *sl) {
     }
     publish(j, out, n, &tok, SRV_FINISH_NONE, NULL);
     free(out);
-    if (lily_session_feed(sl->sess, &tok.id, 1, NULL, &st)) {
-        lily_session_reset(sl->sess);
-        release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
+    sl->pending = tok.id; /* fed by feed_round together with every other slot's token */
+    sl->has_pending = 1;
+}
+
+/* Feeds every slot's sampled token in one batched pass (the weights are read once per
+ * round, whatever the number of streams); if the batch fails, each slot is fed alone so
+ * only the one at fault is ended. */
+static void feed_round(srv_sched *s) {
+    lily_session *ss[SRV_MAX_SLOTS];
+    int32_t ids[SRV_MAX_SLOTS];
+    int n = 0;
+    for (int i = 0; i < s->o.n_slots; i++)
+        if (s->slots[i].has_pending && s->slots[i].job) { ss[n] = s->slots[i].sess; ids[n++] = s->slots[i].pending; }
+    lily_status st = { 0 };
+    int batch_ok = n > 0 && lily_decode_batch(ss, ids, n, &st) == LILY_OK;
+    for (int i = 0; i < s->o.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->has_pending) continue;
+        sl->has_pending = 0;
+        if (batch_ok || !sl->job) continue;
+        if (lily_session_feed(sl->sess, &sl->pending, 1, NULL, &st)) {
+            lily_session_reset(sl->sess);
+            release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
+        }
     }
 }
 
@@ -275,6 +298,7 @@ static void *sched_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
         for (int i = 0; i < s->o.n_slots; i++)
             if (s->slots[i].job) step(s, &s->slots[i]);
+        feed_round(s);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);

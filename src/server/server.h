@@ -111,6 +111,8 @@ typedef enum {
     SRV_FINISH_SHUTDOWN       /* the server is stopping: answered with 503 */
 } srv_finish;
 
+#define SRV_MAX_SLOTS 256 /* --slots upper bound */
+
 typedef struct srv_job {
     /* set by the submitter, read-only afterwards */
     int32_t *prompt;
