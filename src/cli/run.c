@@ -53,17 +53,8 @@ int cli_run(int argc, char **argv) {
     lily_session *s = NULL;
     run_ctx r = { 0 };
     /* template text may hold special tokens, the user's text never */
-    tok_part *parts = malloc((size_t)(2 * n_plain + 2) * sizeof *parts);
-    int np = 0;
-    size_t at = 0, tlen = strlen(text);
-    for (int i = 0; i < n_plain; i++) {
-        if (plain[i].off > at) parts[np++] = (tok_part){ text + at, plain[i].off - at, 1 };
-        parts[np++] = (tok_part){ text + plain[i].off, plain[i].len, 0 };
-        at = plain[i].off + plain[i].len;
-    }
-    if (at < tlen) parts[np++] = (tok_part){ text + at, tlen - at, rendered != NULL };
-    lily_code erc = tok_encode_parts(tok, parts, np, &ids, &n, &st);
-    free(parts);
+    lily_code erc = rendered ? chat_encode(tok, text, plain, n_plain, NULL, NULL, 0, &ids, &n, &st)
+                             : tok_encode(tok, text, strlen(text), 0, &ids, &n, &st);
     free(plain);
     if (erc || !n ||
         lily_session_new(m, &s, &st) || tok_stream_new(tok, 1, &r.ts, &st)) {

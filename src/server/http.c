@@ -131,28 +131,14 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
             return -1;
         }
         /* The template's own text may hold special tokens; what the request supplied
-         * (message contents, tool arguments...) never does: no injected <|im_start|>. */
-        tok_part *parts = malloc(sizeof *parts * (size_t)(2 * n_plain + 4));
-        int np = 0;
-        size_t at = 0, len = strlen(text);
-        for (int i = 0; parts && i < n_plain; i++) {
-            if (plain[i].off > at) parts[np++] = (tok_part){ text + at, plain[i].off - at, 1 };
-            parts[np++] = (tok_part){ text + plain[i].off, plain[i].len, 0 };
-            at = plain[i].off + plain[i].len;
-        }
-        if (parts && at < len) parts[np++] = (tok_part){ text + at, len - at, 1 };
-        /* A forced tool_choice: the turn already begins with the call (the name is the
+         * (message contents, tool arguments...) never does: no injected <|im_start|>.
+         * A forced tool_choice: the turn already begins with the call (the name is the
          * request's, so plain); the output parser is given the same text first. */
         const char *open = chat_think_open(r->body, h->o.template_kind) ? "\n</think>\n\n<tool_call>\n<function=" : "<tool_call>\n<function=";
-        if (parts && r->tool_force) {
-            parts[np++] = (tok_part){ open, strlen(open), 1 };
-            if (*r->tool_force) {
-                parts[np++] = (tok_part){ r->tool_force, strlen(r->tool_force), 0 };
-                parts[np++] = (tok_part){ ">\n", 2, 1 };
-            }
-        }
-        rc = parts ? tok_encode_parts(h->tok, parts, np, &ids, &n, &st) : lily_err(&st, LILY_ENOMEM, "out of memory");
-        free(parts);
+        const char *sfx[3] = { open, r->tool_force, ">\n" };
+        int sfx_plain[3] = { 0, 1, 0 };
+        int n_sfx = !r->tool_force ? 0 : *r->tool_force ? 3 : 1;
+        rc = chat_encode(h->tok, text, plain, n_plain, sfx, sfx_plain, n_sfx, &ids, &n, &st);
         free(plain);
         free(text);
         if (rc) { srv_error_set(e, 400, "invalid_request_error", "messages", NULL, "%s", st.msg); return -1; }

@@ -39,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "lily.h"
+#include "tokenizer/tokenizer.h"
 
 /* ---- rendering -------------------------------------------------------------------- */
 
@@ -61,6 +62,13 @@ typedef struct { size_t off, len; } chat_span;
  * malloc'd (free() it; NULL when *n_plain is 0). */
 lily_code chat_render_ex(const json_t *request, chat_template_kind kind, char **out,
                          chat_span **plain, int *n_plain, lily_status *st);
+
+/* Encodes a rendered prompt: the template's text with special tokens parsed, the plain
+ * spans as plain text, then n_suffix extra pieces (plain where suffix_plain[i]), as one
+ * string (tok_encode_parts). *ids is malloc'd. */
+lily_code chat_encode(const tok_tokenizer *tok, const char *text, const chat_span *plain, int n_plain,
+                      const char *const *suffix, const int *suffix_plain, int n_suffix, int32_t **ids, int *n,
+                      lily_status *st);
 
 /* Picks the template from a checkpoint's chat_template.jinja or tokenizer_config.json
  * text (either works: detection uses substrings that survive JSON escaping).
