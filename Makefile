@@ -3,8 +3,8 @@
 CC      ?= cc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Iinclude -Isrc -MMD -MP -pthread -fno-strict-aliasing
-LDLIBS  += -ljansson -lmicrohttpd -lcurl -lcrypto -lpcre2-8 -lutf8proc -lm -pthread
+override CFLAGS += -std=gnu11 -Wall -Wextra -Werror -Iinclude -Isrc -MMD -MP -pthread -fno-strict-aliasing
+override LDLIBS += -ljansson -lmicrohttpd -lcurl -lcrypto -lpcre2-8 -lutf8proc -lm -pthread
 NVCC    ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_ARCH ?= sm_90a
 NVFLAGS ?= -O3 -g -lineinfo -std=c++17 --expt-relaxed-constexpr -Iinclude -Isrc \

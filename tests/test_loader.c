@@ -78,8 +78,9 @@ static void test_safetensors_errors(void) {
     o.seed = 3;
     CHECK(synth_write(d, &o, &st) == LILY_OK, "synth: %s", st.msg);
     lily_weights w;
-    CHECK(lw_load(d, &w, &st) == LILY_OK, "load synth: %s", st.msg);
-    if (st.code == LILY_OK) lw_free(&w);
+    lily_code lrc = lw_load(d, &w, &st);
+    CHECK(lrc == LILY_OK, "load synth: %s", st.msg);
+    if (lrc == LILY_OK) lw_free(&w);
     const char *f = "model-00001-of-00001.safetensors";
     /* truncated shard */
     sh("rm -rf %s/t && cp -r %s %s/t && truncate -s -1000 %s/t/%s", tmp, d, tmp, tmp, f);
