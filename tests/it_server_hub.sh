@@ -3,7 +3,7 @@
 # is pulled into $LILY_HOME, converted to 4-bit once when it is the bf16 release, and served.
 set -u
 cd "$(dirname "$0")/.."
-B=$PWD/${BUILD:-build}
+B=${BUILD:-build}; case $B in /*) ;; *) B=$PWD/$B ;; esac
 pass=0; fail=0
 ok() { pass=$((pass+1)); echo "ok   $*"; }
 bad() { fail=$((fail+1)); echo "FAIL $*"; }

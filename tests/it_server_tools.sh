@@ -4,7 +4,7 @@
 # bad tool_choice values are refused with 400 naming the field.
 set -u
 cd "$(dirname "$0")/.."
-B=$PWD/${BUILD:-build}
+B=${BUILD:-build}; case $B in /*) ;; *) B=$PWD/$B ;; esac
 pass=0; fail=0
 ok() { pass=$((pass+1)); echo "ok   $*"; }
 bad() { fail=$((fail+1)); echo "FAIL $*"; }
