@@ -42,6 +42,16 @@ done
 echo "== cuda-compile-check"
 if MAKEFLAGS= make -s BUILD="$BUILD" cuda-compile-check >"$tmp/cuda.out" 2>&1; then pass=$((pass+1)); else fail=$((fail+1)); broken="$broken cuda-compile-check"; fi
 tail -n 20 "$tmp/cuda.out"
+# The GPU build on a machine without a GPU: --backend cuda is refused with a reason,
+# auto runs on the CPU and still matches the reference.
+if [ -x "$BUILD/cuda/lily" ] && ! nvidia-smi -L >/dev/null 2>&1; then
+  fx=../shared/fixtures/tiny
+  out=$("$BUILD/cuda/lily" check --backend cuda --model $fx --reference $fx/reference.safetensors 2>&1); rc=$?
+  if [ $rc = 1 ] && echo "$out" | grep -q "CUDA backend unavailable"; then pass=$((pass+1)); echo "ok   CUDA build without a GPU: $out"
+  else fail=$((fail+1)); broken="$broken cuda-no-gpu"; echo "FAIL CUDA build without a GPU (rc=$rc): $out"; fi
+  if "$BUILD/cuda/lily" check --model $fx --reference $fx/reference.safetensors >/dev/null 2>&1; then pass=$((pass+1)); echo "ok   CUDA build, auto backend: CPU fallback passes"
+  else fail=$((fail+1)); broken="$broken cuda-auto-fallback"; echo "FAIL CUDA build, auto backend"; fi
+fi
 [ -n "$broken" ] && echo "failing:$broken"
 echo "total: $pass passed, $fail failed"
 [ "$fail" = 0 ]
