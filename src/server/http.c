@@ -134,10 +134,8 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
          * (message contents, tool arguments...) never does: no injected <|im_start|>.
          * A forced tool_choice: the turn already begins with the call (the name is the
          * request's, so plain); the output parser is given the same text first. */
-        const char *open = chat_think_open(r->body, h->o.template_kind) ? "\n</think>\n\n<tool_call>\n<function=" : "<tool_call>\n<function=";
-        const char *sfx[3] = { open, r->tool_force, ">\n" };
-        int sfx_plain[3] = { 0, 1, 0 };
-        int n_sfx = !r->tool_force ? 0 : *r->tool_force ? 3 : 1;
+        const char *sfx[3];
+        int sfx_plain[3], n_sfx = srv_tool_prefix_parts(r, chat_think_open(r->body, h->o.template_kind), sfx, sfx_plain);
         rc = chat_encode(h->tok, text, plain, n_plain, sfx, sfx_plain, n_sfx, &ids, &n, &st);
         free(plain);
         free(text);

@@ -327,11 +327,25 @@ void srv_request_free(srv_request *r) {
     memset(r, 0, sizeof *r);
 }
 
+int srv_tool_prefix_parts(const srv_request *r, int think_open, const char *parts[3], int plain[3]) {
+    if (!r->tool_force) return 0;
+    parts[0] = think_open ? "\n</think>\n\n<tool_call>\n<function=" : "<tool_call>\n<function=";
+    parts[1] = r->tool_force;
+    parts[2] = ">\n";
+    plain[0] = plain[2] = 0;
+    plain[1] = 1;
+    return *r->tool_force ? 3 : 1; /* "required": the model writes the name */
+}
+
 char *srv_tool_prefix(const srv_request *r, int think_open) {
-    if (!r->tool_force) return NULL;
-    const char *close = think_open ? "\n</think>\n\n" : "";
-    size_t n = strlen(close) + strlen(r->tool_force) + 64;
-    char *p = malloc(n);
-    if (p) snprintf(p, n, "%s<tool_call>\n<function=%s%s", close, r->tool_force, *r->tool_force ? ">\n" : "");
+    const char *parts[3];
+    int plain[3], n = srv_tool_prefix_parts(r, think_open, parts, plain);
+    if (!n) return NULL;
+    size_t len = 1;
+    for (int i = 0; i < n; i++) len += strlen(parts[i]);
+    char *p = malloc(len);
+    if (!p) return NULL;
+    p[0] = 0;
+    for (int i = 0; i < n; i++) strcat(p, parts[i]);
     return p;
 }

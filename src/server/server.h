@@ -83,6 +83,9 @@ void srv_request_free(srv_request *r);
  * open <think>, opening <tool_call> and, for a named function, its <function=NAME> line);
  * NULL otherwise. malloc'd. The prompt ends with it and the output parser reads it first. */
 char *srv_tool_prefix(const srv_request *r, int think_open);
+/* The same prefix as pieces for the prompt encoder: up to 3 strings, with plain[i] set
+ * where the piece is the request's (the function name). Returns the count (0: none). */
+int srv_tool_prefix_parts(const srv_request *r, int think_open, const char *parts[3], int plain[3]);
 
 /* ---- stop strings -------------------------------------------------------------------- */
 

@@ -52,6 +52,19 @@ static json_t *take_lp(stream_ctx *x) {
 
 static int emit(stream_ctx *x, json_t *chunk) { return srv_sse_append(&x->out, &x->out_len, &x->out_cap, chunk); }
 
+/* Appends literal SSE text (a comment, the [DONE] line) to the output buffer. */
+static int emit_raw(stream_ctx *x, const char *s, size_t n) {
+    if (x->out_len + n + 1 > x->out_cap) {
+        char *b = realloc(x->out, x->out_len + n + 1);
+        if (!b) return -1;
+        x->out = b;
+        x->out_cap = x->out_len + n + 1;
+    }
+    memcpy(x->out + x->out_len, s, n);
+    x->out_len += n;
+    return 0;
+}
+
 /* Produces the next piece of output into x->out. -1: the client is gone. */
 static int produce(stream_ctx *x) {
     srv_job *j = x->j;
@@ -68,14 +81,7 @@ static int produce(stream_ctx *x) {
     if (w > 0) { /* still waiting (queued or a long prefill): an SSE comment, ignored by clients */
         pthread_mutex_unlock(&j->mu);
         static const char ping[] = ": keep-alive\n\n";
-        if (x->out_len + sizeof ping > x->out_cap) {
-            char *b = realloc(x->out, x->out_len + sizeof ping);
-            if (!b) return -1;
-            x->out = b;
-            x->out_cap = x->out_len + sizeof ping;
-        }
-        memcpy(x->out + x->out_len, ping, sizeof ping - 1);
-        x->out_len += sizeof ping - 1;
+        if (emit_raw(x, ping, sizeof ping - 1)) return -1;
         return 0;
     }
     size_t n = j->text_len - x->text_off;
@@ -135,15 +141,8 @@ static int produce(stream_ctx *x) {
                                     (json_int_t)x->s.created, "model", x->s.model, "choices", "usage",
                                     srv_usage(n_prompt, n_gen, n_reused)));
     }
-    const char done[] = "data: [DONE]\n\n";
-    if (x->out_len + sizeof done > x->out_cap) {
-        char *b = realloc(x->out, x->out_len + sizeof done);
-        if (!b) return -1;
-        x->out = b;
-        x->out_cap = x->out_len + sizeof done;
-    }
-    memcpy(x->out + x->out_len, done, sizeof done - 1);
-    x->out_len += sizeof done - 1;
+    static const char done[] = "data: [DONE]\n\n";
+    if (emit_raw(x, done, sizeof done - 1)) return -1;
     x->done = 1;
     count_tokens(x);
     return rc;
