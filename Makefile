@@ -7,6 +7,11 @@ override CFLAGS += -std=gnu11 -Wall -Wextra -Werror -Iinclude -Isrc -MMD -MP -pt
 override LDLIBS += -ljansson -lmicrohttpd -lcurl -lcrypto -lpcre2-8 -lutf8proc -lm -pthread
 NVCC    ?= $(shell command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_ARCH ?= sm_90a
+# The toolkit root is found from nvcc's real path (nvcc may be a symlink in /usr/bin), and
+# the CUDA runtime is linked statically so the binaries need only the driver at run time.
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_LIBDIR ?= $(firstword $(foreach d,lib64 lib targets/x86_64-linux/lib targets/sbsa-linux/lib,\
+                 $(if $(wildcard $(CUDA_HOME)/$(d)/libcudart_static.a),$(CUDA_HOME)/$(d))))
 NVFLAGS ?= -O3 -g -lineinfo -std=c++17 --expt-relaxed-constexpr -Iinclude -Isrc \
            -gencode=arch=$(subst sm_,compute_,$(CUDA_ARCH)),code=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
@@ -16,7 +21,7 @@ CU_SRC   := $(wildcard src/cuda/*.cu)
 ifeq ($(CUDA),1)
   override CFLAGS += -DLILY_CUDA
   LIB_OBJ_CU := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
-  override LDLIBS += -L$(dir $(NVCC))../lib64 -lcudart -lstdc++
+  override LDLIBS += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
   CUDA_PROGS := $(BUILD)/cuda-kernel-test
 else
   LIB_SRC += $(wildcard src/cuda/*.c)
@@ -69,11 +74,14 @@ fuzz: $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 # so the CUDA sources never rot on GPU-less machines; tests/run.sh then checks that the
 # binaries refuse --backend cuda clearly and fall back to the CPU under auto.
 cuda-compile-check:
-	@if [ -n "$(NVCC)" ] && [ -n "$(CU_SRC)" ]; then \
+	@if [ -z "$(NVCC)" ]; then echo "cuda-compile-check: no nvcc, skipped"; \
+	elif [ -z "$(CU_SRC)" ]; then echo "cuda-compile-check: no CUDA sources yet"; \
+	elif [ -n "$(CUDA_LIBDIR)" ]; then \
 	  $(MAKE) -s CUDA=1 BUILD=$(BUILD)/cuda $(BUILD)/cuda/lily $(BUILD)/cuda/lily-server || exit 1; \
 	  echo "cuda-compile-check: CUDA=1 build of $(words $(CU_SRC)) CUDA files linked into $(BUILD)/cuda"; \
-	elif [ -z "$(NVCC)" ]; then echo "cuda-compile-check: no nvcc, skipped"; \
-	else echo "cuda-compile-check: no CUDA sources yet"; fi
+	else \
+	  $(MAKE) -s CUDA=1 BUILD=$(BUILD)/cuda $(BUILD)/cuda/liblily.a $(BUILD)/cuda/tests/cuda/kernel_test.o || exit 1; \
+	  echo "cuda-compile-check: CUDA=1 build of $(words $(CU_SRC)) CUDA files compiled; not linked: no libcudart_static.a under $(CUDA_HOME)"; fi
 
 test: all fuzz
 	BUILD=$(BUILD) bash tests/run.sh
