@@ -141,6 +141,9 @@ typedef struct {
     float repetition_penalty;/* 1 = off; multiplicative, over prompt and output */
     uint64_t seed;
     int n_logprobs;          /* top alternatives to report per token, 0..20 */
+    int n_bias;              /* logit_bias: bias_values[i] is added to token bias_ids[i]'s */
+    const int32_t *bias_ids; /*   logit before everything else (borrowed; n_bias entries) */
+    const float *bias_values;
 } lily_sampling;
 
 void lily_sampling_default(lily_sampling *p);

@@ -431,6 +431,65 @@ static void test_mask(void) {
           "nothing allowed: an error (%s)", st.msg);
 }
 
+/* logit_bias must equal sampling the row with the bias added (same rng state), while the
+ * logprobs stay those of the unbiased row; ids outside the vocabulary are refused. */
+static void test_bias(void) {
+    enum { V = 2000 };
+    static float lg[V], lb[V];
+    int same = 0, total = 0, lp_model = 1;
+    for (int rep = 0; rep < 48; rep++) {
+        rand_logits(lg, V, 2.0f);
+        memcpy(lb, lg, sizeof lg);
+        int32_t ids[8];
+        float vals[8];
+        for (int i = 0; i < 8; i++) {
+            ids[i] = (int32_t)(lily_rng_u64(&trng) % V);
+            vals[i] = (float)((int)(lily_rng_u64(&trng) % 201) - 100) / 4.0f;
+            lb[ids[i]] += vals[i];
+        }
+        lily_sampling p;
+        lily_sampling_default(&p);
+        int mode = rep % 4;
+        if (mode == 0) p.temperature = 0;
+        if (mode == 2) p.top_k = 20, p.top_p = 0.9f;
+        if (mode == 3) p.min_p = 0.02f, p.presence_penalty = 0.5f;
+        p.n_logprobs = 2;
+        p.n_bias = 8, p.bias_ids = ids, p.bias_values = vals;
+        lily_sampling q = p;
+        q.n_bias = 0;
+        int32_t counts[V] = { 0 };
+        counts[ids[0]] = 2;
+        uint64_t seed = lily_rng_u64(&trng);
+        lily_rng r1, r2;
+        lily_rng_seed(&r1, seed);
+        lily_rng_seed(&r2, seed);
+        lily_token a, b;
+        lily_status st = { 0 };
+        CHECK(lily_sample_logits(lg, V, &p, &r1, counts, &a, &st) == LILY_OK, "biased: %s", st.msg);
+        CHECK(lily_sample_logits(lb, V, &q, &r2, counts, &b, &st) == LILY_OK, "pre-biased row: %s", st.msg);
+        total++;
+        same += a.id == b.id;
+        float mx = lg[0];
+        for (int i = 1; i < V; i++) mx = lg[i] > mx ? lg[i] : mx;
+        lp_model &= lg[a.top_ids[0]] == mx;
+    }
+    CHECK(same == total, "logit_bias equals the biased row (%d/%d)", same, total);
+    CHECK(lp_model, "logprobs ignore the bias");
+    lily_sampling p;
+    lily_sampling_default(&p);
+    int32_t id = V;
+    float v = 1;
+    p.n_bias = 1, p.bias_ids = &id, p.bias_values = &v;
+    lily_rng r;
+    lily_rng_seed(&r, 1);
+    lily_token t;
+    lily_status st = { 0 };
+    CHECK(lily_sample_logits(lg, V, &p, &r, NULL, &t, &st) == LILY_EINVAL && st.msg[0], "bias id past the vocabulary: %s",
+          st.msg);
+    v = NAN, id = 0;
+    CHECK(lily_sample_logits(lg, V, &p, &r, NULL, &t, &st) == LILY_EINVAL, "NaN bias refused");
+}
+
 int main(void) {
     uint64_t seed = (uint64_t)time(NULL);
     fprintf(stderr, "test_sampler seed %llu\n", (unsigned long long)seed);
@@ -443,5 +502,6 @@ int main(void) {
     test_against_reference();
     test_bad_params();
     test_mask();
+    test_bias();
     return T_DONE();
 }

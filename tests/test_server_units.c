@@ -103,6 +103,43 @@ static void test_request(void) {
     expect_bad("{" M ",\"chat_template_kwargs\":{\"enable_thinking\":\"no\"}}", SRV_CHAT, 400, "enable_thinking");
     expect_bad("{" M ",\"model\":7}", SRV_CHAT, 400, "model");
 
+    CHECK(parse("{" M ",\"logit_bias\":{\"12\":-100,\"7\":2.5}}", SRV_CHAT, &r, &e) == 0 && r.n_bias == 2 &&
+              r.bias_ids[0] == 12 && r.bias_vals[0] == -100 && r.bias_ids[1] == 7 && r.bias_vals[1] == 2.5f,
+          "logit_bias parsed in order (%s)", e.message);
+    srv_request_free(&r);
+    expect_bad("{" M ",\"logit_bias\":[1]}", SRV_CHAT, 400, "logit_bias");
+    expect_bad("{" M ",\"logit_bias\":{\"x\":1}}", SRV_CHAT, 400, "logit_bias");
+    expect_bad("{" M ",\"logit_bias\":{\"-3\":1}}", SRV_CHAT, 400, "logit_bias");
+    expect_bad("{" M ",\"logit_bias\":{\"3\":101}}", SRV_CHAT, 400, "logit_bias");
+    expect_bad("{" M ",\"logit_bias\":{\"3\":\"1\"}}", SRV_CHAT, 400, "logit_bias");
+    expect_bad("{\"prompt\":\"x\",\"logit_bias\":{\"3x\":1}}", SRV_COMPLETION, 400, "logit_bias");
+
+    /* response_format: shape checked here, the schema compiled by the server */
+    CHECK(parse("{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":"
+                "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}}}}}}", SRV_CHAT, &r, &e) == 0 &&
+              r.response_format == 2 && r.schema &&
+              !strcmp(r.schema, "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"integer\"}}}"),
+          "json_schema: the schema kept as compact text (%s)", e.message);
+    srv_request_free(&r);
+    CHECK(parse("{" M ",\"response_format\":{\"type\":\"json_object\"}}", SRV_CHAT, &r, &e) == 0 &&
+              r.response_format == 1 && !r.schema, "json_object");
+    srv_request_free(&r);
+    CHECK(parse("{" M ",\"response_format\":{\"type\":\"text\"}}", SRV_CHAT, &r, &e) == 0 && r.response_format == 0,
+          "text");
+    srv_request_free(&r);
+    CHECK(parse("{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}", SRV_COMPLETION, &r, &e) == 0 &&
+              r.response_format == 1, "completions take response_format too");
+    srv_request_free(&r);
+    expect_bad("{" M ",\"response_format\":\"json\"}", SRV_CHAT, 400, "response_format");
+    expect_bad("{" M ",\"response_format\":{}}", SRV_CHAT, 400, "response_format");
+    expect_bad("{" M ",\"response_format\":{\"type\":\"yaml\"}}", SRV_CHAT, 400, "response_format");
+    expect_bad("{" M ",\"response_format\":{\"type\":\"json_schema\"}}", SRV_CHAT, 400, "response_format");
+    expect_bad("{" M ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":3}}}", SRV_CHAT, 400,
+               "response_format");
+    expect_bad("{" M ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\","
+               "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{}}}}", SRV_CHAT, 400,
+               "response_format");
+
     /* completions */
     CHECK(parse("{\"prompt\":\"hello\",\"logprobs\":2,\"max_tokens\":3}", SRV_COMPLETION, &r, &e) == 0 && r.prompt &&
               !strcmp(r.prompt, "hello") && r.logprobs && r.top_logprobs == 2,

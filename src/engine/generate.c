@@ -25,7 +25,7 @@ static int gpu_gen_cb(void *user, const lily_token *tok) {
 
 static int gpu_greedy(const lily_sampling *p) {
     return p->temperature <= 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           (p->repetition_penalty == 1 || p->repetition_penalty == 0) && p->n_logprobs == 0;
+           (p->repetition_penalty == 1 || p->repetition_penalty == 0) && p->n_logprobs == 0 && p->n_bias == 0;
 }
 
 static lily_code gpu_generate(lily_session *s, const lily_sampling *p, int max_tokens, lily_token_cb cb, void *user,

@@ -34,6 +34,11 @@ lily_code lily_sampling_check(const lily_sampling *p, lily_status *st) {
         return lily_err(st, LILY_EINVAL, "repetition_penalty must be > 0 (got %g)", p->repetition_penalty);
     if (p->n_logprobs < 0 || p->n_logprobs > LILY_MAX_LOGPROBS)
         return lily_err(st, LILY_EINVAL, "n_logprobs must be in [0, %d] (got %d)", LILY_MAX_LOGPROBS, p->n_logprobs);
+    if (p->n_bias < 0 || (p->n_bias > 0 && (!p->bias_ids || !p->bias_values)))
+        return lily_err(st, LILY_EINVAL, "logit bias: %d entries without their arrays", p->n_bias);
+    for (int i = 0; i < p->n_bias; i++)
+        if (!isfinite(p->bias_values[i]) || p->bias_ids[i] < 0)
+            return lily_err(st, LILY_EINVAL, "logit bias for token %d must be finite", p->bias_ids[i]);
     return LILY_OK;
 }
 
@@ -109,6 +114,10 @@ static int32_t draw_sorted(const cand *c, int n, double zmax, double u) {
     return c[n - 1].id; /* rounding: the last kept token */
 }
 
+static lily_code sample_row(const float *logits, const float *row, int vocab, const lily_sampling *p, lily_rng *rng,
+                            const int32_t *counts, const uint8_t *prompt_mask, const uint8_t *allowed, double logz,
+                            double rmax, lily_token *out, lily_status *st);
+
 lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sampling *p,
                                   lily_rng *rng, const int32_t *counts,
                                   const uint8_t *prompt_mask, const uint8_t *allowed,
@@ -128,7 +137,29 @@ lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sam
         if (isfinite(logits[i])) rs += W(logits[i] - rmax);
     double logz = rmax + log(rs);
 
-    pen_ctx pc = { logits, p, counts, prompt_mask, allowed,
+    /* logit_bias: a biased copy of the row drives the choice; logprobs keep the model's */
+    float *biased = NULL;
+    if (p->n_bias > 0) {
+        if (!(biased = malloc(sizeof *biased * (size_t)vocab))) return lily_err(st, LILY_ENOMEM, "sampler: out of memory");
+        memcpy(biased, logits, sizeof *biased * (size_t)vocab);
+        for (int i = 0; i < p->n_bias; i++) {
+            if (p->bias_ids[i] >= vocab) {
+                free(biased);
+                return lily_err(st, LILY_EINVAL, "logit bias for token %d, outside the vocabulary of %d", p->bias_ids[i], vocab);
+            }
+            biased[p->bias_ids[i]] += p->bias_values[i];
+        }
+    }
+    rc = sample_row(logits, biased ? biased : logits, vocab, p, rng, counts, prompt_mask, allowed, logz, rmax, out, st);
+    free(biased);
+    return rc;
+}
+
+/* The choice over `row` (the logits, or their biased copy); logprobs from `logits`. */
+static lily_code sample_row(const float *logits, const float *row, int vocab, const lily_sampling *p, lily_rng *rng,
+                            const int32_t *counts, const uint8_t *prompt_mask, const uint8_t *allowed, double logz,
+                            double rmax, lily_token *out, lily_status *st) {
+    pen_ctx pc = { row, p, counts, prompt_mask, allowed,
                    (counts || prompt_mask) && (p->presence_penalty != 0 || p->frequency_penalty != 0 ||
                                                p->repetition_penalty != 1.0f) };
 
@@ -136,7 +167,7 @@ lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sam
     if (p->temperature <= 0 || p->top_k == 1) {
         double best = -INFINITY;
         int32_t id = -1;
-        if (!pc.penalize && !allowed) { /* the first maximum of the raw row */
+        if (!pc.penalize && !allowed && row == logits) { /* the first maximum of the raw row */
             for (id = 0; !(logits[id] == rmax); id++) {}
             best = rmax;
         } else for (int i = 0; i < vocab; i++) {

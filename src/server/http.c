@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "server/http_int.h"
+#include "text/grammar.h"
 
 enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_NONE };
 static const char *route_names[] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
@@ -198,6 +199,40 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
     j->ignore_eos = r->ignore_eos;
     for (int i = 0; i < r->n_stop; i++)
         if ((j->stops[j->n_stop] = strdup(r->stop[i]))) j->n_stop++;
+    for (int i = 0; i < r->n_bias; i++)
+        if (r->bias_ids[i] >= h->info.vocab_size) {
+            srv_job_unref(j);
+            srv_error_set(e, 400, "invalid_request_error", "logit_bias", NULL,
+                          "logit_bias names token %d, outside the model's vocabulary of %d", r->bias_ids[i],
+                          h->info.vocab_size);
+            return -1;
+        }
+    if (r->n_bias) {
+        j->bias_ids = malloc(sizeof *j->bias_ids * (size_t)r->n_bias);
+        j->bias_vals = malloc(sizeof *j->bias_vals * (size_t)r->n_bias);
+        if (!j->bias_ids || !j->bias_vals) {
+            srv_job_unref(j);
+            srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
+        memcpy(j->bias_ids, r->bias_ids, sizeof *j->bias_ids * (size_t)r->n_bias);
+        memcpy(j->bias_vals, r->bias_vals, sizeof *j->bias_vals * (size_t)r->n_bias);
+        p->n_bias = r->n_bias, p->bias_ids = j->bias_ids, p->bias_values = j->bias_vals;
+    }
+    j->gram_after = -1;
+    if (r->response_format) {
+        lily_code rc = r->response_format == 1 ? gram_json_object(&j->gram, &st)
+                                               : gram_from_json_schema(r->schema, strlen(r->schema), &j->gram, &st);
+        if (rc) {
+            srv_job_unref(j);
+            if (rc == LILY_ENOMEM) srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            else srv_error_set(e, 400, "invalid_request_error", "response_format", NULL, "%s", st.msg);
+            return -1;
+        }
+        /* with reasoning on, the answer (and so the constraint) begins after </think> */
+        if (r->kind == SRV_CHAT && chat_think_open(r->body, h->o.template_kind))
+            j->gram_after = tok_id(h->tok, "</think>");
+    }
     *out = j;
     return 0;
 }

@@ -8,6 +8,7 @@
 #include "hub/hub.h"
 #include <time.h>
 #include "server/server.h"
+#include "text/grammar.h"
 #include "util/util.h"
 
 static const char usage[] =
@@ -224,8 +225,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "lily-server: warning: the tokenizer has %d tokens but the model only %d; "
                         "prompts using the extra tokens will be refused\n", tok_vocab_size(tok), info.vocab_size);
 
+    /* token bytes for response_format, built once (a trie over the vocabulary) */
+    gram_vocab *gv = NULL;
+    if (gram_vocab_new(tok, info.vocab_size, &gv, &st)) {
+        fprintf(stderr, "lily-server: cannot index the vocabulary for response_format: %s\n", st.msg);
+        lily_model_free(model);
+        srv_http_stop(http);
+        tok_free(tok);
+        return 1;
+    }
     srv_metrics *metrics = srv_metrics_new();
-    srv_sched_opts so = { model, tok, slots, max_queue, chunk, metrics };
+    srv_sched_opts so = { model, tok, slots, max_queue, chunk, metrics, gv };
     srv_sched *sched = NULL;
     if ((rc = srv_sched_start(&so, &sched, &st))) {
         if (rc == LILY_ENOMEM || rc == LILY_ERANGE)
@@ -233,6 +243,7 @@ int main(int argc, char **argv) {
                     slots, ctx_len, st.msg);
         else fprintf(stderr, "lily-server: cannot create sessions: %s\n", st.msg);
         srv_metrics_free(metrics);
+        gram_vocab_free(gv);
         lily_model_free(model);
         srv_http_stop(http);
         tok_free(tok);
@@ -242,6 +253,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "lily-server: %s\n", st.msg);
         srv_sched_stop(sched);
         srv_metrics_free(metrics);
+        gram_vocab_free(gv);
         lily_model_free(model);
         srv_http_stop(http);
         tok_free(tok);
@@ -263,6 +275,7 @@ int main(int argc, char **argv) {
     srv_http_stop(http);
     srv_sched_stop(sched);
     srv_metrics_free(metrics);
+    gram_vocab_free(gv);
     lily_model_free(model);
     tok_free(tok);
     return 0;

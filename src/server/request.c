@@ -189,6 +189,59 @@ static int parse_tools(json_t *o, srv_request *r, srv_error *err) {
     return 0;
 }
 
+/* OpenAI's logit_bias: {"token id": bias}. Ids are checked against the vocabulary by the
+ * server, which knows it. */
+static int parse_logit_bias(json_t *o, srv_request *r, srv_error *err) {
+    json_t *lb = json_object_get(o, "logit_bias");
+    if (!lb || json_is_null(lb)) return 0;
+    if (!json_is_object(lb)) return BAD("logit_bias", "'logit_bias' must be an object mapping token ids to numbers");
+    size_t n = json_object_size(lb);
+    if (n > SRV_MAX_BIAS) return BAD("logit_bias", "'logit_bias' has %zu entries; at most %d are allowed", n, SRV_MAX_BIAS);
+    if (!n) return 0;
+    r->bias_ids = malloc(sizeof *r->bias_ids * n);
+    r->bias_vals = malloc(sizeof *r->bias_vals * n);
+    if (!r->bias_ids || !r->bias_vals) return BAD("logit_bias", "out of memory");
+    const char *k;
+    json_t *v;
+    json_object_foreach(lb, k, v) {
+        char *end = NULL;
+        long id = strtol(k, &end, 10);
+        if (!*k || *end || id < 0 || id > INT32_MAX)
+            return BAD("logit_bias", "logit_bias key '%s' is not a token id", k);
+        if (!json_is_number(v) || json_number_value(v) < -100 || json_number_value(v) > 100)
+            return BAD("logit_bias", "logit_bias value for token %ld must be a number in [-100, 100]", id);
+        r->bias_ids[r->n_bias] = (int32_t)id;
+        r->bias_vals[r->n_bias++] = (float)json_number_value(v);
+    }
+    return 0;
+}
+
+/* OpenAI's response_format. The schema is only extracted here; the server compiles it
+ * (text/grammar.h) and reports what it cannot enforce. */
+static int parse_response_format(json_t *o, srv_request *r, srv_error *err) {
+    json_t *rf = json_object_get(o, "response_format");
+    if (!rf || json_is_null(rf)) return 0;
+    const char *ty = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !ty)
+        return BAD("response_format", "'response_format' must be an object with a 'type' (\"text\", \"json_object\" or "
+                                      "\"json_schema\")");
+    if (!strcmp(ty, "text")) return 0;
+    if (r->tool_force)
+        return BAD("response_format", "response_format cannot be combined with a tool_choice that forces a call");
+    if (!strcmp(ty, "json_object")) { r->response_format = 1; return 0; }
+    if (strcmp(ty, "json_schema"))
+        return BAD("response_format", "response_format.type '%s' is not one of text, json_object, json_schema", ty);
+    json_t *js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js)) return BAD("response_format", "response_format.json_schema must be an object");
+    json_t *sc = json_object_get(js, "schema");
+    if (!json_is_object(sc) && !json_is_boolean(sc))
+        return BAD("response_format", "response_format.json_schema.schema must be a JSON schema (an object)");
+    r->schema = json_dumps(sc, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+    if (!r->schema) return BAD("response_format", "response_format.json_schema.schema cannot be serialized");
+    r->response_format = 2;
+    return 0;
+}
+
 static int parse_prompt(json_t *o, srv_request *r, srv_error *err) {
     json_t *p = json_object_get(o, "prompt");
     if (!p) return BAD("prompt", "'prompt' is required");
@@ -260,7 +313,7 @@ static int parse_fields(json_t *o, srv_request *r, srv_error *err) {
     if (get_bool(o, "ignore_eos", &r->ignore_eos, err) < 0) return -1;
     if ((rc = get_int(o, "n", 1, 1e9, &d, err)) < 0) return -1;
     if (rc && d != 1) return BAD("n", "only n = 1 is supported (got %.0f)", d);
-    if (parse_stop(o, r, err)) return -1;
+    if (parse_stop(o, r, err) || parse_logit_bias(o, r, err)) return -1;
 
     if (r->kind == SRV_CHAT) {
         if ((rc = get_bool(o, "logprobs", &b, err)) < 0) return -1;
@@ -290,7 +343,7 @@ static int parse_fields(json_t *o, srv_request *r, srv_error *err) {
         if (suffix && !json_is_null(suffix)) return BAD("suffix", "'suffix' is not supported");
         if (parse_prompt(o, r, err)) return -1;
     }
-    return 0;
+    return parse_response_format(o, r, err);
 }
 
 int srv_request_parse(const char *body, size_t len, srv_kind kind, srv_request *r, srv_error *err) {
@@ -321,6 +374,9 @@ int srv_request_parse(const char *body, size_t len, srv_kind kind, srv_request *
 void srv_request_free(srv_request *r) {
     json_decref(r->body);
     free(r->tool_force);
+    free(r->schema);
+    free(r->bias_ids);
+    free(r->bias_vals);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->prompt);
     free(r->prompt_ids);

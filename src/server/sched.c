@@ -11,6 +11,7 @@
 #include <string.h>
 #include "engine/sampler.h"
 #include "server/server.h"
+#include "text/grammar.h"
 #include "util/util.h"
 
 typedef struct {
@@ -20,6 +21,7 @@ typedef struct {
     double last_used;
     int has_pending;   /* a sampled token waits to be fed with the round's batch */
     int32_t pending;
+    uint8_t *allowed;  /* [vocab] token mask for constrained jobs, allocated on first use */
 } slot;
 
 struct srv_sched {
@@ -35,6 +37,8 @@ struct srv_sched {
     lily_model_info info;
     int32_t extra_stop[4];
     int n_extra;
+    int32_t end_ids[16];      /* every token is_stop_token accepts (the model's EOS and extra_stop) */
+    int n_end;
 };
 
 srv_job *srv_job_new(void) {
@@ -60,6 +64,10 @@ void srv_job_unref(srv_job *j) {
     free(j->toks);
     tok_stream_free(j->detok);
     srv_stop_free(&j->stop);
+    gram_matcher_free(j->gm);
+    free(j->bias_ids);
+    free(j->bias_vals);
+    gram_free(j->gram);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -137,6 +145,32 @@ static void finish_text(srv_job *j, srv_finish f, const lily_token *tok) {
     free(out);
 }
 
+/* Samples the next token. A constrained job (response_format) first tries the plain
+ * draw, which the grammar almost always accepts inside strings, and only when it is
+ * rejected builds the full mask over the vocabulary and draws again among the allowed
+ * tokens: greedy gives exactly the argmax of the allowed tokens either way. An end token is
+ * allowed exactly when the grammar can end. 0 ok, -1 with st set. */
+static int sample_next(srv_sched *s, slot *sl, srv_job *j, const float *logits, int32_t *counts, lily_token *tok,
+                       lily_status *st) {
+    if (lily_sample_logits(logits, s->vocab, &j->samp, &j->rng, counts, tok, st)) return -1;
+    if (!j->gram_on) return 0;
+    if (is_stop_token(s, tok->id) ? gram_matcher_can_end(j->gm) : gram_matcher_accept_token(j->gm, s->o.gram_vocab, tok->id))
+        return 0;
+    if (!sl->allowed && !(sl->allowed = malloc((size_t)s->vocab))) {
+        lily_err(st, LILY_ENOMEM, "out of memory");
+        return -1;
+    }
+    gram_matcher_mask(j->gm, s->o.gram_vocab, sl->allowed);
+    if (gram_matcher_can_end(j->gm))
+        for (int i = 0; i < s->n_end; i++) sl->allowed[s->end_ids[i]] = 1;
+    if (lily_sample_logits_mask(logits, s->vocab, &j->samp, &j->rng, counts, NULL, sl->allowed, tok, st)) return -1;
+    if (!is_stop_token(s, tok->id) && !gram_matcher_accept_token(j->gm, s->o.gram_vocab, tok->id)) {
+        lily_err(st, LILY_EINVAL, "response_format: token %d is in the grammar's mask but not accepted", tok->id);
+        return -1;
+    }
+    return 0;
+}
+
 static void step(srv_sched *s, slot *sl) {
     srv_job *j = sl->job;
     lily_status st = { 0 };
@@ -168,7 +202,7 @@ static void step(srv_sched *s, slot *sl) {
     const float *logits = lily_session_logits(sl->sess);
     lily_token tok;
     int32_t *counts = penalized(&j->samp) ? sl->counts : NULL;
-    if (!logits || lily_sample_logits(logits, s->vocab, &j->samp, &j->rng, counts, &tok, &st)) {
+    if (!logits || sample_next(s, sl, j, logits, counts, &tok, &st)) {
         release_slot(s, sl, SRV_FINISH_ERROR, logits ? st.msg : "no logits after prefill");
         return;
     }
@@ -181,7 +215,9 @@ static void step(srv_sched *s, slot *sl) {
     else srv_metrics_itl(s->o.metrics, now - j->t_last);
     j->t_last = now;
 
-    if (!j->ignore_eos && is_stop_token(s, tok.id)) {
+    /* under a grammar an end token was only drawn where the value is complete: it ends
+     * the answer even with ignore_eos */
+    if ((!j->ignore_eos || j->gram_on) && is_stop_token(s, tok.id)) {
         finish_text(j, SRV_FINISH_STOP, NULL);
         release_slot(s, sl, SRV_FINISH_STOP, NULL);
         return;
@@ -199,13 +235,16 @@ static void step(srv_sched *s, slot *sl) {
         release_slot(s, sl, SRV_FINISH_STOP, NULL);
         return;
     }
-    if (n_gen >= j->max_tokens) {
+    if (n_gen >= j->max_tokens || (j->gram_on && gram_matcher_must_end(j->gm))) {
+        srv_finish f = n_gen >= j->max_tokens && !(j->gram_on && gram_matcher_must_end(j->gm)) ? SRV_FINISH_LENGTH
+                                                                                              : SRV_FINISH_STOP;
         publish(j, out, n, NULL, SRV_FINISH_NONE, NULL);
         free(out);
-        finish_text(j, SRV_FINISH_LENGTH, &tok);
-        release_slot(s, sl, SRV_FINISH_LENGTH, NULL);
+        finish_text(j, f, &tok);
+        release_slot(s, sl, f, NULL);
         return;
     }
+    if (j->gram && !j->gram_on && tok.id == j->gram_after) j->gram_on = 1; /* reasoning ended */
     publish(j, out, n, &tok, SRV_FINISH_NONE, NULL);
     free(out);
     sl->pending = tok.id; /* fed by feed_round together with every other slot's token */
@@ -280,6 +319,14 @@ static void admit(srv_sched *s) {
         j->state = 1;
         j->n_fed = 0;
         lily_rng_seed(&j->rng, j->samp.seed);
+        if (j->gram && (!s->o.gram_vocab || gram_matcher_new(j->gram, &j->gm, &st))) {
+            publish(j, NULL, 0, NULL, SRV_FINISH_ERROR, s->o.gram_vocab ? st.msg : "response_format: no tokenizer");
+            sl->job = NULL;
+            s->n_active--;
+            srv_job_unref(j);
+            continue;
+        }
+        j->gram_on = j->gram && j->gram_after < 0;
         srv_stop_init(&j->stop, j->stops, j->n_stop);
         if (penalized(&j->samp)) memset(sl->counts, 0, sizeof *sl->counts * (size_t)s->vocab);
     }
@@ -332,6 +379,8 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
             if (id >= 0 && id < s->vocab) s->extra_stop[s->n_extra++] = id;
         }
     }
+    for (int32_t id = 0; id < s->vocab && s->n_end < 16; id++)
+        if (is_stop_token(s, id)) s->end_ids[s->n_end++] = id;
     s->slots = calloc((size_t)o->n_slots, sizeof *s->slots);
     if (!s->slots) { srv_sched_stop(s); return lily_err(st, LILY_ENOMEM, "out of memory"); }
     for (int i = 0; i < o->n_slots; i++) {
@@ -365,6 +414,7 @@ void srv_sched_stop(srv_sched *s) {
     for (int i = 0; s->slots && i < s->o.n_slots; i++) {
         lily_session_free(s->slots[i].sess);
         free(s->slots[i].counts);
+        free(s->slots[i].allowed);
     }
     free(s->slots);
     pthread_mutex_destroy(&s->mu);

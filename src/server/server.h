@@ -47,6 +47,7 @@ typedef enum { SRV_CHAT = 0, SRV_COMPLETION } srv_kind;
 
 #define SRV_MAX_STOP 16
 #define SRV_MAX_STOP_LEN 256
+#define SRV_MAX_BIAS 1024
 
 typedef struct {
     srv_kind kind;
@@ -68,6 +69,11 @@ typedef struct {
     int tool_choice_none;     /* tools are not offered to the model */
     char *tool_force;         /* tool_choice "required" (""), or the named function; NULL = auto */
     int has_tools;
+    int n_bias;               /* logit_bias entries (token id -> bias in [-100, 100]) */
+    int32_t *bias_ids;
+    float *bias_vals;
+    int response_format;      /* 0 text, 1 json_object, 2 json_schema */
+    char *schema;             /* json_schema: the schema as compact JSON text */
     /* completions: exactly one of prompt / prompt_ids */
     char *prompt;
     int32_t *prompt_ids;
@@ -128,6 +134,10 @@ typedef struct srv_job {
     char *stops[SRV_MAX_STOP];
     int n_stop;
     double t_submit;
+    int32_t *bias_ids;        /* logit_bias, pointed to by samp (owned) */
+    float *bias_vals;
+    struct gram_grammar *gram; /* response_format: output constrained to it (owned), or NULL */
+    int32_t gram_after;       /* the constraint starts after this token (</think>), -1 = at once */
 
     /* shared, under mu */
     pthread_mutex_t mu;
@@ -151,6 +161,8 @@ typedef struct srv_job {
     tok_stream *detok;
     srv_stop stop;
     double t_last;
+    struct gram_matcher *gm;  /* follows the constrained output */
+    int gram_on;              /* the constraint applies to the next token */
 } srv_job;
 
 typedef struct srv_sched srv_sched;
@@ -161,6 +173,7 @@ typedef struct {
     int n_slots;
     int max_queue;            /* queued + active jobs allowed; beyond it submit says full */
     int prefill_chunk;        /* tokens per prefill step; 0 = whole prompt */
+    const struct gram_vocab *gram_vocab; /* token bytes for response_format (NULL: refused) */
     struct srv_metrics *metrics;
 } srv_sched_opts;
 
