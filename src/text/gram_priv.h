@@ -1,0 +1,83 @@
+/* Internals shared by the gram_* files (grammar.h is the public contract).
+ *
+ * Why these structures:
+ * - A grammar is a flat array of elements (`el`) so that a parse position is one int32:
+ *   el[p] >= 0 is a byte set (index into `sets`, 256-bit bitmaps), GRAM_END closes an
+ *   alternative, and el[p] <= GRAM_REF(0) references a rule. A rule is a list of
+ *   alternative start positions (CSR in alt_off/alts).
+ * - A parse stack is then a short array of positions (return addresses below, the
+ *   current position on top), and the matcher state is a deduplicated set of such
+ *   stacks stored back to back in one int32 buffer ([depth, p0..p_top] per stack): cheap
+ *   to copy for accept_token's all-or-nothing advance and for the mask's per-depth DFS.
+ * - After expansion every stack's top is a byte set, or the stack is empty (accepting).
+ *   Calls in tail position replace the top instead of pushing, so right recursion (the
+ *   only repetition we generate) does not grow the stacks.
+ */
+#ifndef LILY_GRAM_PRIV_H
+#define LILY_GRAM_PRIV_H
+#include <stdint.h>
+#include <stddef.h>
+#include "text/grammar.h"
+
+#define GRAM_END (-1)
+#define GRAM_REF(r) (-2 - (r))
+#define GRAM_REF_ID(e) (-2 - (e))
+#define GRAM_MAX_STACKS 4096 /* a state with more stacks refuses the byte */
+#define GRAM_MAX_DEPTH 512   /* deeper nesting refuses the byte */
+#define GRAM_MAX_RULES 200000
+#define GRAM_MAX_ELEMS 2000000
+
+typedef struct { uint64_t w[4]; } gram_set;
+
+static inline int gram_set_has(const gram_set *s, unsigned b) { return (int)((s->w[b >> 6] >> (b & 63)) & 1); }
+static inline void gram_set_add(gram_set *s, unsigned b) { s->w[b >> 6] |= 1ull << (b & 63); }
+
+struct gram_grammar {
+    gram_set *sets; int n_sets, cap_sets;
+    int32_t *el; int n_el, cap_el;
+    /* rules under construction: (rule, start) pairs; finalized into CSR */
+    int32_t *pend; int n_pend, cap_pend;
+    int n_rules;
+    int32_t *alt_off; /* n_rules + 1 */
+    int32_t *alts;
+    int root;
+    int str_rule;     /* the free string body rule (string fast path), or -1 */
+    int32_t str_alt_plain; /* its alternatives' start positions: plain byte, '\\', '"' */
+    int32_t str_alt_esc, str_alt_quote;
+    int oom;
+};
+
+/* builder (gram_grammar.c) */
+gram_grammar *gram_g_new(void);
+int gram_g_rule(gram_grammar *g);                       /* a new empty rule id, or -1 */
+int gram_g_set(gram_grammar *g, const gram_set *s);     /* set index (deduplicated) */
+int gram_g_byte(gram_grammar *g, unsigned b);
+/* appends an alternative (n elements) to rule r; returns its start position */
+int32_t gram_g_alt(gram_grammar *g, int r, const int32_t *e, int n);
+lily_code gram_g_finish(gram_grammar *g, int root, lily_status *st);
+
+/* stack sets */
+typedef struct {
+    int32_t *buf; size_t len, cap; int n;
+    int32_t *hash; size_t hcap; /* offsets+1 into buf, 0 = empty */
+    int overflow;
+} gram_sset;
+void gram_sset_init(gram_sset *s);
+void gram_sset_free(gram_sset *s);
+void gram_sset_clear(gram_sset *s);
+int gram_sset_add(gram_sset *s, const int32_t *d, int n); /* 0, or -1 on overflow */
+/* out = the closure of in advanced over byte b; returns out->n */
+int gram_advance(const gram_grammar *g, const gram_sset *in, unsigned b, gram_sset *out, gram_sset *work);
+/* union of the stacks' top byte sets */
+void gram_sset_first(const gram_grammar *g, const gram_sset *s, gram_set *u);
+int gram_sset_accepting(const gram_sset *s);
+/* 1 if the set is exactly the free-string-body state (every plain string byte loops) */
+int gram_sset_in_plain_string(const gram_grammar *g, const gram_sset *s);
+
+struct gram_matcher {
+    const gram_grammar *g;
+    gram_sset cur, tmp, tmp2, work;
+    struct gram_scratch *scratch; /* mask's per-depth sets, allocated lazily */
+};
+
+#endif

@@ -1,0 +1,206 @@
+/* gram_vocab: token bytes, and the token mask as a walk over a byte trie of the vocabulary.
+ *
+ * Why a trie in preorder: tokens sharing a prefix share the matcher work for it, and a
+ * prefix the grammar rejects removes its whole subtree at once. With the nodes stored in
+ * preorder plus each node's subtree end, the walk is a loop over an array (no recursion):
+ * node i's state is computed from the state one level up, and a dead node jumps to its
+ * subtree end. Inside a free JSON string (the commonest place in generated JSON and the
+ * one where nearly every token fits) the tokens made only of plain string bytes keep the
+ * matcher in the same state, so they are copied from a precomputed mask and only the
+ * other tokens (quote, backslash, control bytes) are walked, in a second, small trie.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "text/gram_priv.h"
+#include "util/util.h"
+
+typedef struct {
+    int n;                /* nodes; node 0 is the root (empty prefix) */
+    uint8_t *byte;
+    uint16_t *depth;
+    int32_t *end;         /* one past the last node of the subtree */
+    int32_t *tok0, *ntok; /* tokens ending here: ids[tok0 .. tok0+ntok) */
+    int32_t *ids;
+    int max_depth;
+} vtrie;
+
+struct gram_vocab {
+    int n_vocab;
+    uint32_t *off;        /* piece of id i: bytes[off[i] .. off[i+1]) ; empty = never allowed */
+    uint8_t *bytes;
+    uint8_t *plain_mask;  /* 1 for tokens made only of plain string bytes */
+    vtrie all, special;   /* every allowed token; the non-plain ones */
+};
+
+struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work; };
+
+static int plain_byte(unsigned b) { return b >= 0x20 && b != '"' && b != '\\'; }
+
+static const gram_vocab *sort_v;
+static int cmp_piece(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t lx = sort_v->off[x + 1] - sort_v->off[x], ly = sort_v->off[y + 1] - sort_v->off[y];
+    int c = memcmp(sort_v->bytes + sort_v->off[x], sort_v->bytes + sort_v->off[y], lx < ly ? lx : ly);
+    if (c) return c;
+    if (lx != ly) return lx < ly ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static void trie_free(vtrie *t) {
+    free(t->byte); free(t->depth); free(t->end); free(t->tok0); free(t->ntok); free(t->ids);
+    memset(t, 0, sizeof *t);
+}
+
+/* ids (n of them, each non-empty) sorted by bytes, then inserted along the previous path */
+static int trie_build(vtrie *t, const gram_vocab *v, int32_t *ids, int n) {
+    memset(t, 0, sizeof *t);
+    sort_v = v; /* gram_vocab_new is not reentrant for this sort only: guarded below */
+    qsort(ids, (size_t)n, sizeof *ids, cmp_piece);
+    size_t cap = 1;
+    for (int i = 0; i < n; i++) cap += v->off[ids[i] + 1] - v->off[ids[i]];
+    t->byte = malloc(cap); t->depth = malloc(cap * 2); t->end = malloc(cap * 4);
+    t->tok0 = malloc(cap * 4); t->ntok = calloc(cap, 4); t->ids = ids;
+    int32_t *path = malloc(sizeof(int32_t) * 65536);
+    if (!t->byte || !t->depth || !t->end || !t->tok0 || !t->ntok || !path) { free(path); return -1; }
+    t->n = 1; t->byte[0] = 0; t->depth[0] = 0; path[0] = 0; t->tok0[0] = 0;
+    int plen = 0; /* path length in bytes */
+    const uint8_t *prev = NULL; uint32_t prevn = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *s = v->bytes + v->off[ids[i]];
+        uint32_t ln = v->off[ids[i] + 1] - v->off[ids[i]];
+        if (ln > 65535) ln = 65535;
+        uint32_t l = 0;
+        while (prev && l < prevn && l < ln && (int)l < plen && prev[l] == s[l]) l++;
+        if ((int)l > plen) l = (uint32_t)plen;
+        for (int k = (int)l + 1; k <= plen; k++) t->end[path[k]] = t->n; /* close finished subtrees */
+        plen = (int)l;
+        for (uint32_t k = l; k < ln; k++) {
+            int nd = t->n++;
+            t->byte[nd] = s[k]; t->depth[nd] = (uint16_t)(k + 1); t->tok0[nd] = i; t->ntok[nd] = 0;
+            path[++plen] = nd;
+        }
+        int last = path[plen];
+        if (t->ntok[last] == 0) t->tok0[last] = i;
+        t->ntok[last]++;
+        if (plen > t->max_depth) t->max_depth = plen;
+        prev = s; prevn = ln;
+    }
+    for (int k = 0; k <= plen; k++) t->end[path[k]] = t->n;
+    free(path);
+    return 0;
+}
+
+lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, lily_status *st) {
+    *out = NULL;
+    if (n_vocab <= 0) return lily_err(st, LILY_EINVAL, "gram_vocab_new: n_vocab %d", n_vocab);
+    gram_vocab *v = calloc(1, sizeof *v);
+    if (!v) return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
+    v->n_vocab = n_vocab;
+    int tv = tok_vocab_size(t);
+    size_t total = 0;
+    for (int i = 0; i < n_vocab && i < tv; i++) {
+        size_t ln = 0;
+        if (!tok_is_added(t, i) && tok_piece(t, i, &ln)) total += ln;
+    }
+    v->off = malloc(sizeof(uint32_t) * ((size_t)n_vocab + 1));
+    v->bytes = malloc(total + 1);
+    v->plain_mask = calloc((size_t)n_vocab, 1);
+    int32_t *all = malloc(sizeof(int32_t) * (size_t)n_vocab), *spec = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    if (!v->off || !v->bytes || !v->plain_mask || !all || !spec) {
+        free(all); free(spec); gram_vocab_free(v);
+        return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
+    }
+    int na = 0, ns = 0;
+    size_t o = 0;
+    for (int i = 0; i < n_vocab; i++) {
+        v->off[i] = (uint32_t)o;
+        size_t ln = 0;
+        const char *p = i < tv && !tok_is_added(t, i) ? tok_piece(t, i, &ln) : NULL;
+        if (!p || !ln) continue;
+        memcpy(v->bytes + o, p, ln); o += ln;
+        int plain = 1;
+        for (size_t k = 0; k < ln; k++) plain &= plain_byte((uint8_t)p[k]);
+        v->plain_mask[i] = (uint8_t)plain;
+        all[na++] = i;
+        if (!plain) spec[ns++] = i;
+    }
+    v->off[n_vocab] = (uint32_t)o;
+    static int busy; /* the sort's comparator reads one global vocab */
+    while (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) { }
+    int bad = trie_build(&v->all, v, all, na);
+    if (!bad) bad = trie_build(&v->special, v, spec, ns); else free(spec);
+    __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+    if (bad) { gram_vocab_free(v); return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory"); }
+    *out = v;
+    return LILY_OK;
+}
+
+int gram_vocab_size(const gram_vocab *v) { return v->n_vocab; }
+
+void gram_vocab_free(gram_vocab *v) {
+    if (!v) return;
+    free(v->off); free(v->bytes); free(v->plain_mask);
+    trie_free(&v->all); trie_free(&v->special);
+    free(v);
+}
+
+void gram_scratch_free(struct gram_scratch *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) gram_sset_free(&s->ss[i]);
+    gram_sset_free(&s->work);
+    free(s->ss); free(s->first); free(s);
+}
+
+static struct gram_scratch *scratch_get(gram_matcher *m, int depth) {
+    struct gram_scratch *s = m->scratch;
+    if (!s) { s = m->scratch = calloc(1, sizeof *s); if (!s) return NULL; }
+    if (s->n < depth + 1) {
+        gram_sset *ss = realloc(s->ss, sizeof *ss * (size_t)(depth + 1));
+        if (!ss) return NULL;
+        s->ss = ss;
+        gram_set *f = realloc(s->first, sizeof *f * (size_t)(depth + 1));
+        if (!f) return NULL;
+        s->first = f;
+        for (int i = s->n; i <= depth; i++) gram_sset_init(&s->ss[i]);
+        s->n = depth + 1;
+    }
+    return s;
+}
+
+static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct gram_scratch *s) {
+    const gram_sset *lvl0 = &m->cur;
+    gram_sset_first(m->g, lvl0, &s->first[0]);
+    int32_t i = 1;
+    while (i < t->n) {
+        int d = t->depth[i];
+        const gram_sset *parent = d == 1 ? lvl0 : &s->ss[d - 1];
+        if (!gram_set_has(&s->first[d - 1], t->byte[i]) ||
+            gram_advance(m->g, parent, t->byte[i], &s->ss[d], &s->work) == 0) {
+            i = t->end[i];
+            continue;
+        }
+        for (int32_t k = 0; k < t->ntok[i]; k++) allowed[t->ids[t->tok0[i] + k]] = 1;
+        if (t->end[i] > i + 1) gram_sset_first(m->g, &s->ss[d], &s->first[d]);
+        i++;
+    }
+}
+
+void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allowed) {
+    memset(allowed, 0, (size_t)v->n_vocab);
+    /* the scratch is the matcher's own memory: a matcher is used by one thread at a time */
+    struct gram_scratch *s = scratch_get((gram_matcher *)m, v->all.max_depth + 1);
+    if (!s) return; /* out of memory: nothing allowed, the caller sees an empty mask */
+    if (gram_sset_in_plain_string(m->g, &m->cur)) {
+        memcpy(allowed, v->plain_mask, (size_t)v->n_vocab);
+        walk(m, &v->special, allowed, s);
+    } else {
+        walk(m, &v->all, allowed, s);
+    }
+}
+
+int gram_matcher_accept_token(gram_matcher *m, const gram_vocab *v, int32_t id) {
+    if (id < 0 || id >= v->n_vocab) return 0;
+    uint32_t a = v->off[id], b = v->off[id + 1];
+    if (a == b) return 0;
+    return gram_matcher_accept_bytes(m, (const char *)v->bytes + a, b - a);
+}
