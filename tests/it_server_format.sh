@@ -11,7 +11,7 @@ ok() { pass=$((pass+1)); echo "ok   $*"; }
 bad() { fail=$((fail+1)); echo "FAIL $*"; }
 T=$(mktemp -d /tmp/lily-it-format-XXXXXX)
 sp=
-trap 'kill $sp 2>/dev/null; rm -rf "$T"' EXIT
+trap 'kill $sp 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$T"' EXIT
 start() { # model dir, extra args...
   kill $sp 2>/dev/null; wait $sp 2>/dev/null
   "$B/lily-server" --model-path "$@" --port 0 --threads 2 --slots 4 2>"$T/err" &

@@ -235,7 +235,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     srv_metrics *metrics = srv_metrics_new();
-    srv_sched_opts so = { model, tok, slots, max_queue, chunk, metrics, gv };
+    srv_sched_opts so = { .model = model, .tok = tok, .n_slots = slots, .max_queue = max_queue,
+                          .prefill_chunk = chunk, .metrics = metrics, .gram_vocab = gv };
     srv_sched *sched = NULL;
     if ((rc = srv_sched_start(&so, &sched, &st))) {
         if (rc == LILY_ENOMEM || rc == LILY_ERANGE)
