@@ -126,6 +126,22 @@ lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, co
  * equals n separate lily_session_feed calls. Sessions must be distinct. */
 lily_code lily_decode_batch(lily_session **ss, const int32_t *ids, int n, lily_status *st);
 
+/* Parking: a conversation's state copied out of its session into a compact host-memory
+ * object (its tokens, the used attention-cache rows, the recurrent state and the snapshots
+ * on its path), so the session can serve another conversation and this one can come back
+ * later without recomputing its prefix. The session is unchanged by parking; unparking
+ * makes a session hold exactly the parked tokens and caches (its logits are gone: the next
+ * lily_session_prefill recomputes at least one token). LILY_EUNSUPPORTED on the CUDA
+ * backend, which keeps its caches on the device. */
+typedef struct lily_parked lily_parked;
+lily_code lily_session_park(lily_session *s, lily_parked **out, lily_status *st);
+lily_code lily_session_unpark(lily_session *s, const lily_parked *p, lily_status *st);
+const int32_t *lily_parked_tokens(const lily_parked *p, int *n);
+size_t lily_parked_bytes(const lily_parked *p);
+/* Position of the parked snapshot i (0 when there is no such snapshot). */
+int lily_parked_snapshot(const lily_parked *p, int i);
+void lily_parked_free(lily_parked *p);
+
 /* Logits [vocab] after the last fed token, or NULL before any token. */
 const float *lily_session_logits(lily_session *s);
 
