@@ -39,6 +39,11 @@ struct srv_sched {
     int n_extra;
     int32_t end_ids[16];      /* every token is_stop_token accepts (the model's EOS and extra_stop) */
     int n_end;
+    /* parked conversations (host memory, least recently used first out) */
+    struct parked { lily_parked *p; double used; } *parked;
+    int n_parked, cap_parked;
+    size_t parked_bytes;
+    int park_off;             /* the backend cannot park: stop trying */
 };
 
 srv_job *srv_job_new(void) {
@@ -280,6 +285,94 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     return n;
 }
 
+/* ---- parked conversations ----
+ * A slot's session is its conversation's cache; when the slot is given to a request that
+ * shares less than its whole state, that state would be lost, so it is parked first (host
+ * memory, budget --cache-mb, least recently used evicted). A request admitted later whose
+ * prompt a parked conversation covers further than any free slot gets it unparked into its
+ * slot: the conversation resumes without recomputing its prefix. */
+
+/* Prompt tokens a parked conversation lets a request skip: all of it when the prompt
+ * extends it, else up to its latest snapshot inside the common prefix; 0 = useless. */
+static int parked_usable(const lily_parked *p, const int32_t *ids, int n) {
+    int pn;
+    const int32_t *pt = lily_parked_tokens(p, &pn);
+    int cp = common_prefix(pt, pn, ids, n);
+    if (cp == pn && pn < n) return pn;
+    int best = 0;
+    for (int i = 0, pos; (pos = lily_parked_snapshot(p, i)) > 0; i++)
+        if (pos <= cp && pos < n && pos > best) best = pos;
+    return best;
+}
+
+static void parked_drop(srv_sched *s, int i) {
+    s->parked_bytes -= lily_parked_bytes(s->parked[i].p);
+    lily_parked_free(s->parked[i].p);
+    s->parked[i] = s->parked[--s->n_parked];
+}
+
+static void parked_publish(srv_sched *s) {
+    if (s->o.metrics) srv_metrics_parked(s->o.metrics, s->n_parked, s->parked_bytes);
+}
+
+/* Parks the slot's conversation before its state is overwritten. */
+static void park_slot(srv_sched *s, slot *sl) {
+    if (!s->o.park_bytes || s->park_off || lily_session_len(sl->sess) < 1) return;
+    lily_parked *p = NULL;
+    lily_status st = { 0 };
+    lily_code rc = lily_session_park(sl->sess, &p, &st);
+    if (rc == LILY_EUNSUPPORTED) s->park_off = 1;
+    if (rc) return;
+    size_t b = lily_parked_bytes(p);
+    if (b > s->o.park_bytes) { lily_parked_free(p); return; }
+    while (s->n_parked && s->parked_bytes + b > s->o.park_bytes) {
+        int old = 0;
+        for (int i = 1; i < s->n_parked; i++)
+            if (s->parked[i].used < s->parked[old].used) old = i;
+        parked_drop(s, old);
+    }
+    if (s->n_parked == s->cap_parked) {
+        int c = s->cap_parked ? 2 * s->cap_parked : 16;
+        struct parked *q = realloc(s->parked, sizeof *q * (size_t)c);
+        if (!q) { lily_parked_free(p); return; }
+        s->parked = q;
+        s->cap_parked = c;
+    }
+    s->parked[s->n_parked].p = p;
+    s->parked[s->n_parked++].used = lily_now();
+    s->parked_bytes += b;
+    srv_metrics_event(s->o.metrics, "parked");
+    parked_publish(s);
+}
+
+/* Gives slot sl to job j, whose prompt the slot's own state covers for `have` tokens:
+ * unparks a conversation that covers more, parking the slot's state first whenever it
+ * would otherwise be lost. */
+static void prepare_slot(srv_sched *s, slot *sl, srv_job *j, int have) {
+    int best = -1, best_len = have;
+    for (int i = 0; i < s->n_parked; i++) {
+        int u = parked_usable(s->parked[i].p, j->prompt, j->n_prompt);
+        if (u > best_len) { best = i; best_len = u; }
+    }
+    if (have < lily_session_len(sl->sess)) park_slot(s, sl);
+    if (best < 0) return;
+    /* park_slot may have evicted or moved entries: find the best one again */
+    best = -1, best_len = have;
+    for (int i = 0; i < s->n_parked; i++) {
+        int u = parked_usable(s->parked[i].p, j->prompt, j->n_prompt);
+        if (u > best_len) { best = i; best_len = u; }
+    }
+    if (best < 0) return;
+    lily_status st = { 0 };
+    if (lily_session_unpark(sl->sess, s->parked[best].p, &st) == LILY_OK) {
+        srv_metrics_event(s->o.metrics, "unparked");
+        parked_drop(s, best); /* the slot holds it now; it is parked again when the slot is reused */
+    } else {
+        lily_session_reset(sl->sess);
+    }
+    parked_publish(s);
+}
+
 /* Under s->mu: move queued jobs into free slots in FIFO order, dropping cancelled ones
  * wherever they are in the queue. */
 static void admit(srv_sched *s) {
@@ -314,6 +407,7 @@ static void admit(srv_sched *s) {
             continue;
         }
         slot *sl = &s->slots[best];
+        prepare_slot(s, sl, j, best_len);
         sl->job = j;
         s->n_active++;
         j->state = 1;
@@ -417,6 +511,8 @@ void srv_sched_stop(srv_sched *s) {
         free(s->slots[i].allowed);
     }
     free(s->slots);
+    while (s->n_parked) parked_drop(s, s->n_parked - 1);
+    free(s->parked);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -174,6 +174,7 @@ typedef struct {
     int max_queue;            /* queued + active jobs allowed; beyond it submit says full */
     int prefill_chunk;        /* tokens per prefill step; 0 = whole prompt */
     const struct gram_vocab *gram_vocab; /* token bytes for response_format (NULL: refused) */
+    size_t park_bytes;        /* host memory for parked conversations; 0 = none are kept */
     struct srv_metrics *metrics;
 } srv_sched_opts;
 
@@ -202,7 +203,8 @@ void srv_metrics_request(srv_metrics *m, const char *route, int status);
 void srv_metrics_tokens(srv_metrics *m, int prompt, int reused, int generated);
 void srv_metrics_ttft(srv_metrics *m, double seconds);
 void srv_metrics_itl(srv_metrics *m, double seconds);
-void srv_metrics_event(srv_metrics *m, const char *what); /* "cancelled", "rejected", "error" */
+void srv_metrics_event(srv_metrics *m, const char *what); /* "cancelled", "rejected", "error", "parked", "unparked" */
+void srv_metrics_parked(srv_metrics *m, int n, uint64_t bytes);
 /* Prometheus text exposition; malloc'd. */
 char *srv_metrics_render(srv_metrics *m, int queued, int active, int slots);
 
