@@ -5,6 +5,7 @@
 int cli_check(int argc, char **argv);      /* check.c: run a reference.safetensors */
 int cli_synth(int argc, char **argv);      /* synth.c: write a random-weight checkpoint */
 int cli_run(int argc, char **argv);        /* run.c: generate text from a prompt */
+int cli_chat(int argc, char **argv);       /* chat.c: a conversation in the terminal */
 int cli_info(int argc, char **argv);       /* info.c: describe a checkpoint */
 int cli_tokenize(int argc, char **argv);   /* tokenize.c */
 int cli_detokenize(int argc, char **argv); /* tokenize.c */

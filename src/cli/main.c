@@ -9,6 +9,7 @@
 PENDING(cli_check, "check")
 PENDING(cli_synth, "synth")
 PENDING(cli_run, "run")
+PENDING(cli_chat, "chat")
 PENDING(cli_info, "info")
 PENDING(cli_tokenize, "tokenize")
 PENDING(cli_detokenize, "detokenize")
@@ -20,6 +21,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     { "check", cli_check, "--model DIR --reference FILE [--backend cpu|cuda]   compare with reference logits" },
     { "synth", cli_synth, "--out DIR [--layout hf|mlx4] [--preset 35b-a3b|tiny] ...   random-weight checkpoint" },
     { "run", cli_run, "--model DIR [--prompt TEXT] [-n N] [--temp T]   generate text" },
+    { "chat", cli_chat, "--model DIR [--system TEXT] [--no-think] [--temp T]   converse in the terminal" },
     { "info", cli_info, "DIR [--ctx-len N]   what a checkpoint is" },
     { "tokenize", cli_tokenize, "--tokenizer FILE [--special]   text on stdin -> ids" },
     { "detokenize", cli_detokenize, "--tokenizer FILE   ids on stdin -> text" },

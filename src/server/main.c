@@ -152,20 +152,7 @@ int main(int argc, char **argv) {
     if (tn) {
         if (chat_template_from_name(tn, &ho.template_kind, &st)) { fprintf(stderr, "lily-server: %s\n", st.msg); return 2; }
     } else {
-        /* chat_template.jinja, else the chat_template inside tokenizer_config.json; a
-         * checkpoint with neither (a synthetic one) gets the default, Qwen3.6 */
-        snprintf(path, sizeof path, "%s/chat_template.jinja", model_dir);
-        char *txt = lily_read_file(path, NULL, NULL);
-        if (!txt) {
-            snprintf(path, sizeof path, "%s/tokenizer_config.json", model_dir);
-            json_t *cfg = json_load_file(path, 0, NULL);
-            json_t *ct = json_object_get(cfg, "chat_template");
-            if (json_is_string(ct)) txt = strdup(json_string_value(ct));
-            else if (json_is_array(ct)) txt = json_dumps(ct, 0); /* named templates: detection reads substrings */
-            json_decref(cfg);
-        }
-        ho.template_kind = chat_template_detect(txt);
-        free(txt);
+        ho.template_kind = chat_template_for_dir(model_dir);
     }
 
     char name[128];

@@ -74,6 +74,8 @@ lily_code chat_encode(const tok_tokenizer *tok, const char *text, const chat_spa
  * text (either works: detection uses substrings that survive JSON escaping).
  * Unknown or NULL text gives CHAT_TEMPLATE_QWEN36. */
 chat_template_kind chat_template_detect(const char *text);
+/* The same from a checkpoint folder: chat_template.jinja, else tokenizer_config.json. */
+chat_template_kind chat_template_for_dir(const char *dir);
 /* "qwen3.6", "qwen3.5", "qwen3" (also "3.6" etc.); LILY_EINVAL for anything else. */
 lily_code chat_template_from_name(const char *name, chat_template_kind *out, lily_status *st);
 const char *chat_template_name(chat_template_kind kind);

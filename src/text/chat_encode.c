@@ -1,4 +1,7 @@
-/* Rendered prompt -> token ids, with the request's own text kept plain. */
+/* Rendered prompt -> token ids, with the request's own text kept plain; the template of a
+ * checkpoint folder. */
+#include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "text/chat.h"
@@ -22,4 +25,23 @@ lily_code chat_encode(const tok_tokenizer *tok, const char *text, const chat_spa
     lily_code rc = tok_encode_parts(tok, parts, np, ids, n, st);
     free(parts);
     return rc;
+}
+
+chat_template_kind chat_template_for_dir(const char *dir) {
+    /* chat_template.jinja, else the chat_template inside tokenizer_config.json; a
+     * checkpoint with neither (a synthetic one) gets the default, Qwen3.6 */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    char *txt = lily_read_file(path, NULL, NULL);
+    if (!txt) {
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        json_t *cfg = json_load_file(path, 0, NULL);
+        json_t *ct = json_object_get(cfg, "chat_template");
+        if (json_is_string(ct)) txt = strdup(json_string_value(ct));
+        else if (json_is_array(ct)) txt = json_dumps(ct, 0); /* named templates: detection reads substrings */
+        json_decref(cfg);
+    }
+    chat_template_kind k = chat_template_detect(txt);
+    free(txt);
+    return k;
 }
