@@ -86,15 +86,35 @@ static int ws(sc *c) {
     return c->ws - 1;
 }
 
+/* after "\\u": four hex digits that jansson (the server's parser) accepts: no \\u0000, no
+ * lone surrogate (a high one must be followed by "\\u" and a low one) */
+static int uesc(sc *c) {
+    int r = rule(c), z3 = rule(c), z2 = rule(c);
+    if (r < 0 || z2 < 0) return -1;
+    int32_t h = range_el(c, '0', '9', "abcdefABCDEF"), nz = range_el(c, '1', '9', "abcdefABCDEF");
+    int32_t zero = byte_el(c, '0'), d = range_el(c, 1, 0, "dD");
+    int32_t a[4] = { range_el(c, '1', '9', "abcABCeEfF"), h, h, h };
+    alt(c, r, a, 4);
+    int32_t b[2] = { zero, ref(z3) };
+    alt(c, r, b, 2);
+    int32_t e[4] = { d, range_el(c, '0', '7', NULL), h, h };
+    alt(c, r, e, 4);
+    int32_t f[10] = { d, range_el(c, '8', '9', "abAB"), h, h, byte_el(c, '\\'), byte_el(c, 'u'), d,
+                      range_el(c, 'c', 'f', "CDEF"), h, h };
+    alt(c, r, f, 10);
+    int32_t z3a[3] = { nz, h, h }, z3b[2] = { zero, ref(z2) }, z2a[2] = { nz, h }, z2b[2] = { zero, nz };
+    alt(c, z3, z3a, 3); alt(c, z3, z3b, 2); alt(c, z2, z2a, 2); alt(c, z2, z2b, 2);
+    return r;
+}
+
 static int esc(sc *c) {
     if (c->esc) return c->esc - 1;
     int r = rule(c);
     c->esc = r + 1;
     int32_t a[1] = { range_el(c, 1, 0, "\"\\/bfnrt") };
     alt(c, r, a, 1);
-    int32_t h = range_el(c, '0', '9', "abcdefABCDEF");
-    int32_t u[5] = { byte_el(c, 'u'), h, h, h, h };
-    alt(c, r, u, 5);
+    int32_t u[2] = { byte_el(c, 'u'), ref(uesc(c)) };
+    alt(c, r, u, 2);
     return r;
 }
 
@@ -165,7 +185,7 @@ static int number(sc *c, int integer) {
     alt(c, neg, NULL, 0); alt(c, neg, &m, 1);
     int32_t z = byte_el(c, '0');
     alt(c, ip, &z, 1);
-    int32_t nz[2] = { range_el(c, '1', '9', NULL), ref(rep(c, dig, 0, 18)) };
+    int32_t nz[2] = { range_el(c, '1', '9', NULL), ref(rep(c, dig, 0, 17)) };
     alt(c, ip, nz, 2);
     if (integer) {
         int32_t e[2] = { ref(neg), ref(ip) };
@@ -179,7 +199,7 @@ static int number(sc *c, int integer) {
         int32_t s1 = range_el(c, 1, 0, "+-");
         alt(c, sg, &s1, 1);
         alt(c, ex, NULL, 0);
-        int32_t x[3] = { range_el(c, 1, 0, "eE"), ref(sg), ref(rep(c, dig, 1, 3)) };
+        int32_t x[3] = { range_el(c, 1, 0, "eE"), ref(sg), ref(rep(c, dig, 1, 2)) };
         alt(c, ex, x, 3);
         int32_t e[4] = { ref(neg), ref(ip), ref(fr), ref(ex) };
         alt(c, r, e, 4);
@@ -206,8 +226,8 @@ static int bool_r(sc *c) {
 static int array_of(sc *c, const int *prefix, int np, int extra, int lo, int hi) {
     int w = ws(c), L = np > lo ? np : lo;
     if (L < 1) L = 1;
+    if (extra < 0 && (hi < 0 || hi > np)) hi = np; /* no items beyond the prefix */
     int top = hi >= 0 ? hi : L;
-    if (hi >= 0 && extra < 0 && np < hi) top = np;
     if (top < lo) return fail(c, "%s", "minItems cannot be met with these items");
     int32_t close = byte_el(c, ']'), comma = byte_el(c, ',');
     int *R = malloc(sizeof(int) * ((size_t)top + 2));
@@ -229,7 +249,7 @@ static int array_of(sc *c, const int *prefix, int np, int extra, int lo, int hi)
 }
 
 /* keys[i] (JSON-serialized, with quotes) : vals[i]; opt[i]; extra = value rule of extra keys or -1 */
-static int object_of(sc *c, int n, int *keys, const int *vals, const char *opt, int extra) {
+static int object_of(sc *c, int n, int *keys, const int *vals, const char *opt, int extra, int extra_key) {
     int w = ws(c);
     int32_t comma = byte_el(c, ','), colon = byte_el(c, ':');
     int *T = malloc(sizeof(int) * 2 * ((size_t)n + 1));
@@ -238,7 +258,7 @@ static int object_of(sc *c, int n, int *keys, const int *vals, const char *opt, 
     for (int i = 0; i <= n && !c->err; i++)
         for (int e = 0; e < 2; e++) {
             int r = T[2 * i + e];
-            int key = i < n ? keys[i] : (extra >= 0 ? str_free(c) : -1);
+            int key = i < n ? keys[i] : (extra >= 0 ? extra_key : -1);
             int val = i < n ? vals[i] : extra;
             int nxt = i < n ? T[2 * (i + 1) + 1] : T[2 * n + 1];
             if (i == n) { int32_t cl = byte_el(c, '}'); alt(c, r, &cl, 1); }
@@ -262,7 +282,7 @@ static int any(sc *c) {
     int v = rule(c);
     if (v < 0) return -1;
     c->any = v + 1;
-    int ob = object_of(c, 0, NULL, NULL, NULL, v);
+    int ob = object_of(c, 0, NULL, NULL, NULL, v, str_free(c));
     int ar = array_of(c, NULL, 0, v, 0, -1);
     int parts[7] = { ob, ar, str_free(c), number(c, 0), bool_r(c), null_r(c), -1 };
     for (int i = 0; parts[i] >= 0 && i < 6; i++) { int32_t e = ref(parts[i]); alt(c, v, &e, 1); }
@@ -367,6 +387,48 @@ static int in_list(const char *k, const char *const *l) {
     return 0;
 }
 
+/* The body of an extra key's string that differs from every listed property name (names
+ * as serialized, without quotes), so that an extra key never shadows a listed property.
+ * A trie walk: st 0 plain, 1 after a backslash, 2..5 inside \uXXXX (st-1 digits left).
+ * Spellings of a listed name through other escapes are not excluded. */
+static int not_key(sc *c, char **names, int n, int d, int st) {
+    int r = rule(c), s = str_free(c) >= 0 ? c->g->str_rule : -1;
+    if (r < 0 || s < 0) return -1;
+    int terminal = 0;
+    for (int i = 0; i < n; i++) terminal |= (int)strlen(names[i]) == d;
+    if (!terminal && st == 0) { int32_t q = byte_el(c, '"'); alt(c, r, &q, 1); }
+    gram_set used; memset(&used, 0, sizeof used);
+    char **grp = malloc(sizeof(char *) * ((size_t)n + 1));
+    if (!grp) return fail(c, "%s", "out of memory");
+    for (int i = 0; i < n && !c->err; i++) {
+        if ((int)strlen(names[i]) <= d) continue;
+        unsigned b = (uint8_t)names[i][d];
+        if (gram_set_has(&used, b)) continue;
+        gram_set_add(&used, b);
+        int m = 0;
+        for (int j = 0; j < n; j++) if ((int)strlen(names[j]) > d && (uint8_t)names[j][d] == b) grp[m++] = names[j];
+        int ns = st == 0 ? (b == '\\') : st == 1 ? (b == 'u' ? 5 : 0) : st == 2 ? 0 : st - 1;
+        int32_t e[2] = { byte_el(c, b), ref(not_key(c, grp, m, d + 1, ns)) };
+        alt(c, r, e, 2);
+    }
+    free(grp);
+    if (st == 0 || st == 1) {
+        gram_set other; memset(&other, 0, sizeof other);
+        const char *set = st == 1 ? "\"\\/bfnrt" : NULL;
+        if (set) for (; *set; set++) gram_set_add(&other, (uint8_t)*set);
+        else for (unsigned b = 0x20; b < 256; b++) if (b != '"' && b != '\\') gram_set_add(&other, b);
+        for (int k = 0; k < 4; k++) other.w[k] &= ~used.w[k];
+        int32_t e[2] = { gram_g_set(c->g, &other), ref(s) };
+        alt(c, r, e, 2);
+        if (st == 0 && !gram_set_has(&used, '\\')) { int32_t x[3] = { byte_el(c, '\\'), ref(esc(c)), ref(s) }; alt(c, r, x, 3); }
+        if (st == 1 && !gram_set_has(&used, 'u')) {
+            int32_t x[3] = { byte_el(c, 'u'), ref(uesc(c)), ref(s) };
+            alt(c, r, x, 3);
+        }
+    }
+    return r;
+}
+
 static int object_type(sc *c, json_t *s) {
     json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
     json_t *ap = json_object_get(s, "additionalProperties");
@@ -375,8 +437,9 @@ static int object_type(sc *c, json_t *s) {
     int n = props ? (int)json_object_size(props) : 0;
     int *keys = malloc(sizeof(int) * ((size_t)n + 1)), *vals = malloc(sizeof(int) * ((size_t)n + 1));
     char *opt = malloc((size_t)n + 1);
+    char **names = calloc((size_t)n + 1, sizeof(char *));
     int r = -1;
-    if (!keys || !vals || !opt) { fail(c, "%s", "out of memory"); goto out; }
+    if (!keys || !vals || !opt || !names) { fail(c, "%s", "out of memory"); goto out; }
     for (size_t i = 0; req && i < json_array_size(req); i++) {
         json_t *q = json_array_get(req, i);
         if (!json_is_string(q)) { fail(c, "%s", "required must hold strings"); goto out; }
@@ -388,8 +451,14 @@ static int object_type(sc *c, json_t *s) {
     const char *k; json_t *v;
     json_object_foreach(props, k, v) {
         json_t *ks = json_string(k);
-        keys[i] = ks ? literal(c, ks) : fail(c, "%s", "out of memory");
+        char *txt = ks ? json_dumps(ks, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
         json_decref(ks);
+        if (!txt) { fail(c, "%s", "out of memory"); goto out; }
+        keys[i] = lit(c, txt, strlen(txt));
+        txt[strlen(txt) - 1] = 0;
+        names[i] = strdup(txt + 1);
+        free(txt);
+        if (!names[i]) { fail(c, "%s", "out of memory"); goto out; }
         vals[i] = compile_at(c, v, "properties", k);
         opt[i] = 1;
         for (size_t j = 0; req && j < json_array_size(req); j++)
@@ -402,9 +471,17 @@ static int object_type(sc *c, json_t *s) {
         extra = json_is_true(ap) ? any(c) : compile_at(c, ap, "additionalProperties", NULL);
         if (c->err) goto out;
     }
-    r = object_of(c, n, keys, vals, opt, extra);
+    int xk = -1;
+    if (extra >= 0) {
+        int q = rule(c);
+        int32_t e[2] = { byte_el(c, '"'), ref(not_key(c, names, n, 0, 0)) };
+        alt(c, q, e, 2);
+        xk = q;
+    }
+    r = object_of(c, n, keys, vals, opt, extra, xk);
 out:
-    free(keys); free(vals); free(opt);
+    for (int j = 0; names && j < n; j++) free(names[j]);
+    free(keys); free(vals); free(opt); free(names);
     return c->err ? -1 : r;
 }
 
@@ -570,6 +647,6 @@ lily_code gram_json_object(gram_grammar **out, lily_status *st) {
     c.st = st; c.g = gram_g_new();
     if (!c.g) return lily_err(st, LILY_ENOMEM, "grammar: out of memory");
     int v = any(&c);
-    int o = object_of(&c, 0, NULL, NULL, NULL, v);
+    int o = object_of(&c, 0, NULL, NULL, NULL, v, str_free(&c));
     return finish(&c, o, out);
 }
