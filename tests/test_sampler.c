@@ -378,6 +378,59 @@ static void test_bad_params(void) {
           "defaults are neutral");
 }
 
+/* The allowed mask must act exactly like -inf logits for the excluded tokens (same draw
+ * for the same rng state, every truncation mode), while logprobs keep the model's row. */
+static void test_mask(void) {
+    enum { V = 3000 };
+    static float lg[V], lm[V];
+    static uint8_t allowed[V];
+    int same = 0, total = 0, inside = 1, lp_model = 1;
+    for (int rep = 0; rep < 60; rep++) {
+        rand_logits(lg, V, 1.0f + (float)(rep % 5));
+        int density = 1 + rep % 4; /* 1/2 .. 1/16 of the tokens allowed */
+        for (int i = 0; i < V; i++) {
+            allowed[i] = (lily_rng_u64(&trng) % (1u << density)) == 0;
+            lm[i] = allowed[i] ? lg[i] : -INFINITY;
+        }
+        allowed[rep] = 1, lm[rep] = lg[rep];
+        lily_sampling p;
+        lily_sampling_default(&p);
+        int mode = rep % 6;
+        if (mode == 0) p.temperature = 0;
+        if (mode == 2) p.top_k = 7;
+        if (mode == 3) p.top_p = 0.8f;
+        if (mode == 4) p.min_p = 0.05f;
+        if (mode == 5) p.top_k = 40, p.top_p = 0.9f, p.min_p = 0.01f;
+        p.n_logprobs = 3;
+        uint64_t seed = lily_rng_u64(&trng);
+        lily_rng r1, r2;
+        lily_rng_seed(&r1, seed);
+        lily_rng_seed(&r2, seed);
+        lily_token a, b;
+        lily_status st = { 0 };
+        CHECK(lily_sample_logits_mask(lg, V, &p, &r1, NULL, NULL, allowed, &a, &st) == LILY_OK, "masked: %s", st.msg);
+        CHECK(lily_sample_logits(lm, V, &p, &r2, NULL, &b, &st) == LILY_OK, "-inf row: %s", st.msg);
+        total++;
+        same += a.id == b.id;
+        inside &= allowed[a.id];
+        float mx = lg[0];
+        for (int i = 1; i < V; i++) mx = lg[i] > mx ? lg[i] : mx;
+        lp_model &= a.top_logprobs[0] <= 0 && lg[a.top_ids[0]] == mx;
+    }
+    CHECK(same == total, "masked draw equals the -inf row's draw (%d/%d)", same, total);
+    CHECK(inside, "every masked draw is an allowed token");
+    CHECK(lp_model, "masked logprobs describe the unmodified row");
+    memset(allowed, 0, sizeof allowed);
+    lily_sampling p;
+    lily_sampling_default(&p);
+    lily_rng r;
+    lily_rng_seed(&r, 3);
+    lily_token t;
+    lily_status st = { 0 };
+    CHECK(lily_sample_logits_mask(lg, V, &p, &r, NULL, NULL, allowed, &t, &st) == LILY_EINVAL && st.msg[0],
+          "nothing allowed: an error (%s)", st.msg);
+}
+
 int main(void) {
     uint64_t seed = (uint64_t)time(NULL);
     fprintf(stderr, "test_sampler seed %llu\n", (unsigned long long)seed);
@@ -389,5 +442,6 @@ int main(void) {
     test_determinism();
     test_against_reference();
     test_bad_params();
+    test_mask();
     return T_DONE();
 }

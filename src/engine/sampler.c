@@ -42,13 +42,14 @@ typedef struct {
     const lily_sampling *p;
     const int32_t *counts;
     const uint8_t *prompt_mask;
+    const uint8_t *allowed;
     int penalize; /* any penalty active */
 } pen_ctx;
 
-/* Penalized logit of token i; -inf for non-finite inputs. */
+/* Penalized logit of token i; -inf for non-finite inputs and tokens not allowed. */
 static inline double pen_logit(const pen_ctx *c, int i) {
     float x = c->logits[i];
-    if (!isfinite(x)) return -INFINITY;
+    if (!isfinite(x) || (c->allowed && !c->allowed[i])) return -INFINITY;
     if (!c->penalize) return x;
     int32_t n = c->counts ? c->counts[i] : 0;
     int seen = n > 0 || (c->prompt_mask && c->prompt_mask[i]);
@@ -108,10 +109,10 @@ static int32_t draw_sorted(const cand *c, int n, double zmax, double u) {
     return c[n - 1].id; /* rounding: the last kept token */
 }
 
-lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampling *p,
-                                lily_rng *rng, const int32_t *counts,
-                                const uint8_t *prompt_mask, lily_token *out,
-                                lily_status *st) {
+lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sampling *p,
+                                  lily_rng *rng, const int32_t *counts,
+                                  const uint8_t *prompt_mask, const uint8_t *allowed,
+                                  lily_token *out, lily_status *st) {
     if (!logits || !out || vocab < 1) return lily_err(st, LILY_EINVAL, "sampler: no logits (vocab %d)", vocab);
     lily_code rc = lily_sampling_check(p, st);
     if (rc) return rc;
@@ -127,7 +128,7 @@ lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampl
         if (isfinite(logits[i])) rs += W(logits[i] - rmax);
     double logz = rmax + log(rs);
 
-    pen_ctx pc = { logits, p, counts, prompt_mask,
+    pen_ctx pc = { logits, p, counts, prompt_mask, allowed,
                    (counts || prompt_mask) && (p->presence_penalty != 0 || p->frequency_penalty != 0 ||
                                                p->repetition_penalty != 1.0f) };
 
@@ -135,14 +136,15 @@ lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampl
     if (p->temperature <= 0 || p->top_k == 1) {
         double best = -INFINITY;
         int32_t id = -1;
-        if (!pc.penalize) { /* the first maximum of the raw row */
+        if (!pc.penalize && !allowed) { /* the first maximum of the raw row */
             for (id = 0; !(logits[id] == rmax); id++) {}
             best = rmax;
         } else for (int i = 0; i < vocab; i++) {
             double z = pen_logit(&pc, i);
             if (id < 0 || z > best) { best = z; id = i; }
         }
-        if (best == -INFINITY) return lily_err(st, LILY_EINVAL, "sampler: every token is penalized to -inf");
+        if (best == -INFINITY)
+            return lily_err(st, LILY_EINVAL, "sampler: every token is %s", allowed ? "excluded" : "penalized to -inf");
         out->id = id;
         fill_logprobs(logits, vocab, p->n_logprobs, logz, out);
         return LILY_OK;
@@ -155,7 +157,8 @@ lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampl
         double z = pen_logit(&pc, i);
         if (z > zmax) zmax = z;
     }
-    if (zmax == -INFINITY) return lily_err(st, LILY_EINVAL, "sampler: every token is penalized to -inf");
+    if (zmax == -INFINITY)
+        return lily_err(st, LILY_EINVAL, "sampler: every token is %s", allowed ? "excluded" : "penalized to -inf");
     zmax *= inv_t;
     /* min-p is a fixed threshold on the scaled logit */
     double minp_thr = p->min_p > 0 ? zmax + log(p->min_p) : -INFINITY;
@@ -251,8 +254,15 @@ lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampl
     return LILY_OK;
 }
 
+lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampling *p,
+                                lily_rng *rng, const int32_t *counts,
+                                const uint8_t *prompt_mask, lily_token *out,
+                                lily_status *st) {
+    return lily_sample_logits_mask(logits, vocab, p, rng, counts, prompt_mask, NULL, out, st);
+}
+
 lily_code lily_sample_logits(const float *logits, int vocab, const lily_sampling *p,
                              lily_rng *rng, const int32_t *counts, lily_token *out,
                              lily_status *st) {
-    return lily_sample_logits_ex(logits, vocab, p, rng, counts, NULL, out, st);
+    return lily_sample_logits_mask(logits, vocab, p, rng, counts, NULL, NULL, out, st);
 }

@@ -41,6 +41,15 @@ lily_code lily_sample_logits_ex(const float *logits, int vocab, const lily_sampl
                                 const uint8_t *prompt_mask, lily_token *out,
                                 lily_status *st);
 
+/* The same restricted to the tokens with allowed[id] != 0 (allowed may be NULL = all):
+ * the others count as -inf logits before penalties and truncation, so top-k, top-p and
+ * min-p act on the allowed tokens alone (constrained decoding). Logprobs still describe the
+ * unmodified model distribution. LILY_EINVAL if no allowed token has a finite logit. */
+lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sampling *p,
+                                  lily_rng *rng, const int32_t *counts,
+                                  const uint8_t *prompt_mask, const uint8_t *allowed,
+                                  lily_token *out, lily_status *st);
+
 /* Validates p (the same checks lily_sample_logits makes). */
 lily_code lily_sampling_check(const lily_sampling *p, lily_status *st);
 
