@@ -185,7 +185,7 @@ int gram_sset_add(gram_sset *s, const int32_t *d, int n) {
 /* The work list holds stacks as [p0..p_top, depth] so the last one can be popped. */
 static int work_push(gram_sset *w, const int32_t *d, int n, int32_t top) {
     if (sset_reserve(w, w->len + (size_t)n + 2)) return -1;
-    memcpy(w->buf + w->len, d, (size_t)n * sizeof(int32_t));
+    if (n) memcpy(w->buf + w->len, d, (size_t)n * sizeof(int32_t));
     w->buf[w->len + n] = top;
     w->buf[w->len + n + 1] = n + 1;
     w->len += (size_t)n + 2;

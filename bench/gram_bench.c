@@ -1,0 +1,70 @@
+/* Mask and accept timings of the grammar module over a real tokenizer.
+ * Build: make build/liblily.a && cc -O2 -Iinclude -Isrc bench/gram_bench.c build/liblily.a \
+ *          -o build/gram-bench -ljansson -lpcre2-8 -lutf8proc -lm -pthread
+ * Run:   build/gram-bench [../shared/data/qwen-tokenizer/qwen3/tokenizer.json] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "text/grammar.h"
+#include "util/util.h"
+
+static void time_at(const gram_grammar *g, const gram_vocab *v, const char *prefix, const char *what) {
+    gram_matcher *m; lily_status st;
+    if (gram_matcher_new(g, &m, &st)) { printf("%s: %s\n", what, st.msg); return; }
+    if (!gram_matcher_accept_bytes(m, prefix, strlen(prefix))) { printf("%s: prefix refused\n", what); gram_matcher_free(m); return; }
+    int nv = gram_vocab_size(v);
+    uint8_t *al = malloc((size_t)nv);
+    gram_matcher_mask(m, v, al); /* warm */
+    int reps = 20;
+    double t0 = lily_now();
+    for (int i = 0; i < reps; i++) gram_matcher_mask(m, v, al);
+    double dt = (lily_now() - t0) / reps;
+    int n = 0;
+    for (int i = 0; i < nv; i++) n += al[i];
+    printf("%-34s mask %8.3f ms  (%d tokens allowed)\n", what, dt * 1e3, n);
+    free(al); gram_matcher_free(m);
+}
+
+int main(int argc, char **argv) {
+    const char *path = argc > 1 ? argv[1] : "../shared/data/qwen-tokenizer/qwen3/tokenizer.json";
+    tok_tokenizer *t; lily_status st;
+    if (tok_load(path, &t, &st)) { fprintf(stderr, "%s\n", st.msg); return 1; }
+    gram_vocab *v;
+    double t0 = lily_now();
+    if (gram_vocab_new(t, tok_vocab_size(t), &v, &st)) { fprintf(stderr, "%s\n", st.msg); return 1; }
+    printf("vocab %d tokens: gram_vocab_new %.1f ms\n", tok_vocab_size(t), (lily_now() - t0) * 1e3);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"},"
+                         "\"score\":{\"type\":\"number\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":20}},"
+                         "\"kind\":{\"enum\":[\"alpha\",\"beta\",\"gamma\"]}},\"required\":[\"name\",\"age\"]}";
+    gram_grammar *g, *o;
+    t0 = lily_now();
+    if (gram_from_json_schema(schema, strlen(schema), &g, &st)) { fprintf(stderr, "%s\n", st.msg); return 1; }
+    printf("schema compile %.3f ms\n", (lily_now() - t0) * 1e3);
+    gram_json_object(&o, &st);
+    time_at(g, v, "", "schema: start (before '{')");
+    time_at(g, v, "{", "schema: start of object");
+    time_at(g, v, "{\"name\": \"Al", "schema: inside a free string");
+    time_at(g, v, "{\"name\": \"Al\", \"age\": 4", "schema: inside an integer");
+    time_at(g, v, "{\"name\": \"Al\", \"age\": 4, \"score\": 1.", "schema: inside a number fraction");
+    time_at(g, v, "{\"name\": \"Al\", \"age\": 4, \"tags\": [\"ab", "schema: inside maxLength string");
+    time_at(g, v, "{\"name\": \"Al\", \"age\": 4, \"kind\": \"", "schema: inside an enum");
+    time_at(o, v, "{", "json_object: start of object");
+    time_at(o, v, "{\"a\": [1, {\"b\": \"x", "json_object: inside a string");
+    time_at(o, v, "{\"a\": [1, {\"b\": -12", "json_object: inside a number");
+    /* accept_token cost */
+    gram_matcher *m; gram_matcher_new(o, &m, &st);
+    int32_t *ids; int n;
+    const char *text = "{\"name\": \"The quick brown fox jumps over the lazy dog\", \"values\": [1, 2.5, -3e10, true, null], \"nested\": {\"k\": \"v\"}}";
+    tok_encode(t, text, strlen(text), 0, &ids, &n, &st);
+    int reps = 200; double acc = 0; int ok = 1;
+    for (int r = 0; r < reps; r++) {
+        gram_matcher_free(m); gram_matcher_new(o, &m, &st);
+        t0 = lily_now();
+        for (int i = 0; i < n; i++) ok &= gram_matcher_accept_token(m, v, ids[i]);
+        acc += lily_now() - t0;
+    }
+    printf("accept_token: %.2f us per token (%d tokens, all accepted %d)\n", acc / reps / n * 1e6, n, ok);
+    free(ids); gram_matcher_free(m);
+    gram_free(g); gram_free(o); gram_vocab_free(v); tok_free(t);
+    return 0;
+}

@@ -1,0 +1,268 @@
+/* gram_json: JSON building blocks as grammar rules (see gram_json.h and gram_schema.c's
+ * comment for why repetition is right recursion and bounded counts are rule chains). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "text/gram_json.h"
+#include "util/util.h"
+
+int gj_fail(gj_ctx *c, const char *fmt, const char *a) {
+    if (!c->err) {
+        char msg[256];
+        snprintf(msg, sizeof msg, fmt, a);
+        c->err = lily_err(c->st, LILY_EINVAL, "json schema: %s at #%s", msg, c->ptr);
+    }
+    return -1;
+}
+
+int gj_rule(gj_ctx *c) {
+    int r = gram_g_rule(c->g);
+    if (r < 0) gj_fail(c, "%s", "schema too large");
+    return r;
+}
+void gj_alt(gj_ctx *c, int r, const int32_t *e, int n) { if (r >= 0) gram_g_alt(c->g, r, e, n); }
+int32_t gj_ref(int r) { return GRAM_REF(r); }
+int32_t gj_byte_el(gj_ctx *c, unsigned b) { return gram_g_byte(c->g, b); }
+int32_t gj_range_el(gj_ctx *c, unsigned lo, unsigned hi, const char *extra) {
+    gram_set s; memset(&s, 0, sizeof s);
+    for (unsigned b = lo; b <= hi && lo <= hi; b++) gram_set_add(&s, b);
+    for (; extra && *extra; extra++) gram_set_add(&s, (uint8_t)*extra);
+    return gram_g_set(c->g, &s);
+}
+
+/* a rule matching exactly the n bytes */
+int gj_lit(gj_ctx *c, const char *s, size_t n) {
+    int r = gj_rule(c);
+    if (r < 0) return -1;
+    int32_t *e = malloc(sizeof(int32_t) * (n + 1));
+    if (!e) return gj_fail(c, "%s", "out of memory");
+    for (size_t i = 0; i < n; i++) e[i] = gj_byte_el(c, (uint8_t)s[i]);
+    gj_alt(c, r, e, (int)n);
+    free(e);
+    return r;
+}
+
+/* R_k ::= "" (k >= lo) | el R_{k+1} (k < hi); hi < 0 = unbounded */
+int gj_rep(gj_ctx *c, int32_t el, int lo, int hi) {
+    int top = hi < 0 ? (lo > 0 ? lo : 0) : hi;
+    int first = -1, prev = -1;
+    for (int k = 0; k <= top; k++) {
+        int r = gj_rule(c);
+        if (r < 0) return -1;
+        if (first < 0) first = r;
+        if (prev >= 0) { int32_t e[2] = { el, gj_ref(r) }; gj_alt(c, prev, e, 2); }
+        if (k >= lo) gj_alt(c, r, NULL, 0);
+        if (k == top && hi < 0) { int32_t e[2] = { el, gj_ref(r) }; gj_alt(c, r, e, 2); }
+        prev = r;
+    }
+    return first;
+}
+
+int gj_ws(gj_ctx *c) {
+    if (!c->ws) c->ws = gj_rep(c, gj_range_el(c, 1, 0, " \t\n\r"), 0, GRAM_MAX_WS) + 1;
+    return c->ws - 1;
+}
+
+/* after "\\u": four hex digits that jansson (the server's parser) accepts: no \\u0000, no
+ * lone surrogate (a high one must be followed by "\\u" and a low one) */
+int gj_uesc(gj_ctx *c) {
+    int r = gj_rule(c), z3 = gj_rule(c), z2 = gj_rule(c);
+    if (r < 0 || z2 < 0) return -1;
+    int32_t h = gj_range_el(c, '0', '9', "abcdefABCDEF"), nz = gj_range_el(c, '1', '9', "abcdefABCDEF");
+    int32_t zero = gj_byte_el(c, '0'), d = gj_range_el(c, 1, 0, "dD");
+    int32_t a[4] = { gj_range_el(c, '1', '9', "abcABCeEfF"), h, h, h };
+    gj_alt(c, r, a, 4);
+    int32_t b[2] = { zero, gj_ref(z3) };
+    gj_alt(c, r, b, 2);
+    int32_t e[4] = { d, gj_range_el(c, '0', '7', NULL), h, h };
+    gj_alt(c, r, e, 4);
+    int32_t f[10] = { d, gj_range_el(c, '8', '9', "abAB"), h, h, gj_byte_el(c, '\\'), gj_byte_el(c, 'u'), d,
+                      gj_range_el(c, 'c', 'f', "CDEF"), h, h };
+    gj_alt(c, r, f, 10);
+    int32_t z3a[3] = { nz, h, h }, z3b[2] = { zero, gj_ref(z2) }, z2a[2] = { nz, h }, z2b[2] = { zero, nz };
+    gj_alt(c, z3, z3a, 3); gj_alt(c, z3, z3b, 2); gj_alt(c, z2, z2a, 2); gj_alt(c, z2, z2b, 2);
+    return r;
+}
+
+int gj_esc(gj_ctx *c) {
+    if (c->esc) return c->esc - 1;
+    int r = gj_rule(c);
+    c->esc = r + 1;
+    int32_t a[1] = { gj_range_el(c, 1, 0, "\"\\/bfnrt") };
+    gj_alt(c, r, a, 1);
+    int32_t u[2] = { gj_byte_el(c, 'u'), gj_ref(gj_uesc(c)) };
+    gj_alt(c, r, u, 2);
+    return r;
+}
+
+/* the free string: '"' S with S ::= plain S | '\\' ESC S | '"' (the mask's fast path) */
+int gj_str_free(gj_ctx *c) {
+    if (c->str) return c->str - 1;
+    int s = gj_rule(c), q = gj_rule(c);
+    if (s < 0 || q < 0) return -1;
+    c->str = q + 1;
+    int32_t pl[2] = { gj_range_el(c, 0x20, 0xff, NULL), gj_ref(s) };
+    gram_set plain = c->g->sets[pl[0]];
+    plain.w[0] &= ~(1ull << '"'); plain.w[1] &= ~(1ull << ('\\' - 64));
+    pl[0] = gram_g_set(c->g, &plain);
+    int32_t es[3] = { gj_byte_el(c, '\\'), gj_ref(gj_esc(c)), gj_ref(s) };
+    int32_t qu[1] = { gj_byte_el(c, '"') };
+    c->g->str_rule = s;
+    c->g->str_alt_plain = gram_g_alt(c->g, s, pl, 2);
+    c->g->str_alt_esc = gram_g_alt(c->g, s, es, 3);
+    c->g->str_alt_quote = gram_g_alt(c->g, s, qu, 1);
+    int32_t e[2] = { gj_byte_el(c, '"'), gj_ref(s) };
+    gj_alt(c, q, e, 2);
+    return q;
+}
+
+/* one character for length counting: an ASCII byte or escape, or a UTF-8 lead byte with
+ * up to three continuation bytes */
+int gj_chr(gj_ctx *c) {
+    if (c->chr) return c->chr - 1;
+    int r = gj_rule(c);
+    c->chr = r + 1;
+    gram_set s; memset(&s, 0, sizeof s);
+    for (unsigned b = 0x20; b < 0x80; b++) if (b != '"' && b != '\\') gram_set_add(&s, b);
+    int32_t a[1] = { gram_g_set(c->g, &s) };
+    gj_alt(c, r, a, 1);
+    int32_t e[2] = { gj_byte_el(c, '\\'), gj_ref(gj_esc(c)) };
+    gj_alt(c, r, e, 2);
+    int32_t l[2] = { gj_range_el(c, 0xc0, 0xff, NULL), gj_ref(gj_rep(c, gj_range_el(c, 0x80, 0xbf, NULL), 0, 3)) };
+    gj_alt(c, r, l, 2);
+    return r;
+}
+
+int gj_str_bounded(gj_ctx *c, int lo, int hi) {
+    if (lo == 0 && hi < 0) return gj_str_free(c);
+    int top = hi < 0 ? (lo > 1 ? lo : 1) : hi, ch = gj_chr(c), first = -1, prev = -1;
+    int32_t q = gj_byte_el(c, '"');
+    for (int k = 0; k <= top; k++) {
+        int r = gj_rule(c);
+        if (r < 0) return -1;
+        if (first < 0) first = r;
+        if (prev >= 0) { int32_t e[2] = { gj_ref(ch), gj_ref(r) }; gj_alt(c, prev, e, 2); }
+        if (k >= lo) gj_alt(c, r, &q, 1);
+        if (k == top && hi < 0) { int32_t e[2] = { gj_ref(ch), gj_ref(r) }; gj_alt(c, r, e, 2); }
+        prev = r;
+    }
+    int o = gj_rule(c);
+    int32_t e[2] = { q, gj_ref(first) };
+    gj_alt(c, o, e, 2);
+    return o;
+}
+
+int gj_number(gj_ctx *c, int integer) {
+    int *slot = integer ? &c->integer : &c->num;
+    if (*slot) return *slot - 1;
+    int32_t dig = gj_range_el(c, '0', '9', NULL);
+    int neg = gj_rule(c), ip = gj_rule(c), r = gj_rule(c);
+    if (r < 0) return -1;
+    int32_t m = gj_byte_el(c, '-');
+    gj_alt(c, neg, NULL, 0); gj_alt(c, neg, &m, 1);
+    int32_t z = gj_byte_el(c, '0');
+    gj_alt(c, ip, &z, 1);
+    int32_t nz[2] = { gj_range_el(c, '1', '9', NULL), gj_ref(gj_rep(c, dig, 0, 17)) };
+    gj_alt(c, ip, nz, 2);
+    if (integer) {
+        int32_t e[2] = { gj_ref(neg), gj_ref(ip) };
+        gj_alt(c, r, e, 2);
+    } else {
+        int fr = gj_rule(c), ex = gj_rule(c), sg = gj_rule(c);
+        gj_alt(c, fr, NULL, 0);
+        int32_t f[2] = { gj_byte_el(c, '.'), gj_ref(gj_rep(c, dig, 1, 16)) };
+        gj_alt(c, fr, f, 2);
+        gj_alt(c, sg, NULL, 0);
+        int32_t s1 = gj_range_el(c, 1, 0, "+-");
+        gj_alt(c, sg, &s1, 1);
+        gj_alt(c, ex, NULL, 0);
+        int32_t x[3] = { gj_range_el(c, 1, 0, "eE"), gj_ref(sg), gj_ref(gj_rep(c, dig, 1, 2)) };
+        gj_alt(c, ex, x, 3);
+        int32_t e[4] = { gj_ref(neg), gj_ref(ip), gj_ref(fr), gj_ref(ex) };
+        gj_alt(c, r, e, 4);
+    }
+    *slot = r + 1;
+    return r;
+}
+
+int gj_lit_rule(gj_ctx *c, int *slot, const char *s) {
+    if (!*slot) *slot = gj_lit(c, s, strlen(s)) + 1;
+    return *slot - 1;
+}
+int gj_null_r(gj_ctx *c) { return gj_lit_rule(c, &c->null_r, "null"); }
+int gj_bool_r(gj_ctx *c) {
+    if (c->bool_r) return c->bool_r - 1;
+    int r = gj_rule(c);
+    c->bool_r = r + 1;
+    int32_t t = gj_ref(gj_lit(c, "true", 4)), f = gj_ref(gj_lit(c, "false", 5));
+    gj_alt(c, r, &t, 1); gj_alt(c, r, &f, 1);
+    return r;
+}
+
+/* "[" WS R_0 with R_k as in the file comment; elem(k) is prefix[k] or the extra items rule */
+int gj_array_of(gj_ctx *c, const int *prefix, int np, int extra, int lo, int hi) {
+    int w = gj_ws(c), L = np > lo ? np : lo;
+    if (L < 1) L = 1;
+    if (extra < 0 && (hi < 0 || hi > np)) hi = np; /* no items beyond the prefix */
+    int top = hi >= 0 ? hi : L;
+    if (top < lo) return gj_fail(c, "%s", "minItems cannot be met with these items");
+    int32_t close = gj_byte_el(c, ']'), comma = gj_byte_el(c, ',');
+    int *R = malloc(sizeof(int) * ((size_t)top + 2));
+    if (!R) return gj_fail(c, "%s", "out of memory");
+    for (int k = 0; k <= top; k++) R[k] = gj_rule(c);
+    for (int k = 0; k <= top && !c->err; k++) {
+        if (k >= lo) gj_alt(c, R[k], &close, 1);
+        int el = k < np ? prefix[k] : extra;
+        int nxt = k < top ? R[k + 1] : (hi < 0 ? R[k] : -1);
+        if (el < 0 || nxt < 0) continue;
+        if (k == 0) { int32_t e[3] = { gj_ref(el), gj_ref(w), gj_ref(nxt) }; gj_alt(c, R[k], e, 3); }
+        else { int32_t e[5] = { comma, gj_ref(w), gj_ref(el), gj_ref(w), gj_ref(nxt) }; gj_alt(c, R[k], e, 5); }
+    }
+    int o = gj_rule(c);
+    int32_t e[3] = { gj_byte_el(c, '['), gj_ref(w), gj_ref(R[0]) };
+    gj_alt(c, o, e, 3);
+    free(R);
+    return o;
+}
+
+/* keys[i] (JSON-serialized, with quotes) : vals[i]; opt[i]; extra = value rule of extra keys or -1 */
+int gj_object_of(gj_ctx *c, int n, int *keys, const int *vals, const char *opt, int extra, int extra_key) {
+    int w = gj_ws(c);
+    int32_t comma = gj_byte_el(c, ','), colon = gj_byte_el(c, ':');
+    int *T = malloc(sizeof(int) * 2 * ((size_t)n + 1));
+    if (!T) return gj_fail(c, "%s", "out of memory");
+    for (int i = 0; i < 2 * (n + 1); i++) T[i] = gj_rule(c);
+    for (int i = 0; i <= n && !c->err; i++)
+        for (int e = 0; e < 2; e++) {
+            int r = T[2 * i + e];
+            int key = i < n ? keys[i] : (extra >= 0 ? extra_key : -1);
+            int val = i < n ? vals[i] : extra;
+            int nxt = i < n ? T[2 * (i + 1) + 1] : T[2 * n + 1];
+            if (i == n) { int32_t cl = gj_byte_el(c, '}'); gj_alt(c, r, &cl, 1); }
+            if (i < n && opt[i]) { int32_t s = gj_ref(T[2 * (i + 1) + e]); gj_alt(c, r, &s, 1); }
+            if (key < 0) continue;
+            int32_t q[9]; int k = 0;
+            if (e) { q[k++] = comma; q[k++] = gj_ref(w); }
+            q[k++] = gj_ref(key); q[k++] = gj_ref(w); q[k++] = colon; q[k++] = gj_ref(w); q[k++] = gj_ref(val);
+            q[k++] = gj_ref(w); q[k++] = gj_ref(nxt);
+            gj_alt(c, r, q, k);
+        }
+    int o = gj_rule(c);
+    int32_t e[3] = { gj_byte_el(c, '{'), gj_ref(w), gj_ref(T[0]) };
+    gj_alt(c, o, e, 3);
+    free(T);
+    return o;
+}
+
+int gj_any(gj_ctx *c) {
+    if (c->any) return c->any - 1;
+    int v = gj_rule(c);
+    if (v < 0) return -1;
+    c->any = v + 1;
+    int ob = gj_object_of(c, 0, NULL, NULL, NULL, v, gj_str_free(c));
+    int ar = gj_array_of(c, NULL, 0, v, 0, -1);
+    int parts[7] = { ob, ar, gj_str_free(c), gj_number(c, 0), gj_bool_r(c), gj_null_r(c), -1 };
+    for (int i = 0; parts[i] >= 0 && i < 6; i++) { int32_t e = gj_ref(parts[i]); gj_alt(c, v, &e, 1); }
+    return v;
+}
+

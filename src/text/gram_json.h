@@ -1,0 +1,47 @@
+/* gram_json: the JSON building blocks of schema grammars (whitespace, strings, numbers,
+ * literals, arrays and objects as rule chains), shared by gram_schema.c. Internal. */
+#ifndef LILY_GRAM_JSON_H
+#define LILY_GRAM_JSON_H
+#include <jansson.h>
+#include "text/gram_priv.h"
+
+#define SC_MAX_BOUND 1000
+#define SC_MAX_NEST 64
+
+/* compile state: the grammar being built, the schema root, the first error, the JSON
+ * pointer of the node being compiled, $ref targets already given a rule (recursion), and
+ * the shared rules built once per grammar (stored +1, 0 = not built yet) */
+typedef struct {
+    gram_grammar *g;
+    json_t *root;
+    lily_status *st;
+    lily_code err;
+    char ptr[512];
+    int nest;
+    json_t **memo_node; int *memo_rule; int n_memo, cap_memo;
+    int ws, str, any, esc, chr, num, integer, null_r, bool_r;
+} gj_ctx;
+
+int gj_fail(gj_ctx *c, const char *fmt, const char *a);
+int gj_rule(gj_ctx *c);
+void gj_alt(gj_ctx *c, int r, const int32_t *e, int n);
+int32_t gj_ref(int r);
+int32_t gj_byte_el(gj_ctx *c, unsigned b);
+int32_t gj_range_el(gj_ctx *c, unsigned lo, unsigned hi, const char *extra);
+int gj_lit(gj_ctx *c, const char *s, size_t n);
+int gj_rep(gj_ctx *c, int32_t el, int lo, int hi);
+int gj_ws(gj_ctx *c);
+int gj_uesc(gj_ctx *c);
+int gj_esc(gj_ctx *c);
+int gj_str_free(gj_ctx *c);
+int gj_chr(gj_ctx *c);
+int gj_str_bounded(gj_ctx *c, int lo, int hi);
+int gj_number(gj_ctx *c, int integer);
+int gj_lit_rule(gj_ctx *c, int *slot, const char *s);
+int gj_null_r(gj_ctx *c);
+int gj_bool_r(gj_ctx *c);
+int gj_array_of(gj_ctx *c, const int *prefix, int np, int extra, int lo, int hi);
+int gj_object_of(gj_ctx *c, int n, int *keys, const int *vals, const char *opt, int extra, int extra_key);
+int gj_any(gj_ctx *c);
+
+#endif
