@@ -2,14 +2,7 @@
 # lily chat on a random-weight model: turns answer, a follow-up turn reuses the
 # conversation's cache, /reset starts over (the same first answer again, greedy), the
 # whole session is deterministic, and bad options fail clearly.
-set -u
-cd "$(dirname "$0")/.."
-B=${BUILD:-build}; case $B in /*) ;; *) B=$PWD/$B ;; esac
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
-T=$(mktemp -d /tmp/lily-it-chat-XXXXXX)
-trap 'rm -rf "$T"' EXIT
+cd "$(dirname "$0")/.." && . tests/it_lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
 run() { printf 'Hello there, how are you today?\nAnd what about tomorrow?\n/reset\nHello there, how are you today?\n' |
   "$B/lily" chat --model "$T/m" -n 10 --temp 0 --system "Be brief." >"$T/out$1" 2>"$T/err$1"; }
@@ -26,5 +19,4 @@ run 2
 cmp -s "$T/out1" "$T/out2" && ok "deterministic across runs" || bad "runs differ"
 "$B/lily" chat >/dev/null 2>"$T/e"; [ $? = 2 ] && grep -q usage "$T/e" && ok "no --model: usage, exit 2" || bad "no model"
 echo hi | "$B/lily" chat --model "$T/nope" >/dev/null 2>"$T/e"; [ $? = 1 ] && grep -q "lily chat" "$T/e" && ok "missing model: clear error" || bad "missing model: $(cat "$T/e")"
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+it_done

@@ -3,23 +3,8 @@
 # ajv check every finished answer (tests/npm/format_client.mjs), on a synthetic byte-level
 # vocabulary and on the real Qwen3 tokenizer's 151,669 tokens; curl checks the completions
 # route and that streaming carries the same constrained text.
-set -u
-cd "$(dirname "$0")/.."
-B=${BUILD:-build}; case $B in /*) ;; *) B=$PWD/$B ;; esac
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
-T=$(mktemp -d /tmp/lily-it-format-XXXXXX)
-sp=
-trap 'kill $sp 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$T"' EXIT
-start() { # model dir, extra args...
-  kill $sp 2>/dev/null; wait $sp 2>/dev/null
-  "$B/lily-server" --model-path "$@" --port 0 --threads 2 --slots 4 2>"$T/err" &
-  sp=$!
-  port=
-  for _ in $(seq 300); do port=$(grep -o 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.1; done
-  [ -n "$port" ] || { bad "server did not start: $(cat "$T/err")"; }
-}
+cd "$(dirname "$0")/.." && . tests/it_lib.sh
+start() { serve "$@" --slots 4; }
 client() { # rounds, label
   if [ ! -d tests/npm/node_modules/ajv ]; then bad "tests/npm/node_modules/ajv missing: run (cd tests/npm && npm install)"; return; fi
   node tests/npm/format_client.mjs "http://127.0.0.1:$port/v1" "$1" >"$T/node.out" 2>&1
@@ -84,5 +69,4 @@ if [ -f "$Q" ]; then
 else
   bad "missing $Q (the shared tokenizer data)"
 fi
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+it_done

@@ -3,24 +3,9 @@
 # takes the slot, and A's next turn is restored from the parked copy (cached tokens, the
 # unparked counter) and answers exactly what it answers when A never left the slot; with
 # --cache-mb 0 the same sequence recomputes A's prefix.
-set -u
-cd "$(dirname "$0")/.."
-B=${BUILD:-build}; case $B in /*) ;; *) B=$PWD/$B ;; esac
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
-T=$(mktemp -d /tmp/lily-it-park-XXXXXX)
-sp=
-trap 'kill $sp 2>/dev/null; rm -rf "$T"' EXIT
+cd "$(dirname "$0")/.." && . tests/it_lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
-start() {
-  kill $sp 2>/dev/null; wait $sp 2>/dev/null
-  "$B/lily-server" --model-path "$T/m" --port 0 --threads 2 --slots 1 "$@" 2>"$T/err" &
-  sp=$!
-  port=
-  for _ in $(seq 300); do port=$(grep -o 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.1; done
-  [ -n "$port" ] || bad "server did not start: $(cat "$T/err")"
-}
+start() { serve "$T/m" --slots 1 "$@"; }
 chat() { curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "{\"messages\":$1,\"max_tokens\":8,\"temperature\":0,\"chat_template_kwargs\":{\"enable_thinking\":false}}"; }
 field() { python3 -c "import json,sys; r=json.load(sys.stdin); print($1)"; }
 metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v k="$1" '$1==k {print $2}'; }
@@ -59,5 +44,4 @@ start --cache-mb 1
 chat "$A" >/dev/null
 chat "$Bm" >/dev/null
 [ "$(metric lily_parked_conversations)" = 0 ] && ok "a conversation larger than the budget is not kept" || bad "budget 1 MB: $(metric lily_parked_conversations) kept"
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+it_done
