@@ -1,5 +1,6 @@
 /* Anthropic Messages responses and stream events, converted from the OpenAI-shaped
  * objects the shared chat path produces (see anthropic.h). Pure. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "server/anthropic.h"
@@ -34,10 +35,11 @@ static json_t *input_of(const char *args) {
 
 static json_t *tool_block(json_t *call) {
     json_t *fn = json_object_get(call, "function");
-    const char *id = json_string_value(json_object_get(call, "id"));
-    char buf[48];
-    if (!id) { srv_random_id(buf, sizeof buf, "toolu_"); id = buf; }
-    return json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id", id, "name",
+    /* the parser's "call_<random>" becomes "toolu_<random>" */
+    const char *id = json_string_value(json_object_get(call, "id")) ?: "";
+    char buf[80];
+    snprintf(buf, sizeof buf, "toolu_%s", strncmp(id, "call_", 5) ? id : id + 5);
+    return json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id", buf, "name",
                      json_string_value(json_object_get(fn, "name")) ?: "", "input",
                      input_of(json_string_value(json_object_get(fn, "arguments"))));
 }
@@ -168,12 +170,10 @@ int srv_anth_stream_feed(srv_anth_stream *a, json_t *chunk, char **buf, size_t *
     json_array_foreach(json_object_get(d, "tool_calls"), i, c) {
         rc |= close_block(a, buf, len, cap);
         json_t *blk = tool_block(c);
-        const char *args = json_string_value(json_object_get(json_object_get(c, "function"), "arguments"));
         char *in = json_dumps(json_object_get(blk, "input"), JSON_COMPACT);
         json_object_set_new(blk, "input", json_object());
         int idx = a->n_blocks++;
         EV(json_pack("{s:s,s:i,s:o}", "type", "content_block_start", "index", idx, "content_block", blk));
-        (void)args;
         EV(json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_delta", "index", idx, "delta", "type",
                      "input_json_delta", "partial_json", in ? in : "{}"));
         free(in);
