@@ -159,18 +159,19 @@ static int tools_of(json_t *in, json_t *out, srv_error *err) {
     return 0;
 }
 
-static int translate(json_t *in, json_t *out, srv_error *err) {
+static int translate(json_t *in, json_t *out, int count, srv_error *err) {
     if (!json_is_object(in)) return BAD("", "the request body must be a JSON object");
     json_t *mt = json_object_get(in, "max_tokens");
-    if (!mt) return BAD("max_tokens", "'max_tokens' is required");
-    if (!json_is_integer(mt) || json_integer_value(mt) < 1) return BAD("max_tokens", "'max_tokens' must be a positive integer");
-    json_object_set(out, "max_tokens", mt);
+    if (!mt && !count) return BAD("max_tokens", "'max_tokens' is required");
+    if (mt && (!json_is_integer(mt) || json_integer_value(mt) < 1))
+        return BAD("max_tokens", "'max_tokens' must be a positive integer");
+    if (mt) json_object_set(out, "max_tokens", mt);
     static const char *copy[] = { "model", "temperature", "top_p", "top_k", "stream" };
-    for (size_t i = 0; i < sizeof copy / sizeof *copy; i++) {
+    for (size_t i = 0; i < sizeof copy / sizeof *copy - (count ? 1 : 0); i++) {
         json_t *v = json_object_get(in, copy[i]);
         if (v) json_object_set(out, copy[i], v);
     }
-    if (json_is_true(json_object_get(in, "stream")))
+    if (!count && json_is_true(json_object_get(in, "stream")))
         json_object_set_new(out, "stream_options", json_pack("{s:b}", "include_usage", 1));
     json_t *ss = json_object_get(in, "stop_sequences");
     if (ss && !json_is_null(ss)) json_object_set(out, "stop", ss);
@@ -205,7 +206,7 @@ static int translate(json_t *in, json_t *out, srv_error *err) {
     return 0;
 }
 
-char *srv_anth_to_openai(const char *body, size_t len, srv_error *err) {
+char *srv_anth_to_openai(const char *body, size_t len, int count, srv_error *err) {
     json_error_t je;
     json_t *in = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!in) {
@@ -213,7 +214,7 @@ char *srv_anth_to_openai(const char *body, size_t len, srv_error *err) {
         return NULL;
     }
     json_t *out = json_object();
-    char *s = translate(in, out, err) ? NULL : json_dumps(out, JSON_COMPACT);
+    char *s = translate(in, out, count, err) ? NULL : json_dumps(out, JSON_COMPACT);
     json_decref(in);
     json_decref(out);
     return s;

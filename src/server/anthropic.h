@@ -12,8 +12,9 @@
 #include <stddef.h>
 #include "server/server.h"
 
-/* Returns the OpenAI chat JSON body (malloc'd) or NULL with *err set (HTTP 400). */
-char *srv_anth_to_openai(const char *body, size_t len, srv_error *err);
+/* Returns the OpenAI chat JSON body (malloc'd) or NULL with *err set (HTTP 400).
+ * count: for /v1/messages/count_tokens (max_tokens not required, never streamed). */
+char *srv_anth_to_openai(const char *body, size_t len, int count, srv_error *err);
 
 #endif
 
