@@ -2,27 +2,27 @@
 #include "server/anthropic.h"
 #include <string.h>
 
-#define BAD(p, ...) (srv_error_set(err, 400, "invalid_request_error", p, NULL, __VA_ARGS__), -1)
+#define ABAD(p, ...) (srv_error_set(err, 400, "invalid_request_error", p, NULL, __VA_ARGS__), -1)
 
 /* Concatenates text blocks (or takes a string); other block types are an error. */
 static int text_of(json_t *c, const char *what, json_t **out, srv_error *err) {
     if (json_is_string(c)) { *out = json_incref(c); return 0; }
-    if (!json_is_array(c)) return BAD(what, "'%s' must be a string or an array of text blocks", what);
+    if (!json_is_array(c)) return ABAD(what, "'%s' must be a string or an array of text blocks", what);
     size_t n = 0, i;
     json_t *b;
     json_array_foreach(c, i, b) {
         const char *t = json_string_value(json_object_get(b, "text"));
         if (!json_is_object(b) || strcmp(json_string_value(json_object_get(b, "type")) ?: "", "text") || !t)
-            return BAD(what, "'%s' blocks must be {\"type\":\"text\",\"text\":...}", what);
+            return ABAD(what, "'%s' blocks must be {\"type\":\"text\",\"text\":...}", what);
         n += strlen(t);
     }
     char *s = malloc(n + 1);
-    if (!s) return BAD(what, "out of memory");
+    if (!s) return ABAD(what, "out of memory");
     s[0] = 0;
     json_array_foreach(c, i, b) strcat(s, json_string_value(json_object_get(b, "text")));
     *out = json_string(s);
     free(s);
-    return *out ? 0 : BAD(what, "'%s' is not valid UTF-8", what);
+    return *out ? 0 : ABAD(what, "'%s' is not valid UTF-8", what);
 }
 
 static const char *btype(json_t *b) {
@@ -31,19 +31,19 @@ static const char *btype(json_t *b) {
 
 static int user_msg(json_t *c, json_t *msgs, srv_error *err) {
     if (json_is_string(c)) return json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "user", "content", c)), 0;
-    if (!json_is_array(c)) return BAD("messages", "message content must be a string or an array of blocks");
+    if (!json_is_array(c)) return ABAD("messages", "message content must be a string or an array of blocks");
     json_t *text = json_array();
     size_t i;
     json_t *b;
     json_array_foreach(c, i, b) {
         const char *t = btype(b);
-        if (!t) { json_decref(text); return BAD("messages", "content blocks must be objects with a 'type'"); }
+        if (!t) { json_decref(text); return ABAD("messages", "content blocks must be objects with a 'type'"); }
         if (!strcmp(t, "text")) {
-            if (!json_is_string(json_object_get(b, "text"))) { json_decref(text); return BAD("messages", "text block needs 'text'"); }
+            if (!json_is_string(json_object_get(b, "text"))) { json_decref(text); return ABAD("messages", "text block needs 'text'"); }
             json_array_append(text, b);
         } else if (!strcmp(t, "tool_result")) {
             const char *id = json_string_value(json_object_get(b, "tool_use_id"));
-            if (!id) { json_decref(text); return BAD("messages", "tool_result block needs 'tool_use_id'"); }
+            if (!id) { json_decref(text); return ABAD("messages", "tool_result block needs 'tool_use_id'"); }
             json_t *rc = json_object_get(b, "content"), *s = NULL;
             if (!rc) s = json_string("");
             else if (text_of(rc, "tool_result.content", &s, err)) { json_decref(text); return -1; }
@@ -55,10 +55,10 @@ static int user_msg(json_t *c, json_t *msgs, srv_error *err) {
             json_array_append_new(msgs, json_pack("{s:s,s:s,s:o}", "role", "tool", "tool_call_id", id, "content", s));
         } else if (!strcmp(t, "image") || !strcmp(t, "document")) {
             json_decref(text);
-            return BAD("messages", "%s content blocks are not supported (text-only model)", t);
+            return ABAD("messages", "%s content blocks are not supported (text-only model)", t);
         } else {
             json_decref(text);
-            return BAD("messages", "content block type '%s' is not supported in a user message", t);
+            return ABAD("messages", "content block type '%s' is not supported in a user message", t);
         }
     }
     if (json_array_size(text) || !json_array_size(c)) {
@@ -74,7 +74,7 @@ static int user_msg(json_t *c, json_t *msgs, srv_error *err) {
 static int assistant_msg(json_t *c, json_t *msgs, srv_error *err) {
     if (json_is_string(c))
         return json_array_append_new(msgs, json_pack("{s:s,s:O}", "role", "assistant", "content", c)), 0;
-    if (!json_is_array(c)) return BAD("messages", "message content must be a string or an array of blocks");
+    if (!json_is_array(c)) return ABAD("messages", "message content must be a string or an array of blocks");
     json_t *m = json_pack("{s:s}", "role", "assistant"), *calls = json_array();
     json_t *text = json_array(), *think = json_array();
     size_t i;
@@ -82,13 +82,13 @@ static int assistant_msg(json_t *c, json_t *msgs, srv_error *err) {
     int rc = 0;
     json_array_foreach(c, i, b) {
         const char *t = btype(b);
-        if (!t) { rc = BAD("messages", "content blocks must be objects with a 'type'"); break; }
+        if (!t) { rc = ABAD("messages", "content blocks must be objects with a 'type'"); break; }
         if (!strcmp(t, "text")) {
-            if (!json_is_string(json_object_get(b, "text"))) { rc = BAD("messages", "text block needs 'text'"); break; }
+            if (!json_is_string(json_object_get(b, "text"))) { rc = ABAD("messages", "text block needs 'text'"); break; }
             json_array_append(text, b);
         } else if (!strcmp(t, "thinking")) {
             json_t *th = json_object_get(b, "thinking");
-            if (!json_is_string(th)) { rc = BAD("messages", "thinking block needs 'thinking'"); break; }
+            if (!json_is_string(th)) { rc = ABAD("messages", "thinking block needs 'thinking'"); break; }
             json_array_append_new(think, json_pack("{s:s,s:O}", "type", "text", "text", th));
         } else if (!strcmp(t, "redacted_thinking")) {
             continue;
@@ -97,7 +97,7 @@ static int assistant_msg(json_t *c, json_t *msgs, srv_error *err) {
             const char *name = json_string_value(json_object_get(b, "name"));
             json_t *in = json_object_get(b, "input");
             if (!id || !name || !json_is_object(in)) {
-                rc = BAD("messages", "tool_use block needs 'id', 'name' and an object 'input'");
+                rc = ABAD("messages", "tool_use block needs 'id', 'name' and an object 'input'");
                 break;
             }
             char *args = json_dumps(in, JSON_COMPACT);
@@ -105,7 +105,7 @@ static int assistant_msg(json_t *c, json_t *msgs, srv_error *err) {
                                                    "name", name, "arguments", args ? args : "{}"));
             free(args);
         } else {
-            rc = BAD("messages", "content block type '%s' is not supported in an assistant message", t);
+            rc = ABAD("messages", "content block type '%s' is not supported in an assistant message", t);
             break;
         }
     }
@@ -125,7 +125,7 @@ static int assistant_msg(json_t *c, json_t *msgs, srv_error *err) {
 static int tools_of(json_t *in, json_t *out, srv_error *err) {
     json_t *t = json_object_get(in, "tools");
     if (t && !json_is_null(t)) {
-        if (!json_is_array(t)) return BAD("tools", "'tools' must be an array");
+        if (!json_is_array(t)) return ABAD("tools", "'tools' must be an array");
         json_t *arr = json_array();
         size_t i;
         json_t *x;
@@ -134,7 +134,7 @@ static int tools_of(json_t *in, json_t *out, srv_error *err) {
             json_t *schema = json_is_object(x) ? json_object_get(x, "input_schema") : NULL;
             if (!name || !json_is_object(schema)) {
                 json_decref(arr);
-                return BAD("tools", "tools[%zu] needs 'name' and an object 'input_schema'", i);
+                return ABAD("tools", "tools[%zu] needs 'name' and an object 'input_schema'", i);
             }
             json_t *fn = json_pack("{s:s,s:O}", "name", name, "parameters", schema);
             json_t *d = json_object_get(x, "description");
@@ -146,25 +146,25 @@ static int tools_of(json_t *in, json_t *out, srv_error *err) {
     json_t *tc = json_object_get(in, "tool_choice");
     if (tc && !json_is_null(tc)) {
         const char *ty = json_is_object(tc) ? json_string_value(json_object_get(tc, "type")) : NULL;
-        if (!ty) return BAD("tool_choice", "'tool_choice' must be an object with a 'type'");
+        if (!ty) return ABAD("tool_choice", "'tool_choice' must be an object with a 'type'");
         if (!strcmp(ty, "auto")) json_object_set_new(out, "tool_choice", json_string("auto"));
         else if (!strcmp(ty, "any")) json_object_set_new(out, "tool_choice", json_string("required"));
         else if (!strcmp(ty, "none")) json_object_set_new(out, "tool_choice", json_string("none"));
         else if (!strcmp(ty, "tool")) {
             const char *n = json_string_value(json_object_get(tc, "name"));
-            if (!n) return BAD("tool_choice", "tool_choice type 'tool' needs 'name'");
+            if (!n) return ABAD("tool_choice", "tool_choice type 'tool' needs 'name'");
             json_object_set_new(out, "tool_choice", json_pack("{s:s,s:{s:s}}", "type", "function", "function", "name", n));
-        } else return BAD("tool_choice", "tool_choice type must be auto, any, tool or none");
+        } else return ABAD("tool_choice", "tool_choice type must be auto, any, tool or none");
     }
     return 0;
 }
 
 static int translate(json_t *in, json_t *out, int count, srv_error *err) {
-    if (!json_is_object(in)) return BAD("", "the request body must be a JSON object");
+    if (!json_is_object(in)) return ABAD("", "the request body must be a JSON object");
     json_t *mt = json_object_get(in, "max_tokens");
-    if (!mt && !count) return BAD("max_tokens", "'max_tokens' is required");
+    if (!mt && !count) return ABAD("max_tokens", "'max_tokens' is required");
     if (mt && (!json_is_integer(mt) || json_integer_value(mt) < 1))
-        return BAD("max_tokens", "'max_tokens' must be a positive integer");
+        return ABAD("max_tokens", "'max_tokens' must be a positive integer");
     if (mt) json_object_set(out, "max_tokens", mt);
     static const char *copy[] = { "model", "temperature", "top_p", "top_k", "stream" };
     for (size_t i = 0; i < sizeof copy / sizeof *copy - (count ? 1 : 0); i++) {
@@ -184,23 +184,23 @@ static int translate(json_t *in, json_t *out, int count, srv_error *err) {
         json_array_append_new(msgs, json_pack("{s:s,s:o}", "role", "system", "content", s));
     }
     json_t *ms = json_object_get(in, "messages");
-    if (!json_is_array(ms) || !json_array_size(ms)) return BAD("messages", "'messages' must be a non-empty array");
+    if (!json_is_array(ms) || !json_array_size(ms)) return ABAD("messages", "'messages' must be a non-empty array");
     size_t i;
     json_t *m;
     json_array_foreach(ms, i, m) {
         const char *role = json_is_object(m) ? json_string_value(json_object_get(m, "role")) : NULL;
         json_t *c = json_is_object(m) ? json_object_get(m, "content") : NULL;
-        if (!role || !c) return BAD("messages", "messages[%zu] needs 'role' and 'content'", i);
+        if (!role || !c) return ABAD("messages", "messages[%zu] needs 'role' and 'content'", i);
         if (!strcmp(role, "user")) { if (user_msg(c, msgs, err)) return -1; }
         else if (!strcmp(role, "assistant")) { if (assistant_msg(c, msgs, err)) return -1; }
-        else return BAD("messages", "messages[%zu].role must be 'user' or 'assistant'", i);
+        else return ABAD("messages", "messages[%zu].role must be 'user' or 'assistant'", i);
     }
     if (tools_of(in, out, err)) return -1;
     json_t *th = json_object_get(in, "thinking");
     if (th && !json_is_null(th)) {
         const char *ty = json_is_object(th) ? json_string_value(json_object_get(th, "type")) : NULL;
         if (!ty || (strcmp(ty, "enabled") && strcmp(ty, "disabled")))
-            return BAD("thinking", "'thinking.type' must be 'enabled' or 'disabled'");
+            return ABAD("thinking", "'thinking.type' must be 'enabled' or 'disabled'");
         json_object_set_new(out, "chat_template_kwargs", json_pack("{s:b}", "enable_thinking", !strcmp(ty, "enabled")));
     }
     return 0;
@@ -219,3 +219,5 @@ char *srv_anth_to_openai(const char *body, size_t len, int count, srv_error *err
     json_decref(out);
     return s;
 }
+
+#undef ABAD

@@ -16,7 +16,6 @@
  * count: for /v1/messages/count_tokens (max_tokens not required, never streamed). */
 char *srv_anth_to_openai(const char *body, size_t len, int count, srv_error *err);
 
-#endif
 
 /* ---- responses: built from the OpenAI-shaped ones, so generation is shared ---------- */
 
@@ -47,3 +46,5 @@ int srv_anth_event(char **buf, size_t *len, size_t *cap, json_t *obj);
  * {"error":{...}}; appends the events it gives. -1 on allocation failure. */
 int srv_anth_stream_feed(srv_anth_stream *a, json_t *chunk, char **buf, size_t *len, size_t *cap);
 void srv_anth_stream_free(srv_anth_stream *a);
+
+#endif
