@@ -17,10 +17,13 @@
 #include <unistd.h>
 #include "server/http_int.h"
 #include "text/grammar.h"
+#include "server/anthropic.h"
 
-enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_NONE };
+enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT, R_NONE };
 static const char *route_names[] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-                                     "other" };
+                                     "/v1/messages", "/v1/messages/count_tokens", "other" };
+#define IS_POST(r) ((r) == R_CHAT || (r) == R_COMPLETIONS || (r) == R_MESSAGES || (r) == R_COUNT)
+#define IS_ANTH(r) ((r) == R_MESSAGES || (r) == R_COUNT)
 
 typedef struct {
     int route;
@@ -45,7 +48,7 @@ static enum MHD_Result send_body(srv_http *h, struct MHD_Connection *c, int rout
     if (!r) { free(body); return MHD_NO; }
     MHD_add_response_header(r, "Content-Type", ctype);
     if (status == 405)
-        MHD_add_response_header(r, "Allow", route == R_CHAT || route == R_COMPLETIONS ? "POST" : "GET, HEAD");
+        MHD_add_response_header(r, "Allow", IS_POST(route) ? "POST" : "GET, HEAD");
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
@@ -60,7 +63,7 @@ static enum MHD_Result send_json(srv_http *h, struct MHD_Connection *c, int rout
 }
 
 static enum MHD_Result send_error(srv_http *h, struct MHD_Connection *c, int route, const srv_error *e) {
-    return send_body(h, c, route, e->http, "application/json", srv_error_json(e));
+    return send_body(h, c, route, e->http, "application/json", IS_ANTH(route) ? srv_anth_error_json(e) : srv_error_json(e));
 }
 
 int srv_peer_closed(int fd) {
@@ -299,6 +302,13 @@ static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, co
         resp = srv_chat_response(id, h->model_name, now, &parsed, srv_finish_name(j->finish, parsed.n_calls), lp,
                                  j->n_prompt, j->n_gen, j->n_reused);
         parse_free(&parsed);
+        if (x->route == R_MESSAGES) { /* the same message, in Anthropic's shape */
+            const char *seq = j->finish == SRV_FINISH_STOP && j->stop.stopped && j->stop.which >= 0 ? j->stop.s[j->stop.which] : NULL;
+            srv_random_id(id, sizeof id, "msg_");
+            json_t *a = srv_anth_message(id, resp, seq);
+            json_decref(resp);
+            resp = a;
+        }
     } else {
         json_t *lp = NULL;
         if (j->want_logprobs) {
@@ -316,12 +326,23 @@ static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, co
 static enum MHD_Result handle_generate(srv_http *h, struct MHD_Connection *c, conn_ctx *x) {
     srv_request r;
     srv_error e;
-    if (srv_request_parse(x->body ? x->body : "", x->n, x->route == R_CHAT ? SRV_CHAT : SRV_COMPLETION, &r, &e))
+    char *anth = NULL; /* Anthropic routes: the request as the equivalent chat body */
+    if (IS_ANTH(x->route) && !(anth = srv_anth_to_openai(x->body ? x->body : "", x->n, x->route == R_COUNT, &e)))
         return send_error(h, c, x->route, &e);
+    int prc = srv_request_parse(anth ? anth : x->body ? x->body : "", anth ? strlen(anth) : x->n,
+                                x->route == R_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT, &r, &e);
+    free(anth);
+    if (prc) return send_error(h, c, x->route, &e);
     srv_job *j = NULL;
     if (prepare_job(h, &r, &j, &e)) {
         srv_request_free(&r);
         return send_error(h, c, x->route, &e);
+    }
+    if (x->route == R_COUNT) {
+        json_t *o = json_pack("{s:i}", "input_tokens", j->n_prompt);
+        srv_job_unref(j);
+        srv_request_free(&r);
+        return send_json(h, c, x->route, 200, o);
     }
     if (srv_sched_submit(h->sched, j)) {
         srv_job_unref(j);
@@ -332,7 +353,7 @@ static enum MHD_Result handle_generate(srv_http *h, struct MHD_Connection *c, co
         return send_error(h, c, x->route, &e);
     }
     enum MHD_Result rc;
-    if (r.stream) rc = srv_stream_start(h, c, x->fd, route_names[x->route], &r, j);
+    if (r.stream) rc = srv_stream_start(h, c, x->fd, route_names[x->route], &r, j, x->route == R_MESSAGES);
     else rc = finish_blocking(h, c, x, &r, j);
     srv_job_unref(j);
     srv_request_free(&r);
@@ -344,8 +365,8 @@ static enum MHD_Result handle_generate(srv_http *h, struct MHD_Connection *c, co
 static int authorized(srv_http *h, struct MHD_Connection *c) {
     if (!h->o.api_key) return 1;
     const char *a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!a || strncasecmp(a, "Bearer ", 7)) return 0;
-    a += 7;
+    if (a && !strncasecmp(a, "Bearer ", 7)) a += 7;
+    else if (!(a = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key"))) return 0; /* Anthropic clients */
     while (*a == ' ') a++;
     size_t la = strlen(a), lk = strlen(h->o.api_key);
     unsigned diff = (unsigned)(la ^ lk);
@@ -390,7 +411,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         x->fd = ci ? ci->connect_fd : -1;
         x->route = route_of(url);
-        int post = x->route == R_CHAT || x->route == R_COMPLETIONS;
+        int post = IS_POST(x->route);
         if (x->route == R_NONE) {
             srv_error_set(&e, 404, "invalid_request_error", NULL, "not_found", "no route %s %s", method, url);
             return send_error(h, c, x->route, &e);
@@ -403,7 +424,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         if (!strncmp(url, "/v1/", 4) && !authorized(h, c)) {
             srv_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
-                          "Missing or incorrect API key: send 'Authorization: Bearer <key>'.");
+                          "Missing or incorrect API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.");
             return send_error(h, c, x->route, &e);
         }
         if (!post) return handle_get(h, c, x->route);

@@ -26,9 +26,10 @@ int srv_peer_closed(int fd);
 /* Waits (j->mu held) until ready(j, arg) (0), the client leaves (-1), or max_s > 0
  * seconds pass (1). */
 int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg, double max_s);
-/* Queues a 200 text/event-stream response that relays job j (takes its own reference). */
+/* Queues a 200 text/event-stream response that relays job j (takes its own reference);
+ * anthropic: as Anthropic Messages events instead of chat.completion.chunk objects. */
 enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
-                                 const srv_request *r, srv_job *j);
+                                 const srv_request *r, srv_job *j, int anthropic);
 /* Fills a unique id "<prefix><24 alphanumerics>". */
 void srv_random_id(char *out, size_t n, const char *prefix);
 #endif

@@ -21,7 +21,7 @@ static const char usage[] =
     "  --ctx-len N             longest context per request in tokens (default 4096)\n"
     "  --slots N               sessions kept in memory / requests generating at once (default 4)\n"
     "  --max-queue N           requests allowed to wait for a slot; beyond it 503 (default 64)\n"
-    "  --api-key KEY           require 'Authorization: Bearer KEY' on /v1/* (default: none)\n"
+    "  --api-key KEY           require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on /v1/* (default: none)\n"
     "  --threads N             CPU threads for the engine (default 0 = all cores)\n"
     "  --backend auto|cpu|cuda engine backend (default auto)\n"
     "  --served-model-name S   model id reported by /v1/models (default: folder name)\n"

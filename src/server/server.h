@@ -102,6 +102,7 @@ typedef struct {
     char *held;               /* text that might still become a stop string */
     size_t n_held, cap;
     int stopped;
+    int which;                /* the stop string that matched (when stopped) */
 } srv_stop;
 
 void srv_stop_init(srv_stop *f, char *const *stops, int n); /* copies the strings */

@@ -49,11 +49,12 @@ int srv_stop_feed(srv_stop *f, const char *text, size_t len, char **out, size_t 
     /* The match that completes first wins, as if the text arrived byte by byte (so the
      * result does not depend on how it was split); at the same end, the longest. */
     size_t best = (size_t)-1, best_end = (size_t)-1;
+    int best_i = -1;
     for (int i = 0; i < f->n; i++) {
         if (f->len[i] > n) continue;
         for (size_t p = 0; p + f->len[i] <= n && p + f->len[i] <= best_end; p++)
             if (h[p] == f->s[i][0] && !memcmp(h + p, f->s[i], f->len[i])) {
-                if (p + f->len[i] < best_end || p < best) { best = p; best_end = p + f->len[i]; }
+                if (p + f->len[i] < best_end || p < best) { best = p; best_end = p + f->len[i]; best_i = i; }
                 break;
             }
     }
@@ -61,6 +62,7 @@ int srv_stop_feed(srv_stop *f, const char *text, size_t len, char **out, size_t 
         int rc = put(out, out_len, out_cap, h, best);
         f->n_held = 0;
         f->stopped = 1;
+        f->which = best_i;
         return rc ? -1 : 1;
     }
     /* hold the longest tail that is a proper prefix of a stop string */

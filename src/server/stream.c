@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "server/anthropic.h"
 #include "server/http_int.h"
 
 typedef struct {
@@ -23,6 +24,7 @@ typedef struct {
     int done, counted;
     json_t *lp;            /* logprobs not yet attached to a chunk */
     long lp_offset;
+    srv_anth_stream *anth; /* Anthropic events instead of chunks, or NULL */
 } stream_ctx;
 
 static int has_news(srv_job *j, void *arg) {
@@ -50,7 +52,10 @@ static json_t *take_lp(stream_ctx *x) {
     return lp;
 }
 
-static int emit(stream_ctx *x, json_t *chunk) { return srv_sse_append(&x->out, &x->out_len, &x->out_cap, chunk); }
+static int emit(stream_ctx *x, json_t *chunk) {
+    if (x->anth) return srv_anth_stream_feed(x->anth, chunk, &x->out, &x->out_len, &x->out_cap);
+    return srv_sse_append(&x->out, &x->out_len, &x->out_cap, chunk);
+}
 
 /* Appends literal SSE text (a comment, the [DONE] line) to the output buffer. */
 static int emit_raw(stream_ctx *x, const char *s, size_t n) {
@@ -96,6 +101,8 @@ static int produce(stream_ctx *x) {
     int n_prompt = j->n_prompt, n_gen = j->n_gen, n_reused = j->n_reused;
     char err[512];
     snprintf(err, sizeof err, "%s", j->error);
+    if (x->anth && fin == SRV_FINISH_STOP && j->stop.stopped && j->stop.which >= 0 && !x->anth->stop_seq)
+        x->anth->stop_seq = strdup(j->stop.s[j->stop.which]);
     pthread_mutex_unlock(&j->mu);
     if (!text) { free(toks); return -1; }
 
@@ -142,7 +149,7 @@ static int produce(stream_ctx *x) {
                                     srv_usage(n_prompt, n_gen, n_reused)));
     }
     static const char done[] = "data: [DONE]\n\n";
-    if (emit_raw(x, done, sizeof done - 1)) return -1;
+    if (!x->anth && emit_raw(x, done, sizeof done - 1)) return -1;
     x->done = 1;
     count_tokens(x);
     return rc;
@@ -173,12 +180,14 @@ static void stream_free(void *cls) {
     parse_stream_free(x->s.parser);
     json_decref(x->body);
     json_decref(x->lp);
+    if (x->anth) srv_anth_stream_free(x->anth);
+    free(x->anth);
     free(x->out);
     free(x);
 }
 
 enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
-                                 const srv_request *r, srv_job *j) {
+                                 const srv_request *r, srv_job *j, int anthropic) {
     stream_ctx *x = calloc(1, sizeof *x);
     if (!x) { srv_sched_cancel(h->sched, j); return MHD_NO; }
     x->h = h;
@@ -196,6 +205,13 @@ enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, 
     x->s.include_usage = r->include_usage;
     x->s.want_logprobs = r->logprobs;
     x->s.tok = h->tok;
+    if (anthropic && (x->anth = calloc(1, sizeof *x->anth))) {
+        srv_random_id(x->anth->id, sizeof x->anth->id, "msg_");
+        x->anth->model = h->model_name;
+        pthread_mutex_lock(&j->mu);
+        x->anth->input_tokens = j->n_prompt;
+        pthread_mutex_unlock(&j->mu);
+    }
     if (r->kind == SRV_CHAT) {
         chat_parse_opts po = { chat_think_open(r->body, h->o.template_kind),
                                r->tool_choice_none ? NULL : json_object_get(x->body, "tools"), 0 };
