@@ -19,10 +19,11 @@
 #include "text/grammar.h"
 #include "server/anthropic.h"
 
-enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT, R_NONE };
+enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT, R_TOKENIZE, R_DETOKENIZE, R_NONE };
 static const char *route_names[] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-                                     "/v1/messages", "/v1/messages/count_tokens", "other" };
-#define IS_POST(r) ((r) == R_CHAT || (r) == R_COMPLETIONS || (r) == R_MESSAGES || (r) == R_COUNT)
+                                     "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize", "other" };
+#define IS_POST(r) ((r) == R_CHAT || (r) == R_COMPLETIONS || (r) == R_MESSAGES || (r) == R_COUNT || \
+                    (r) == R_TOKENIZE || (r) == R_DETOKENIZE)
 #define IS_ANTH(r) ((r) == R_MESSAGES || (r) == R_COUNT)
 
 typedef struct {
@@ -323,6 +324,89 @@ static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, co
     return send_json(h, c, x->route, 200, resp);
 }
 
+/* POST /tokenize (vLLM's and llama.cpp's shapes): {"prompt"|"content": text} encoded as the
+ * completions route does (special tokens written as text recognized unless
+ * "add_special_tokens": false), or {"messages": [...], "tools"?: ...} rendered exactly as the
+ * chat route would; "with_pieces": true adds each token's text. POST /detokenize:
+ * {"tokens": [ids]} -> {"prompt": text}. */
+static enum MHD_Result handle_tokenize(srv_http *h, struct MHD_Connection *c, conn_ctx *x) {
+    srv_error e;
+    json_error_t je;
+    json_t *b = json_loadb(x->body ? x->body : "", x->n, 0, &je), *out = NULL;
+    lily_status st = { 0 };
+    if (!json_is_object(b)) {
+        json_decref(b);
+        srv_error_set(&e, 400, "invalid_request_error", NULL, "invalid_json", "the body must be a JSON object%s%s",
+                      b ? "" : ": ", b ? "" : je.text);
+        return send_error(h, c, x->route, &e);
+    }
+    if (x->route == R_DETOKENIZE) {
+        json_t *t = json_object_get(b, "tokens");
+        size_t n = json_array_size(t), i;
+        int32_t *ids = malloc(sizeof *ids * (n + 1));
+        json_t *v;
+        int bad = !json_is_array(t) || !ids;
+        json_array_foreach(t, i, v) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= h->info.vocab_size) bad = 1;
+            else ids[i] = (int32_t)json_integer_value(v);
+        }
+        char *text = NULL;
+        if (!bad && tok_decode(h->tok, ids, (int)n, 0, &text, NULL) == LILY_OK) out = json_pack("{s:s}", "prompt", text);
+        free(text);
+        free(ids);
+        json_decref(b);
+        if (bad) {
+            srv_error_set(&e, 400, "invalid_request_error", "tokens", NULL, "'tokens' must be an array of token ids below %d",
+                          h->info.vocab_size);
+            return send_error(h, c, x->route, &e);
+        }
+        return send_json(h, c, x->route, out ? 200 : 500, out);
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    json_t *p = json_object_get(b, "prompt");
+    if (!p) p = json_object_get(b, "content");
+    if (json_is_string(p)) {
+        json_t *sp = json_object_get(b, "add_special_tokens");
+        if (tok_encode(h->tok, json_string_value(p), json_string_length(p), !json_is_false(sp), &ids, &n, &st)) {
+            json_decref(b);
+            srv_error_set(&e, 400, "invalid_request_error", "prompt", NULL, "%s", st.msg);
+            return send_error(h, c, x->route, &e);
+        }
+    } else if (json_object_get(b, "messages")) { /* exactly the chat route's prompt */
+        srv_request r;
+        srv_job *j = NULL;
+        if (srv_request_parse(x->body, x->n, SRV_CHAT, &r, &e)) { json_decref(b); return send_error(h, c, x->route, &e); }
+        int rc = prepare_job(h, &r, &j, &e);
+        srv_request_free(&r);
+        if (rc) { json_decref(b); return send_error(h, c, x->route, &e); }
+        ids = j->prompt;
+        n = j->n_prompt;
+        j->prompt = NULL;
+        srv_job_unref(j);
+    } else {
+        json_decref(b);
+        srv_error_set(&e, 400, "invalid_request_error", "prompt", NULL, "give 'prompt' (text) or 'messages'");
+        return send_error(h, c, x->route, &e);
+    }
+    json_t *toks = json_array(), *pieces = json_is_true(json_object_get(b, "with_pieces")) ? json_array() : NULL;
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(toks, json_integer(ids[i]));
+        if (pieces) {
+            char *t = NULL;
+            tok_decode(h->tok, ids + i, 1, 0, &t, NULL);
+            json_array_append_new(pieces, json_string(t ? t : ""));
+            free(t);
+        }
+    }
+    free(ids);
+    json_decref(b);
+    out = json_pack("{s:o,s:i,s:i}", "tokens", toks, "count", n, "max_model_len", h->o.ctx_len);
+    if (out && pieces) json_object_set_new(out, "pieces", pieces);
+    else json_decref(pieces);
+    return send_json(h, c, x->route, 200, out);
+}
+
 static enum MHD_Result handle_generate(srv_http *h, struct MHD_Connection *c, conn_ctx *x) {
     srv_request r;
     srv_error e;
@@ -422,7 +506,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                           url, method, post ? "POST" : "GET");
             return send_error(h, c, x->route, &e);
         }
-        if (!strncmp(url, "/v1/", 4) && !authorized(h, c)) {
+        if ((!strncmp(url, "/v1/", 4) || post) && !authorized(h, c)) {
             srv_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
                           "Missing or incorrect API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.");
             return send_error(h, c, x->route, &e);
@@ -464,6 +548,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                       "the request body is larger than the limit of %zu bytes", h->o.max_body);
         return send_error(h, c, x->route, &e);
     }
+    if (x->route == R_TOKENIZE || x->route == R_DETOKENIZE) return handle_tokenize(h, c, x);
     return handle_generate(h, c, x);
 }
 

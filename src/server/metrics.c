@@ -12,9 +12,11 @@ static const double bucket_le[N_BUCKETS] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 
                                              0.25,  0.5,    1,     2.5,  5,     10,   30 };
 typedef struct { uint64_t n[N_BUCKETS]; uint64_t count; double sum; } histo;
 
-#define N_ROUTES 8
-static const char *routes[N_ROUTES] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                        "/metrics", "other", NULL, NULL };
+#define N_ROUTES 11 /* the last entry is NULL */
+#define R_OTHER 9
+static const char *routes[N_ROUTES] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+                                        "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize", "other",
+                                        NULL };
 #define N_STATUS 8
 static const int statuses[N_STATUS] = { 200, 400, 401, 404, 405, 413, 500, 503 };
 
@@ -41,7 +43,7 @@ void srv_metrics_free(srv_metrics *m) {
 }
 
 void srv_metrics_request(srv_metrics *m, const char *route, int status) {
-    int r = 5, s = N_STATUS;
+    int r = R_OTHER, s = N_STATUS;
     for (int i = 0; routes[i]; i++)
         if (!strcmp(routes[i], route)) { r = i; break; }
     for (int i = 0; i < N_STATUS; i++)
