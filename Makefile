@@ -15,6 +15,11 @@ CUDA_LIBDIR ?= $(firstword $(foreach d,lib64 lib targets/x86_64-linux/lib target
 NVFLAGS ?= -O3 -g -lineinfo -std=c++17 --expt-relaxed-constexpr -Iinclude -Isrc \
            -gencode=arch=$(subst sm_,compute_,$(CUDA_ARCH)),code=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
 
+EMU_DIR  := tests/cuda/emu
+CXX     ?= g++
+EMU_CXXFLAGS ?= -O2 -g
+override EMU_CXXFLAGS += -std=c++17 -x c++ -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(EMU_DIR) -Iinclude -Isrc \
+           -MMD -MP -pthread -fno-strict-aliasing
 LIB_DIRS := util loader cpu engine tokenizer text convert hub
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard src/$(d)/*.c))
 CU_SRC   := $(wildcard src/cuda/*.cu)
@@ -22,6 +27,12 @@ ifeq ($(CUDA),1)
   override CFLAGS += -DLILY_CUDA
   LIB_OBJ_CU := $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
   override LDLIBS += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
+  CUDA_PROGS := $(BUILD)/cuda-kernel-test
+else ifeq ($(EMU),1)
+  # The CUDA sources on the CPU emulator (tests/cuda/emu): rewritten by cu2cpp.py, compiled as C++.
+  override CFLAGS += -DLILY_CUDA
+  LIB_OBJ_CU := $(CU_SRC:src/cuda/%.cu=$(BUILD)/emu-src/%.o) $(BUILD)/$(EMU_DIR)/emu_runtime.o
+  override LDLIBS += -lstdc++
   CUDA_PROGS := $(BUILD)/cuda-kernel-test
 else
   LIB_SRC += $(wildcard src/cuda/*.c)
@@ -43,6 +54,24 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/emu-src/%.cpp: src/cuda/%.cu $(EMU_DIR)/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 $(EMU_DIR)/cu2cpp.py $< $@
+$(BUILD)/emu-src/%.o: $(BUILD)/emu-src/%.cpp
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(BUILD)/$(EMU_DIR)/emu_runtime.o: $(EMU_DIR)/emu_runtime.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+# A deliberately broken kernel (cu2cpp.py --mutate NAME) linked into its own kernel test.
+$(BUILD)/mutant/%/cu_kernels.cpp: src/cuda/cu_kernels.cu $(EMU_DIR)/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
+$(BUILD)/mutant/%/cu_kernels.o: $(BUILD)/mutant/%/cu_kernels.cpp
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(BUILD)/mutant/%/cuda-kernel-test: $(BUILD)/mutant/%/cu_kernels.o $(BUILD)/tests/cuda/kernel_test.o $(LIB)
+	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a cu_kernels.o && ar rcs $@.a $<
+	$(CC) $(CFLAGS) $(BUILD)/tests/cuda/kernel_test.o $@.a -o $@ $(LDLIBS)
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
@@ -83,12 +112,17 @@ cuda-compile-check:
 	  $(MAKE) -s CUDA=1 BUILD=$(BUILD)/cuda $(BUILD)/cuda/liblily.a $(BUILD)/cuda/tests/cuda/kernel_test.o || exit 1; \
 	  echo "cuda-compile-check: CUDA=1 build of $(words $(CU_SRC)) CUDA files compiled; not linked: no libcudart_static.a under $(CUDA_HOME)"; fi
 
+# The CUDA backend on the CPU emulator (tests/cuda/emu, docs/cuda.md): $(BUILD)/emu/lily and
+# $(BUILD)/emu/cuda-kernel-test, no nvcc or GPU needed.
+emu:
+	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu $(BUILD)/emu/lily $(BUILD)/emu/cuda-kernel-test
+
 test: all fuzz
 	BUILD=$(BUILD) bash tests/run.sh
 
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test clean fuzz cuda-compile-check
+.PHONY: all test clean fuzz cuda-compile-check emu
 .SECONDARY:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Rewrites a CUDA source (src/cuda/*.cu) into C++ for the CPU emulator (tests/cuda/emu).
+
+Only the two constructs that headers cannot express are touched, each within its own
+lines, so line numbers stay those of the .cu file (a #line directive points back at it):
+
+  name<<<grid, block[, smem[, stream]]>>>(args)
+      -> emu::launch("name", name, emu::cfg(grid, block[, smem[, stream]]))(args)
+  extern __shared__ T name[];
+      -> T *name = (T *)emu::dyn_smem(sizeof(T));
+  __shared__ [attrs] T a[..], b;   (static shared memory)
+      -> static [attrs] T a[..], b; emu::shared(a, sizeof a); emu::shared(&b, sizeof b);
+         (the emulator poisons it at the start of every block and counts its size)
+
+usage: cu2cpp.py [--mutate NAME] in.cu out.cpp
+--mutate applies one of the deliberate bugs below (for the test that shows the emulator
+catches broken kernels); the named pattern must occur exactly once."""
+import re
+import sys
+
+# name -> (original text, broken text, what it breaks)
+MUTANTS = {
+    "rmsnorm-off-by-one": ("for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];",
+                           "for (int i = threadIdx.x; i < n - 1; i += blockDim.x) yr[i] = xr[i] * r * w[i];",
+                           "k_rmsnorm leaves the last element of each row unwritten"),
+    "block-sum-no-sync": ("    if (lane == 0) sh[w] = v;\n    __syncthreads();\n",
+                          "    if (lane == 0) sh[w] = v;\n",
+                          "block_sum reads the per-warp partials without the barrier"),
+    "warp-sum-half": ("for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
+                      "for (int o = 8; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
+                      "warp_sum adds only 16 of the 32 lanes"),
+    "tf32-tile-b": ("wmma::load_matrix_sync(fb, Ws + (wr + 16 * f) * TLD + kk, TLD);",
+                    "wmma::load_matrix_sync(fb, Ws + (wr + 15 * f) * TLD + kk, TLD);",
+                    "k_mm_tiled's second B fragment starts one weight row early"),
+}
+
+LAUNCH = re.compile(r"([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>", re.S)
+DYN = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w\s]*?)\s+([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+STATIC = re.compile(r"__shared__\s+((?:__align__\(\s*\d+\s*\)\s+)?)([A-Za-z_]\w*(?:\s+[A-Za-z_]\w*)*?)\s+([^;]*?);")
+
+
+def split_top(s):
+    """Splits declarators at commas outside brackets."""
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [d.strip() for d in out if d.strip()]
+
+
+def static_shared(m):
+    attrs, typ, decls = m.group(1), m.group(2), m.group(3)
+    regs = []
+    for d in split_top(decls):
+        name = re.match(r"[A-Za-z_]\w*", d).group(0)
+        regs.append("emu::shared(&%s, sizeof %s);" % (name, name))
+    return "static %s%s %s; %s" % (attrs, typ, decls, " ".join(regs))
+
+
+def launch(m):
+    name, cfg = m.group(1), m.group(2)
+    return 'emu::launch("%s", %s, emu::cfg(%s))' % (re.sub(r"\s+", " ", name), name, cfg)
+
+
+def convert(text):
+    text = DYN.sub(lambda m: "%s *%s = (%s *)emu::dyn_smem(sizeof(%s));" % (m.group(1), m.group(2), m.group(1), m.group(1)), text)
+    text = STATIC.sub(static_shared, text)
+    text = LAUNCH.sub(launch, text)
+    return text
+
+
+def main(argv):
+    mut = None
+    if len(argv) > 1 and argv[1] == "--mutate":
+        mut = argv[2]
+        argv = [argv[0]] + argv[3:]
+    if len(argv) != 3:
+        sys.stderr.write(__doc__)
+        return 2
+    src, dst = argv[1], argv[2]
+    with open(src) as f:
+        text = f.read()
+    if mut:
+        if mut not in MUTANTS:
+            sys.stderr.write("cu2cpp: unknown mutant %s (known: %s)\n" % (mut, ", ".join(MUTANTS)))
+            return 2
+        old, new, _ = MUTANTS[mut]
+        if text.count(old) != 1:
+            sys.stderr.write("cu2cpp: mutant %s: pattern found %d times in %s\n" % (mut, text.count(old), src))
+            return 1
+        text = text.replace(old, new)
+    out = convert(text)
+    if "<<<" in out or "__shared__" in out:
+        bad = [i + 1 for i, l in enumerate(out.split("\n")) if "<<<" in l or "__shared__" in l]
+        sys.stderr.write("cu2cpp: %s: unconverted launch or shared declaration at lines %s\n" % (src, bad))
+        return 1
+    with open(dst, "w") as f:
+        f.write('#line 1 "%s"\n' % src)
+        f.write(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,34 @@
+/* __half for the CPU emulator (see cuda_runtime.h): storage and exact conversions
+ * (float to half rounds to nearest even, as __float2half does). */
+#ifndef LILY_EMU_CUDA_FP16_H
+#define LILY_EMU_CUDA_FP16_H
+#include "cuda_runtime.h"
+
+struct __half { unsigned short __x; };
+static inline __half __ushort_as_half(unsigned short u) { __half h; h.__x = u; return h; }
+static inline unsigned short __half_as_ushort(__half h) { return h.__x; }
+static inline float __half2float(__half h) {
+    unsigned s = (h.__x >> 15) & 1u, e = (h.__x >> 10) & 31u, m = h.__x & 1023u, u;
+    if (e == 31) u = (s << 31) | 0x7f800000u | (m << 13);
+    else if (e) u = (s << 31) | ((e + 112u) << 23) | (m << 13);
+    else if (!m) u = s << 31;
+    else { /* subnormal: m * 2^-24 is exact in float */
+        float f = (float)m * 5.9604644775390625e-8f;
+        return s ? -f : f;
+    }
+    return __uint_as_float(u);
+}
+static inline __half __float2half(float f) {
+    unsigned u = __float_as_uint(f), s = (u >> 16) & 0x8000u;
+    unsigned a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return __ushort_as_half((unsigned short)(s | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u)));
+    if (a >= 0x477ff000u) return __ushort_as_half((unsigned short)(s | 0x7c00u)); /* rounds past 65504 */
+    if (a < 0x38800000u) { /* half subnormal or zero: round f * 2^24 to an integer, ties to even */
+        float x = __uint_as_float(a) * 16777216.0f;
+        return __ushort_as_half((unsigned short)(s | (unsigned)nearbyintf(x)));
+    }
+    unsigned r = a - 0x38000000u; /* rebias the exponent by 112 (in place << 23) */
+    r = r + 0xfffu + ((r >> 13) & 1u);
+    return __ushort_as_half((unsigned short)(s | (r >> 13)));
+}
+#endif

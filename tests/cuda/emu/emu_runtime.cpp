@@ -1,0 +1,751 @@
+/* The CPU emulator's runtime (see cuda_runtime.h): fibers and the block scheduler, warp
+ * exchange, shared memory, device memory bookkeeping, streams, events and graphs.
+ *
+ * One launch runs on the calling OS thread (all API calls hold one process-wide lock, so
+ * launches from several threads take turns). A block's threads are fibers with their own
+ * stacks, allocated once and reused; the scheduler runs warp after warp, each lane until
+ * it blocks at a warp operation (released when every live lane of the warp arrived) or at
+ * __syncthreads (released when every live thread of the block arrived). Exited threads
+ * count as arrived, as on sm_70 and later. */
+#include "cuda_runtime.h"
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#include <map>
+#include <mutex>
+#include <vector>
+
+uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+
+namespace {
+
+std::recursive_mutex mu;
+#define LOCK std::lock_guard<std::recursive_mutex> lock_(mu)
+cudaError_t last_err = cudaSuccess;
+cudaError_t fail(cudaError_t e) {
+    if (e != cudaSuccess) last_err = e;
+    return e;
+}
+
+/* ---- device memory: host memory, with a registry so copies and kernel arguments can be
+ * checked against what was allocated ---- */
+enum { M_DEV, M_HOST, M_MAPPED };
+struct alloc_t { size_t n; int kind; };
+std::map<uintptr_t, alloc_t> allocs;
+size_t dev_bytes;
+const size_t EMU_TOTAL = 140ull << 30; /* the emulated device's memory */
+
+/* The allocation holding [p, p + n) (n = 0: p may be its end), or NULL. */
+const alloc_t *find_alloc(const void *p, size_t n) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = allocs.upper_bound(a);
+    if (it == allocs.begin()) return NULL;
+    --it;
+    if (a - it->first + n > it->second.n) return NULL;
+    if (n == 0 && a - it->first > it->second.n) return NULL;
+    return &it->second;
+}
+bool dev_ok(const void *p, size_t n) {
+    const alloc_t *a = find_alloc(p, n);
+    return a && (a->kind == M_DEV || a->kind == M_MAPPED);
+}
+
+/* ---- fibers ---- */
+#if defined(__x86_64__)
+extern "C" void emu_ctx_switch(void **save, void *to);
+extern "C" void emu_ctx_start(void);
+/* Saves the callee-saved registers, MXCSR and the x87 control word on the current stack,
+ * stores the stack pointer in *save and resumes the context whose stack pointer is `to`.
+ * A fresh context starts in emu_ctx_start, which calls r13(r12). */
+asm(R"(
+    .text
+    .globl emu_ctx_switch
+    .type emu_ctx_switch, @function
+emu_ctx_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_ctx_switch, .-emu_ctx_switch
+    .globl emu_ctx_start
+    .type emu_ctx_start, @function
+emu_ctx_start:
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .size emu_ctx_start, .-emu_ctx_start
+)");
+struct ctx_t { void *sp; };
+void ctx_init(ctx_t *c, char *stack, size_t size, void (*fn)(void *), void *arg) {
+    uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 80);
+    unsigned mx;
+    unsigned short cw;
+    __asm__ volatile("stmxcsr %0" : "=m"(mx));
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    memcpy((char *)sp, &mx, 4);
+    memcpy((char *)sp + 4, &cw, 2);
+    sp[1] = NULL;               /* r15 */
+    sp[2] = NULL;               /* r14 */
+    sp[3] = (void *)fn;         /* r13 */
+    sp[4] = arg;                /* r12 */
+    sp[5] = NULL;               /* rbx */
+    sp[6] = NULL;               /* rbp */
+    sp[7] = (void *)emu_ctx_start; /* return address: emu_ctx_start runs with rsp = top - 16 */
+    c->sp = sp;
+}
+void ctx_switch(ctx_t *from, ctx_t *to) { emu_ctx_switch(&from->sp, to->sp); }
+#else
+#include <ucontext.h>
+struct ctx_t { ucontext_t uc; };
+void ctx_init(ctx_t *c, char *stack, size_t size, void (*fn)(void *), void *arg) {
+    getcontext(&c->uc);
+    c->uc.uc_stack.ss_sp = stack;
+    c->uc.uc_stack.ss_size = size;
+    c->uc.uc_link = NULL;
+    makecontext(&c->uc, (void (*)(void))fn, 1, arg); /* pointer through one int argument: 64-bit ABIs pass it whole */
+}
+void ctx_switch(ctx_t *from, ctx_t *to) { swapcontext(&from->uc, &to->uc); }
+#endif
+
+enum { F_RUN, F_WAIT_WARP, F_WAIT_BLOCK, F_DONE };
+struct fiber_t {
+    ctx_t ctx;
+    int state, lane, warp;
+    unsigned nx; /* warp exchanges done */
+    uint3 tid;
+};
+struct warp_t {
+    int live, arrived;
+    unsigned exist; /* lanes present in the block */
+    uint64_t slot[2][32];
+    unsigned stamp[2][32];
+};
+
+const size_t STACK = 256 << 10; /* per fiber: kernels keep arrays in "registers" */
+size_t page;
+char *stacks;
+int n_stacks;
+std::vector<fiber_t> fib;
+std::vector<warp_t> warps;
+ctx_t sched;
+int cur = -1, n_done;
+const std::function<void()> *cur_body;
+
+/* what runs now, for fault messages */
+const char *cur_kernel;
+bool in_kernel;
+
+/* shared memory of the running block */
+char *dyn_base;    /* dynamic: ends at a guard page */
+size_t dyn_size, dyn_cap;
+char *dyn_region;
+struct sreg { void *p; };
+std::vector<void *> shared_seen;
+size_t shared_static, smem_limit;
+unsigned long long n_launches, n_threads;
+
+[[noreturn]] void fault(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "lily emu: kernel %s, block (%u,%u,%u)", cur_kernel ? cur_kernel : "?", blockIdx.x, blockIdx.y, blockIdx.z);
+    if (cur >= 0) fprintf(stderr, ", thread (%u,%u,%u)", threadIdx.x, threadIdx.y, threadIdx.z);
+    fprintf(stderr, ": ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    abort();
+}
+
+void on_segv(int sig, siginfo_t *si, void *) {
+    if (in_kernel) {
+        char msg[512];
+        int n = snprintf(msg, sizeof msg,
+                         "lily emu: kernel %s, block (%u,%u,%u), thread (%u,%u,%u): %s at address %p (a fiber stack overflow, "
+                         "dynamic shared memory overrun, or a bad pointer)\n",
+                         cur_kernel, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z,
+                         sig == SIGSEGV ? "segmentation fault" : "bus error", si->si_addr);
+        if (n > 0) { ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1); (void)w; }
+    }
+    signal(sig, SIG_DFL);
+}
+
+void install_segv(void) {
+    static thread_local bool alt;
+    static bool handler;
+    if (!alt) { /* the handler needs its own stack when a fiber's stack overflowed */
+        stack_t ss;
+        ss.ss_size = 64 << 10;
+        ss.ss_sp = malloc(ss.ss_size);
+        ss.ss_flags = 0;
+        if (ss.ss_sp) sigaltstack(&ss, NULL);
+        alt = true;
+    }
+    if (!handler) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_segv;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGSEGV, &sa, NULL);
+        sigaction(SIGBUS, &sa, NULL);
+        handler = true;
+    }
+}
+
+void ensure_stacks(int n) {
+    if (n <= n_stacks) return;
+    if (!page) page = (size_t)sysconf(_SC_PAGESIZE);
+    if (stacks) munmap(stacks, (size_t)n_stacks * (STACK + page));
+    size_t per = STACK + page;
+    stacks = (char *)mmap(NULL, (size_t)n * per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stacks == MAP_FAILED) { perror("lily emu: fiber stacks"); abort(); }
+    for (int i = 0; i < n; i++) mprotect(stacks + (size_t)i * per, page, PROT_NONE); /* guard below each stack */
+    n_stacks = n;
+    fib.resize((size_t)n);
+}
+
+void ensure_dyn(size_t n) {
+    if (!page) page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t need = (n + page - 1) / page * page;
+    if (need <= dyn_cap && dyn_region) return;
+    if (dyn_region) munmap(dyn_region, dyn_cap + page);
+    dyn_region = (char *)mmap(NULL, need + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (dyn_region == MAP_FAILED) { perror("lily emu: shared memory"); abort(); }
+    mprotect(dyn_region + need, page, PROT_NONE); /* reading past the dynamic shared memory faults */
+    dyn_cap = need;
+}
+
+void yield(void) {
+    int me = cur;
+    ctx_switch(&fib[me].ctx, &sched);
+}
+
+void fiber_main(void *) {
+    (*cur_body)();
+    fiber_t &f = fib[cur];
+    warp_t &w = warps[f.warp];
+    f.state = F_DONE;
+    n_done++;
+    w.live--;
+    if (w.arrived && w.arrived == w.live) { /* the lanes left were waiting only for this one */
+        int lo = f.warp * 32;
+        for (int l = 0; l < 32; l++)
+            if ((w.exist >> l & 1) && fib[lo + l].state == F_WAIT_WARP) fib[lo + l].state = F_RUN;
+        w.arrived = 0;
+    }
+    ctx_switch(&f.ctx, &sched);
+    abort(); /* never resumed */
+}
+
+void warp_arrive(unsigned mask) {
+    fiber_t &f = fib[cur];
+    warp_t &w = warps[f.warp];
+    if (mask & ~w.exist) fault("warp operation with mask %08x names lanes absent from the block (present %08x)", mask, w.exist);
+    f.state = F_WAIT_WARP;
+    if (++w.arrived == w.live) {
+        int lo = f.warp * 32;
+        for (int l = 0; l < 32; l++)
+            if ((w.exist >> l & 1) && fib[lo + l].state == F_WAIT_WARP) fib[lo + l].state = F_RUN;
+        w.arrived = 0;
+        return; /* the last lane goes on without a switch */
+    }
+    yield();
+}
+
+void switch_to(int i) {
+    cur = i;
+    threadIdx = fib[i].tid;
+    ctx_switch(&sched, &fib[i].ctx);
+    cur = -1;
+}
+
+void run_block(int nt) {
+    unsigned bx = blockDim.x, by = blockDim.y;
+    int nw = (nt + 31) / 32;
+    for (int i = 0; i < nt; i++) {
+        fiber_t &f = fib[i];
+        f.state = F_RUN;
+        f.lane = i % 32;
+        f.warp = i / 32;
+        f.nx = 0;
+        f.tid = uint3{ (unsigned)i % bx, ((unsigned)i / bx) % by, (unsigned)i / (bx * by) };
+        ctx_init(&f.ctx, stacks + (size_t)i * (STACK + page) + page, STACK, fiber_main, NULL);
+    }
+    for (int w = 0; w < nw; w++) {
+        warp_t &W = warps[w];
+        int n = nt - 32 * w < 32 ? nt - 32 * w : 32;
+        W.live = n;
+        W.arrived = 0;
+        W.exist = n == 32 ? 0xffffffffu : (1u << n) - 1;
+        memset(W.stamp, 0xff, sizeof W.stamp);
+    }
+    n_done = 0;
+    shared_seen.clear();
+    shared_static = 0;
+    if (dyn_size) memset(dyn_base, 0xff, dyn_size); /* uninitialised shared memory reads as NaN / -1 */
+    for (;;) {
+        for (int w = 0; w < nw; w++) {
+            int lo = 32 * w, hi = lo + 32 < nt ? lo + 32 : nt;
+            bool any;
+            do {
+                any = false;
+                for (int i = lo; i < hi; i++)
+                    if (fib[i].state == F_RUN) { switch_to(i); any = true; }
+            } while (any);
+            if (warps[w].arrived) {
+                int a = -1, b = -1;
+                for (int i = lo; i < hi; i++) {
+                    if (fib[i].state == F_WAIT_WARP && a < 0) a = i;
+                    if (fib[i].state == F_WAIT_BLOCK && b < 0) b = i;
+                }
+                cur = a;
+                threadIdx = fib[a].tid;
+                fault("waits at a warp operation (shuffle/__syncwarp) that lane %d of its warp never reaches (%s)", b % 32,
+                      b >= 0 ? "it waits at __syncthreads" : "it exited");
+            }
+        }
+        if (n_done == nt) break;
+        for (int i = 0; i < nt; i++)
+            if (fib[i].state == F_WAIT_BLOCK) fib[i].state = F_RUN;
+    }
+}
+
+struct graph_op { std::function<void()> run; };
+
+void run_grid(const char *name, const emu::launch_cfg &c, const std::function<void()> &body) {
+    install_segv();
+    int nt = (int)(c.block.x * c.block.y * c.block.z);
+    ensure_stacks(nt < 32 ? 32 : nt);
+    if ((int)warps.size() < (nt + 31) / 32) warps.resize((size_t)(nt + 31) / 32);
+    ensure_dyn(c.smem);
+    dyn_size = c.smem;
+    dyn_base = dyn_region + dyn_cap - ((c.smem + 15) & ~(size_t)15);
+    gridDim = c.grid;
+    blockDim = c.block;
+    cur_body = &body;
+    cur_kernel = name;
+    in_kernel = true;
+    n_launches++;
+    for (unsigned z = 0; z < c.grid.z; z++)
+        for (unsigned y = 0; y < c.grid.y; y++)
+            for (unsigned x = 0; x < c.grid.x; x++) {
+                blockIdx = uint3{ x, y, z };
+                run_block(nt);
+                n_threads += (unsigned long long)nt;
+            }
+    in_kernel = false;
+    cur_body = NULL;
+}
+
+/* ---- streams, events, graphs ---- */
+} // namespace
+
+struct emu_graph { std::vector<std::function<void()>> ops; };
+struct emu_stream {
+    unsigned flags;
+    emu_graph *capture; /* non-NULL while capturing */
+    bool invalidated;
+};
+struct emu_event {
+    unsigned flags;
+    double t;
+    bool recorded;
+};
+
+namespace {
+std::map<const void *, int> func_smem_max; /* cudaFuncAttributeMaxDynamicSharedMemorySize */
+const size_t SMEM_DEFAULT = 48 << 10, SMEM_OPTIN = 227 << 10;
+
+double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+bool capturing(cudaStream_t s) { return s && s->capture; }
+/* runs op now, or records it into the stream's capture */
+void enqueue(cudaStream_t s, std::function<void()> op) {
+    if (capturing(s)) s->capture->ops.push_back(std::move(op));
+    else op();
+}
+struct stats_t {
+    ~stats_t() {
+        if (getenv("LILY_EMU_STATS"))
+            fprintf(stderr, "lily emu: %llu launches, %llu threads\n", n_launches, n_threads);
+    }
+} stats;
+} // namespace
+
+namespace emu {
+int lane_id(void) { return cur >= 0 ? fib[cur].lane : 0; }
+
+uint64_t shfl(unsigned mask, uint64_t v, int src) {
+    if (cur < 0) fault("warp shuffle outside a kernel");
+    fiber_t &f = fib[cur];
+    warp_t &w = warps[f.warp];
+    int b = f.nx & 1, me = cur;
+    w.slot[b][f.lane] = v;
+    w.stamp[b][f.lane] = f.nx;
+    warp_arrive(mask);
+    fiber_t &g = fib[me];
+    uint64_t r = v;
+    if (src >= 0) {
+        if (src >= 32 || !(w.exist >> src & 1) || w.stamp[b][src] != g.nx)
+            fault("shuffle reads lane %d, which did not take part in this exchange", src);
+        r = w.slot[b][src];
+    }
+    g.nx++;
+    return r;
+}
+
+void *dyn_smem(size_t elem) {
+    if (!in_kernel) fault("dynamic shared memory outside a kernel");
+    if ((uintptr_t)dyn_base % (elem < 16 ? elem : 16)) fault("dynamic shared memory misaligned for its element size %zu", elem);
+    return dyn_base;
+}
+
+void shared(void *p, size_t n) {
+    for (void *q : shared_seen)
+        if (q == p) return;
+    shared_seen.push_back(p);
+    shared_static += n;
+    if (shared_static + dyn_size > smem_limit)
+        fault("%zu bytes of static + %zu of dynamic shared memory exceed the block's %zu", shared_static, dyn_size, smem_limit);
+    memset(p, 0xff, n); /* fresh for every block: what another block left is not readable */
+}
+
+void submit(const char *name, const void *kernel, const launch_cfg &c, std::shared_ptr<std::function<void()>> body,
+            const void *const *ptrs, int nptrs) {
+    LOCK;
+    unsigned nt = c.block.x * c.block.y * c.block.z;
+    if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.y > 65535 || c.grid.z > 65535 || !nt || nt > 1024 || c.block.x > 1024 ||
+        c.block.y > 1024 || c.block.z > 64) {
+        fail(cudaErrorInvalidConfiguration);
+        return;
+    }
+    size_t lim = SMEM_DEFAULT;
+    auto it = func_smem_max.find(kernel);
+    if (it != func_smem_max.end() && (size_t)it->second > lim) lim = (size_t)it->second;
+    if (c.smem > lim) { fail(cudaErrorInvalidValue); return; }
+    if (c.stream && c.stream->invalidated) { fail(cudaErrorStreamCaptureInvalidated); return; }
+    cur_kernel = name;
+    for (int i = 0; i < nptrs; i++)
+        if (ptrs[i] && !dev_ok(ptrs[i], 0))
+            fault("argument %d (pointer %p) is not in device memory (a host pointer, freed, or out of any allocation)", i, ptrs[i]);
+    cur_kernel = NULL;
+    launch_cfg cc = c;
+    size_t slim = lim;
+    enqueue(c.stream, [name, cc, body, slim]() {
+        smem_limit = slim;
+        run_grid(name, cc, *body);
+    });
+}
+} // namespace emu
+
+void __syncthreads(void) {
+    if (cur < 0) fault("__syncthreads outside a kernel");
+    fib[cur].state = F_WAIT_BLOCK;
+    yield();
+}
+void __syncwarp(unsigned mask) {
+    if (cur < 0) fault("__syncwarp outside a kernel");
+    warp_arrive(mask);
+}
+unsigned __ballot_sync(unsigned mask, int pred) {
+    if (cur < 0) fault("__ballot_sync outside a kernel");
+    fiber_t &f = fib[cur];
+    warp_t &w = warps[f.warp];
+    int b = f.nx & 1, me = cur;
+    w.slot[b][f.lane] = pred != 0;
+    w.stamp[b][f.lane] = f.nx;
+    warp_arrive(mask);
+    fiber_t &g = fib[me];
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++)
+        if ((mask >> l & 1) && (w.exist >> l & 1) && w.stamp[b][l] == g.nx && w.slot[b][l]) r |= 1u << l;
+    g.nx++;
+    return r;
+}
+
+/* ---- device and errors ---- */
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
+    if (dev != 0) return fail(cudaErrorInvalidValue);
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "lily CPU emulator (sm_90)");
+    p->totalGlobalMem = EMU_TOTAL;
+    p->sharedMemPerBlock = SMEM_DEFAULT;
+    p->sharedMemPerBlockOptin = SMEM_OPTIN;
+    p->sharedMemPerMultiprocessor = 228 << 10;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 0x7fffffff;
+    p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+    p->clockRate = 1980000;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->memoryClockRate = 2619000;
+    p->memoryBusWidth = 6144;
+    p->l2CacheSize = 50 << 20;
+    p->canMapHostMemory = 1;
+    p->unifiedAddressing = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : fail(cudaErrorInvalidValue); }
+cudaError_t cudaGetDevice(int *dev) { *dev = 0; return cudaSuccess; }
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, const void *func) {
+    if (!func) return fail(cudaErrorInvalidDeviceFunction);
+    memset(a, 0, sizeof *a);
+    a->maxThreadsPerBlock = 1024;
+    a->maxDynamicSharedSizeBytes = (int)SMEM_DEFAULT;
+    a->ptxVersion = a->binaryVersion = 90;
+    return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int value) {
+    LOCK;
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || (size_t)value > SMEM_OPTIN) return fail(cudaErrorInvalidValue);
+        func_smem_max[func] = value;
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSetLimit(cudaLimit, size_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void) {
+    LOCK;
+    cudaError_t e = last_err;
+    last_err = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { LOCK; return last_err; }
+const char *cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevicePointer: return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    }
+    return "cudaErrorUnknown";
+}
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
+    }
+    return "unknown error";
+}
+
+/* ---- memory ---- */
+cudaError_t cudaMalloc(void **p, size_t n) {
+    LOCK;
+    *p = NULL;
+    if (dev_bytes + n > EMU_TOTAL) return fail(cudaErrorMemoryAllocation);
+    void *q = NULL;
+    if (posix_memalign(&q, 256, n ? n : 1)) return fail(cudaErrorMemoryAllocation);
+    memset(q, 0xff, n); /* device memory starts as garbage: NaN floats, -1 ints */
+    allocs[(uintptr_t)q] = alloc_t{ n, M_DEV };
+    dev_bytes += n;
+    *p = q;
+    return cudaSuccess;
+}
+static cudaError_t free_kind(void *p, int kind) {
+    LOCK;
+    if (!p) return cudaSuccess;
+    auto it = allocs.find((uintptr_t)p);
+    if (it == allocs.end() || (kind == M_DEV) != (it->second.kind == M_DEV)) return fail(cudaErrorInvalidValue);
+    if (kind == M_DEV) dev_bytes -= it->second.n;
+    allocs.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) { return free_kind(p, M_DEV); }
+cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); }
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags) {
+    LOCK;
+    *p = NULL;
+    void *q = NULL;
+    if (posix_memalign(&q, 256, n ? n : 1)) return fail(cudaErrorMemoryAllocation);
+    allocs[(uintptr_t)q] = alloc_t{ n, (flags & cudaHostAllocMapped) ? M_MAPPED : M_HOST };
+    *p = q;
+    return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void *p) { return free_kind(p, M_HOST); }
+cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned) {
+    LOCK;
+    const alloc_t *a = find_alloc(h, 1);
+    if (!a || a->kind != M_MAPPED) return fail(cudaErrorInvalidValue);
+    *d = h; /* one address space */
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *total) {
+    LOCK;
+    *fr = EMU_TOTAL - dev_bytes;
+    *total = EMU_TOTAL;
+    return cudaSuccess;
+}
+static cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
+    if (!n) return cudaSuccess;
+    bool dd = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice, sd = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+    if (k > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
+    if ((dd && !dev_ok(dst, n)) || (sd && !dev_ok(src, n))) return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s) {
+    LOCK;
+    cudaError_t e = check_copy(dst, src, n, k);
+    if (e) {
+        fprintf(stderr, "lily emu: cudaMemcpy of %zu bytes %p -> %p (kind %d) outside device memory\n", n, src, dst, (int)k);
+        return fail(e);
+    }
+    if (n) enqueue(s, [dst, src, n]() { memmove(dst, src, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) { return cudaMemcpyAsync(dst, src, n, k, 0); }
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+    LOCK;
+    if (n && !dev_ok(p, n)) {
+        fprintf(stderr, "lily emu: cudaMemset of %zu bytes at %p outside device memory\n", n, p);
+        return fail(cudaErrorInvalidValue);
+    }
+    if (n) enqueue(s, [p, v, n]() { memset(p, v, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int v, size_t n) { return cudaMemsetAsync(p, v, n, 0); }
+
+/* ---- streams and graphs ---- */
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
+    *s = new emu_stream{ flags, NULL, false };
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    LOCK;
+    if (!s) return fail(cudaErrorInvalidResourceHandle);
+    delete s->capture;
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    LOCK;
+    if (capturing(s)) { s->invalidated = true; return fail(cudaErrorStreamCaptureUnsupported); }
+    return cudaSuccess;
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+    LOCK;
+    if (!s) return fail(cudaErrorStreamCaptureUnsupported); /* the legacy stream cannot capture */
+    if (s->capture) return fail(cudaErrorInvalidValue);
+    s->capture = new emu_graph;
+    s->invalidated = false;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    LOCK;
+    if (!s || !s->capture) return fail(cudaErrorInvalidValue);
+    emu_graph *c = s->capture;
+    s->capture = NULL;
+    if (s->invalidated) {
+        s->invalidated = false;
+        delete c;
+        *g = NULL;
+        return fail(cudaErrorStreamCaptureInvalidated);
+    }
+    *g = c;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+    if (!g) return fail(cudaErrorInvalidValue);
+    *e = new emu_graph(*g);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+    LOCK;
+    if (!e) return fail(cudaErrorInvalidValue);
+    if (capturing(s)) {
+        for (auto &op : e->ops) s->capture->ops.push_back(op);
+    } else {
+        for (auto &op : e->ops) op();
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
+
+/* ---- events: the work before a record has run by the time it returns ---- */
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    *e = new emu_event{ flags, 0, false };
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle);
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    LOCK;
+    if (!e) return fail(cudaErrorInvalidResourceHandle);
+    if (capturing(s)) { s->invalidated = true; return fail(cudaErrorStreamCaptureUnsupported); }
+    e->t = now_ms();
+    e->recorded = true;
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!a || !b || (a->flags & cudaEventDisableTiming) || (b->flags & cudaEventDisableTiming)) return fail(cudaErrorInvalidResourceHandle);
+    if (!a->recorded || !b->recorded) return fail(cudaErrorInvalidResourceHandle);
+    *ms = (float)(b->t - a->t);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle); }

@@ -1,0 +1,88 @@
+/* nvcuda::wmma for the CPU emulator (see cuda_runtime.h): TF32 m16n16k8 and f16/bf16-free
+ * float accumulators. Every lane holds the whole tile (x[] has M*K, K*N or M*N elements):
+ * load reads the whole tile, mma_sync computes the whole product, store writes it (all
+ * lanes the same values). That is exact for code that touches fragments only through these
+ * functions and element-wise maps over x[], which is all the real layouts allow anyway.
+ * The tensor core reads the top 19 bits of each fp32 input (TF32), so mma_sync truncates
+ * its inputs; __float_to_tf32 rounds to nearest, ties away from zero (cvt.rna.tf32.f32). */
+#ifndef LILY_EMU_MMA_H
+#define LILY_EMU_MMA_H
+#include "cuda_runtime.h"
+
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+namespace precision {
+struct tf32 {};
+} // namespace precision
+enum layout_t { mem_row_major, mem_col_major };
+
+static inline float __float_to_tf32(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u) return f; /* inf, nan */
+    u = (u + 0x1000u) & 0xffffe000u;
+    return __uint_as_float(u);
+}
+static inline float emu_tf32_trunc(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u) return f;
+    return __uint_as_float(u & 0xffffe000u);
+}
+
+template <class Use, int M, int N, int K> struct frag_dims;
+template <int M, int N, int K> struct frag_dims<matrix_a, M, N, K> { static const int rows = M, cols = K; };
+template <int M, int N, int K> struct frag_dims<matrix_b, M, N, K> { static const int rows = K, cols = N; };
+template <int M, int N, int K> struct frag_dims<accumulator, M, N, K> { static const int rows = M, cols = N; };
+
+/* x[r * cols + c] is element (r, c) of the logical tile, whatever the layout. */
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+    static_assert(std::is_same<T, precision::tf32>::value || std::is_same<T, float>::value,
+                  "emulated wmma: only tf32 inputs and float accumulators");
+    static const int rows = frag_dims<Use, M, N, K>::rows, cols = frag_dims<Use, M, N, K>::cols;
+    static const int num_elements = rows * cols;
+    float x[rows * cols];
+};
+
+template <class Use, int M, int N, int K, class T, class L>
+static inline void fill_fragment(fragment<Use, M, N, K, T, L> &f, float v) {
+    for (int i = 0; i < f.num_elements; i++) f.x[i] = v;
+}
+template <class Use, int M, int N, int K, class T, class L>
+static inline void load_matrix_sync(fragment<Use, M, N, K, T, L> &f, const float *p, unsigned ldm) {
+    const bool rm = std::is_same<L, row_major>::value;
+    static_assert(std::is_same<L, row_major>::value || std::is_same<L, col_major>::value, "load of an accumulator needs a layout");
+    for (int r = 0; r < f.rows; r++)
+        for (int c = 0; c < f.cols; c++) f.x[r * f.cols + c] = rm ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+}
+template <int M, int N, int K, class T>
+static inline void load_matrix_sync(fragment<accumulator, M, N, K, T, void> &f, const float *p, unsigned ldm, layout_t l) {
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < N; c++) f.x[r * N + c] = l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
+}
+template <int M, int N, int K, class T>
+static inline void store_matrix_sync(float *p, const fragment<accumulator, M, N, K, T, void> &f, unsigned ldm, layout_t l) {
+    for (int r = 0; r < M; r++)
+        for (int c = 0; c < N; c++) (l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]) = f.x[r * N + c];
+}
+template <int M, int N, int K, class LA, class LB>
+static inline void mma_sync(fragment<accumulator, M, N, K, float, void> &d, const fragment<matrix_a, M, N, K, precision::tf32, LA> &a,
+                            const fragment<matrix_b, M, N, K, precision::tf32, LB> &b,
+                            const fragment<accumulator, M, N, K, float, void> &c) {
+    float at[M * K], bt[K * N], out[M * N];
+    for (int i = 0; i < M * K; i++) at[i] = emu_tf32_trunc(a.x[i]);
+    for (int i = 0; i < K * N; i++) bt[i] = emu_tf32_trunc(b.x[i]);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            float s = c.x[i * N + j];
+            for (int k = 0; k < K; k++) s += at[i * K + k] * bt[k * N + j];
+            out[i * N + j] = s;
+        }
+    memcpy(d.x, out, sizeof out);
+}
+} // namespace wmma
+} // namespace nvcuda
+#endif
