@@ -58,11 +58,16 @@ $(BUILD)/%.cu.o: %.cu
 $(BUILD)/emu-src/%.cpp: src/cuda/%.cu $(EMU_DIR)/cu2cpp.py
 	@mkdir -p $(dir $@)
 	python3 $(EMU_DIR)/cu2cpp.py $< $@
+$(BUILD)/emu-src/%.cpp: $(EMU_DIR)/%.cu $(EMU_DIR)/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 $(EMU_DIR)/cu2cpp.py $< $@
 $(BUILD)/emu-src/%.o: $(BUILD)/emu-src/%.cpp
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(BUILD)/$(EMU_DIR)/emu_runtime.o: $(EMU_DIR)/emu_runtime.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(BUILD)/emu-selftest: $(BUILD)/emu-src/emu_selftest.o $(BUILD)/$(EMU_DIR)/emu_runtime.o
+	$(CXX) $^ -o $@ -pthread
 # A deliberately broken kernel (cu2cpp.py --mutate NAME) linked into its own kernel test.
 $(BUILD)/mutant/%/cu_kernels.cpp: src/cuda/cu_kernels.cu $(EMU_DIR)/cu2cpp.py
 	@mkdir -p $(dir $@)
@@ -115,7 +120,7 @@ cuda-compile-check:
 # The CUDA backend on the CPU emulator (tests/cuda/emu, docs/cuda.md): $(BUILD)/emu/lily and
 # $(BUILD)/emu/cuda-kernel-test, no nvcc or GPU needed.
 emu:
-	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu $(BUILD)/emu/lily $(BUILD)/emu/cuda-kernel-test
+	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu $(BUILD)/emu/lily $(BUILD)/emu/cuda-kernel-test $(BUILD)/emu/emu-selftest
 
 test: all fuzz
 	BUILD=$(BUILD) bash tests/run.sh

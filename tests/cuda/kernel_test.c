@@ -2,7 +2,8 @@
  * the real Qwen3.6-35B-A3B shapes and at odd sizes, with outputs poisoned (NaN) before
  * each run so an unwritten element fails the comparison. Needs a GPU; built with CUDA=1.
  *
- *   cuda-kernel-test [--seed N]                 kernel-by-kernel checks
+ *   cuda-kernel-test [--seed N] [--small]       kernel-by-kernel checks (--small: every kernel and
+ *                                               code path at small sizes, for the CPU emulator)
  *   cuda-kernel-test --model DIR [--prompt 1000] [--steps 32]
  *                                               whole model: CPU and CUDA logits after a random
  *                                               prompt, and the greedy tokens of the next steps
@@ -309,7 +310,9 @@ int collect(void *u, const lily_token *t) {
 int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)time(NULL);
     const char *model = NULL;
-    int P = 1000, steps = 32;
+    int P = 1000, steps = 32, small = 0;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--small")) small = 1;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--model")) model = argv[++i];
@@ -324,14 +327,23 @@ int main(int argc, char **argv) {
         return n_fail != 0;
     }
     lily_pool *pool = lily_pool_new(0);
-    /* real 35B-A3B shapes (H 2048): DeltaNet qkv, out, attention q, router, lm_head slice */
-    test_matmul(pool, LW_Q, 4, 64, 12288, 2048, 1);
-    test_matmul(pool, LW_Q, 4, 64, 2048, 4096, 3);
-    test_matmul(pool, LW_Q, 4, 64, 8192, 2048, 77);
-    test_matmul(pool, LW_Q, 8, 64, 256, 2048, 1);
-    test_matmul(pool, LW_Q, 8, 64, 256, 2048, 130);
-    test_matmul(pool, LW_BF16, 0, 0, 4096, 2048, 5);
-    test_matmul(pool, LW_BF16, 0, 0, 1000, 2048, 200);
+    if (small) { /* the same kernels and code paths at sizes the CPU emulator runs in seconds */
+        test_matmul(pool, LW_Q, 4, 64, 160, 2048, 1);
+        test_matmul(pool, LW_Q, 4, 64, 96, 1024, 3);
+        test_matmul(pool, LW_Q, 4, 64, 128, 256, 77);
+        test_matmul(pool, LW_Q, 8, 64, 64, 512, 1);
+        test_matmul(pool, LW_Q, 8, 64, 64, 256, 130);
+        test_matmul(pool, LW_BF16, 0, 0, 96, 512, 5);
+        test_matmul(pool, LW_BF16, 0, 0, 70, 128, 200);
+    } else { /* real 35B-A3B shapes (H 2048): DeltaNet qkv, out, attention q, router, lm_head slice */
+        test_matmul(pool, LW_Q, 4, 64, 12288, 2048, 1);
+        test_matmul(pool, LW_Q, 4, 64, 2048, 4096, 3);
+        test_matmul(pool, LW_Q, 4, 64, 8192, 2048, 77);
+        test_matmul(pool, LW_Q, 8, 64, 256, 2048, 1);
+        test_matmul(pool, LW_Q, 8, 64, 256, 2048, 130);
+        test_matmul(pool, LW_BF16, 0, 0, 4096, 2048, 5);
+        test_matmul(pool, LW_BF16, 0, 0, 1000, 2048, 200);
+    }
     /* odd sizes */
     test_matmul(pool, LW_Q, 4, 64, 100, 512, 1);
     test_matmul(pool, LW_Q, 4, 64, 33, 1024, 1);
@@ -343,20 +355,26 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_F32, 0, 0, 129, 13, 3);
     test_matmul(pool, LW_F32, 0, 0, 1, 1000, 70);
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
-    test_experts(pool, 4, 256, 512, 2048, 1, 8);
-    test_experts(pool, 4, 256, 2048, 512, 3, 8);
-    test_experts(pool, 4, 256, 512, 2048, 300, 8);
+    if (small) {
+        test_experts(pool, 4, 16, 64, 1024, 1, 4);
+        test_experts(pool, 4, 16, 256, 64, 3, 4);
+        test_experts(pool, 4, 16, 64, 256, 130, 4);
+    } else {
+        test_experts(pool, 4, 256, 512, 2048, 1, 8);
+        test_experts(pool, 4, 256, 2048, 512, 3, 8);
+        test_experts(pool, 4, 256, 512, 2048, 300, 8);
+    }
     test_experts(pool, 4, 7, 96, 192, 70, 3);
     test_experts(pool, 8, 5, 33, 64, 1, 2);
     test_experts(pool, 4, 9, 70, 512, 2, 3);
-    test_gdn(1, 16, 32, 128, 128);
-    test_gdn(100, 16, 32, 128, 128);
+    test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
+    test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
     test_gdn(9, 1, 3, 40, 24);
     test_rmsnorm(2048, 5);
     test_rmsnorm(129, 3);
     test_router(1, 256, 8);
-    test_router(333, 256, 8);
+    test_router(small ? 40 : 333, 256, 8);
     test_router(5, 17, 3);
     test_argmax(248320);
     test_argmax(1);

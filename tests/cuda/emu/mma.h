@@ -75,11 +75,12 @@ static inline void mma_sync(fragment<accumulator, M, N, K, float, void> &d, cons
     float at[M * K], bt[K * N], out[M * N];
     for (int i = 0; i < M * K; i++) at[i] = emu_tf32_trunc(a.x[i]);
     for (int i = 0; i < K * N; i++) bt[i] = emu_tf32_trunc(b.x[i]);
+    /* each out(i, j) sums c + a(i,0) b(0,j) + a(i,1) b(1,j) + ... in k order; j innermost vectorises */
+    memcpy(out, c.x, sizeof out);
     for (int i = 0; i < M; i++)
-        for (int j = 0; j < N; j++) {
-            float s = c.x[i * N + j];
-            for (int k = 0; k < K; k++) s += at[i * K + k] * bt[k * N + j];
-            out[i * N + j] = s;
+        for (int k = 0; k < K; k++) {
+            float a = at[i * K + k];
+            for (int j = 0; j < N; j++) out[i * N + j] += a * bt[k * N + j];
         }
     memcpy(d.x, out, sizeof out);
 }

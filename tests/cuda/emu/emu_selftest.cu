@@ -1,0 +1,335 @@
+/* Self-test of the CPU emulator against the CUDA semantics lily's kernels rely on: warp
+ * shuffles (all four kinds, with widths), ballot, block barriers, shared and dynamic shared
+ * memory, atomics, wmma TF32, half/bf16 conversions, launch configuration errors, graph
+ * capture (arguments captured by value, copies read at replay), events; and, emulator only,
+ * that its fault checks fire (divergent barrier, shuffle from an absent lane, host pointer
+ * as a kernel argument, dynamic shared memory overrun). Plain CUDA: nvcc builds it too
+ * (nvcc -std=c++17 -arch=sm_90 tests/cuda/emu/emu_selftest.cu), so a GPU can confirm the
+ * expectations. Last line: "N passed, N failed". */
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <mma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __CUDACC_EMU__
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
+using namespace nvcuda;
+
+static int n_pass, n_fail;
+static void check(bool ok, const char *what) {
+    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    if (ok) n_pass++; else n_fail++;
+}
+
+__global__ void k_shfl(int *out, int width) {
+    int t = threadIdx.x, v = 1000 + t;
+    out[t * 4 + 0] = __shfl_sync(0xffffffffu, v, 5, width);
+    out[t * 4 + 1] = __shfl_xor_sync(0xffffffffu, v, 3, width);
+    out[t * 4 + 2] = __shfl_up_sync(0xffffffffu, v, 2, width);
+    out[t * 4 + 3] = __shfl_down_sync(0xffffffffu, v, 4, width);
+}
+static void test_shfl(void) {
+    for (int width = 32; width >= 8; width /= 2) {
+        int *d, h[64 * 4];
+        cudaMalloc(&d, sizeof h);
+        k_shfl<<<1, 64>>>(d, width);
+        cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+        cudaFree(d);
+        bool ok = cudaGetLastError() == cudaSuccess;
+        for (int t = 0; t < 64; t++) {
+            int lane = t % 32, seg = lane & ~(width - 1), base = t - lane;
+            int e0 = 1000 + base + seg + (5 % width);
+            int e1 = 1000 + base + (((lane ^ 3) & ~(width - 1)) == seg ? lane ^ 3 : lane);
+            int e2 = 1000 + base + (lane - seg >= 2 ? lane - 2 : lane);
+            int e3 = 1000 + base + (lane - seg + 4 < width ? lane + 4 : lane);
+            ok = ok && h[t * 4] == e0 && h[t * 4 + 1] == e1 && h[t * 4 + 2] == e2 && h[t * 4 + 3] == e3;
+        }
+        char what[80];
+        snprintf(what, sizeof what, "shuffles idx/xor/up/down, width %d", width);
+        check(ok, what);
+    }
+}
+
+/* a warp sum the way the kernels do it, plus ballot */
+__global__ void k_warp(const float *x, float *sum, unsigned *ballot) {
+    float v = x[threadIdx.x];
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    unsigned b = __ballot_sync(0xffffffffu, x[threadIdx.x] > 0);
+    if (threadIdx.x % 32 == 0) { sum[threadIdx.x / 32] = v; ballot[threadIdx.x / 32] = b; }
+}
+static void test_warp(void) {
+    float hx[96], hs[3];
+    unsigned hb[3];
+    for (int i = 0; i < 96; i++) hx[i] = (float)((i * 37) % 11) - 5.0f;
+    float *x, *s;
+    unsigned *b;
+    cudaMalloc(&x, sizeof hx); cudaMalloc(&s, sizeof hs); cudaMalloc(&b, sizeof hb);
+    cudaMemcpy(x, hx, sizeof hx, cudaMemcpyHostToDevice);
+    k_warp<<<1, 96>>>(x, s, b);
+    cudaMemcpy(hs, s, sizeof hs, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hb, b, sizeof hb, cudaMemcpyDeviceToHost);
+    bool ok = true;
+    for (int w = 0; w < 3; w++) {
+        float e = 0;
+        unsigned eb = 0;
+        for (int l = 0; l < 32; l++) { e += hx[w * 32 + l]; if (hx[w * 32 + l] > 0) eb |= 1u << l; }
+        ok = ok && hs[w] == e && hb[w] == eb;
+    }
+    check(ok, "warp_sum by xor shuffles and __ballot_sync, three warps");
+    cudaFree(x); cudaFree(s); cudaFree(b);
+}
+
+/* barrier ordering, static + dynamic shared memory, shared and global atomics */
+__global__ void k_block(int *out, int *total) {
+    __shared__ int sh[256];
+    __shared__ int count;
+    extern __shared__ int dyn[];
+    int t = threadIdx.x;
+    if (t == 0) count = 0;
+    sh[t] = t * 3 + (int)blockIdx.x;
+    dyn[255 - t] = t;
+    __syncthreads();
+    atomicAdd(&count, sh[(t + 1) % 256]);
+    __syncthreads();
+    out[blockIdx.x * 256 + t] = sh[(t + 17) % 256] + dyn[t] * 1000;
+    if (t == 0) atomicAdd(total, count);
+}
+static void test_block(void) {
+    int *out, *total, h[4 * 256], ht = 0;
+    cudaMalloc(&out, sizeof h);
+    cudaMalloc(&total, sizeof ht);
+    cudaMemset(total, 0, sizeof ht);
+    k_block<<<4, 256, 256 * sizeof(int)>>>(out, total);
+    cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&ht, total, sizeof ht, cudaMemcpyDeviceToHost);
+    bool ok = cudaGetLastError() == cudaSuccess;
+    long e = 0;
+    for (int b = 0; b < 4; b++)
+        for (int t = 0; t < 256; t++) {
+            ok = ok && h[b * 256 + t] == ((t + 17) % 256) * 3 + b + (255 - t) * 1000;
+            e += t * 3 + b;
+        }
+    check(ok && ht == e, "__syncthreads orders shared memory; dynamic shared memory; atomics");
+    cudaFree(out); cudaFree(total);
+}
+
+/* wmma TF32 16x16x8: A row-major, B col-major, C row-major */
+__global__ void k_wmma(const float *A, const float *B, float *C) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> b;
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> c;
+    wmma::fill_fragment(c, 0.5f);
+    wmma::load_matrix_sync(a, A, 8);
+    wmma::load_matrix_sync(b, B, 8);
+    for (int i = 0; i < a.num_elements; i++) a.x[i] = wmma::__float_to_tf32(a.x[i]);
+    for (int i = 0; i < b.num_elements; i++) b.x[i] = wmma::__float_to_tf32(b.x[i]);
+    wmma::mma_sync(c, a, b, c);
+    wmma::store_matrix_sync(C, c, 16, wmma::mem_row_major);
+}
+__global__ void k_tf32(const float *x, float *y) { y[threadIdx.x] = wmma::__float_to_tf32(x[threadIdx.x]); }
+static void test_wmma(void) {
+    float hA[16 * 8], hB[16 * 8], hC[256];
+    for (int i = 0; i < 16; i++)
+        for (int k = 0; k < 8; k++) hA[i * 8 + k] = (float)((i + 2 * k) % 7) - 3.0f;
+    for (int j = 0; j < 16; j++)
+        for (int k = 0; k < 8; k++) hB[j * 8 + k] = (float)((3 * j + k) % 5) - 2.0f; /* B(k, j), col-major */
+    float *A, *B, *C;
+    cudaMalloc(&A, sizeof hA); cudaMalloc(&B, sizeof hB); cudaMalloc(&C, sizeof hC);
+    cudaMemcpy(A, hA, sizeof hA, cudaMemcpyHostToDevice);
+    cudaMemcpy(B, hB, sizeof hB, cudaMemcpyHostToDevice);
+    k_wmma<<<1, 32>>>(A, B, C);
+    cudaMemcpy(hC, C, sizeof hC, cudaMemcpyDeviceToHost);
+    bool ok = true;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float e = 0.5f;
+            for (int k = 0; k < 8; k++) e += hA[i * 8 + k] * hB[j * 8 + k];
+            ok = ok && hC[i * 16 + j] == e;
+        }
+    check(ok, "wmma m16n16k8 tf32: small integers exact, B col-major");
+    /* rounding to 10 mantissa bits, to nearest with ties away from zero */
+    float hx[4] = { 1.0f + 1.0f / 2048, 1.0f + 1.0f / 4096, -(1.0f + 3.0f / 2048), 1.0f + 1.0f / 1024 + 1.0f / 8192 };
+    float ex[4] = { 1.0f + 1.0f / 1024, 1.0f, -(1.0f + 2.0f / 1024), 1.0f + 1.0f / 1024 }, hy[4];
+    cudaMemcpy(A, hx, sizeof hx, cudaMemcpyHostToDevice);
+    k_tf32<<<1, 4>>>(A, B);
+    cudaMemcpy(hy, B, sizeof hy, cudaMemcpyDeviceToHost);
+    check(!memcmp(hy, ex, sizeof ex), "__float_to_tf32 rounds to nearest, ties away from zero");
+    cudaFree(A); cudaFree(B); cudaFree(C);
+}
+
+__global__ void k_conv(const unsigned short *h, float *f, unsigned short *back, unsigned short *bf) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = __half2float(__ushort_as_half(h[i]));
+    f[i] = v;
+    back[i] = __half_as_ushort(__float2half(v));
+    bf[i] = __bfloat16_as_ushort(__float2bfloat16(__uint_as_float(((unsigned)h[i] << 16) | 0x8000u | (i & 0x7fffu))));
+}
+static void test_convert(void) {
+    const int n = 65536;
+    unsigned short *h = (unsigned short *)malloc(n * 2), *back = (unsigned short *)malloc(n * 2), *bf = (unsigned short *)malloc(n * 2);
+    float *f = (float *)malloc(n * 4);
+    for (int i = 0; i < n; i++) h[i] = (unsigned short)i;
+    unsigned short *dh, *db, *dbf;
+    float *df;
+    cudaMalloc(&dh, n * 2); cudaMalloc(&db, n * 2); cudaMalloc(&dbf, n * 2); cudaMalloc(&df, n * 4);
+    cudaMemcpy(dh, h, n * 2, cudaMemcpyHostToDevice);
+    k_conv<<<n / 256, 256>>>(dh, df, db, dbf);
+    cudaMemcpy(f, df, n * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(back, db, n * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(bf, dbf, n * 2, cudaMemcpyDeviceToHost);
+    bool ok = true, okb = true;
+    for (int i = 0; i < n; i++) {
+        bool nan = (i & 0x7c00) == 0x7c00 && (i & 0x3ff);
+        if (!nan) ok = ok && back[i] == h[i];
+        /* bf16: x.8000 + low bits rounds up unless the low bits are exactly the tie and h is even */
+        unsigned e = (unsigned)i + (((i & 0x7fff) != 0 || (i & 1)) ? 1u : 0u);
+        bool fnan = (i & 0x7f80) == 0x7f80; /* the low bits are never zero: every input with this exponent is NaN */
+        if (!fnan) okb = okb && bf[i] == (unsigned short)e;
+    }
+    ok = ok && f[0x3c00] == 1.0f && f[0x0001] == 5.9604644775390625e-8f && f[0x7bff] == 65504.0f && f[0xc000] == -2.0f;
+    check(ok, "half -> float -> half round trip of every half, known values");
+    check(okb, "float -> bf16 rounds to nearest even");
+    /* float -> half rounding at the edges */
+    float hx[6] = { 65519.0f, 65520.0f, 5.9604644775390625e-8f / 2, 3 * 5.9604644775390625e-8f / 2, 1.0f / 3, 1.0f + 1.0f / 2048 };
+    unsigned short ex[6] = { 0x7bff, 0x7c00, 0x0000, 0x0002, 0x3555, 0x3c00 };
+    bool oke = true;
+    for (int i = 0; i < 6; i++) oke = oke && __half_as_ushort(__float2half(hx[i])) == ex[i];
+    check(oke, "float -> half: overflow, subnormal ties to even, 1/3");
+    cudaFree(dh); cudaFree(db); cudaFree(dbf); cudaFree(df);
+    free(h); free(back); free(bf); free(f);
+}
+
+__global__ void k_add(int *p, int v) { *p += v; }
+static void test_errors_graphs_events(void) {
+    int *d;
+    cudaMalloc(&d, 16);
+    cudaGetLastError();
+    k_add<<<0, 32>>>(d, 1);
+    check(cudaGetLastError() == cudaErrorInvalidConfiguration, "a grid of 0 blocks: cudaErrorInvalidConfiguration");
+    k_add<<<1, 1025>>>(d, 1);
+    check(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads a block: cudaErrorInvalidConfiguration");
+    k_add<<<1, 1, 64 << 10>>>(d, 1);
+    check(cudaGetLastError() != cudaSuccess, "64 KB of dynamic shared memory without the opt-in: an error");
+    check(cudaGetLastError() == cudaSuccess, "cudaGetLastError clears the error");
+
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    int *h;
+    cudaMallocHost((void **)&h, 4);
+    *h = 5;
+    cudaMemsetAsync(d, 0, 4, s);
+    cudaStreamSynchronize(s);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    int v = 3;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    k_add<<<1, 1, 0, s>>>(d, v);
+    cudaMemcpyAsync(d + 1, h, 4, cudaMemcpyHostToDevice, s);
+    cudaError_t e = cudaStreamEndCapture(s, &g);
+    v = 100;   /* the captured launch keeps 3 */
+    *h = 42;   /* the captured copy reads the host buffer when it runs */
+    int before = -1;
+    cudaMemcpy(&before, d, 4, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&ge, g, 0);
+    if (e == cudaSuccess) { cudaGraphLaunch(ge, s); cudaGraphLaunch(ge, s); }
+    cudaStreamSynchronize(s);
+    int r[2] = { -1, -1 };
+    cudaMemcpy(r, d, 8, cudaMemcpyDeviceToHost);
+    check(e == cudaSuccess && before == 0 && r[0] == 6 && r[1] == 42,
+          "graph capture: nothing runs while capturing, arguments captured by value, copies read at replay");
+    if (e == cudaSuccess) { cudaGraphExecDestroy(ge); cudaGraphDestroy(g); }
+
+    cudaEvent_t a, b, nt;
+    cudaEventCreate(&a); cudaEventCreate(&b);
+    cudaEventCreateWithFlags(&nt, cudaEventDisableTiming);
+    cudaEventRecord(a, s);
+    k_add<<<64, 256, 0, s>>>(d, 1);
+    cudaEventRecord(b, s);
+    cudaEventRecord(nt, s);
+    cudaEventSynchronize(b);
+    float ms = -1, ms2 = 0;
+    check(cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 0, "cudaEventElapsedTime between two events");
+    check(cudaEventElapsedTime(&ms2, a, nt) != cudaSuccess, "cudaEventElapsedTime refuses an event made without timing");
+    cudaGetLastError();
+    cudaEventDestroy(a); cudaEventDestroy(b); cudaEventDestroy(nt);
+    cudaStreamDestroy(s);
+    cudaFreeHost(h);
+#ifdef __CUDACC_EMU__
+    int big[8];
+    check(cudaMemcpy(big, d, sizeof big, cudaMemcpyDeviceToHost) != cudaSuccess, "cudaMemcpy past the end of an allocation fails");
+    cudaGetLastError();
+#endif
+    cudaFree(d);
+}
+
+#ifdef __CUDACC_EMU__
+/* ---- the emulator's fault checks, each in a child process that must abort with a message ---- */
+__global__ void k_divergent(float *out) {
+    float v = (float)threadIdx.x;
+    if (threadIdx.x < 16) v += __shfl_xor_sync(0xffffffffu, v, 1);
+    else __syncthreads();
+    out[threadIdx.x] = v;
+}
+__global__ void k_absent(float *out) {
+    if (threadIdx.x >= 30) return;
+    out[threadIdx.x] = __shfl_sync(0xffffffffu, (float)threadIdx.x, 31);
+}
+__global__ void k_deref(const float *p, float *out) { out[threadIdx.x] = p[threadIdx.x]; }
+__global__ void k_overrun(float *out, int n) {
+    extern __shared__ float buf[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = (float)i;
+    __syncthreads();
+    out[threadIdx.x] = buf[threadIdx.x];
+}
+static void expect_fault(const char *what, const char *needle, void (*fn)(void)) {
+    int pfd[2];
+    if (pipe(pfd)) { check(false, what); return; }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        fn();
+        cudaDeviceSynchronize();
+        _exit(0);
+    }
+    close(pfd[1]);
+    char buf[4096];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(pfd[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)r;
+    buf[n] = 0;
+    close(pfd[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    bool ok = WIFSIGNALED(st) && strstr(buf, "lily emu: kernel") && strstr(buf, needle);
+    if (!ok) printf("     child stderr: %s\n", buf);
+    check(ok, what);
+}
+static float *dev_out(void) { float *p; cudaMalloc(&p, 1024 * 4); return p; }
+static void run_divergent(void) { k_divergent<<<1, 32>>>(dev_out()); }
+static void run_absent(void) { k_absent<<<1, 32>>>(dev_out()); }
+static void run_host_ptr(void) { static float h[64]; k_deref<<<1, 32>>>(h, dev_out()); }
+static void run_overrun(void) { k_overrun<<<1, 64, 4096 * 4>>>(dev_out(), 4096 + 1024); }
+#endif
+
+int main(void) {
+    test_shfl();
+    test_warp();
+    test_block();
+    test_wmma();
+    test_convert();
+    test_errors_graphs_events();
+#ifdef __CUDACC_EMU__
+    expect_fault("fault: lanes split between a shuffle and __syncthreads", "never reaches", run_divergent);
+    expect_fault("fault: shuffle reading an exited lane", "did not take part", run_absent);
+    expect_fault("fault: host pointer as a kernel argument", "not in device memory", run_host_ptr);
+    expect_fault("fault: write past the dynamic shared memory", "segmentation fault", run_overrun);
+#endif
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail != 0;
+}
