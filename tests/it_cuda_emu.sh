@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The CUDA backend on the CPU emulator (tests/cuda/emu, docs/cuda.md), so the kernels' logic
+# is checked on every CI run without a GPU: builds $BUILD/emu (make emu), runs the
+# emulator's self-test, `lily check --backend cuda` on the fixtures, the kernel test at
+# small shapes, and shows that deliberately broken kernels (cu2cpp.py --mutate) fail it.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+E=$BUILD/emu
+pass=0; fail=0
+ok() { pass=$((pass+1)); echo "ok   $*"; }
+bad() { fail=$((fail+1)); echo "FAIL $*"; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+t0=$(date +%s.%N)
+if ! MAKEFLAGS= make -s -j2 BUILD="$BUILD" emu >"$tmp/build.log" 2>&1; then
+  tail -n 40 "$tmp/build.log"; bad "make emu"; echo "$pass passed, $fail failed"; exit 1
+fi
+ok "make emu ($(secs "$t0") s)"
+
+"$E/emu-selftest" >"$tmp/self.log" 2>/dev/null; rc=$?
+line=$(tail -n 1 "$tmp/self.log")
+if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulator self-test: $line"
+else cat "$tmp/self.log"; bad "emulator self-test (rc=$rc)"; fi
+
+# lily check replays each fixture's reference (prefill, continuation, greedy generation)
+for d in ../shared/fixtures/tiny tests/fixtures/tinyq tests/fixtures/pe tests/fixtures/pe-mlx4; do
+  if [ ! -f "$d/reference.safetensors" ]; then bad "fixture $d missing"; continue; fi
+  t0=$(date +%s.%N)
+  "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
+  if [ $rc = 0 ] && grep -q "cuda backend" "$tmp/check.log" && grep -q '^PASS' "$tmp/check.log"; then
+    ok "emulated lily check --backend cuda $d ($(secs "$t0") s): $(grep -oE 'rel err [0-9.e+-]+' "$tmp/check.log" | tr '\n' ' ')"
+  else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d (rc=$rc)"; fi
+done
+
+# every kernel against the CPU reference on fresh random inputs (the seed is printed)
+seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+t0=$(date +%s.%N)
+"$E/cuda-kernel-test" --small --seed "$seed" >"$tmp/kt.log" 2>&1; rc=$?
+line=$(tail -n 1 "$tmp/kt.log")
+if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small --seed $seed ($(secs "$t0") s): $line"
+else grep -v ' ok$' "$tmp/kt.log"; bad "emulated cuda-kernel-test --small --seed $seed (rc=$rc)"; fi
+
+# the emulation can fail: each mutant (an off-by-one, a missing barrier, a short warp
+# reduction, a misplaced tensor-core tile) must fail the kernel test
+for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half tf32-tile-b; do
+  if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
+    tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue
+  fi
+  "$E/mutant/$m/cuda-kernel-test" --small --seed "$seed" >"$tmp/m.log" 2>&1; rc=$?
+  nf=$(tail -n 1 "$tmp/m.log" | sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p')
+  if [ $rc != 0 ] && [ -n "$nf" ] && [ "$nf" -gt 0 ]; then ok "mutant $m caught: $nf kernel checks fail"
+  else tail -n 5 "$tmp/m.log"; bad "mutant $m not caught (rc=$rc)"; fi
+done
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
