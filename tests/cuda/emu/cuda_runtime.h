@@ -275,6 +275,10 @@ void submit(const char *name, const void *kernel, const launch_cfg &c, std::shar
 void *dyn_smem(size_t elem);
 /* Static shared memory: registers an array at its declaration (poisoned once per block). */
 void shared(void *p, size_t n);
+/* wmma: the running lane's next mma_sync takes `out` from an earlier lane of its warp whose
+ * inputs were byte-identical (true), or computes it and offers it with mma_keep. */
+bool mma_reuse(const void *in, size_t nin, void *out, size_t nout);
+void mma_keep(const void *in, size_t nin, const void *out, size_t nout);
 
 template <class T> static inline void collect_ptr(const T &v, const void **out, int &n) {
     if constexpr (std::is_pointer<T>::value) out[n++] = (const void *)v;

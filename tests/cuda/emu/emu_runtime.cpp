@@ -135,10 +135,21 @@ enum { F_RUN, F_WAIT_WARP, F_WAIT_BLOCK, F_DONE };
 struct fiber_t {
     ctx_t ctx;
     int state, lane, warp;
-    unsigned nx; /* warp exchanges done */
+    unsigned nx;   /* warp exchanges done */
+    unsigned nmma; /* mma_sync calls done */
     uint3 tid;
 };
+/* the last MMA_KEEP products of a warp, by call number */
+const int MMA_KEEP = 64;
+const size_t MMA_IN = 4096, MMA_OUT = 2048;
+struct mma_entry {
+    unsigned long long block;
+    unsigned seq;
+    size_t nin, nout;
+    char in[MMA_IN], out[MMA_OUT];
+};
 struct warp_t {
+    mma_entry *mma; /* MMA_KEEP entries, allocated at the first mma_sync */
     int live, arrived;
     unsigned exist; /* lanes present in the block */
     uint64_t slot[2][32];
@@ -166,7 +177,7 @@ char *dyn_region;
 struct sreg { void *p; };
 std::vector<void *> shared_seen;
 size_t shared_static, smem_limit;
-unsigned long long n_launches, n_threads;
+unsigned long long n_launches, n_threads, n_blocks, n_mma, n_mma_reused;
 
 [[noreturn]] void fault(const char *fmt, ...) {
     va_list ap;
@@ -292,6 +303,7 @@ void run_block(int nt) {
         f.lane = i % 32;
         f.warp = i / 32;
         f.nx = 0;
+        f.nmma = 0;
         f.tid = uint3{ (unsigned)i % bx, ((unsigned)i / bx) % by, (unsigned)i / (bx * by) };
         ctx_init(&f.ctx, stacks + (size_t)i * (STACK + page) + page, STACK, fiber_main, NULL);
     }
@@ -354,6 +366,7 @@ void run_grid(const char *name, const emu::launch_cfg &c, const std::function<vo
         for (unsigned y = 0; y < c.grid.y; y++)
             for (unsigned x = 0; x < c.grid.x; x++) {
                 blockIdx = uint3{ x, y, z };
+                n_blocks++;
                 run_block(nt);
                 n_threads += (unsigned long long)nt;
             }
@@ -394,7 +407,8 @@ void enqueue(cudaStream_t s, std::function<void()> op) {
 struct stats_t {
     ~stats_t() {
         if (getenv("LILY_EMU_STATS"))
-            fprintf(stderr, "lily emu: %llu launches, %llu threads\n", n_launches, n_threads);
+            fprintf(stderr, "lily emu: %llu launches, %llu blocks, %llu threads, %llu mma_sync (%llu reused)\n", n_launches,
+                    n_blocks, n_threads, n_mma, n_mma_reused);
     }
 } stats;
 } // namespace
@@ -419,6 +433,36 @@ uint64_t shfl(unsigned mask, uint64_t v, int src) {
     }
     g.nx++;
     return r;
+}
+
+bool mma_reuse(const void *in, size_t nin, void *out, size_t nout) {
+    n_mma++;
+    if (cur < 0 || nin > MMA_IN || nout > MMA_OUT) return false;
+    fiber_t &f = fib[cur];
+    warp_t &w = warps[f.warp];
+    if (!w.mma) return false;
+    mma_entry &e = w.mma[f.nmma % MMA_KEEP];
+    if (e.block != n_blocks || e.seq != f.nmma || e.nin != nin || e.nout != nout || memcmp(e.in, in, nin)) return false;
+    memcpy(out, e.out, nout);
+    f.nmma++;
+    n_mma_reused++;
+    return true;
+}
+void mma_keep(const void *in, size_t nin, const void *out, size_t nout) {
+    if (cur < 0) return;
+    fiber_t &f = fib[cur];
+    warp_t &w = warps[f.warp];
+    unsigned seq = f.nmma++;
+    if (nin > MMA_IN || nout > MMA_OUT) return;
+    if (!w.mma) w.mma = (mma_entry *)calloc(MMA_KEEP, sizeof(mma_entry));
+    if (!w.mma) return;
+    mma_entry &e = w.mma[seq % MMA_KEEP];
+    e.block = n_blocks;
+    e.seq = seq;
+    e.nin = nin;
+    e.nout = nout;
+    memcpy(e.in, in, nin);
+    memcpy(e.out, out, nout);
 }
 
 void *dyn_smem(size_t elem) {

@@ -72,16 +72,23 @@ template <int M, int N, int K, class LA, class LB>
 static inline void mma_sync(fragment<accumulator, M, N, K, float, void> &d, const fragment<matrix_a, M, N, K, precision::tf32, LA> &a,
                             const fragment<matrix_b, M, N, K, precision::tf32, LB> &b,
                             const fragment<accumulator, M, N, K, float, void> &c) {
-    float at[M * K], bt[K * N], out[M * N];
+    float in[M * K + K * N + M * N], out[M * N];
+    float *at = in, *bt = in + M * K;
     for (int i = 0; i < M * K; i++) at[i] = emu_tf32_trunc(a.x[i]);
     for (int i = 0; i < K * N; i++) bt[i] = emu_tf32_trunc(b.x[i]);
-    /* each out(i, j) sums c + a(i,0) b(0,j) + a(i,1) b(1,j) + ... in k order; j innermost vectorises */
-    memcpy(out, c.x, sizeof out);
-    for (int i = 0; i < M; i++)
-        for (int k = 0; k < K; k++) {
-            float a = at[i * K + k];
-            for (int j = 0; j < N; j++) out[i * N + j] += a * bt[k * N + j];
-        }
+    memcpy(in + M * K + K * N, c.x, sizeof c.x);
+    /* the lanes of a warp normally multiply the same tiles: the product one lane computed
+     * is reused when another lane's inputs are identical (compared in full) */
+    if (!emu::mma_reuse(in, sizeof in, out, sizeof out)) {
+        /* each out(i, j) sums c + a(i,0) b(0,j) + a(i,1) b(1,j) + ... in k order; j innermost vectorises */
+        memcpy(out, c.x, sizeof out);
+        for (int i = 0; i < M; i++)
+            for (int k = 0; k < K; k++) {
+                float av = at[i * K + k];
+                for (int j = 0; j < N; j++) out[i * N + j] += av * bt[k * N + j];
+            }
+        emu::mma_keep(in, sizeof in, out, sizeof out);
+    }
     memcpy(d.x, out, sizeof out);
 }
 } // namespace wmma
