@@ -5,7 +5,9 @@ Only the two constructs that headers cannot express are touched, each within its
 lines, so line numbers stay those of the .cu file (a #line directive points back at it):
 
   name<<<grid, block[, smem[, stream]]>>>(args)
-      -> emu::launch("name", name, emu::cfg(grid, block[, smem[, stream]]))(args)
+      -> emu::launch("name", name, emu::cfg(grid, block[, smem[, stream]])[, bound])(args)
+         (bound: the kernel's __launch_bounds__ maximum when it is declared in the same file;
+         a launch with more threads fails as on the GPU)
   extern __shared__ T name[];
       -> T *name = (T *)emu::dyn_smem(sizeof(T));
   __shared__ [attrs] T a[..], b;   (static shared memory)
@@ -36,6 +38,7 @@ MUTANTS = {
 
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>", re.S)
 DYN = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w\s]*?)\s+([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+BOUNDS = re.compile(r"__launch_bounds__\(\s*([^,()]+?)\s*(?:,[^()]*)?\)\s*([A-Za-z_]\w*)\s*\(")
 STATIC = re.compile(r"__shared__\s+((?:__align__\(\s*\d+\s*\)\s+)?)([A-Za-z_]\w*(?:\s+[A-Za-z_]\w*)*?)\s+([^;]*?);")
 
 
@@ -65,12 +68,15 @@ def static_shared(m):
     return "static %s%s %s; %s" % (attrs, typ, decls, " ".join(regs))
 
 
-def launch(m):
-    name, cfg = m.group(1), m.group(2)
-    return 'emu::launch("%s", %s, emu::cfg(%s))' % (re.sub(r"\s+", " ", name), name, cfg)
-
-
 def convert(text):
+    bounds = {m.group(2): m.group(1) for m in BOUNDS.finditer(text)}
+
+    def launch(m):
+        name, cfg = m.group(1), m.group(2)
+        base = re.match(r"[A-Za-z_]\w*", name).group(0)
+        bound = ", (%s)" % bounds[base] if base in bounds else ""
+        return 'emu::launch("%s", %s, emu::cfg(%s)%s)' % (re.sub(r"\s+", " ", name), name, cfg, bound)
+
     text = DYN.sub(lambda m: "%s *%s = (%s *)emu::dyn_smem(sizeof(%s));" % (m.group(1), m.group(2), m.group(1), m.group(1)), text)
     text = STATIC.sub(static_shared, text)
     text = LAUNCH.sub(launch, text)

@@ -60,6 +60,7 @@ enum cudaError_t {
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
+    cudaErrorLaunchOutOfResources = 701,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorStreamCaptureWrongThread = 908,
@@ -266,10 +267,11 @@ struct launch_cfg {
     cudaStream_t stream;
 };
 static inline launch_cfg cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) { return launch_cfg{ g, b, smem, s }; }
-/* Runs (or, while s is capturing, records) a grid whose every thread calls body(ctx); ptrs
- * lists the kernel's plain pointer arguments, checked to be device-accessible memory. */
+/* Runs (or, while s is capturing, records) a grid whose every thread calls body(); ptrs
+ * lists the kernel's plain pointer arguments, checked to be device-accessible memory;
+ * max_threads is the kernel's __launch_bounds__ (0: none). */
 void submit(const char *name, const void *kernel, const launch_cfg &c, std::shared_ptr<std::function<void()>> body,
-            const void *const *ptrs, int nptrs);
+            const void *const *ptrs, int nptrs, int max_threads);
 /* Dynamic shared memory of the running block (poisoned at the block's start); elem is the
  * declared element size, for the alignment check. */
 void *dyn_smem(size_t elem);
@@ -288,6 +290,7 @@ template <class... P> struct launcher {
     const char *name;
     void (*k)(P...);
     launch_cfg c;
+    int max_threads;
     void operator()(P... a) const {
         /* arguments are copied now, as a CUDA launch (or graph capture) copies them */
         auto args = std::make_shared<std::tuple<std::decay_t<P>...>>(a...);
@@ -296,11 +299,11 @@ template <class... P> struct launcher {
         const void *ptrs[sizeof...(P) + 1];
         int n = 0;
         (collect_ptr(a, ptrs, n), ...);
-        submit(name, (const void *)k, c, body, ptrs, n);
+        submit(name, (const void *)k, c, body, ptrs, n, max_threads);
     }
 };
-template <class... P> static inline launcher<P...> launch(const char *name, void (*k)(P...), launch_cfg c) {
-    return launcher<P...>{ name, k, c };
+template <class... P> static inline launcher<P...> launch(const char *name, void (*k)(P...), launch_cfg c, int max_threads = 0) {
+    return launcher<P...>{ name, k, c, max_threads };
 }
 } // namespace emu
 #endif

@@ -482,12 +482,16 @@ void shared(void *p, size_t n) {
 }
 
 void submit(const char *name, const void *kernel, const launch_cfg &c, std::shared_ptr<std::function<void()>> body,
-            const void *const *ptrs, int nptrs) {
+            const void *const *ptrs, int nptrs, int max_threads) {
     LOCK;
     unsigned nt = c.block.x * c.block.y * c.block.z;
     if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.y > 65535 || c.grid.z > 65535 || !nt || nt > 1024 || c.block.x > 1024 ||
         c.block.y > 1024 || c.block.z > 64) {
         fail(cudaErrorInvalidConfiguration);
+        return;
+    }
+    if (max_threads > 0 && nt > (unsigned)max_threads) { /* more threads than __launch_bounds__ compiled for */
+        fail(cudaErrorLaunchOutOfResources);
         return;
     }
     size_t lim = SMEM_DEFAULT;
@@ -604,6 +608,7 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
@@ -623,6 +628,7 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";

@@ -204,6 +204,7 @@ static void test_convert(void) {
 }
 
 __global__ void k_add(int *p, int v) { *p += v; }
+__global__ void __launch_bounds__(64) k_bounded(int *p) { p[threadIdx.x] = 1; }
 static void test_errors_graphs_events(void) {
     int *d;
     cudaMalloc(&d, 16);
@@ -215,6 +216,10 @@ static void test_errors_graphs_events(void) {
     k_add<<<1, 1, 64 << 10>>>(d, 1);
     check(cudaGetLastError() != cudaSuccess, "64 KB of dynamic shared memory without the opt-in: an error");
     check(cudaGetLastError() == cudaSuccess, "cudaGetLastError clears the error");
+    k_bounded<<<1, 128>>>(d);
+    check(cudaGetLastError() != cudaSuccess, "more threads than __launch_bounds__: an error");
+    k_bounded<<<1, 4>>>(d);
+    check(cudaGetLastError() == cudaSuccess, "within __launch_bounds__: runs");
 
     cudaStream_t s;
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
