@@ -18,7 +18,7 @@ NVFLAGS ?= -O3 -g -lineinfo -std=c++17 --expt-relaxed-constexpr -Iinclude -Isrc 
 EMU_DIR  := tests/cuda/emu
 CXX     ?= g++
 EMU_CXXFLAGS ?= -O2 -g
-override EMU_CXXFLAGS += -std=c++17 -x c++ -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(EMU_DIR) -Iinclude -Isrc \
+EMU_CXX  = $(CXX) $(EMU_CXXFLAGS) -std=c++17 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(EMU_DIR) -Iinclude -Isrc \
            -MMD -MP -pthread -fno-strict-aliasing
 LIB_DIRS := util loader cpu engine tokenizer text convert hub
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard src/$(d)/*.c))
@@ -62,18 +62,18 @@ $(BUILD)/emu-src/%.cpp: $(EMU_DIR)/%.cu $(EMU_DIR)/cu2cpp.py
 	@mkdir -p $(dir $@)
 	python3 $(EMU_DIR)/cu2cpp.py $< $@
 $(BUILD)/emu-src/%.o: $(BUILD)/emu-src/%.cpp
-	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+	$(EMU_CXX) -c $< -o $@
 $(BUILD)/$(EMU_DIR)/emu_runtime.o: $(EMU_DIR)/emu_runtime.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+	$(EMU_CXX) -c $< -o $@
 $(BUILD)/emu-selftest: $(BUILD)/emu-src/emu_selftest.o $(BUILD)/$(EMU_DIR)/emu_runtime.o
-	$(CXX) $^ -o $@ -pthread
+	$(CXX) $(EMU_CXXFLAGS) -pthread $^ -o $@
 # A deliberately broken kernel (cu2cpp.py --mutate NAME) linked into its own kernel test.
 $(BUILD)/mutant/%/cu_kernels.cpp: src/cuda/cu_kernels.cu $(EMU_DIR)/cu2cpp.py
 	@mkdir -p $(dir $@)
 	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
 $(BUILD)/mutant/%/cu_kernels.o: $(BUILD)/mutant/%/cu_kernels.cpp
-	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+	$(EMU_CXX) -c $< -o $@
 $(BUILD)/mutant/%/cuda-kernel-test: $(BUILD)/mutant/%/cu_kernels.o $(BUILD)/tests/cuda/kernel_test.o $(LIB)
 	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a cu_kernels.o && ar rcs $@.a $<
 	$(CC) $(CFLAGS) $(BUILD)/tests/cuda/kernel_test.o $@.a -o $@ $(LDLIBS)
@@ -122,12 +122,19 @@ cuda-compile-check:
 emu:
 	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu $(BUILD)/emu/lily $(BUILD)/emu/cuda-kernel-test $(BUILD)/emu/emu-selftest
 
+# The same with AddressSanitizer: kernels' out-of-bounds accesses to device buffers and static
+# shared arrays are reported.
+EMU_ASAN_FLAGS := -O1 -g -fsanitize=address -fno-omit-frame-pointer -Wno-maybe-uninitialized
+emu-asan:
+	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu-asan CFLAGS="$(EMU_ASAN_FLAGS)" EMU_CXXFLAGS="$(EMU_ASAN_FLAGS)" \
+	  $(BUILD)/emu-asan/lily $(BUILD)/emu-asan/cuda-kernel-test $(BUILD)/emu-asan/emu-selftest
+
 test: all fuzz
 	BUILD=$(BUILD) bash tests/run.sh
 
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test clean fuzz cuda-compile-check emu
+.PHONY: all test clean fuzz cuda-compile-check emu emu-asan
 .SECONDARY:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -2,7 +2,8 @@
 # The CUDA backend on the CPU emulator (tests/cuda/emu, docs/cuda.md), so the kernels' logic
 # is checked on every CI run without a GPU: builds $BUILD/emu (make emu), runs the
 # emulator's self-test, `lily check --backend cuda` on the fixtures, the kernel test at
-# small shapes, and shows that deliberately broken kernels (cu2cpp.py --mutate) fail it.
+# small shapes, shows that deliberately broken kernels (cu2cpp.py --mutate) fail it, and
+# repeats the self-test, kernel test and one fixture under AddressSanitizer (make emu-asan).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -53,5 +54,30 @@ for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half tf32-tile-b; do
   if [ $rc != 0 ] && [ -n "$nf" ] && [ "$nf" -gt 0 ]; then ok "mutant $m caught: $nf kernel checks fail"
   else tail -n 5 "$tmp/m.log"; bad "mutant $m not caught (rc=$rc)"; fi
 done
+# the same under AddressSanitizer: out-of-bounds accesses of device buffers and static shared
+# arrays inside kernels are reported (the self-test shows both are caught)
+t0=$(date +%s.%N)
+if ! MAKEFLAGS= make -s -j2 BUILD="$BUILD" emu-asan >"$tmp/build.log" 2>&1; then
+  tail -n 40 "$tmp/build.log"; bad "make emu-asan"
+else
+  ok "make emu-asan ($(secs "$t0") s)"
+  A=$BUILD/emu-asan
+  export ASAN_OPTIONS=detect_leaks=0
+  "$A/emu-selftest" >"$tmp/self.log" 2>/dev/null; rc=$?
+  line=$(tail -n 1 "$tmp/self.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "ASan emulator self-test: $line"
+  else cat "$tmp/self.log"; bad "ASan emulator self-test (rc=$rc)"; fi
+  t0=$(date +%s.%N)
+  "$A/cuda-kernel-test" --small --seed "$seed" >"$tmp/kt.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/kt.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$tmp/kt.log"; then
+    ok "ASan cuda-kernel-test --small --seed $seed ($(secs "$t0") s): $line"
+  else grep -v ' ok$' "$tmp/kt.log" | tail -n 40; bad "ASan cuda-kernel-test --small --seed $seed (rc=$rc)"; fi
+  d=tests/fixtures/tinyq
+  t0=$(date +%s.%N)
+  "$A/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
+  if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then ok "ASan lily check --backend cuda $d ($(secs "$t0") s)"
+  else tail -n 40 "$tmp/check.log"; bad "ASan lily check --backend cuda $d (rc=$rc)"; fi
+fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -20,6 +20,18 @@
 #include <mutex>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+/* Built with -fsanitize=address (make emu-asan): tell ASan about every stack switch, so
+ * kernels' out-of-bounds accesses to device buffers (heap) and static shared arrays are
+ * reported with the kernel's stack. */
+#define EMU_ASAN 1
+extern "C" {
+void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
+void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old, size_t *size_old);
+void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+}
+#endif
+
 uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
@@ -138,6 +150,8 @@ struct fiber_t {
     unsigned nx;   /* warp exchanges done */
     unsigned nmma; /* mma_sync calls done */
     uint3 tid;
+    char *stack;
+    void *fake; /* ASan's fake stack while switched out */
 };
 /* the last MMA_KEEP products of a warp, by call number */
 const int MMA_KEEP = 64;
@@ -164,6 +178,10 @@ std::vector<fiber_t> fib;
 std::vector<warp_t> warps;
 ctx_t sched;
 int cur = -1, n_done;
+#ifdef EMU_ASAN
+const void *sched_bottom;
+size_t sched_size;
+#endif
 const std::function<void()> *cur_body;
 
 /* what runs now, for fault messages */
@@ -205,6 +223,9 @@ void on_segv(int sig, siginfo_t *si, void *) {
 }
 
 void install_segv(void) {
+#ifdef EMU_ASAN
+    return; /* ASan's own handler reports faults */
+#endif
     static thread_local bool alt;
     static bool handler;
     if (!alt) { /* the handler needs its own stack when a fiber's stack overflowed */
@@ -252,10 +273,19 @@ void ensure_dyn(size_t n) {
 
 void yield(void) {
     int me = cur;
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(&fib[me].fake, sched_bottom, sched_size);
     ctx_switch(&fib[me].ctx, &sched);
+    __sanitizer_finish_switch_fiber(fib[me].fake, &sched_bottom, &sched_size);
+#else
+    ctx_switch(&fib[me].ctx, &sched);
+#endif
 }
 
 void fiber_main(void *) {
+#ifdef EMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &sched_bottom, &sched_size);
+#endif
     (*cur_body)();
     fiber_t &f = fib[cur];
     warp_t &w = warps[f.warp];
@@ -268,6 +298,9 @@ void fiber_main(void *) {
             if ((w.exist >> l & 1) && fib[lo + l].state == F_WAIT_WARP) fib[lo + l].state = F_RUN;
         w.arrived = 0;
     }
+#ifdef EMU_ASAN
+    __sanitizer_start_switch_fiber(NULL, sched_bottom, sched_size); /* this fiber's stack is done */
+#endif
     ctx_switch(&f.ctx, &sched);
     abort(); /* never resumed */
 }
@@ -290,7 +323,14 @@ void warp_arrive(unsigned mask) {
 void switch_to(int i) {
     cur = i;
     threadIdx = fib[i].tid;
+#ifdef EMU_ASAN
+    void *fake = NULL;
+    __sanitizer_start_switch_fiber(&fake, fib[i].stack, STACK);
     ctx_switch(&sched, &fib[i].ctx);
+    __sanitizer_finish_switch_fiber(fake, NULL, NULL);
+#else
+    ctx_switch(&sched, &fib[i].ctx);
+#endif
     cur = -1;
 }
 
@@ -305,7 +345,11 @@ void run_block(int nt) {
         f.nx = 0;
         f.nmma = 0;
         f.tid = uint3{ (unsigned)i % bx, ((unsigned)i / bx) % by, (unsigned)i / (bx * by) };
-        ctx_init(&f.ctx, stacks + (size_t)i * (STACK + page) + page, STACK, fiber_main, NULL);
+        f.stack = stacks + (size_t)i * (STACK + page) + page;
+#ifdef EMU_ASAN
+        __asan_unpoison_memory_region(f.stack, STACK); /* frames of the fiber that ran here before */
+#endif
+        ctx_init(&f.ctx, f.stack, STACK, fiber_main, NULL);
     }
     for (int w = 0; w < nw; w++) {
         warp_t &W = warps[w];

@@ -290,7 +290,14 @@ __global__ void k_overrun(float *out, int n) {
     __syncthreads();
     out[threadIdx.x] = buf[threadIdx.x];
 }
-static void expect_fault(const char *what, const char *needle, void (*fn)(void)) {
+#ifdef __SANITIZE_ADDRESS__
+#define ASAN 1
+#else
+#define ASAN 0
+#endif
+/* fn must end the child with a message holding `needle` (`asan_needle` in an ASan build,
+ * where ASan reports memory faults itself) */
+static void expect_fault(const char *what, const char *needle, const char *asan_needle, void (*fn)(void)) {
     int pfd[2];
     if (pipe(pfd)) { check(false, what); return; }
     fflush(stdout);
@@ -311,7 +318,8 @@ static void expect_fault(const char *what, const char *needle, void (*fn)(void))
     close(pfd[0]);
     int st = 0;
     waitpid(pid, &st, 0);
-    bool ok = WIFSIGNALED(st) && strstr(buf, "lily emu: kernel") && strstr(buf, needle);
+    bool died = WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0);
+    bool ok = died && (ASAN && asan_needle ? strstr(buf, asan_needle) != NULL : strstr(buf, "lily emu: kernel") && strstr(buf, needle));
     if (!ok) printf("     child stderr: %s\n", buf);
     check(ok, what);
 }
@@ -320,6 +328,20 @@ static void run_divergent(void) { k_divergent<<<1, 32>>>(dev_out()); }
 static void run_absent(void) { k_absent<<<1, 32>>>(dev_out()); }
 static void run_host_ptr(void) { static float h[64]; k_deref<<<1, 32>>>(h, dev_out()); }
 static void run_overrun(void) { k_overrun<<<1, 64, 4096 * 4>>>(dev_out(), 4096 + 1024); }
+/* only an ASan build (make emu-asan) sees these two */
+__global__ void k_past_end(const float *p, float *out, int n) { out[threadIdx.x] = p[n + threadIdx.x]; }
+__global__ void k_shared_past_end(float *out) {
+    __shared__ float s[32];
+    s[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x];
+}
+static void run_past_end(void) {
+    float *p;
+    cudaMalloc(&p, 100 * 4);
+    k_past_end<<<1, 32>>>(p, dev_out(), 100);
+}
+static void run_shared_past_end(void) { k_shared_past_end<<<1, 64>>>(dev_out()); }
 #endif
 
 int main(void) {
@@ -330,10 +352,14 @@ int main(void) {
     test_convert();
     test_errors_graphs_events();
 #ifdef __CUDACC_EMU__
-    expect_fault("fault: lanes split between a shuffle and __syncthreads", "never reaches", run_divergent);
-    expect_fault("fault: shuffle reading an exited lane", "did not take part", run_absent);
-    expect_fault("fault: host pointer as a kernel argument", "not in device memory", run_host_ptr);
-    expect_fault("fault: write past the dynamic shared memory", "segmentation fault", run_overrun);
+    expect_fault("fault: lanes split between a shuffle and __syncthreads", "never reaches", NULL, run_divergent);
+    expect_fault("fault: shuffle reading an exited lane", "did not take part", NULL, run_absent);
+    expect_fault("fault: host pointer as a kernel argument", "not in device memory", NULL, run_host_ptr);
+    expect_fault("fault: write past the dynamic shared memory", "segmentation fault", "SEGV", run_overrun);
+    if (ASAN) {
+        expect_fault("ASan: a kernel reading past a cudaMalloc buffer", NULL, "heap-buffer-overflow", run_past_end);
+        expect_fault("ASan: a kernel writing past a static shared array", NULL, "global-buffer-overflow", run_shared_past_end);
+    }
 #endif
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
