@@ -192,7 +192,6 @@ bool in_kernel;
 char *dyn_base;    /* dynamic: ends at a guard page */
 size_t dyn_size, dyn_cap;
 char *dyn_region;
-struct sreg { void *p; };
 std::vector<void *> shared_seen;
 size_t shared_static, smem_limit;
 unsigned long long n_launches, n_threads, n_blocks, n_mma, n_mma_reused;
@@ -372,7 +371,7 @@ void run_block(int nt) {
                 for (int i = lo; i < hi; i++)
                     if (fib[i].state == F_RUN) { switch_to(i); any = true; }
             } while (any);
-            if (warps[w].arrived) {
+            if (warps[w].arrived) { /* some lanes wait at a warp operation the others passed by */
                 int a = -1, b = -1;
                 for (int i = lo; i < hi; i++) {
                     if (fib[i].state == F_WAIT_WARP && a < 0) a = i;
@@ -380,8 +379,8 @@ void run_block(int nt) {
                 }
                 cur = a;
                 threadIdx = fib[a].tid;
-                fault("waits at a warp operation (shuffle/__syncwarp) that lane %d of its warp never reaches (%s)", b % 32,
-                      b >= 0 ? "it waits at __syncthreads" : "it exited");
+                fault("waits at a warp operation (shuffle/__syncwarp/ballot) that lane %d of its warp never reaches: it waits at __syncthreads",
+                      b % 32);
             }
         }
         if (n_done == nt) break;
@@ -389,8 +388,6 @@ void run_block(int nt) {
             if (fib[i].state == F_WAIT_BLOCK) fib[i].state = F_RUN;
     }
 }
-
-struct graph_op { std::function<void()> run; };
 
 void run_grid(const char *name, const emu::launch_cfg &c, const std::function<void()> &body) {
     install_segv();
