@@ -292,8 +292,18 @@ static int test_model(const char *dir, int P, int steps) {
     struct { int32_t *out; int n; } col = { tl, 0 };
     int collect(void *u, const lily_token *t);
     if (lily_session_generate(sg, &sp, steps, collect, &col, &made, &st)) { printf("generate: %s\n", st.msg); return 1; }
-    int same = made == steps && !memcmp(tl, tg, (size_t)steps * 4);
-    snprintf(what, sizeof what, "GPU decode loop: %d greedy tokens as the stepwise path", steps);
+    int expect = steps; /* the loop stops after an end-of-sequence token, as generation does */
+    for (int i = 0; i < steps; i++)
+        if (lily_model_is_eos(mg, tg[i])) { expect = i + 1; break; }
+    int same = made == expect && !memcmp(tl, tg, (size_t)expect * 4);
+    if (!same) { /* show both lists: an end-of-sequence token stops the loop early */
+        printf("stepwise:");
+        for (int i = 0; i < steps; i++) printf(" %d", tg[i]);
+        printf("\ndecode loop (%d made):", made);
+        for (int i = 0; i < made; i++) printf(" %d", tl[i]);
+        printf("\n");
+    }
+    snprintf(what, sizeof what, "GPU decode loop: %d greedy tokens as the stepwise path%s", expect, expect < steps ? " (to EOS)" : "");
     report(what, same ? 0 : INFINITY, 0);
     free(ids); free(tc); free(tg); free(tl);
     lily_session_free(sc); lily_session_free(sg);

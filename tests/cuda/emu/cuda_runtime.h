@@ -280,6 +280,8 @@ void shared(void *p, size_t n);
 /* wmma: the running lane's next mma_sync takes `out` from an earlier lane of its warp whose
  * inputs were byte-identical (true), or computes it and offers it with mma_keep. */
 bool mma_reuse(const void *in, size_t nin, void *out, size_t nout);
+/* LILY_EMU_TF32=fp32: wmma keeps fp32 inputs (no TF32 rounding or truncation) */
+extern const bool tf32_off;
 void mma_keep(const void *in, size_t nin, const void *out, size_t nout);
 
 template <class T> static inline void collect_ptr(const T &v, const void **out, int &n) {

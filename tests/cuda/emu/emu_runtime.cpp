@@ -333,6 +333,33 @@ void switch_to(int i) {
     cur = -1;
 }
 
+/* LILY_EMU_ORDER: the order blocks, warps and lanes run in: forward (default), reverse, or
+ * random (LILY_EMU_SEED); correct kernels give the same results in every order. */
+int order = -1;
+uint64_t order_rng = 1;
+unsigned next_rand(void) {
+    order_rng ^= order_rng << 13;
+    order_rng ^= order_rng >> 7;
+    order_rng ^= order_rng << 17;
+    return (unsigned)(order_rng >> 11);
+}
+void read_order(void) {
+    if (order >= 0) return;
+    const char *o = getenv("LILY_EMU_ORDER"), *sd = getenv("LILY_EMU_SEED");
+    order = o && !strcmp(o, "reverse") ? 1 : o && !strcmp(o, "random") ? 2 : 0;
+    if (sd) order_rng = strtoull(sd, NULL, 10) * 0x9e3779b97f4a7c15ull + 1;
+}
+template <class T> void make_perm(T *p, size_t n) {
+    for (size_t i = 0; i < n; i++) p[i] = (T)(order == 1 ? n - 1 - i : i);
+    if (order == 2)
+        for (size_t i = n; i > 1; i--) {
+            size_t j = next_rand() % i;
+            T t = p[i - 1];
+            p[i - 1] = p[j];
+            p[j] = t;
+        }
+}
+
 void run_block(int nt) {
     unsigned bx = blockDim.x, by = blockDim.y;
     int nw = (nt + 31) / 32;
@@ -362,14 +389,20 @@ void run_block(int nt) {
     shared_seen.clear();
     shared_static = 0;
     if (dyn_size) memset(dyn_base, 0xff, dyn_size); /* uninitialised shared memory reads as NaN / -1 */
+    int wperm[32], lperm[32];
+    make_perm(wperm, nw);
+    make_perm(lperm, 32);
     for (;;) {
-        for (int w = 0; w < nw; w++) {
+        for (int k = 0; k < nw; k++) {
+            int w = wperm[k];
             int lo = 32 * w, hi = lo + 32 < nt ? lo + 32 : nt;
             bool any;
             do {
                 any = false;
-                for (int i = lo; i < hi; i++)
-                    if (fib[i].state == F_RUN) { switch_to(i); any = true; }
+                for (int j = 0; j < 32; j++) {
+                    int i = lo + lperm[j];
+                    if (i < hi && fib[i].state == F_RUN) { switch_to(i); any = true; }
+                }
             } while (any);
             if (warps[w].arrived) { /* some lanes wait at a warp operation the others passed by */
                 int a = -1, b = -1;
@@ -403,14 +436,20 @@ void run_grid(const char *name, const emu::launch_cfg &c, const std::function<vo
     cur_kernel = name;
     in_kernel = true;
     n_launches++;
-    for (unsigned z = 0; z < c.grid.z; z++)
-        for (unsigned y = 0; y < c.grid.y; y++)
-            for (unsigned x = 0; x < c.grid.x; x++) {
-                blockIdx = uint3{ x, y, z };
-                n_blocks++;
-                run_block(nt);
-                n_threads += (unsigned long long)nt;
-            }
+    read_order();
+    size_t nb = (size_t)c.grid.x * c.grid.y * c.grid.z;
+    std::vector<size_t> bperm;
+    if (order) {
+        bperm.resize(nb);
+        make_perm(bperm.data(), nb);
+    }
+    for (size_t k = 0; k < nb; k++) {
+        size_t b = order ? bperm[k] : k;
+        blockIdx = uint3{ (unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y), (unsigned)(b / c.grid.x / c.grid.y) };
+        n_blocks++;
+        run_block(nt);
+        n_threads += (unsigned long long)nt;
+    }
     in_kernel = false;
     cur_body = NULL;
 }
@@ -455,6 +494,11 @@ struct stats_t {
 } // namespace
 
 namespace emu {
+static bool read_tf32_off(void) {
+    const char *e = getenv("LILY_EMU_TF32");
+    return e && !strcmp(e, "fp32");
+}
+const bool tf32_off = read_tf32_off();
 int lane_id(void) { return cur >= 0 ? fib[cur].lane : 0; }
 
 uint64_t shfl(unsigned mask, uint64_t v, int src) {

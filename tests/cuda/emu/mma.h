@@ -4,7 +4,8 @@
  * lanes the same values). That is exact for code that touches fragments only through these
  * functions and element-wise maps over x[], which is all the real layouts allow anyway.
  * The tensor core reads the top 19 bits of each fp32 input (TF32), so mma_sync truncates
- * its inputs; __float_to_tf32 rounds to nearest, ties away from zero (cvt.rna.tf32.f32). */
+ * its inputs; __float_to_tf32 rounds to nearest, ties away from zero (cvt.rna.tf32.f32).
+ * LILY_EMU_TF32=fp32 keeps full fp32 instead, to tell a precision effect from a logic error. */
 #ifndef LILY_EMU_MMA_H
 #define LILY_EMU_MMA_H
 #include "cuda_runtime.h"
@@ -23,13 +24,13 @@ enum layout_t { mem_row_major, mem_col_major };
 
 static inline float __float_to_tf32(float f) {
     unsigned u = __float_as_uint(f);
-    if ((u & 0x7f800000u) == 0x7f800000u) return f; /* inf, nan */
+    if ((u & 0x7f800000u) == 0x7f800000u || emu::tf32_off) return f; /* inf, nan */
     u = (u + 0x1000u) & 0xffffe000u;
     return __uint_as_float(u);
 }
 static inline float emu_tf32_trunc(float f) {
     unsigned u = __float_as_uint(f);
-    if ((u & 0x7f800000u) == 0x7f800000u) return f;
+    if ((u & 0x7f800000u) == 0x7f800000u || emu::tf32_off) return f;
     return __uint_as_float(u & 0xffffe000u);
 }
 
