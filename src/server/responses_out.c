@@ -17,7 +17,7 @@ void srv_resp_id(char *out, size_t n, const char *prefix) {
     out[p < n ? p : n - 1] = 0;
 }
 
-static json_t *text_part(const char *text) {
+static json_t *out_text_part(const char *text) {
     return json_pack("{s:s,s:s,s:[]}", "type", "output_text", "text", text, "annotations");
 }
 
@@ -27,7 +27,7 @@ static json_t *message_item(const char *text, const char *status) {
     char id[48];
     srv_resp_id(id, sizeof id, "msg_");
     return json_pack("{s:s,s:s,s:s,s:s,s:o}", "id", id, "type", "message", "status", status, "role", "assistant", "content",
-                     text ? json_pack("[o]", text_part(text)) : json_array());
+                     text ? json_pack("[o]", out_text_part(text)) : json_array());
 }
 
 static json_t *reasoning_item(const char *text, const char *status) {
@@ -138,6 +138,7 @@ json_t *srv_resp_object(srv_resp_ctx *c, json_t *chat, int incomplete) {
 
 /* ---- streaming ---- */
 
+#undef EV /* anthropic_out.c has its own (the tests include both) */
 #define EV(o) (rc |= ev(s, buf, len, cap, (o)))
 
 static int ev(srv_resp_stream *s, char **buf, size_t *len, size_t *cap, json_t *o) {
@@ -146,7 +147,7 @@ static int ev(srv_resp_stream *s, char **buf, size_t *len, size_t *cap, json_t *
     return srv_anth_event(buf, len, cap, o);
 }
 
-static int add_txt(srv_resp_stream *s, const char *t, size_t n) {
+static int grow_text(srv_resp_stream *s, const char *t, size_t n) {
     if (s->len + n + 1 > s->cap) {
         size_t c = s->cap ? s->cap : 256;
         while (c < s->len + n + 1) c *= 2;
@@ -168,10 +169,10 @@ static int open_item(srv_resp_stream *s, int kind, char **buf, size_t *len, size
     EV(json_pack("{s:s,s:i,s:O}", "type", "response.output_item.added", "output_index", idx, "item", it));
     EV(json_pack("{s:s,s:s,s:i,s:i,s:o}", "type", "response.content_part.added", "item_id",
                  json_string_value(json_object_get(it, "id")), "output_index", idx, "content_index", 0, "part",
-                 kind == 1 ? text_part("") : reasoning_part("")));
+                 kind == 1 ? out_text_part("") : reasoning_part("")));
     s->open = kind;
     s->len = 0;
-    rc |= add_txt(s, "", 0);
+    rc |= grow_text(s, "", 0);
     return rc;
 }
 
@@ -181,7 +182,7 @@ static int close_open(srv_resp_stream *s, const char *status, char **buf, size_t
     json_t *it = json_array_get(s->output, (size_t)idx);
     const char *id = json_string_value(json_object_get(it, "id"));
     const char *t = s->text ? s->text : "";
-    json_t *part = s->open == 1 ? text_part(t) : reasoning_part(t);
+    json_t *part = s->open == 1 ? out_text_part(t) : reasoning_part(t);
     if (s->open == 1)
         EV(json_pack("{s:s,s:s,s:i,s:i,s:s,s:[]}", "type", "response.output_text.done", "item_id", id, "output_index", idx,
                      "content_index", 0, "text", t, "logprobs"));
@@ -199,7 +200,7 @@ static int close_open(srv_resp_stream *s, const char *status, char **buf, size_t
 }
 
 /* text (kind 1) or reasoning (kind 2) */
-static int add_text(srv_resp_stream *s, int kind, const char *t, char **buf, size_t *len, size_t *cap) {
+static int push_text(srv_resp_stream *s, int kind, const char *t, char **buf, size_t *len, size_t *cap) {
     int rc = 0;
     if (!*t) return 0;
     if (s->open != kind) {
@@ -208,7 +209,7 @@ static int add_text(srv_resp_stream *s, int kind, const char *t, char **buf, siz
     }
     int idx = (int)json_array_size(s->output) - 1;
     const char *id = json_string_value(json_object_get(json_array_get(s->output, (size_t)idx), "id"));
-    rc |= add_txt(s, t, strlen(t));
+    rc |= grow_text(s, t, strlen(t));
     if (kind == 1)
         EV(json_pack("{s:s,s:s,s:i,s:i,s:s,s:[]}", "type", "response.output_text.delta", "item_id", id, "output_index", idx,
                      "content_index", 0, "delta", t, "logprobs"));
@@ -237,7 +238,7 @@ static int add_call(srv_resp_stream *s, json_t *call, char **buf, size_t *len, s
     return rc;
 }
 
-static int start(srv_resp_stream *s, char **buf, size_t *len, size_t *cap) {
+static int begin(srv_resp_stream *s, char **buf, size_t *len, size_t *cap) {
     int rc = 0;
     if (s->started) return 0;
     s->started = 1;
@@ -252,7 +253,7 @@ int srv_resp_stream_feed(srv_resp_stream *s, json_t *chunk, char **buf, size_t *
     int rc = 0;
     if (!chunk) return -1;
     if (s->done) { json_decref(chunk); return 0; }
-    rc |= start(s, buf, len, cap);
+    rc |= begin(s, buf, len, cap);
     json_t *err = json_object_get(chunk, "error");
     if (err) {
         const char *m = json_string_value(json_object_get(err, "message"));
@@ -266,8 +267,8 @@ int srv_resp_stream_feed(srv_resp_stream *s, json_t *chunk, char **buf, size_t *
     json_t *ch = json_array_get(json_object_get(chunk, "choices"), 0);
     json_t *d = json_object_get(ch, "delta");
     const char *t;
-    if ((t = json_string_value(json_object_get(d, "reasoning_content")))) rc |= add_text(s, 2, t, buf, len, cap);
-    if ((t = json_string_value(json_object_get(d, "content")))) rc |= add_text(s, 1, t, buf, len, cap);
+    if ((t = json_string_value(json_object_get(d, "reasoning_content")))) rc |= push_text(s, 2, t, buf, len, cap);
+    if ((t = json_string_value(json_object_get(d, "content")))) rc |= push_text(s, 1, t, buf, len, cap);
     size_t i;
     json_t *c;
     json_array_foreach(json_object_get(d, "tool_calls"), i, c) rc |= add_call(s, c, buf, len, cap);
