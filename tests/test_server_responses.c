@@ -20,6 +20,11 @@ static lily_rng rng;
 typedef struct { const char *in, *want; } tcase;
 
 static const tcase cases[] = {
+    /* a system or developer message after the conversation began: a user turn */
+    { "{\"input\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"a\"},"
+      "{\"role\":\"developer\",\"content\":[{\"type\":\"input_text\",\"text\":\"d\"}]},{\"role\":\"system\",\"content\":\"e\"}]}",
+      "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"a\"},"
+      "{\"role\":\"user\",\"content\":\"d\"},{\"role\":\"user\",\"content\":\"e\"}]}" },
     { "{\"model\":\"m\",\"input\":\"hi\"}", "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" },
     /* instructions and a developer message form the system message; parts joined; sampling copied */
     { "{\"instructions\":\"be terse\",\"max_output_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"top_k\":3,\"seed\":5,"
@@ -86,7 +91,6 @@ static const bcase bads[] = {
     { "{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\"}]}", "input", 400, "output" },
     { "{\"input\":[{\"type\":\"item_reference\",\"id\":\"msg_1\"}]}", "input", 400, "item_reference" },
     { "{\"input\":[{\"type\":\"web_search_call\",\"id\":\"ws_1\"}]}", "input", 400, "web_search_call" },
-    { "{\"input\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"system\",\"content\":\"b\"}]}", "input", 400, "system" },
     { "{\"input\":[{\"type\":\"reasoning\",\"content\":5}]}", "input", 400, NULL },
     { "{\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens", 400, NULL },
     { "{\"input\":\"x\",\"max_output_tokens\":\"5\"}", "max_output_tokens", 400, NULL },

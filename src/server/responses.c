@@ -112,12 +112,11 @@ static int item(conv *v, json_t *it, size_t i, srv_error *err) {
         if (!assistant && strcmp(role, "user") && strcmp(role, "system") && strcmp(role, "developer"))
             return RBAD("input", "input[%zu].role '%s' is not one of user, system, developer, assistant", i, role);
         if (content_text(c, i, assistant, &s, err)) return -1;
-        if (!strcmp(role, "system") || !strcmp(role, "developer")) {
-            int rc = json_array_size(v->msgs) ? 1 : add_sys(v, json_string_value(s), json_string_length(s));
+        /* The template has one system message, at the start: later system/developer
+         * messages (agents insert them mid-conversation) are kept as user turns. */
+        if ((!strcmp(role, "system") || !strcmp(role, "developer")) && !json_array_size(v->msgs)) {
+            int rc = add_sys(v, json_string_value(s), json_string_length(s));
             json_decref(s);
-            if (rc > 0)
-                return RBAD("input", "input[%zu]: a %s message must come before the conversation (the template has one "
-                            "system message, at the start)", i, role);
             return rc ? RBAD("input", "out of memory") : 0;
         }
         if (assistant) {

@@ -8,7 +8,8 @@
  *   text parts only), function_call, function_call_output, reasoning (the assistant turn's
  *   reasoning). Consecutive reasoning / assistant message / function_call items form one
  *   assistant turn. instructions and leading system/developer messages form the system
- *   message. previous_response_id prepends that stored response's input and output items.
+ *   message (later ones become user turns). previous_response_id prepends that stored
+ *   response's input and output items.
  * - tools: function tools only; tool_choice auto/none/required/{type:function,name};
  *   text.format -> response_format; reasoning.effort minimal/none -> thinking off.
  * - output: reasoning item, message item (output_text), function_call items; usage with
