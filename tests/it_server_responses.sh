@@ -132,8 +132,8 @@ c=$(get "$id1" -X DELETE)
 c=$(get "$id1")
 [ "$c" = 404 ] && py 'assert r["error"]["message"]' && ok "GET after DELETE: 404" || bad "GET deleted $c"
 c=$(post "{$base,\"previous_response_id\":\"$id1\",\"input\":\"more\"}")
-[ "$c" = 404 ] && py 'assert r["error"]["param"]=="previous_response_id" and r["error"]["type"]=="invalid_request_error"' \
-  && ok "previous_response_id of a deleted response: 404 naming it" || bad "deleted previous $c $(cat "$T/body")"
+[ "$c" = 400 ] && py 'e=r["error"]; assert e["param"]=="previous_response_id" and e["code"]=="previous_response_not_found"' \
+  && ok "previous_response_id of a deleted response: 400 previous_response_not_found" || bad "deleted previous $c $(cat "$T/body")"
 post "{$base,\"max_output_tokens\":2,\"store\":false,\"input\":\"x\"}" >/dev/null
 c=$(get "$(py 'print(r["id"])')")
 [ "$c" = 404 ] && ok "store false: not kept" || bad "store false $c"
@@ -160,7 +160,7 @@ err 400 text.format '{"input":"x","text":{"format":{"type":"xml"}}}'
 err 400 reasoning.effort '{"input":"x","reasoning":{"effort":"max"}}'
 err 400 temperature '{"input":"x","temperature":5}'
 err 400 store '{"input":"x","store":"no"}'
-err 404 previous_response_id '{"input":"x","previous_response_id":"resp_unknown"}'
+err 400 previous_response_id '{"input":"x","previous_response_id":"resp_unknown"}'
 c=$(curl -s -o "$T/body" -w '%{http_code}' "$U" -d '{"input":"x"}')
 [ "$c" = 401 ] && ok "no key: 401" || bad "auth $c"
 c=$(curl -s -o "$T/body" -w '%{http_code}' "$U" -H "Authorization: Bearer $KEY")

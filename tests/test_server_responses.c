@@ -113,7 +113,7 @@ static const bcase bads[] = {
     { "{\"input\":\"x\",\"truncation\":\"x\"}", "truncation", 400, NULL },
     { "{\"input\":\"x\",\"background\":true}", "background", 400, NULL },
     { "{\"input\":\"x\",\"previous_response_id\":5}", "previous_response_id", 400, NULL },
-    { "{\"input\":\"x\",\"previous_response_id\":\"resp_nope\"}", "previous_response_id", 404, "resp_nope" },
+    { "{\"input\":\"x\",\"previous_response_id\":\"resp_nope\"}", "previous_response_id", 400, "resp_nope" },
 };
 
 /* translated fine, refused by the chat validator: the param is renamed for this route */
@@ -529,7 +529,8 @@ static void check_chain(void) {
     free(body);
     srv_resp_ctx *c4 = NULL;
     char *s4 = srv_resp_to_openai(req, strlen(req), st, "m", &c4, &e);
-    CHECK(!s4 && e.http == 404 && !strcmp(e.param, "previous_response_id"), "deleted previous: %d %s", e.http, e.param);
+    CHECK(!s4 && e.http == 400 && !strcmp(e.param, "previous_response_id") && !strcmp(e.code ?: "", "previous_response_not_found"),
+          "deleted previous: %d %s", e.http, e.param);
     static const char *badp[] = { "", "/", "x/y", "x/input_items/z" };
     for (size_t i = 0; i < 4; i++) {
         code = srv_resp_lookup(st, badp[i], 0, &body);

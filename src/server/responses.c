@@ -344,7 +344,8 @@ char *srv_resp_to_openai(const char *body, size_t len, srv_resp_store *store, co
         }
         json_t *pin = NULL, *pr = store ? srv_resp_store_get(store, json_string_value(pid), &pin) : NULL;
         if (!pr) {
-            srv_error_set(err, 404, "invalid_request_error", "previous_response_id", "previous_response_not_found",
+            /* OpenAI's status and code, which clients that recover by resending match on */
+            srv_error_set(err, 400, "invalid_request_error", "previous_response_id", "previous_response_not_found",
                           "Previous response with id '%.100s' not found (it was not stored, was deleted, or was evicted).",
                           json_string_value(pid));
             json_decref(in);

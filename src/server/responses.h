@@ -58,7 +58,8 @@ typedef struct srv_resp_ctx {
 
 /* Translates a Responses request body into the OpenAI chat body (malloc'd) and a context
  * (*ctx, free with srv_resp_ctx_free). previous_response_id is looked up in store (NULL:
- * none are known). NULL with *err set: 400, or 404 for an unknown previous response. */
+ * none are known). NULL with *err set (400; an unknown previous response has code
+ * previous_response_not_found, as OpenAI answers). */
 char *srv_resp_to_openai(const char *body, size_t len, srv_resp_store *store, const char *model,
                          srv_resp_ctx **ctx, srv_error *err);
 void srv_resp_ctx_free(srv_resp_ctx *c);

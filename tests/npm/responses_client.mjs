@@ -103,9 +103,9 @@ async function main() {
     catch (e) { check(e instanceof cls && e.status === status && e.error?.message, what + ': ' + e); return e; }
   };
   await expectErr(() => client.responses.retrieve(t1.id), OpenAI.NotFoundError, 404, 'retrieve deleted');
-  const e1 = await expectErr(() => client.responses.create({ ...p, previous_response_id: t1.id, input: 'x' }), OpenAI.NotFoundError, 404,
+  const e1 = await expectErr(() => client.responses.create({ ...p, previous_response_id: t1.id, input: 'x' }), OpenAI.BadRequestError, 400,
                              'previous_response_id deleted');
-  check(e1?.param === 'previous_response_id', 'param ' + e1?.param);
+  check(e1?.param === 'previous_response_id' && e1?.code === 'previous_response_not_found', 'param ' + e1?.param + ' code ' + e1?.code);
   const e2 = await expectErr(() => client.responses.create({ ...p, input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'https://x/y.png', detail: 'auto' }] }] }),
                              OpenAI.BadRequestError, 400, 'input_image');
   check(e2?.param === 'input' && /input_image/.test(e2?.message), 'image param ' + e2?.param);
