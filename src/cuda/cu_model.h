@@ -46,6 +46,7 @@ struct lcuda_session {
     float *qg, *q, *kb, *vb, *ao, *part;
     float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;
     int *sel, *cnt, *off, *src, *spos;
+    int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;
     int pos;                       /* tokens the device state covers */
