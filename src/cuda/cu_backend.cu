@@ -255,6 +255,7 @@ static uint64_t scratch_bytes(const lily_config *c, int T) {
     uint64_t f = 3 * T * H + 2 * T * cd + 2 * T * vd + 4 * T * nv + T * nh * 2 * hd + 2 * T * nh * hd + 2 * T * nkv * hd
                  + (p1 > p2 ? p1 : p2) + T * E + T * K + 2 * T * K * I + T * K * H + 2 * T * SI + T + T * H + c->vocab;
     uint64_t i = 3 * T * K + 2 * E + 16 + (uint64_t)cu_moe_max_tiles((int)(T * K), (int)E, 16);
+    f += cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv);
     return (f + i) * 4 + 64 * 40;
 }
 
@@ -271,7 +272,7 @@ void lcuda_session_free(lcuda_session *s) {
     if (s->graph) cudaGraphExecDestroy(s->graph);
     float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
-                     &s->su, &s->sr, &s->SD, &s->lg };
+                     &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr };
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
     int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles };
     for (size_t i = 0; i < sizeof il / sizeof *il; i++) cudaFree(*il[i]);
@@ -304,7 +305,8 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         { &s->bb, T * nv }, { &s->aa, T * nv }, { &s->g, T * nv }, { &s->beta, T * nv }, { &s->o, T * vd },
         { &s->qg, T * nh * 2 * hd }, { &s->q, T * nh * hd }, { &s->kb, T * nkv * hd }, { &s->vb, T * nkv * hd }, { &s->ao, T * nh * hd },
         { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, T * K * I }, { &s->hu, T * K * I },
-        { &s->D, T * K * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab } };
+        { &s->D, T * K * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
+        { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) } };
     lily_code rc = LILY_OK;
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaStreamCreate", __FILE__, __LINE__); goto fail; }
@@ -394,7 +396,10 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         cu_gdn_prep(q, s->u, T, cd, c->lin_nk, c->lin_dk, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta);
     }
     PM(s, "gdn conv+norm+gates");
-    if (!cu_gdn_rec_norm(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->zb, L->gnorm, (float)c->eps)) {
+    if (T >= 64 && cu_gdn_chunk_enabled() &&
+        cu_gdn_chunked(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->gdn_scr)) {
+        cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+    } else if (!cu_gdn_rec_norm(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->zb, L->gnorm, (float)c->eps)) {
         cu_gdn_rec(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o);
         cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
     }

@@ -96,6 +96,14 @@ void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const flo
  * no fused kernel. */
 int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                     const float *beta, float *S, float *o, const float *z, const float *gw, float eps);
+/* The same recurrence in the chunked (WY) form for prefill (cu_gdn_chunk.cu); scratch holds
+ * cu_gdn_chunk_scratch_floats(T, ...) floats. 0 (nothing launched) for shapes it does not take
+ * (dk or dv > 128). _enabled: whether the forward pass uses it (LILY_CU_GDN_CHUNK=1, until it
+ * is verified on a GPU). */
+int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                   const float *beta, float *S, float *o, float *scratch);
+size_t cu_gdn_chunk_scratch_floats(int T, int nv, int dk, int dv);
+int cu_gdn_chunk_enabled(void);
 /* Decode form of conv + SiLU + q/k L2 norm + g/beta, one launch (T = 1). */
 void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
                   const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,

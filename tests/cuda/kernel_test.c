@@ -159,13 +159,20 @@ static void test_gdn(int T, int nk, int nv, int dk, int dv) {
         cpu_gdn_recurrent(T, dk, dv, u + (size_t)kh * dk, cd, u + kd + (size_t)kh * dk, cd, u + 2 * kd + (size_t)h * dv, cd,
                           gh, bh, Sref + (size_t)h * dk * dv, oref + (size_t)h * dv, nv * dv);
     }
-    lily_status st = { 0 };
-    char what[160];
-    snprintf(what, sizeof what, "gdn recurrent T=%d nk=%d nv=%d dk=%d dv=%d (out, state)", T, nk, nv, dk, dv);
-    if (lct_gdn(T, nk, nv, dk, dv, u, g, beta, S, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else {
-        double e1 = rel(o, oref, (size_t)T * nv * dv), e2 = rel(S, Sref, (size_t)nv * dk * dv);
-        report(what, e1 > e2 ? e1 : e2, 1e-4);
+    for (int chunked = 0; chunked < 2; chunked++) { /* the recurrent kernel, then the chunked (WY) kernels */
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "gdn %s T=%d nk=%d nv=%d dk=%d dv=%d (out, state)", chunked ? "chunked" : "recurrent", T, nk,
+                 nv, dk, dv);
+        memcpy(S, S0, (size_t)nv * dk * dv * 4);
+        for (size_t i = 0; i < (size_t)T * nv * dv; i++) o[i] = NAN;
+        if ((chunked ? lct_gdn_chunked : lct_gdn)(T, nk, nv, dk, dv, u, g, beta, S, o, &st)) {
+            printf("%s: %s\n", what, st.msg);
+            n_fail++;
+        } else {
+            double e1 = rel(o, oref, (size_t)T * nv * dv), e2 = rel(S, Sref, (size_t)nv * dk * dv);
+            report(what, e1 > e2 ? e1 : e2, 1e-4);
+        }
     }
     free(u); free(g); free(beta); free(S0); free(S); free(Sref); free(o); free(oref); free(gh); free(bh);
 }
@@ -368,6 +375,8 @@ int main(int argc, char **argv) {
     test_gdn(100, 16, 32, 128, 128);
     test_gdn(37, 2, 4, 128, 128);
     test_gdn(9, 1, 3, 40, 24);
+    test_gdn(512, 16, 32, 128, 128); /* eight full chunks, the 35B-A3B heads */
+    test_gdn(130, 2, 4, 128, 128);   /* a partial last chunk */
     test_rmsnorm(2048, 5);
     test_rmsnorm(129, 3);
     test_router(1, 256, 8);
