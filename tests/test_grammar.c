@@ -96,6 +96,9 @@ static const char *schemas[] = {
     "{\"definitions\":{\"p\":{\"type\":\"object\",\"properties\":{\"k\":{\"const\":{\"z\":[true,false]}}},"
     "\"additionalProperties\":true}},\"type\":\"array\",\"prefixItems\":[{\"type\":\"null\"},{\"$ref\":\"#/definitions/p\"}],"
     "\"items\":{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"string\",\"maxLength\":2}]},\"maxItems\":5}",
+    /* 6: non-ASCII property names beside extra keys, lengths of multibyte strings */
+    "{\"type\":\"object\",\"properties\":{\"\xc3\xa9\xe2\x82\xac\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":3},"
+    "\"\xc3\xa9" "a\":{\"type\":\"integer\"},\"\\u00e9\":{\"type\":\"boolean\"}},\"additionalProperties\":{\"type\":\"integer\"}}",
 };
 #define N_SCHEMAS (int)(sizeof schemas / sizeof *schemas)
 
@@ -109,6 +112,9 @@ static const char *good[][8] = {
     { "{}", "{\"a\":\"s\"}", "{\"a\":[true,false],\"b\":\"x\xc3\xa9\\n\",\"zz\":5,\"q\":-0}", "{\"b\":\"x\xc3\xa9\\n\"}", "{\"other\":1}", NULL },
     { "1", "\"s\"", "[1,{\"a\":[null,true,\"x\"]},-2.5E-7]", "{}", "null", NULL },
     { "[]", "[null]", "[null,{\"k\":{\"z\":[true,false]},\"more\":[1,{}]},3,\"ab\"]", "[null,{}]", NULL },
+    { "{}", "{\"\xc3\xa9\xe2\x82\xac\":\"ab\"}", "{\"\xc3\xa9\xe2\x82\xac\":\"\xf0\x9f\x98\x80\xe2\x82\xac" "x\",\"\xc3\xa9" "a\":1}",
+      "{\"\xc3\xa9\":true}", "{\"\xc3\xa9" "b\":1}", "{\"\xe2\x82\xac\":2,\"\xc3\xa9\xe2\x82\xac" "x\":3,\"\xc3\xaa\":4}",
+      "{\"\xc3\xa9\xe2\x82\xad\":5,\"\xc3\xa9\xe2\x83\x80\":6,\"\xc3\xa9\xf4\x8f\xbf\xbf\":7}", NULL },
 };
 static const char *bad[][8] = {
     { "{\"ok\":true}", "{\"name\":\"x\",\"ok\":true,}", "{\"name\":\"x\",\"ok\":1}", "{\"name\":\"\x01\",\"ok\":true}", "{\"name\":\"x\",\"ok\":true} ", "{\"name\":\"x\",\"ok\":true,\"age\":1}", "{\"name\":\"x\"\"ok\":true}", NULL },
@@ -117,6 +123,8 @@ static const char *bad[][8] = {
     { "{\"b\":\"y\"}", "{\"a\":null}", "{\"zz\":\"s\"}", "{,}", NULL },
     { "tru", "[1,]", "{\"a\" 1}", "01", "\"\\x\"", NULL },
     { "[1]", "[null,1]", "[null,{},\"abc\"]", "[null,{},1,1,1,1]", NULL },
+    { "{\"\xc3\xa9\xe2\x82\xac\":\"a\"}", "{\"\xc3\xa9\xe2\x82\xac\":\"ab\xf0\x9f\x98\x80" "c\"}", "{\"\xc3\xa9\xe2\x82\xac\":\"\xc3\"}",
+      "{\"\xc3\xa9\xe2\x82\":1}", "{\"\xc3\xa9\":1}", "{\"\xc3\xa9\xe2\x82\xac" "x\":\"s\"}", "{\"\xc3\xa9\xe2\x82\xac\":\"\xed\xa0\x80" "a\"}", NULL },
 };
 
 static int accepts(const gram_grammar *g, const char *s, size_t n, int *can_end_at_end, int *prefixes_ok) {
@@ -129,29 +137,10 @@ static int accepts(const gram_grammar *g, const char *s, size_t n, int *can_end_
     return ok;
 }
 
-/* jansson wants valid UTF-8 while the grammar allows any bytes >= 0x20 in strings (tokens
- * split characters); when the raw text is refused, retry with every lead byte >= 0xc0 made
- * 'U' and continuation bytes dropped, which keeps the character counts as the grammar
- * counts them. */
+/* The text must parse as it is (jansson refuses ill-formed UTF-8, so every string the
+ * grammar let through is well-formed) and validate, lengths counted in code points. */
 static int oracle(const char *s, size_t n, json_t *schema) {
     json_t *v = json_loadb(s, n, JSON_DECODE_ANY, NULL);
-    if (!v) {
-        char *t = malloc(n + 1); size_t k = 0;
-        for (size_t i = 0; i < n;) {
-            uint8_t b = (uint8_t)s[i];
-            if (b < 0x80) { t[k++] = (char)b; i++; continue; }
-            if (b < 0xc0) { i++; continue; }
-            size_t j = i + 1;
-            while (j < n && j < i + 4 && ((uint8_t)s[j] & 0xc0) == 0x80) j++;
-            size_t want = b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
-            if (want == 4 && ((b == 0xf0 && (uint8_t)s[i + 1] < 0x90) || (b == 0xf4 && (uint8_t)s[i + 1] > 0x8f))) want = 0;
-            if (want == 3 && ((b == 0xe0 && (uint8_t)s[i + 1] < 0xa0) || (b == 0xed && (uint8_t)s[i + 1] > 0x9f))) want = 0;
-            if (want == j - i) { memcpy(t + k, s + i, want); k += want; } else t[k++] = 'U';
-            i = j;
-        }
-        v = json_loadb(t, k, JSON_DECODE_ANY, NULL);
-        free(t);
-    }
     if (!v) return 0;
     int r = valid(v, schema, schema);
     json_decref(v);
@@ -211,6 +200,111 @@ static void test_instances(void) {
         json_decref(schema);
         gram_free(g);
     }
+}
+
+/* Reference: the number of code points in p[0..n) if it is well-formed UTF-8 made of
+ * characters allowed raw in a JSON string (no controls, '"' or '\\'), else -1. Decodes and
+ * checks the value ranges (overlong, surrogates, above U+10FFFF) rather than the byte table
+ * the grammar is built from. */
+static int ref_chars(const uint8_t *p, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; c++) {
+        uint32_t cp = p[i]; int len;
+        if (cp < 0x80) len = 1; else if ((cp & 0xe0) == 0xc0) { len = 2; cp &= 0x1f; }
+        else if ((cp & 0xf0) == 0xe0) { len = 3; cp &= 0x0f; } else if ((cp & 0xf8) == 0xf0) { len = 4; cp &= 0x07; }
+        else return -1;
+        if (i + (size_t)len > n) return -1;
+        for (int k = 1; k < len; k++) { if ((p[i + k] & 0xc0) != 0x80) return -1; cp = cp << 6 | (p[i + k] & 0x3f); }
+        static const uint32_t min_cp[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+        if (cp < min_cp[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return -1;
+        if (cp < 0x20 || cp == '"' || cp == '\\') return -1;
+        i += (size_t)len;
+    }
+    return c;
+}
+
+static int takes(const gram_grammar *g, const char *pre, const uint8_t *b, size_t n, const char *post) {
+    gram_matcher *m; lily_status st;
+    if (gram_matcher_new(g, &m, &st)) return -1;
+    int ok = gram_matcher_accept_bytes(m, pre, strlen(pre)) && gram_matcher_accept_bytes(m, (const char *)b, n) &&
+             gram_matcher_accept_bytes(m, post, strlen(post)) && gram_matcher_can_end(m);
+    gram_matcher_free(m);
+    return ok;
+}
+
+/* every byte string of length 1-2 and random longer ones (boundary bytes of the UTF-8
+ * table mostly), as a free string, a bounded string and an extra object key */
+static void test_utf8(void) {
+    const char *sch[3] = { "{\"type\":\"string\"}", "{\"type\":\"string\",\"minLength\":1,\"maxLength\":2}",
+                           "{\"properties\":{\"\xc3\xa9\xe2\x82\xac\":{\"type\":\"null\"}},\"additionalProperties\":{\"type\":\"integer\"}}" };
+    gram_grammar *g[3]; lily_status st;
+    for (int k = 0; k < 3; k++) CHECK(gram_from_json_schema(sch[k], strlen(sch[k]), &g[k], &st) == LILY_OK, "%s", st.msg);
+    static const uint8_t edge[] = { 0x00, 0x1f, 0x20, 0x41, 0x7e, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1,
+                                    0xc2, 0xc3, 0xdf, 0xe0, 0xe1, 0xec, 0xed, 0xee, 0xef, 0xf0, 0xf1, 0xf3, 0xf4, 0xf5, 0xff };
+    int bad[3] = { 0 }, n_valid = 0, n_total = 0;
+    for (long it = 0; it < 65536 + 256 + 60000; it++) {
+        uint8_t b[8]; size_t n;
+        if (it < 256) { b[0] = (uint8_t)it; n = 1; }
+        else if (it < 65536 + 256) { b[0] = (uint8_t)((it - 256) >> 8); b[1] = (uint8_t)(it - 256); n = 2; }
+        else { n = 3 + (size_t)rnd(6); for (size_t i = 0; i < n; i++) b[i] = rnd(5) ? edge[rnd((int)sizeof edge)] : (uint8_t)rnd(256); }
+        if (memchr(b, '"', n) || memchr(b, '\\', n)) continue;
+        int want = ref_chars(b, n);
+        n_total++; n_valid += want >= 0;
+        int got0 = takes(g[0], "\"", b, n, "\""), got1 = takes(g[1], "\"", b, n, "\"");
+        int got2 = takes(g[2], "{\"", b, n, "\":1}");
+        int exp2 = want >= 0 && !(n == 5 && !memcmp(b, "\xc3\xa9\xe2\x82\xac", 5));
+        if (got0 != (want >= 0) && bad[0]++ < 5) CHECK(0, "free string %02x %02x %02x %02x (n %zu): grammar %d", b[0], b[1], b[2], b[3], n, got0);
+        if (got1 != (want >= 1 && want <= 2) && bad[1]++ < 5) CHECK(0, "maxLength 2 string %02x %02x %02x (n %zu, %d chars): grammar %d", b[0], b[1], b[2], n, want, got1);
+        if (got2 != exp2 && bad[2]++ < 5) CHECK(0, "extra key %02x %02x %02x (n %zu): grammar %d", b[0], b[1], b[2], n, got2);
+    }
+    CHECK(bad[0] + bad[1] + bad[2] == 0, "utf8: %d/%d/%d disagreements", bad[0], bad[1], bad[2]);
+    CHECK(n_valid > 1000 && n_valid < n_total, "utf8: %d of %d valid", n_valid, n_total);
+    /* every listed key's proper prefix continues, with any other code point, into an extra key */
+    const uint8_t ext[][8] = { "\xc3\xa9\xe2\x82\xad", "\xc3\xa9\xe2\x83\x80", "\xc3\xaa", "\xc3\xa9\xf0\x9f\x98\x80", "\xc3\xa9\xe2\x82\xac" "a" };
+    for (int i = 0; i < 5; i++) CHECK(takes(g[2], "{\"", ext[i], strlen((const char *)ext[i]), "\":1}") == 1, "extra key %d", i);
+    for (int k = 0; k < 3; k++) gram_free(g[k]);
+}
+
+/* mask == accept_token at chosen states (inside characters, at each count of a bounded
+ * string, after a backslash, inside a listed key): all ids when the vocabulary is small,
+ * a sample otherwise */
+static void agree_at(const gram_vocab *v, const tok_tokenizer *t, const char *name) {
+    static const struct { int schema; const char *prefix; } at[] = {
+        { 0, "{\"name\":\"" }, { 0, "{\"name\":\"ab\xe7" }, { 0, "{\"name\":\"\xe7\x95" }, { 0, "{\"name\":\"\xf0\x9f" },
+        { 0, "{\"name\":\"\xed" }, { 0, "{\"name\":\"\\" }, { 0, "{\"name\":\"\\u" }, { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"" },
+        { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"a" }, { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"a\xc3\xa9" }, { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"abc" },
+        { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"ab\xe2\x82" }, { 6, "{\"\xc3" }, { 6, "{\"\xc3\xa9\xe2" }, { 6, "{\"\xc3\xa9\xe2\x82\xac" },
+        { 1, "[\"" }, { 1, "[\"a\xc3\xa9" }, { 5, "[null,{},\"x" }, { 3, "{\"q" },
+    };
+    int nv = gram_vocab_size(v), bad = 0, n_cmp = 0;
+    uint8_t *al = malloc((size_t)nv);
+    for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
+        gram_grammar *g; gram_matcher *m; lily_status st;
+        const char *sc = schemas[at[k].schema];
+        if (gram_from_json_schema(sc, strlen(sc), &g, &st)) { CHECK(0, "%s", st.msg); continue; }
+        gram_matcher_new(g, &m, &st);
+        CHECK(gram_matcher_accept_bytes(m, at[k].prefix, strlen(at[k].prefix)), "%s: prefix %zu refused", name, k);
+        gram_matcher_mask(m, v, al);
+        int n_al = 0;
+        for (int i = 0; i < nv; i++) n_al += al[i];
+        CHECK(n_al > 0, "%s: prefix %zu: empty mask", name, k);
+        int samples = nv <= 4000 ? nv : 3000;
+        gram_matcher *m2 = NULL;
+        for (int j = 0; j < samples; j++) {
+            int id = nv <= 4000 ? j : rnd(nv);
+            if (!m2) { gram_matcher_new(g, &m2, &st); gram_matcher_accept_bytes(m2, at[k].prefix, strlen(at[k].prefix)); }
+            int a = gram_matcher_accept_token(m2, v, id);
+            n_cmp++;
+            if (a != al[id] && bad++ < 5) {
+                size_t pl; const char *p = tok_piece(t, id, &pl);
+                CHECK(0, "%s prefix %zu: id %d '%.*s' mask %d accept %d", name, k, id, (int)pl, p ? p : "", al[id], a);
+            }
+            if (a) { gram_matcher_free(m2); m2 = NULL; }
+        }
+        gram_matcher_free(m2); gram_matcher_free(m); gram_free(g);
+    }
+    CHECK(bad == 0, "%s: mask and accept disagree %d times in %d", name, bad, n_cmp);
+    free(al);
 }
 
 /* random token walks; every result must parse and validate */
@@ -276,6 +370,7 @@ static void test_walks(const char *tok_path, const char *name, int n_walks, int 
     int nv = tok_vocab_size(t) + 17; /* a padded logits row */
     CHECK(gram_vocab_new(t, nv, &v, &st) == LILY_OK, "vocab: %s", st.msg);
     CHECK(gram_vocab_size(v) == nv, "vocab size");
+    agree_at(v, t, name);
     for (int si = 0; si <= N_SCHEMAS; si++) {
         gram_grammar *g; json_t *schema;
         char what[64]; snprintf(what, sizeof what, "%s schema %d", name, si);
@@ -345,6 +440,7 @@ int main(void) {
     lily_rng_seed(&rng, seed);
     printf("seed %llu\n", (unsigned long long)seed);
     test_errors();
+    test_utf8();
     test_instances();
     char dir[] = "/tmp/gram_synth_XXXXXX";
     if (mkdtemp(dir)) {

@@ -8,6 +8,13 @@
  * one where nearly every token fits) the tokens made only of plain string bytes keep the
  * matcher in the same state, so they are copied from a precomputed mask and only the
  * other tokens (quote, backslash, control bytes) are walked, in a second, small trie.
+ *
+ * Strings hold well-formed UTF-8 only, and a token may end inside a character, so the
+ * precomputed set is the tokens made of whole plain characters (ASCII other than '"',
+ * '\\' and controls, or complete well-formed multibyte sequences), with their character
+ * counts: at a character boundary of a string with r characters left they are exactly
+ * the allowed ones among them with count <= r. Tokens that split a character are in the
+ * second trie and stepped; a state inside a character walks the full trie.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -28,13 +35,32 @@ struct gram_vocab {
     int n_vocab;
     uint32_t *off;        /* piece of id i: bytes[off[i] .. off[i+1]) ; empty = never allowed */
     uint8_t *bytes;
-    uint8_t *plain_mask;  /* 1 for tokens made only of plain string bytes */
+    uint8_t *plain_mask;  /* 1 for tokens made only of whole plain string characters */
+    uint16_t *nchars;     /* their character counts */
+    int32_t *by_len;      /* the plain tokens by character count, ascending */
+    int32_t len_start[66];/* by_len[len_start[c] ..] have count >= c (c <= 64; 65 = n_plain) */
+    int n_plain;
     vtrie all, special;   /* every allowed token; the non-plain ones */
 };
 
 struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work; };
 
-static int plain_byte(unsigned b) { return b >= 0x20 && b != '"' && b != '\\'; }
+/* the number of whole plain characters in p[0..n), or -1 if it is not made of them */
+static int plain_chars(const uint8_t *p, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; c++) {
+        unsigned b = p[i];
+        if (b < 0x80) { if (b < 0x20 || b == '"' || b == '\\') return -1; i++; continue; }
+        size_t len = b < 0xc2 ? 0 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : b < 0xf5 ? 4 : 0;
+        if (!len || i + len > n) return -1;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (b == 0xe0) lo = 0xa0; else if (b == 0xed) hi = 0x9f; else if (b == 0xf0) lo = 0x90; else if (b == 0xf4) hi = 0x8f;
+        if (p[i + 1] < lo || p[i + 1] > hi) return -1;
+        for (size_t k = 2; k < len; k++) if ((p[i + k] & 0xc0) != 0x80) return -1;
+        i += len;
+    }
+    return c;
+}
 
 static const gram_vocab *sort_v;
 static int cmp_piece(const void *a, const void *b) {
@@ -105,8 +131,10 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     v->off = malloc(sizeof(uint32_t) * ((size_t)n_vocab + 1));
     v->bytes = malloc(total + 1);
     v->plain_mask = calloc((size_t)n_vocab, 1);
+    v->nchars = calloc((size_t)n_vocab, sizeof(uint16_t));
+    v->by_len = malloc(sizeof(int32_t) * (size_t)n_vocab);
     int32_t *all = malloc(sizeof(int32_t) * (size_t)n_vocab), *spec = malloc(sizeof(int32_t) * (size_t)n_vocab);
-    if (!v->off || !v->bytes || !v->plain_mask || !all || !spec) {
+    if (!v->off || !v->bytes || !v->plain_mask || !v->nchars || !v->by_len || !all || !spec) {
         free(all); free(spec); gram_vocab_free(v);
         return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
     }
@@ -118,13 +146,23 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
         const char *p = i < tv && !tok_is_added(t, i) ? tok_piece(t, i, &ln) : NULL;
         if (!p || !ln) continue;
         memcpy(v->bytes + o, p, ln); o += ln;
-        int plain = 1;
-        for (size_t k = 0; k < ln; k++) plain &= plain_byte((uint8_t)p[k]);
-        v->plain_mask[i] = (uint8_t)plain;
+        int nc = plain_chars((const uint8_t *)p, ln);
+        v->plain_mask[i] = nc > 0;
+        v->nchars[i] = (uint16_t)(nc > 65535 ? 65535 : nc > 0 ? nc : 0);
         all[na++] = i;
-        if (!plain) spec[ns++] = i;
+        if (nc <= 0) spec[ns++] = i;
     }
     v->off[n_vocab] = (uint32_t)o;
+    /* counting sort of the plain tokens by character count (counts above 64 share a bucket) */
+    int cnt[66] = { 0 };
+    for (int i = 0; i < n_vocab; i++) if (v->plain_mask[i]) cnt[v->nchars[i] > 64 ? 64 : v->nchars[i]]++;
+    v->len_start[0] = 0;
+    for (int c = 0; c < 65; c++) v->len_start[c + 1] = v->len_start[c] + cnt[c];
+    v->n_plain = v->len_start[65];
+    int fill[65];
+    memcpy(fill, v->len_start, sizeof fill);
+    for (int i = 0; i < n_vocab; i++)
+        if (v->plain_mask[i]) v->by_len[fill[v->nchars[i] > 64 ? 64 : v->nchars[i]]++] = i;
     static int busy; /* the sort's comparator reads one global vocab */
     while (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) { }
     int bad = trie_build(&v->all, v, all, na);
@@ -139,7 +177,7 @@ int gram_vocab_size(const gram_vocab *v) { return v->n_vocab; }
 
 void gram_vocab_free(gram_vocab *v) {
     if (!v) return;
-    free(v->off); free(v->bytes); free(v->plain_mask);
+    free(v->off); free(v->bytes); free(v->plain_mask); free(v->nchars); free(v->by_len);
     trie_free(&v->all); trie_free(&v->special);
     free(v);
 }
@@ -190,8 +228,23 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
     /* the scratch is the matcher's own memory: a matcher is used by one thread at a time */
     struct gram_scratch *s = scratch_get((gram_matcher *)m, v->all.max_depth + 1);
     if (!s) return; /* out of memory: nothing allowed, the caller sees an empty mask */
-    if (gram_sset_in_plain_string(m->g, &m->cur)) {
+    int rem = gram_sset_string_state(m->g, &m->cur);
+    if (rem == -1 || (rem >= 64 && rem >= 0)) {
         memcpy(allowed, v->plain_mask, (size_t)v->n_vocab);
+        /* counts above 64 share the last bucket: clear those beyond rem one by one */
+        if (rem >= 64)
+            for (int k = v->len_start[64]; k < v->n_plain; k++)
+                if (v->nchars[v->by_len[k]] > rem) allowed[v->by_len[k]] = 0;
+        walk(m, &v->special, allowed, s);
+    } else if (rem >= 0) {
+        /* the plain tokens of at most rem characters are by_len[0 .. len_start[rem+1]) */
+        int n_ok = v->len_start[rem + 1];
+        if (2 * n_ok < v->n_plain) {
+            for (int k = 0; k < n_ok; k++) allowed[v->by_len[k]] = 1;
+        } else {
+            memcpy(allowed, v->plain_mask, (size_t)v->n_vocab);
+            for (int k = n_ok; k < v->n_plain; k++) allowed[v->by_len[k]] = 0;
+        }
         walk(m, &v->special, allowed, s);
     } else {
         walk(m, &v->all, allowed, s);
