@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include "t.h"
 #include "text/grammar.h"
+#include "text/gram_priv.h"
 #include "util/util.h"
 
 static lily_rng rng;
@@ -363,6 +364,60 @@ static void walk(const gram_grammar *g, const gram_vocab *v, const tok_tokenizer
     free(allowed); free(cand); free(close);
 }
 
+/* Added tokens are terminals only where a grammar lists them: "a" then "<tool_call>" or
+ * "<tool_x>", then "b", built with the internal builder, listing "<tool_call>" (or not). */
+static void test_added(const gram_vocab *v, const tok_tokenizer *t, const char *name) {
+    int32_t tc = tok_id(t, "<tool_call>"), te = tok_id(t, "</tool_call>"), ie = tok_id(t, "<|im_end|>");
+    CHECK(tc >= 0 && te >= 0 && ie >= 0 && tok_is_added(t, tc), "%s: added tokens %d %d %d", name, tc, te, ie);
+    if (tc < 0 || te < 0 || ie < 0) return;
+    int nv = gram_vocab_size(v);
+    uint8_t *al = malloc((size_t)nv);
+    for (int list = 0; list < 2; list++) {
+        gram_grammar *g = gram_g_new();
+        int r = gram_g_rule(g), mid = gram_g_rule(g);
+        const char *x = "<tool_call>", *y = "<tool_x>";
+        int32_t e[16]; int n = 0;
+        for (const char *p = x; *p; p++) e[n++] = gram_g_byte(g, (uint8_t)*p);
+        gram_g_alt(g, mid, e, n);
+        n = 0;
+        for (const char *p = y; *p; p++) e[n++] = gram_g_byte(g, (uint8_t)*p);
+        gram_g_alt(g, mid, e, n);
+        int32_t top[3] = { gram_g_byte(g, 'a'), GRAM_REF(mid), gram_g_byte(g, 'b') };
+        gram_g_alt(g, r, top, 3);
+        if (list) { gram_g_added(g, "<tool_call>"); gram_g_added(g, "<|im_end|>"); }
+        lily_status st;
+        CHECK(gram_g_finish(g, r, &st) == LILY_OK, "finish: %s", st.msg);
+        gram_matcher *m; gram_matcher_new(g, &m, &st);
+        gram_matcher_mask(m, v, al);
+        CHECK(!al[tc] && !al[te] && !al[ie], "%s list %d: added tokens before 'a'", name, list);
+        CHECK(gram_matcher_accept_token(m, v, tc) == 0, "%s list %d: <tool_call> accepted before 'a'", name, list);
+        CHECK(gram_matcher_accept_bytes(m, "a", 1), "a");
+        gram_matcher_mask(m, v, al);
+        int n_added = 0;
+        for (int i = 0; i < nv; i++) n_added += al[i] && tok_is_added(t, i);
+        CHECK(al[tc] == list && n_added == list, "%s list %d: mask after 'a': <tool_call> %d, %d added allowed", name, list, al[tc], n_added);
+        CHECK(!al[ie] && !al[te], "%s list %d: listed <|im_end|> whose bytes do not fit, or unlisted </tool_call>", name, list);
+        /* ordinary tokens spelling the same bytes are allowed either way */
+        int32_t *ids; int nid;
+        tok_encode(t, "<tool_call>", 11, 0, &ids, &nid, &st);
+        CHECK(nid > 0 && !tok_is_added(t, ids[0]) && al[ids[0]], "%s list %d: plain spelling '<' refused", name, list);
+        gram_matcher *m2; gram_matcher_new(g, &m2, &st);
+        gram_matcher_accept_bytes(m2, "a", 1);
+        int ok = 1;
+        for (int i = 0; i < nid; i++) ok &= gram_matcher_accept_token(m2, v, ids[i]);
+        CHECK(ok && gram_matcher_accept_bytes(m2, "b", 1) && gram_matcher_can_end(m2), "%s: plain spelling", name);
+        free(ids); gram_matcher_free(m2);
+        CHECK(gram_matcher_accept_token(m, v, tc) == list, "%s list %d: accept <tool_call>", name, list);
+        if (list) {
+            gram_matcher_mask(m, v, al);
+            CHECK(!al[tc] && gram_matcher_accept_token(m, v, tc) == 0, "%s: <tool_call> twice", name);
+            CHECK(gram_matcher_accept_bytes(m, "b", 1) && gram_matcher_can_end(m), "%s: 'b' after <tool_call>", name);
+        }
+        gram_matcher_free(m); gram_free(g);
+    }
+    free(al);
+}
+
 static void test_walks(const char *tok_path, const char *name, int n_walks, int check_every) {
     tok_tokenizer *t; lily_status st;
     if (tok_load(tok_path, &t, &st)) { CHECK(0, "load %s: %s", tok_path, st.msg); return; }
@@ -371,6 +426,7 @@ static void test_walks(const char *tok_path, const char *name, int n_walks, int 
     CHECK(gram_vocab_new(t, nv, &v, &st) == LILY_OK, "vocab: %s", st.msg);
     CHECK(gram_vocab_size(v) == nv, "vocab size");
     agree_at(v, t, name);
+    test_added(v, t, name);
     for (int si = 0; si <= N_SCHEMAS; si++) {
         gram_grammar *g; json_t *schema;
         char what[64]; snprintf(what, sizeof what, "%s schema %d", name, si);

@@ -15,6 +15,9 @@
  * counts: at a character boundary of a string with r characters left they are exactly
  * the allowed ones among them with count <= r. Tokens that split a character are in the
  * second trie and stepped; a state inside a character walks the full trie.
+ *
+ * Added tokens are kept out of both tries (their text, "<tool_call>", would otherwise be
+ * offered wherever '<' fits): the mask steps through the few the grammar lists by name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -40,10 +43,12 @@ struct gram_vocab {
     int32_t *by_len;      /* the plain tokens by character count, ascending */
     int32_t len_start[66];/* by_len[len_start[c] ..] have count >= c (c <= 64; 65 = n_plain) */
     int n_plain;
+    uint8_t *is_added;    /* 1 for added tokens: outside the tries, allowed only when listed */
+    int32_t *added_ids; int n_added;
     vtrie all, special;   /* every allowed token; the non-plain ones */
 };
 
-struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work; };
+struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work, a, b; };
 
 /* the number of whole plain characters in p[0..n), or -1 if it is not made of them */
 static int plain_chars(const uint8_t *p, size_t n) {
@@ -126,15 +131,17 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     size_t total = 0;
     for (int i = 0; i < n_vocab && i < tv; i++) {
         size_t ln = 0;
-        if (!tok_is_added(t, i) && tok_piece(t, i, &ln)) total += ln;
+        if (tok_piece(t, i, &ln)) total += ln;
     }
     v->off = malloc(sizeof(uint32_t) * ((size_t)n_vocab + 1));
     v->bytes = malloc(total + 1);
     v->plain_mask = calloc((size_t)n_vocab, 1);
     v->nchars = calloc((size_t)n_vocab, sizeof(uint16_t));
     v->by_len = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    v->is_added = calloc((size_t)n_vocab, 1);
+    v->added_ids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     int32_t *all = malloc(sizeof(int32_t) * (size_t)n_vocab), *spec = malloc(sizeof(int32_t) * (size_t)n_vocab);
-    if (!v->off || !v->bytes || !v->plain_mask || !v->nchars || !v->by_len || !all || !spec) {
+    if (!v->off || !v->bytes || !v->plain_mask || !v->nchars || !v->by_len || !v->is_added || !v->added_ids || !all || !spec) {
         free(all); free(spec); gram_vocab_free(v);
         return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
     }
@@ -143,9 +150,10 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     for (int i = 0; i < n_vocab; i++) {
         v->off[i] = (uint32_t)o;
         size_t ln = 0;
-        const char *p = i < tv && !tok_is_added(t, i) ? tok_piece(t, i, &ln) : NULL;
+        const char *p = i < tv ? tok_piece(t, i, &ln) : NULL;
         if (!p || !ln) continue;
         memcpy(v->bytes + o, p, ln); o += ln;
+        if (tok_is_added(t, i)) { v->is_added[i] = 1; v->added_ids[v->n_added++] = i; continue; }
         int nc = plain_chars((const uint8_t *)p, ln);
         v->plain_mask[i] = nc > 0;
         v->nchars[i] = (uint16_t)(nc > 65535 ? 65535 : nc > 0 ? nc : 0);
@@ -178,6 +186,7 @@ int gram_vocab_size(const gram_vocab *v) { return v->n_vocab; }
 void gram_vocab_free(gram_vocab *v) {
     if (!v) return;
     free(v->off); free(v->bytes); free(v->plain_mask); free(v->nchars); free(v->by_len);
+    free(v->is_added); free(v->added_ids);
     trie_free(&v->all); trie_free(&v->special);
     free(v);
 }
@@ -185,7 +194,7 @@ void gram_vocab_free(gram_vocab *v) {
 void gram_scratch_free(struct gram_scratch *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) gram_sset_free(&s->ss[i]);
-    gram_sset_free(&s->work);
+    gram_sset_free(&s->work); gram_sset_free(&s->a); gram_sset_free(&s->b);
     free(s->ss); free(s->first); free(s);
 }
 
@@ -223,6 +232,13 @@ static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct
     }
 }
 
+/* is this added token's content one the grammar may produce? */
+static int listed(const gram_grammar *g, const uint8_t *p, size_t n) {
+    for (int i = 0; i < g->n_added; i++)
+        if (strlen(g->added[i]) == n && !memcmp(g->added[i], p, n)) return 1;
+    return 0;
+}
+
 void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allowed) {
     memset(allowed, 0, (size_t)v->n_vocab);
     /* the scratch is the matcher's own memory: a matcher is used by one thread at a time */
@@ -249,11 +265,26 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
     } else {
         walk(m, &v->all, allowed, s);
     }
+    for (int k = 0; k < v->n_added && m->g->n_added; k++) {
+        int32_t id = v->added_ids[k];
+        const uint8_t *p = v->bytes + v->off[id];
+        size_t n = v->off[id + 1] - v->off[id];
+        if (!listed(m->g, p, n)) continue;
+        const gram_sset *src = &m->cur;
+        size_t i = 0;
+        for (; i < n; i++) {
+            gram_sset *dst = (i & 1) ? &s->b : &s->a;
+            if (gram_advance(m->g, src, p[i], dst, &s->work) == 0) break;
+            src = dst;
+        }
+        allowed[id] = i == n;
+    }
 }
 
 int gram_matcher_accept_token(gram_matcher *m, const gram_vocab *v, int32_t id) {
     if (id < 0 || id >= v->n_vocab) return 0;
     uint32_t a = v->off[id], b = v->off[id + 1];
     if (a == b) return 0;
+    if (v->is_added[id] && !listed(m->g, v->bytes + a, b - a)) return 0;
     return gram_matcher_accept_bytes(m, (const char *)v->bytes + a, b - a);
 }

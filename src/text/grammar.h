@@ -6,8 +6,15 @@
  * - gram_grammar and gram_vocab are immutable once built and may be shared by many threads;
  *   a gram_matcher belongs to one request (one thread at a time).
  * - The grammar is over bytes, not code points: a token may end in the middle of a UTF-8
- *   character and the next token completes it. Inside JSON strings every byte >= 0x20
- *   other than '"' and '\\' is allowed (so any UTF-8 text is), escapes are JSON's.
+ *   character and the next token completes it. String contents are exactly the
+ *   well-formed UTF-8 sequences (RFC 3629: no overlongs, surrogates, or code points above
+ *   U+10FFFF) other than controls, '"' and '\\', plus JSON's escapes; minLength/maxLength
+ *   count code points (one sequence or one escape, a surrogate-pair escape being one),
+ *   as JSON-schema validators do. This holds wherever strings occur (values, keys).
+ * - Added tokens (<tool_call>, <|im_end|>, ...) are terminals a grammar may list by their
+ *   exact content: an added token is allowed (mask, accept_token) iff the grammar lists
+ *   it and its bytes are allowed at that point. Ordinary tokens spelling the same bytes
+ *   are allowed as usual. JSON-schema and json_object grammars list none.
  * - The language is exactly: optional leading whitespace, one JSON value valid against the
  *   schema, nothing after it (the caller ends generation, e.g. with EOS). Whitespace
  *   between tokens of the value is limited (GRAM_MAX_WS bytes per run) so a model cannot
@@ -48,8 +55,9 @@ lily_code gram_json_object(gram_grammar **out, lily_status *st);
 void gram_free(gram_grammar *g);
 
 /* The bytes of every token id in [0, n_vocab): ids the tokenizer does not know (padding)
- * and added tokens (<|im_end|>, <think>, ...) are never allowed by a grammar. n_vocab is
- * the model's vocabulary size (the logits row length), which may exceed the tokenizer's. */
+ * are never allowed; added tokens (<|im_end|>, <tool_call>, ...) only by grammars that
+ * list them (see the contract). n_vocab is the model's vocabulary size (the logits row
+ * length), which may exceed the tokenizer's. */
 lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, lily_status *st);
 int gram_vocab_size(const gram_vocab *v);
 void gram_vocab_free(gram_vocab *v);
