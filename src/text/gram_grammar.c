@@ -24,7 +24,7 @@ gram_grammar *gram_g_new(void) {
 void gram_free(gram_grammar *g) {
     if (!g) return;
     free(g->sets); free(g->el); free(g->pend); free(g->alt_off); free(g->alts);
-    free(g->str_rule_id); free(g->str_rem); free(g->str_pos); free(g->str_pos_idx);
+    free(g->str_rule_id); free(g->str_rem); free(g->str_flags); free(g->str_pos); free(g->str_pos_idx);
     for (int i = 0; i < g->n_added; i++) free(g->added[i]);
     free(g->added);
     free(g);
@@ -60,13 +60,15 @@ int32_t gram_g_alt(gram_grammar *g, int r, const int32_t *e, int n) {
     return start;
 }
 
-void gram_g_str(gram_grammar *g, int r, int rem) {
+void gram_g_str(gram_grammar *g, int r, int rem, int flags) {
     if (r < 0) return;
     if (grow((void **)&g->str_rule_id, &g->cap_str, g->n_str + 1, sizeof(int32_t))) { g->oom = 1; return; }
     int32_t *q = realloc(g->str_rem, sizeof(int32_t) * (size_t)g->cap_str); /* same capacity */
-    if (!q) { g->oom = 1; return; }
-    g->str_rem = q;
-    g->str_rule_id[g->n_str] = r; g->str_rem[g->n_str++] = rem;
+    if (q) g->str_rem = q;
+    int32_t *f = realloc(g->str_flags, sizeof(int32_t) * (size_t)g->cap_str);
+    if (f) g->str_flags = f;
+    if (!q || !f) { g->oom = 1; return; }
+    g->str_rule_id[g->n_str] = r; g->str_rem[g->n_str] = rem; g->str_flags[g->n_str++] = flags;
 }
 
 void gram_g_added(gram_grammar *g, const char *content) {
@@ -320,7 +322,7 @@ static int str_lookup(const gram_grammar *g, int32_t p) {
     return -1;
 }
 
-int gram_sset_string_state(const gram_grammar *g, const gram_sset *s) {
+int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags) {
     if (!g->n_str_pos || s->n == 0 || s->n > 16) return -2;
     const int32_t *a = s->buf;
     int n = a[0];
@@ -333,6 +335,7 @@ int gram_sset_string_state(const gram_grammar *g, const gram_sset *s) {
      * the tops are exactly r's alternatives */
     for (const int32_t *b = a + n + 1; b < s->buf + s->len; b += b[0] + 1)
         if (b[0] != n || memcmp(a + 1, b + 1, (size_t)(n - 1) * 4) || str_lookup(g, b[n]) != idx) return -2;
+    *flags = g->str_flags[idx];
     return g->str_rem[idx];
 }
 

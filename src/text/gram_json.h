@@ -50,5 +50,8 @@ int gj_bool_r(gj_ctx *c);
 int gj_array_of(gj_ctx *c, const int *prefix, int np, int extra, int lo, int hi);
 int gj_object_of(gj_ctx *c, int n, int *keys, const int *vals, const char *opt, int extra, int extra_key);
 int gj_any(gj_ctx *c);
+/* the value rule of schema s, whose $refs resolve against root; ptr is the JSON pointer
+ * that error messages give for s ("" for the root) */
+int gj_schema(gj_ctx *c, json_t *root, json_t *s, const char *ptr);
 
 #endif

@@ -44,7 +44,7 @@ struct gram_grammar {
     /* string-body rules (the mask's fast path): a stack set made of one stack per
      * alternative of such a rule, all sharing what lies below, is "inside a string at a
      * character boundary, str_rem[i] more characters allowed (-1 = no limit)" */
-    int32_t *str_rule_id, *str_rem; int n_str, cap_str;
+    int32_t *str_rule_id, *str_rem, *str_flags; int n_str, cap_str;
     int32_t *str_pos, *str_pos_idx; int n_str_pos; /* sorted alternative starts -> index */
     /* added tokens (exact contents) the grammar may produce; an added token of the
      * vocabulary is allowed only when listed here and its bytes fit */
@@ -60,9 +60,13 @@ int gram_g_byte(gram_grammar *g, unsigned b);
 /* appends an alternative (n elements) to rule r; returns its start position */
 int32_t gram_g_alt(gram_grammar *g, int r, const int32_t *e, int n);
 lily_code gram_g_finish(gram_grammar *g, int root, lily_status *st);
-/* registers rule r as a string body with rem characters left (-1 = unbounded): every
- * alternative must consume whole characters (or the closing quote) */
-void gram_g_str(gram_grammar *g, int r, int rem);
+/* registers rule r as a string body with rem characters left (-1 = unbounded): each
+ * alternative is one whole character then the body with one character less (or the
+ * same body when unbounded), or leaves the string (closing quote, terminator). Every
+ * plain ASCII byte (0x20-0x7f but '"' and '\\') and every well-formed multibyte character
+ * must be such a character, except '<' when flags has GRAM_STR_LT. */
+#define GRAM_STR_LT 1
+void gram_g_str(gram_grammar *g, int r, int rem, int flags);
 /* lists an added token's content as producible (copied) */
 void gram_g_added(gram_grammar *g, const char *content);
 
@@ -83,7 +87,7 @@ void gram_sset_first(const gram_grammar *g, const gram_sset *s, gram_set *u);
 int gram_sset_accepting(const gram_sset *s);
 /* >= 0 (characters left) or -1 (no limit) if the set is exactly a registered string
  * body at a character boundary (see gram_g_str), else -2 */
-int gram_sset_string_state(const gram_grammar *g, const gram_sset *s);
+int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags);
 
 struct gram_matcher {
     const gram_grammar *g;

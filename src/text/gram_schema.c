@@ -370,6 +370,18 @@ out:
     return c->err ? -1 : r;
 }
 
+int gj_schema(gj_ctx *c, json_t *root, json_t *s, const char *ptr) {
+    json_t *saved_root = c->root;
+    char saved[sizeof c->ptr];
+    memcpy(saved, c->ptr, sizeof saved);
+    c->root = root;
+    snprintf(c->ptr, sizeof c->ptr, "%s", ptr);
+    int r = compile(c, s);
+    c->root = saved_root;
+    memcpy(c->ptr, saved, sizeof saved);
+    return r;
+}
+
 static lily_code finish(gj_ctx *c, int value, gram_grammar **out) {
     int top = c->err ? -1 : gj_rule(c);
     if (!c->err) { int32_t e[2] = { gj_ref(gj_ws(c)), gj_ref(value) }; gj_alt(c, top, e, 2); }

@@ -34,18 +34,25 @@ typedef struct {
     int max_depth;
 } vtrie;
 
+typedef struct {
+    uint8_t *mask;        /* 1 for the tokens of the set */
+    int32_t *by_len;      /* the set by character count, ascending */
+    int32_t len_start[66];/* by_len[len_start[c] ..] have count >= c (c <= 64; 65 = n) */
+    int n;
+} plainset;
+
 struct gram_vocab {
     int n_vocab;
     uint32_t *off;        /* piece of id i: bytes[off[i] .. off[i+1]) ; empty = never allowed */
     uint8_t *bytes;
-    uint8_t *plain_mask;  /* 1 for tokens made only of whole plain string characters */
-    uint16_t *nchars;     /* their character counts */
-    int32_t *by_len;      /* the plain tokens by character count, ascending */
-    int32_t len_start[66];/* by_len[len_start[c] ..] have count >= c (c <= 64; 65 = n_plain) */
-    int n_plain;
+    uint16_t *nchars;     /* character counts of the plain tokens (below) */
+    /* [0]: tokens made only of whole plain string characters; [1]: those without '<' (for
+     * bodies where '<' may start a forbidden terminator, GRAM_STR_LT) */
+    plainset plain[2];
     uint8_t *is_added;    /* 1 for added tokens: outside the tries, allowed only when listed */
     int32_t *added_ids; int n_added;
     vtrie all, special;   /* every allowed token; the non-plain ones */
+    vtrie lt;             /* the plain tokens holding a '<' */
 };
 
 struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work, a, b; };
@@ -135,17 +142,21 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     }
     v->off = malloc(sizeof(uint32_t) * ((size_t)n_vocab + 1));
     v->bytes = malloc(total + 1);
-    v->plain_mask = calloc((size_t)n_vocab, 1);
+    for (int k = 0; k < 2; k++) {
+        v->plain[k].mask = calloc((size_t)n_vocab, 1);
+        v->plain[k].by_len = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    }
     v->nchars = calloc((size_t)n_vocab, sizeof(uint16_t));
-    v->by_len = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    int32_t *ltids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     v->is_added = calloc((size_t)n_vocab, 1);
     v->added_ids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     int32_t *all = malloc(sizeof(int32_t) * (size_t)n_vocab), *spec = malloc(sizeof(int32_t) * (size_t)n_vocab);
-    if (!v->off || !v->bytes || !v->plain_mask || !v->nchars || !v->by_len || !v->is_added || !v->added_ids || !all || !spec) {
-        free(all); free(spec); gram_vocab_free(v);
+    if (!v->off || !v->bytes || !v->plain[0].mask || !v->plain[0].by_len || !v->plain[1].mask || !v->plain[1].by_len ||
+        !v->nchars || !v->is_added || !v->added_ids || !all || !spec || !ltids) {
+        free(all); free(spec); free(ltids); gram_vocab_free(v);
         return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
     }
-    int na = 0, ns = 0;
+    int na = 0, ns = 0, nl = 0;
     size_t o = 0;
     for (int i = 0; i < n_vocab; i++) {
         v->off[i] = (uint32_t)o;
@@ -155,26 +166,33 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
         memcpy(v->bytes + o, p, ln); o += ln;
         if (tok_is_added(t, i)) { v->is_added[i] = 1; v->added_ids[v->n_added++] = i; continue; }
         int nc = plain_chars((const uint8_t *)p, ln);
-        v->plain_mask[i] = nc > 0;
+        int lt = memchr(p, '<', ln) != NULL;
+        v->plain[0].mask[i] = nc > 0;
+        v->plain[1].mask[i] = nc > 0 && !lt;
         v->nchars[i] = (uint16_t)(nc > 65535 ? 65535 : nc > 0 ? nc : 0);
         all[na++] = i;
         if (nc <= 0) spec[ns++] = i;
+        else if (lt) ltids[nl++] = i;
     }
     v->off[n_vocab] = (uint32_t)o;
     /* counting sort of the plain tokens by character count (counts above 64 share a bucket) */
-    int cnt[66] = { 0 };
-    for (int i = 0; i < n_vocab; i++) if (v->plain_mask[i]) cnt[v->nchars[i] > 64 ? 64 : v->nchars[i]]++;
-    v->len_start[0] = 0;
-    for (int c = 0; c < 65; c++) v->len_start[c + 1] = v->len_start[c] + cnt[c];
-    v->n_plain = v->len_start[65];
-    int fill[65];
-    memcpy(fill, v->len_start, sizeof fill);
-    for (int i = 0; i < n_vocab; i++)
-        if (v->plain_mask[i]) v->by_len[fill[v->nchars[i] > 64 ? 64 : v->nchars[i]]++] = i;
+    for (int k = 0; k < 2; k++) {
+        plainset *ps = &v->plain[k];
+        int cnt[66] = { 0 };
+        for (int i = 0; i < n_vocab; i++) if (ps->mask[i]) cnt[v->nchars[i] > 64 ? 64 : v->nchars[i]]++;
+        ps->len_start[0] = 0;
+        for (int c = 0; c < 65; c++) ps->len_start[c + 1] = ps->len_start[c] + cnt[c];
+        ps->n = ps->len_start[65];
+        int fill[65];
+        memcpy(fill, ps->len_start, sizeof fill);
+        for (int i = 0; i < n_vocab; i++)
+            if (ps->mask[i]) ps->by_len[fill[v->nchars[i] > 64 ? 64 : v->nchars[i]]++] = i;
+    }
     static int busy; /* the sort's comparator reads one global vocab */
     while (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) { }
     int bad = trie_build(&v->all, v, all, na);
     if (!bad) bad = trie_build(&v->special, v, spec, ns); else free(spec);
+    if (!bad) bad = trie_build(&v->lt, v, ltids, nl); else free(ltids);
     __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
     if (bad) { gram_vocab_free(v); return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory"); }
     *out = v;
@@ -185,9 +203,10 @@ int gram_vocab_size(const gram_vocab *v) { return v->n_vocab; }
 
 void gram_vocab_free(gram_vocab *v) {
     if (!v) return;
-    free(v->off); free(v->bytes); free(v->plain_mask); free(v->nchars); free(v->by_len);
+    free(v->off); free(v->bytes); free(v->nchars);
+    for (int k = 0; k < 2; k++) { free(v->plain[k].mask); free(v->plain[k].by_len); }
     free(v->is_added); free(v->added_ids);
-    trie_free(&v->all); trie_free(&v->special);
+    trie_free(&v->all); trie_free(&v->special); trie_free(&v->lt);
     free(v);
 }
 
@@ -232,6 +251,26 @@ static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct
     }
 }
 
+/* allowed[id] = 1 for the set's tokens of at most rem characters (rem -1: all) */
+static void plain_upto(const gram_vocab *v, const plainset *ps, int rem, uint8_t *allowed) {
+    if (rem < 0 || rem >= 64) {
+        memcpy(allowed, ps->mask, (size_t)v->n_vocab);
+        /* counts of 64 and above share the last bucket: clear those beyond rem one by one */
+        if (rem >= 0)
+            for (int k = ps->len_start[64]; k < ps->n; k++)
+                if (v->nchars[ps->by_len[k]] > rem) allowed[ps->by_len[k]] = 0;
+        return;
+    }
+    /* the tokens of at most rem characters are by_len[0 .. len_start[rem+1]) */
+    int n_ok = ps->len_start[rem + 1];
+    if (2 * n_ok < ps->n) {
+        for (int k = 0; k < n_ok; k++) allowed[ps->by_len[k]] = 1;
+    } else {
+        memcpy(allowed, ps->mask, (size_t)v->n_vocab);
+        for (int k = n_ok; k < ps->n; k++) allowed[ps->by_len[k]] = 0;
+    }
+}
+
 /* is this added token's content one the grammar may produce? */
 static int listed(const gram_grammar *g, const uint8_t *p, size_t n) {
     for (int i = 0; i < g->n_added; i++)
@@ -244,24 +283,12 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
     /* the scratch is the matcher's own memory: a matcher is used by one thread at a time */
     struct gram_scratch *s = scratch_get((gram_matcher *)m, v->all.max_depth + 1);
     if (!s) return; /* out of memory: nothing allowed, the caller sees an empty mask */
-    int rem = gram_sset_string_state(m->g, &m->cur);
-    if (rem == -1 || (rem >= 64 && rem >= 0)) {
-        memcpy(allowed, v->plain_mask, (size_t)v->n_vocab);
-        /* counts above 64 share the last bucket: clear those beyond rem one by one */
-        if (rem >= 64)
-            for (int k = v->len_start[64]; k < v->n_plain; k++)
-                if (v->nchars[v->by_len[k]] > rem) allowed[v->by_len[k]] = 0;
+    int flags = 0, rem = gram_sset_string_state(m->g, &m->cur, &flags);
+    if (rem >= -1) {
+        const plainset *ps = &v->plain[flags & GRAM_STR_LT ? 1 : 0];
+        plain_upto(v, ps, rem, allowed);
         walk(m, &v->special, allowed, s);
-    } else if (rem >= 0) {
-        /* the plain tokens of at most rem characters are by_len[0 .. len_start[rem+1]) */
-        int n_ok = v->len_start[rem + 1];
-        if (2 * n_ok < v->n_plain) {
-            for (int k = 0; k < n_ok; k++) allowed[v->by_len[k]] = 1;
-        } else {
-            memcpy(allowed, v->plain_mask, (size_t)v->n_vocab);
-            for (int k = n_ok; k < v->n_plain; k++) allowed[v->by_len[k]] = 0;
-        }
-        walk(m, &v->special, allowed, s);
+        if (flags & GRAM_STR_LT) walk(m, &v->lt, allowed, s);
     } else {
         walk(m, &v->all, allowed, s);
     }

@@ -54,6 +54,33 @@ lily_code gram_from_json_schema(const char *schema, size_t len, gram_grammar **o
 lily_code gram_json_object(gram_grammar **out, lily_status *st);
 void gram_free(gram_grammar *g);
 
+/* Tool calls as Qwen models write them. The language is the text right after the model's
+ * <tool_call> token, through the </tool_call> that closes the call, in exactly the shape
+ * src/text/chat_render.c prints and src/text/parse_call.c reads back:
+ * - GRAM_TOOLS_XML (Qwen3.5/3.6): "\n<function=NAME>\n", then per parameter in the
+ *   schema's property order (required ones always, optional ones possibly skipped)
+ *   "<parameter=P>\nVALUE\n</parameter>\n", then "</function>\n</tool_call>". A value
+ *   whose schema allows a string (or is untyped: parse_call keeps those as text) is raw
+ *   well-formed UTF-8 text without NUL, "</parameter>" or "</tool_call>" (parse_call and
+ *   the output parser cut there), within minLength/maxLength and limited to the string
+ *   members of enum/const where given; any other value is the JSON value per the
+ *   property's schema (the JSON-schema compiler above).
+ * - GRAM_TOOLS_JSON (Qwen3): "\n{\"name\": NAME, \"arguments\": ARGS}\n</tool_call>" with
+ *   ARGS an object valid against the function's parameters (whitespace as above).
+ * tools_json is an OpenAI `tools` array ({"type": "function", "function": {"name",
+ * "parameters"}}; a bare function object also works); name restricts the call to that
+ * function (NULL: any); a function without parameters takes none ({}). multi = 1 lets
+ * further calls "\n<tool_call>" CALL follow each call; 0: exactly one. The grammar lists
+ * the added token </tool_call> (and <tool_call> with multi), so the tokenizer's added
+ * tokens or ordinary tokens spelling the same text may be used. Refused with LILY_EINVAL:
+ * bad JSON, no tools, an unknown name, parameters that are not an object schema, schemas
+ * the compiler refuses (the message names the tool), names the XML form cannot carry
+ * ('<', '>', newlines, edge blanks). Not excluded: "</tool_call>" (or "</parameter>" in the
+ * XML form) inside a JSON string of an argument, which would end the block early. */
+typedef enum { GRAM_TOOLS_XML = 0 /* Qwen3.5/3.6 */, GRAM_TOOLS_JSON /* Qwen3 */ } gram_tool_format;
+lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fmt, const char *name, int multi,
+                         gram_grammar **out, lily_status *st);
+
 /* The bytes of every token id in [0, n_vocab): ids the tokenizer does not know (padding)
  * are never allowed; added tokens (<|im_end|>, <tool_call>, ...) only by grammars that
  * list them (see the contract). n_vocab is the model's vocabulary size (the logits row
