@@ -2,7 +2,7 @@
 # lily chat on a random-weight model: turns answer, a follow-up turn reuses the
 # conversation's cache, /reset starts over (the same first answer again, greedy), the
 # whole session is deterministic, and bad options fail clearly.
-cd "$(dirname "$0")/.." && . tests/it_lib.sh
+cd "$(dirname "$0")/.." && . tests/lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
 run() { printf 'Hello there, how are you today?\nAnd what about tomorrow?\n/reset\nHello there, how are you today?\n' |
   "$B/lily" chat --model "$T/m" -n 10 --temp 0 --system "Be brief." >"$T/out$1" 2>"$T/err$1"; }

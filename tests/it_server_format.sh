@@ -3,7 +3,7 @@
 # ajv check every finished answer (tests/npm/format_client.mjs), on a synthetic byte-level
 # vocabulary and on the real Qwen3 tokenizer's 151,669 tokens; curl checks the completions
 # route and that streaming carries the same constrained text.
-cd "$(dirname "$0")/.." && . tests/it_lib.sh
+cd "$(dirname "$0")/.." && . tests/lib.sh
 start() { serve "$@" --slots 4; }
 client() { # rounds, label
   if [ ! -d tests/npm/node_modules/ajv ]; then bad "tests/npm/node_modules/ajv missing: run (cd tests/npm && npm install)"; return; fi

@@ -3,7 +3,7 @@
 # takes the slot, and A's next turn is restored from the parked copy (cached tokens, the
 # unparked counter) and answers exactly what it answers when A never left the slot; with
 # --cache-mb 0 the same sequence recomputes A's prefix.
-cd "$(dirname "$0")/.." && . tests/it_lib.sh
+cd "$(dirname "$0")/.." && . tests/lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
 start() { serve "$T/m" --slots 1 "$@"; }
 chat() { curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "{\"messages\":$1,\"max_tokens\":8,\"temperature\":0,\"chat_template_kwargs\":{\"enable_thinking\":false}}"; }

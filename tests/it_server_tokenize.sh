@@ -2,7 +2,7 @@
 # POST /tokenize and /detokenize on the real server: ids equal the CLI tokenizer's, pieces
 # and detokenize give the text back, a chat request counts exactly the prompt tokens the
 # chat route reports, bad input is 400 and the routes honour --api-key.
-cd "$(dirname "$0")/.." && . tests/it_lib.sh
+cd "$(dirname "$0")/.." && . tests/lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
 serve "$T/m" --api-key k3y
 post() { curl -s -H 'Authorization: Bearer k3y' -H 'Content-Type: application/json' "http://127.0.0.1:$port$1" -d "$2"; }

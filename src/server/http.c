@@ -129,6 +129,43 @@ static json_t *without_tools(json_t *body) {
     return c;
 }
 
+/* Tool calls that always parse and match their schemas: the call's text is decoded under the
+ * tools' grammar (text/grammar.h), from the start when tool_choice forces a call (the
+ * prompt already holds its opening, which the matcher is fed first), else from the moment
+ * the model writes <tool_call>. Tools whose schemas cannot be enforced stay unconstrained,
+ * unless one is marked "strict", which then is a 400. Returns -1 with *e set. */
+static int tool_grammar(srv_http *h, const srv_request *r, srv_job *j, srv_error *e) {
+    json_t *tools = json_object_get(r->body, "tools");
+    int strict = 0;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) strict |= json_is_true(json_object_get(json_object_get(t, "function"), "strict"));
+    char *tj = json_dumps(tools, JSON_COMPACT), *pre = NULL;
+    lily_status st = { 0 };
+    lily_code rc = tj ? gram_tool_call(tj, strlen(tj), GRAM_TOOLS_XML, r->tool_force && *r->tool_force ? r->tool_force : NULL,
+                                       1, &j->gram, &st)
+                      : lily_err(&st, LILY_ENOMEM, "out of memory");
+    free(tj);
+    if (rc) {
+        j->gram = NULL;
+        if (rc == LILY_ENOMEM) { srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory"); return -1; }
+        if (strict) { srv_error_set(e, 400, "invalid_request_error", "tools", NULL, "%s", st.msg); return -1; }
+        return 0;
+    }
+    if (r->tool_force && (pre = srv_tool_prefix(r, chat_think_open(r->body, h->o.template_kind)))) {
+        const char *open = strstr(pre, "<tool_call>");
+        j->gram_prefeed = open ? strdup(open + strlen("<tool_call>")) : NULL;
+        free(pre);
+        if (j->gram_prefeed) return 0;
+    } else if (!r->tool_force && (j->gram_after = tok_id(h->tok, "<tool_call>")) >= 0) {
+        return 0;
+    }
+    gram_free(j->gram); /* no way to line the grammar up with the output: leave it free */
+    j->gram = NULL;
+    j->gram_after = -1;
+    return 0;
+}
+
 /* Request -> prompt tokens and a ready job. 0 ok, -1 with *e set. */
 static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_error *e) {
     int32_t *ids = NULL;
@@ -246,6 +283,10 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
         /* with reasoning on, the answer (and so the constraint) begins after </think> */
         if (r->kind == SRV_CHAT && chat_think_open(r->body, h->o.template_kind))
             j->gram_after = tok_id(h->tok, "</think>");
+    } else if (r->kind == SRV_CHAT && r->has_tools && !r->tool_choice_none && h->o.template_kind != CHAT_TEMPLATE_QWEN3 &&
+               tool_grammar(h, r, j, e)) {
+        srv_job_unref(j);
+        return -1;
     }
     *out = j;
     return 0;

@@ -70,6 +70,7 @@ void srv_job_unref(srv_job *j) {
     tok_stream_free(j->detok);
     srv_stop_free(&j->stop);
     gram_matcher_free(j->gm);
+    free(j->gram_prefeed);
     free(j->bias_ids);
     free(j->bias_vals);
     gram_free(j->gram);
@@ -422,7 +423,9 @@ static void admit(srv_sched *s) {
         j->state = 1;
         j->n_fed = 0;
         lily_rng_seed(&j->rng, j->samp.seed);
-        if (j->gram && (!s->o.gram_vocab || gram_matcher_new(j->gram, &j->gm, &st))) {
+        if (j->gram && (!s->o.gram_vocab || gram_matcher_new(j->gram, &j->gm, &st) ||
+                        (j->gram_prefeed && !gram_matcher_accept_bytes(j->gm, j->gram_prefeed, strlen(j->gram_prefeed)) &&
+                         lily_err(&st, LILY_EINVAL, "the forced tool call's opening does not fit its grammar")))) {
             publish(j, NULL, 0, NULL, SRV_FINISH_ERROR, s->o.gram_vocab ? st.msg : "response_format: no tokenizer");
             sl->job = NULL;
             s->n_active--;

@@ -41,9 +41,14 @@ struct gram_grammar {
     int32_t *alt_off; /* n_rules + 1 */
     int32_t *alts;
     int root;
-    int str_rule;     /* the free string body rule (string fast path), or -1 */
-    int32_t str_alt_plain; /* its alternatives' start positions: plain byte, '\\', '"' */
-    int32_t str_alt_esc, str_alt_quote;
+    /* string-body rules (the mask's fast path): a stack set made of one stack per
+     * alternative of such a rule, all sharing what lies below, is "inside a string at a
+     * character boundary, str_rem[i] more characters allowed (-1 = no limit)" */
+    int32_t *str_rule_id, *str_rem, *str_flags; int n_str, cap_str;
+    int32_t *str_pos, *str_pos_idx; int n_str_pos; /* sorted alternative starts -> index */
+    /* added tokens (exact contents) the grammar may produce; an added token of the
+     * vocabulary is allowed only when listed here and its bytes fit */
+    char **added; int n_added;
     int oom;
 };
 
@@ -55,6 +60,15 @@ int gram_g_byte(gram_grammar *g, unsigned b);
 /* appends an alternative (n elements) to rule r; returns its start position */
 int32_t gram_g_alt(gram_grammar *g, int r, const int32_t *e, int n);
 lily_code gram_g_finish(gram_grammar *g, int root, lily_status *st);
+/* registers rule r as a string body with rem characters left (-1 = unbounded): each
+ * alternative is one whole character then the body with one character less (or the
+ * same body when unbounded), or leaves the string (closing quote, terminator). Every
+ * plain ASCII byte (0x20-0x7f but '"' and '\\') and every well-formed multibyte character
+ * must be such a character, except '<' when flags has GRAM_STR_LT. */
+#define GRAM_STR_LT 1
+void gram_g_str(gram_grammar *g, int r, int rem, int flags);
+/* lists an added token's content as producible (copied) */
+void gram_g_added(gram_grammar *g, const char *content);
 
 /* stack sets */
 typedef struct {
@@ -71,8 +85,9 @@ int gram_advance(const gram_grammar *g, const gram_sset *in, unsigned b, gram_ss
 /* union of the stacks' top byte sets */
 void gram_sset_first(const gram_grammar *g, const gram_sset *s, gram_set *u);
 int gram_sset_accepting(const gram_sset *s);
-/* 1 if the set is exactly the free-string-body state (every plain string byte loops) */
-int gram_sset_in_plain_string(const gram_grammar *g, const gram_sset *s);
+/* >= 0 (characters left) or -1 (no limit) if the set is exactly a registered string
+ * body at a character boundary (see gram_g_str), else -2 */
+int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags);
 
 struct gram_matcher {
     const gram_grammar *g;

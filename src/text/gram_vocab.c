@@ -8,6 +8,16 @@
  * one where nearly every token fits) the tokens made only of plain string bytes keep the
  * matcher in the same state, so they are copied from a precomputed mask and only the
  * other tokens (quote, backslash, control bytes) are walked, in a second, small trie.
+ *
+ * Strings hold well-formed UTF-8 only, and a token may end inside a character, so the
+ * precomputed set is the tokens made of whole plain characters (ASCII other than '"',
+ * '\\' and controls, or complete well-formed multibyte sequences), with their character
+ * counts: at a character boundary of a string with r characters left they are exactly
+ * the allowed ones among them with count <= r. Tokens that split a character are in the
+ * second trie and stepped; a state inside a character walks the full trie.
+ *
+ * Added tokens are kept out of both tries (their text, "<tool_call>", would otherwise be
+ * offered wherever '<' fits): the mask steps through the few the grammar lists by name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,17 +34,45 @@ typedef struct {
     int max_depth;
 } vtrie;
 
+typedef struct {
+    uint8_t *mask;        /* 1 for the tokens of the set */
+    int32_t *by_len;      /* the set by character count, ascending */
+    int32_t len_start[66];/* by_len[len_start[c] ..] have count >= c (c <= 64; 65 = n) */
+    int n;
+} plainset;
+
 struct gram_vocab {
     int n_vocab;
     uint32_t *off;        /* piece of id i: bytes[off[i] .. off[i+1]) ; empty = never allowed */
     uint8_t *bytes;
-    uint8_t *plain_mask;  /* 1 for tokens made only of plain string bytes */
+    uint16_t *nchars;     /* character counts of the plain tokens (below) */
+    /* [0]: tokens made only of whole plain string characters; [1]: those without '<' (for
+     * bodies where '<' may start a forbidden terminator, GRAM_STR_LT) */
+    plainset plain[2];
+    uint8_t *is_added;    /* 1 for added tokens: outside the tries, allowed only when listed */
+    int32_t *added_ids; int n_added;
     vtrie all, special;   /* every allowed token; the non-plain ones */
+    vtrie lt;             /* the plain tokens holding a '<' */
 };
 
-struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work; };
+struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work, a, b; };
 
-static int plain_byte(unsigned b) { return b >= 0x20 && b != '"' && b != '\\'; }
+/* the number of whole plain characters in p[0..n), or -1 if it is not made of them */
+static int plain_chars(const uint8_t *p, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; c++) {
+        unsigned b = p[i];
+        if (b < 0x80) { if (b < 0x20 || b == '"' || b == '\\') return -1; i++; continue; }
+        size_t len = b < 0xc2 ? 0 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : b < 0xf5 ? 4 : 0;
+        if (!len || i + len > n) return -1;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (b == 0xe0) lo = 0xa0; else if (b == 0xed) hi = 0x9f; else if (b == 0xf0) lo = 0x90; else if (b == 0xf4) hi = 0x8f;
+        if (p[i + 1] < lo || p[i + 1] > hi) return -1;
+        for (size_t k = 2; k < len; k++) if ((p[i + k] & 0xc0) != 0x80) return -1;
+        i += len;
+    }
+    return c;
+}
 
 static const gram_vocab *sort_v;
 static int cmp_piece(const void *a, const void *b) {
@@ -100,35 +138,61 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     size_t total = 0;
     for (int i = 0; i < n_vocab && i < tv; i++) {
         size_t ln = 0;
-        if (!tok_is_added(t, i) && tok_piece(t, i, &ln)) total += ln;
+        if (tok_piece(t, i, &ln)) total += ln;
     }
     v->off = malloc(sizeof(uint32_t) * ((size_t)n_vocab + 1));
     v->bytes = malloc(total + 1);
-    v->plain_mask = calloc((size_t)n_vocab, 1);
+    for (int k = 0; k < 2; k++) {
+        v->plain[k].mask = calloc((size_t)n_vocab, 1);
+        v->plain[k].by_len = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    }
+    v->nchars = calloc((size_t)n_vocab, sizeof(uint16_t));
+    int32_t *ltids = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    v->is_added = calloc((size_t)n_vocab, 1);
+    v->added_ids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     int32_t *all = malloc(sizeof(int32_t) * (size_t)n_vocab), *spec = malloc(sizeof(int32_t) * (size_t)n_vocab);
-    if (!v->off || !v->bytes || !v->plain_mask || !all || !spec) {
-        free(all); free(spec); gram_vocab_free(v);
+    if (!v->off || !v->bytes || !v->plain[0].mask || !v->plain[0].by_len || !v->plain[1].mask || !v->plain[1].by_len ||
+        !v->nchars || !v->is_added || !v->added_ids || !all || !spec || !ltids) {
+        free(all); free(spec); free(ltids); gram_vocab_free(v);
         return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
     }
-    int na = 0, ns = 0;
+    int na = 0, ns = 0, nl = 0;
     size_t o = 0;
     for (int i = 0; i < n_vocab; i++) {
         v->off[i] = (uint32_t)o;
         size_t ln = 0;
-        const char *p = i < tv && !tok_is_added(t, i) ? tok_piece(t, i, &ln) : NULL;
+        const char *p = i < tv ? tok_piece(t, i, &ln) : NULL;
         if (!p || !ln) continue;
         memcpy(v->bytes + o, p, ln); o += ln;
-        int plain = 1;
-        for (size_t k = 0; k < ln; k++) plain &= plain_byte((uint8_t)p[k]);
-        v->plain_mask[i] = (uint8_t)plain;
+        if (tok_is_added(t, i)) { v->is_added[i] = 1; v->added_ids[v->n_added++] = i; continue; }
+        int nc = plain_chars((const uint8_t *)p, ln);
+        int lt = memchr(p, '<', ln) != NULL;
+        v->plain[0].mask[i] = nc > 0;
+        v->plain[1].mask[i] = nc > 0 && !lt;
+        v->nchars[i] = (uint16_t)(nc > 65535 ? 65535 : nc > 0 ? nc : 0);
         all[na++] = i;
-        if (!plain) spec[ns++] = i;
+        if (nc <= 0) spec[ns++] = i;
+        else if (lt) ltids[nl++] = i;
     }
     v->off[n_vocab] = (uint32_t)o;
+    /* counting sort of the plain tokens by character count (counts above 64 share a bucket) */
+    for (int k = 0; k < 2; k++) {
+        plainset *ps = &v->plain[k];
+        int cnt[66] = { 0 };
+        for (int i = 0; i < n_vocab; i++) if (ps->mask[i]) cnt[v->nchars[i] > 64 ? 64 : v->nchars[i]]++;
+        ps->len_start[0] = 0;
+        for (int c = 0; c < 65; c++) ps->len_start[c + 1] = ps->len_start[c] + cnt[c];
+        ps->n = ps->len_start[65];
+        int fill[65];
+        memcpy(fill, ps->len_start, sizeof fill);
+        for (int i = 0; i < n_vocab; i++)
+            if (ps->mask[i]) ps->by_len[fill[v->nchars[i] > 64 ? 64 : v->nchars[i]]++] = i;
+    }
     static int busy; /* the sort's comparator reads one global vocab */
     while (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) { }
     int bad = trie_build(&v->all, v, all, na);
     if (!bad) bad = trie_build(&v->special, v, spec, ns); else free(spec);
+    if (!bad) bad = trie_build(&v->lt, v, ltids, nl); else free(ltids);
     __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
     if (bad) { gram_vocab_free(v); return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory"); }
     *out = v;
@@ -139,15 +203,17 @@ int gram_vocab_size(const gram_vocab *v) { return v->n_vocab; }
 
 void gram_vocab_free(gram_vocab *v) {
     if (!v) return;
-    free(v->off); free(v->bytes); free(v->plain_mask);
-    trie_free(&v->all); trie_free(&v->special);
+    free(v->off); free(v->bytes); free(v->nchars);
+    for (int k = 0; k < 2; k++) { free(v->plain[k].mask); free(v->plain[k].by_len); }
+    free(v->is_added); free(v->added_ids);
+    trie_free(&v->all); trie_free(&v->special); trie_free(&v->lt);
     free(v);
 }
 
 void gram_scratch_free(struct gram_scratch *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) gram_sset_free(&s->ss[i]);
-    gram_sset_free(&s->work);
+    gram_sset_free(&s->work); gram_sset_free(&s->a); gram_sset_free(&s->b);
     free(s->ss); free(s->first); free(s);
 }
 
@@ -185,16 +251,60 @@ static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct
     }
 }
 
+/* allowed[id] = 1 for the set's tokens of at most rem characters (rem -1: all) */
+static void plain_upto(const gram_vocab *v, const plainset *ps, int rem, uint8_t *allowed) {
+    if (rem < 0 || rem >= 64) {
+        memcpy(allowed, ps->mask, (size_t)v->n_vocab);
+        /* counts of 64 and above share the last bucket: clear those beyond rem one by one */
+        if (rem >= 0)
+            for (int k = ps->len_start[64]; k < ps->n; k++)
+                if (v->nchars[ps->by_len[k]] > rem) allowed[ps->by_len[k]] = 0;
+        return;
+    }
+    /* the tokens of at most rem characters are by_len[0 .. len_start[rem+1]) */
+    int n_ok = ps->len_start[rem + 1];
+    if (2 * n_ok < ps->n) {
+        for (int k = 0; k < n_ok; k++) allowed[ps->by_len[k]] = 1;
+    } else {
+        memcpy(allowed, ps->mask, (size_t)v->n_vocab);
+        for (int k = n_ok; k < ps->n; k++) allowed[ps->by_len[k]] = 0;
+    }
+}
+
+/* is this added token's content one the grammar may produce? */
+static int listed(const gram_grammar *g, const uint8_t *p, size_t n) {
+    for (int i = 0; i < g->n_added; i++)
+        if (strlen(g->added[i]) == n && !memcmp(g->added[i], p, n)) return 1;
+    return 0;
+}
+
 void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allowed) {
     memset(allowed, 0, (size_t)v->n_vocab);
     /* the scratch is the matcher's own memory: a matcher is used by one thread at a time */
     struct gram_scratch *s = scratch_get((gram_matcher *)m, v->all.max_depth + 1);
     if (!s) return; /* out of memory: nothing allowed, the caller sees an empty mask */
-    if (gram_sset_in_plain_string(m->g, &m->cur)) {
-        memcpy(allowed, v->plain_mask, (size_t)v->n_vocab);
+    int flags = 0, rem = gram_sset_string_state(m->g, &m->cur, &flags);
+    if (rem >= -1) {
+        const plainset *ps = &v->plain[flags & GRAM_STR_LT ? 1 : 0];
+        plain_upto(v, ps, rem, allowed);
         walk(m, &v->special, allowed, s);
+        if (flags & GRAM_STR_LT) walk(m, &v->lt, allowed, s);
     } else {
         walk(m, &v->all, allowed, s);
+    }
+    for (int k = 0; k < v->n_added && m->g->n_added; k++) {
+        int32_t id = v->added_ids[k];
+        const uint8_t *p = v->bytes + v->off[id];
+        size_t n = v->off[id + 1] - v->off[id];
+        if (!listed(m->g, p, n)) continue;
+        const gram_sset *src = &m->cur;
+        size_t i = 0;
+        for (; i < n; i++) {
+            gram_sset *dst = (i & 1) ? &s->b : &s->a;
+            if (gram_advance(m->g, src, p[i], dst, &s->work) == 0) break;
+            src = dst;
+        }
+        allowed[id] = i == n;
     }
 }
 
@@ -202,5 +312,6 @@ int gram_matcher_accept_token(gram_matcher *m, const gram_vocab *v, int32_t id) 
     if (id < 0 || id >= v->n_vocab) return 0;
     uint32_t a = v->off[id], b = v->off[id + 1];
     if (a == b) return 0;
+    if (v->is_added[id] && !listed(m->g, v->bytes + a, b - a)) return 0;
     return gram_matcher_accept_bytes(m, (const char *)v->bytes + a, b - a);
 }

@@ -1,4 +1,4 @@
-# Shared by the tests/it_*.sh scripts: source it after `cd` to the repository root.
+# tests/lib.sh, shared by the tests/it_*.sh scripts: source it after `cd` to the repository root.
 # Gives B (the build folder, absolute), ok/bad counters, T (a temporary folder removed at
 # exit unless KEEP is set), serve (a lily-server on a free port: $port, $sp) and it_done.
 set -u
