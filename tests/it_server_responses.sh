@@ -5,7 +5,7 @@
 # prompt (/tokenize), instructions, previous_response_id reusing the cache, function tools
 # (forced call, function_call_output round trip), text.format json_schema, stored responses
 # (GET, input_items, DELETE, store:false), and every bad-input class in OpenAI's error shape.
-cd "$(dirname "$0")/.." && . tests/it_lib.sh
+cd "$(dirname "$0")/.." && . tests/lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
 KEY=k$RANDOM$RANDOM
 serve "$T/m" --api-key "$KEY" --slots 2
@@ -82,27 +82,46 @@ print(json.dumps([{"role":"system","content":"You are a careful assistant."},{"r
 n=$(tokens "$(cat "$T/msgs")" "$off")
 [ "$n" = "$(py 'print(r["usage"]["input_tokens"])')" ] && ok "turn 2 renders exactly the whole conversation ($n tokens)" || bad "turn 2 prompt $(py 'print(r["usage"]["input_tokens"])') vs $n"
 
-# ---- function tools --------------------------------------------------------------------------------
-tools='[{"type":"function","name":"get_weather","description":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":true}]'
+# ---- function tools (calls are decoded under the tools' grammar, so even this random model
+# writes well-formed calls; parallel_tool_calls false: exactly one) -----------------------------------
+tools='[{"type":"function","name":"get_weather","description":"weather","parameters":{"type":"object","properties":{"city":{"enum":["Paris","Oslo"]}},"required":["city"],"additionalProperties":false},"strict":true}]'
 q="\"input\":\"weather in Paris $W?\""
 post "{$base,\"max_output_tokens\":8,\"tools\":$tools,$q}" >/dev/null; n_auto=$(py 'print(r["usage"]["input_tokens"])')
-c=$(post "{$base,\"max_output_tokens\":8,\"tools\":$tools,\"tool_choice\":{\"type\":\"function\",\"name\":\"get_weather\"},$q}")
-# a random-weight model almost never closes the call it was made to begin, so the answer is
-# either a function_call item or the unfinished call text; the prompt must end with the call
+forced="$base,\"max_output_tokens\":200,\"parallel_tool_calls\":false,\"tools\":$tools,\"tool_choice\":{\"type\":\"function\",\"name\":\"get_weather\"},$q"
+c=$(post "{$forced}")
 [ "$c" = 200 ] && py '
-fc=[o for o in r["output"] if o["type"]=="function_call"]
-if fc: assert fc[0]["name"]=="get_weather" and fc[0]["call_id"] and isinstance(json.loads(fc[0]["arguments"]), dict)
-else: assert r["output_text"].startswith("<tool_call>\n<function=get_weather>"), r["output_text"][:80]
-assert r["tool_choice"]=={"type":"function","name":"get_weather"} and r["tools"][0]["name"]=="get_weather"
-assert r["usage"]["input_tokens"] > '$n_auto'' && ok "tool_choice function: the turn begins with the call, echoed" || bad "forced: $c $(cat "$T/body")"
+assert r["status"]=="completed" and len(r["output"])==1, r["output"]
+fc=r["output"][0]; assert fc["type"]=="function_call" and fc["status"]=="completed" and fc["name"]=="get_weather"
+assert fc["id"].startswith("fc_") and fc["call_id"].startswith("call_") and json.loads(fc["arguments"]) in ({"city":"Paris"},{"city":"Oslo"}), fc
+assert r["tool_choice"]=={"type":"function","name":"get_weather"} and r["tools"][0]["name"]=="get_weather" and r["parallel_tool_calls"] is False
+assert r["usage"]["input_tokens"] > '$n_auto' and r["output_text"]==""
+json.dump(fc, open("'$T/fc'","w"))' && ok "tool_choice function: one function_call item, arguments valid JSON for the schema" || bad "forced: $c $(cat "$T/body")"
+idF=$(py 'print(r["id"])')
+curl -sN "$U" -H "Authorization: Bearer $KEY" -d "{$forced,\"stream\":true}" >"$T/sse"
+python3 - "$T/sse" "$T/fc" <<'PY' && ok "tool_choice function streamed: item added, arguments delta/done, the same call" || bad "forced stream: $(head -c 600 "$T/sse")"
+import json, sys
+evs = [json.loads(l[6:]) for l in open(sys.argv[1]).read().splitlines() if l.startswith("data: ")]
+want = json.load(open(sys.argv[2])); names = [e["type"] for e in evs]
+assert names == ["response.created", "response.in_progress", "response.output_item.added", "response.function_call_arguments.delta",
+                 "response.function_call_arguments.done", "response.output_item.done", "response.completed"], names
+assert "".join(e["delta"] for e in evs if e["type"].endswith("arguments.delta")) == want["arguments"] == evs[4]["arguments"]
+fin = evs[-1]["response"]["output"][0]
+assert fin["name"] == want["name"] and fin["arguments"] == want["arguments"] and fin["id"] == evs[2]["item"]["id"] == evs[3]["item_id"]
+PY
+c=$(post "{$base,\"max_output_tokens\":4,\"tools\":$tools,\"previous_response_id\":\"$idF\",\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"$(python3 -c "import json; print(json.load(open('$T/fc'))['call_id'])")\",\"output\":\"sunny\"}]}")
+[ "$c" = 200 ] && py 'assert r["usage"]["input_tokens_details"]["cached_tokens"] > 0' \
+  && ok "function_call_output for that call_id via previous_response_id: answered, prefix cached" || bad "tool turn 2: $c $(cat "$T/body")"
 rt() { echo "\"tools\":$tools,\"input\":[{\"role\":\"user\",\"content\":\"weather in Paris?\"},{\"type\":\"function_call\",\"call_id\":\"call_7\",\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"},{\"type\":\"function_call_output\",\"call_id\":\"call_7\",\"output\":\"$1\"}]"; }
 c=$(post "{$base,\"max_output_tokens\":4,$(rt sun)}"); n_short=$(py 'print(r["usage"]["input_tokens"])')
 post "{$base,\"max_output_tokens\":4,$(rt "sun and $W with clouds later")}" >/dev/null; n_long=$(py 'print(r["usage"]["input_tokens"])')
-want=$(tokens "[{\"role\":\"user\",\"content\":\"weather in Paris?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_7\",\"content\":\"sun\"}]" ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]},\"strict\":true}}]$off")
+want=$(tokens "[{\"role\":\"user\",\"content\":\"weather in Paris?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"call_7\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"call_7\",\"content\":\"sun\"}]" ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"weather\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"enum\":[\"Paris\",\"Oslo\"]}},\"required\":[\"city\"],\"additionalProperties\":false},\"strict\":true}}]$off")
 [ "$c" = 200 ] && [ "$n_short" = "$want" ] && [ "$n_long" -gt "$n_short" ] \
   && ok "function_call + function_call_output round trip rendered as the chat route does ($n_short tokens)" || bad "round trip $c $n_short vs $want, $n_long"
 post "{$base,\"max_output_tokens\":4,\"tools\":$tools,\"tool_choice\":\"none\",$q}" >/dev/null
 [ "$(py 'print(r["usage"]["input_tokens"])')" -lt "$n_auto" ] && ok "tool_choice none: tools not offered" || bad "none $(cat "$T/body")"
+c=$(post "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"strict\":true,\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x\"}}}}],\"tool_choice\":\"required\"}")
+[ "$c" = 400 ] && py 'assert r["error"]["param"]=="tools" and "pattern" in r["error"]["message"]' \
+  && ok "strict tool with an unenforceable schema: 400, param tools" || bad "strict tool $c $(cat "$T/body")"
 
 # ---- text.format json_schema ------------------------------------------------------------------------
 sch='{"type":"object","properties":{"color":{"enum":["red","green","blue"]},"n":{"type":"integer"},"ok":{"type":"boolean"}},"required":["color","n","ok"],"additionalProperties":false}'

@@ -32,7 +32,7 @@ static const tcase cases[] = {
       "{\"type\":\"input_text\",\"text\":\"a\"},{\"type\":\"input_text\",\"text\":\"b\"}]}],\"metadata\":{\"k\":\"v\"},"
       "\"user\":\"u\",\"truncation\":\"auto\",\"store\":false,\"parallel_tool_calls\":false,\"text\":{\"format\":{\"type\":\"text\"}}}",
       "{\"max_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"top_k\":3,\"seed\":5,\"messages\":["
-      "{\"role\":\"system\",\"content\":\"be terse\\n\\nrules\"},{\"role\":\"user\",\"content\":\"ab\"}]}" },
+      "{\"role\":\"system\",\"content\":\"be terse\\n\\nrules\"},{\"role\":\"user\",\"content\":\"ab\"}],\"parallel_tool_calls\":false}" },
     /* a tool round trip: reasoning + assistant text + call form one turn, then the output */
     { "{\"input\":[{\"role\":\"user\",\"content\":\"weather?\"},{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[],"
       "\"content\":[{\"type\":\"reasoning_text\",\"text\":\"hmm\"}]},{\"type\":\"message\",\"role\":\"assistant\",\"id\":\"msg_1\","
@@ -48,7 +48,7 @@ static const tcase cases[] = {
       "\"description\":\"weather\",\"parameters\":{\"type\":\"object\"},\"strict\":true}}],\"tool_choice\":\"auto\"}" },
     { "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"},"
       "\"stream\":true,\"max_output_tokens\":1,\"parallel_tool_calls\":true}",
-      "{\"max_tokens\":1,\"stream\":true,\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+      "{\"max_tokens\":1,\"stream\":true,\"stream_options\":{\"include_usage\":true},\"parallel_tool_calls\":true,\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}}],"
       "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}" },
     { "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\",\"schema\":{\"type\":\"object\"},\"strict\":true}},"

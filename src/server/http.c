@@ -142,8 +142,9 @@ static int tool_grammar(srv_http *h, const srv_request *r, srv_job *j, srv_error
     json_array_foreach(tools, i, t) strict |= json_is_true(json_object_get(json_object_get(t, "function"), "strict"));
     char *tj = json_dumps(tools, JSON_COMPACT), *pre = NULL;
     lily_status st = { 0 };
+    int multi = !json_is_false(json_object_get(r->body, "parallel_tool_calls")); /* false: exactly one call */
     lily_code rc = tj ? gram_tool_call(tj, strlen(tj), GRAM_TOOLS_XML, r->tool_force && *r->tool_force ? r->tool_force : NULL,
-                                       1, &j->gram, &st)
+                                       multi, &j->gram, &st)
                       : lily_err(&st, LILY_ENOMEM, "out of memory");
     free(tj);
     if (rc) {

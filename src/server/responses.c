@@ -279,7 +279,8 @@ static int translate(json_t *in, json_t *prev, json_t *out, json_t *conv_items, 
     }
     /* sampling is checked by the chat validator under the same names; top_k, min_p, seed
      * and chat_template_kwargs are lily's extensions */
-    static const char *copy[] = { "model", "temperature", "top_p", "top_k", "min_p", "seed", "stream", "chat_template_kwargs" };
+    static const char *copy[] = { "model", "temperature", "top_p", "top_k", "min_p", "seed", "stream", "chat_template_kwargs",
+                                  "parallel_tool_calls" };
     for (size_t i = 0; i < sizeof copy / sizeof *copy; i++) {
         json_t *v = json_object_get(in, copy[i]);
         if (v && !json_is_null(v)) json_object_set(out, copy[i], v);

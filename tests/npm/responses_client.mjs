@@ -58,26 +58,35 @@ async function main() {
   check(t3 && t3.usage.input_tokens_details.cached_tokens > t2.usage.input_tokens_details.cached_tokens,
         'streamed third turn reuses more ' + J(t3?.usage));
 
-  // function tools: a forced call, then its output sent back
+  // function tools (decoded under the tools' grammar): a forced call, then its output sent back
   const tools = [{ type: 'function', name: 'get_weather', description: 'Weather for a city', strict: true,
-                   parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'], additionalProperties: false } }];
+                   parameters: { type: 'object', properties: { city: { enum: ['Paris', 'Oslo'] } }, required: ['city'], additionalProperties: false } }];
   const q = 'Weather in ' + word + '?';
-  const f = await client.responses.create({ ...p, max_output_tokens: 8, tools, tool_choice: { type: 'function', name: 'get_weather' }, input: q });
+  const forced = { ...p, max_output_tokens: 200, tools, parallel_tool_calls: false, tool_choice: { type: 'function', name: 'get_weather' }, input: q };
+  const f = await client.responses.create(forced);
   const call = f.output.find((o) => o.type === 'function_call');
-  // a random-weight model rarely finishes the call it was made to start: then the call text is the answer
-  check(call ? call.name === 'get_weather' && call.call_id && typeof JSON.parse(call.arguments) === 'object'
-             : f.output_text.startsWith('<tool_call>\n<function=get_weather>'), 'forced call ' + J(f.output));
-  // continued through previous_response_id when the forced answer was stored
+  check(f.status === 'completed' && f.output.length === 1 && call && call.name === 'get_weather' && call.call_id.startsWith('call_') &&
+        ['Paris', 'Oslo'].includes(JSON.parse(call.arguments).city), 'forced call ' + J(f.output));
+  // streamed through the helper: the arguments events and the final item agree
+  const fs = client.responses.stream(forced);
+  let argDeltas = '', argsDone = null;
+  fs.on('response.function_call_arguments.delta', (e) => { argDeltas += e.delta; });
+  fs.on('response.function_call_arguments.done', (e) => { argsDone = e.arguments; });
+  const ff = await fs.finalResponse();
+  const fcall = ff.output.find((o) => o.type === 'function_call');
+  check(ff.status === 'completed' && fcall && argDeltas === call?.arguments && argsDone === argDeltas && fcall.arguments === argDeltas,
+        'forced call streamed ' + J(ff.output));
+  // its output, continued through previous_response_id: the prefix comes from the cache
   const rt2 = await client.responses.create({ ...p, max_output_tokens: 2, tools, previous_response_id: f.id,
-    input: call ? [{ type: 'function_call_output', call_id: call.call_id, output: 'sunny' }] : 'go on' });
-  check(rt2.usage.input_tokens_details.cached_tokens > 0, 'tool turn 2 cached ' + J(rt2.usage));
-
-  const fc = call ?? { type: 'function_call', call_id: 'call_sdk1', name: 'get_weather', arguments: JSON.stringify({ city: 'Oslo' }) };
+    input: [{ type: 'function_call_output', call_id: call?.call_id ?? 'call_x', output: 'sunny' }] });
+  check(rt2.usage.input_tokens_details.cached_tokens > 0 && rt2.usage.input_tokens > f.usage.input_tokens, 'tool turn 2 ' + J(rt2.usage));
+  // the whole round trip sent as items
   const rt = await client.responses.create({ ...p, max_output_tokens: 4, tools, input: [
-    { role: 'user', content: q }, { type: 'function_call', call_id: fc.call_id, name: fc.name, arguments: call ? fc.arguments : fc.arguments },
-    { type: 'function_call_output', call_id: fc.call_id, output: 'rain, 12 C, ' + word }] });
+    { role: 'user', content: q }, { type: 'function_call', call_id: call?.call_id ?? 'call_x', name: 'get_weather', arguments: call?.arguments ?? '{}' },
+    { type: 'function_call_output', call_id: call?.call_id ?? 'call_x', output: 'rain, 12 C, ' + word }] });
   const base1 = await client.responses.create({ ...p, max_output_tokens: 1, tools, input: q });
   check(rt.status !== 'failed' && rt.usage.input_tokens > base1.usage.input_tokens + 10, 'round trip ' + J(rt.usage));
+
   // text.format json_schema through responses.parse: output_parsed is the validated JSON
   const schema = { type: 'object', properties: { color: { enum: ['red', 'green', 'blue'] }, n: { type: 'integer' } },
                    required: ['color', 'n'], additionalProperties: false };
