@@ -51,6 +51,27 @@ int main(int argc, char **argv) {
     time_at(o, v, "{", "json_object: start of object");
     time_at(o, v, "{\"a\": [1, {\"b\": \"x", "json_object: inside a string");
     time_at(o, v, "{\"a\": [1, {\"b\": -12", "json_object: inside a number");
+    /* tool calls */
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
+                        "\"properties\":{\"location\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},"
+                        "\"opts\":{\"type\":\"object\",\"properties\":{\"lang\":{\"type\":\"string\"}}}},\"required\":[\"location\"]}}},"
+                        "{\"type\":\"function\",\"function\":{\"name\":\"search\",\"parameters\":{\"type\":\"object\","
+                        "\"properties\":{\"q\":{\"type\":\"string\",\"maxLength\":100}},\"required\":[\"q\"]}}}]";
+    gram_grammar *tx, *tj;
+    t0 = lily_now();
+    if (gram_tool_call(tools, strlen(tools), GRAM_TOOLS_XML, NULL, 1, &tx, &st) ||
+        gram_tool_call(tools, strlen(tools), GRAM_TOOLS_JSON, NULL, 1, &tj, &st)) { fprintf(stderr, "%s\n", st.msg); return 1; }
+    printf("tool grammars compile %.3f ms (both)\n", (lily_now() - t0) * 1e3);
+    time_at(tx, v, "", "tools xml: start");
+    time_at(tx, v, "\n<function=", "tools xml: function name");
+    time_at(tx, v, "\n<function=get_weather>\n<parameter=location>\nPar", "tools xml: inside a text value");
+    time_at(tx, v, "\n<function=search>\n<parameter=q>\nab", "tools xml: inside a maxLength text");
+    time_at(tx, v, "\n<function=get_weather>\n<parameter=location>\nPar\n</", "tools xml: text value after '</'");
+    time_at(tx, v, "\n<function=get_weather>\n<parameter=location>\nP\n</parameter>\n<parameter=days>\n1", "tools xml: inside an integer");
+    time_at(tx, v, "\n<function=get_weather>\n<parameter=location>\nP\n</parameter>\n<parameter=opts>\n{\"lang\": \"e", "tools xml: JSON string in a value");
+    time_at(tj, v, "\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Par", "tools json: inside a string");
+    time_at(tj, v, "\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\"}}\n</tool_call>", "tools json: after </tool_call>");
+    gram_free(tx); gram_free(tj);
     /* accept_token cost */
     gram_matcher *m; gram_matcher_new(o, &m, &st);
     int32_t *ids; int n;

@@ -227,9 +227,16 @@ static void agree_at(const gram_vocab *v, const tok_tokenizer *t, const char *na
         gram_matcher_new(g, &m, &st);
         CHECK(gram_matcher_accept_bytes(m, at[k].prefix, strlen(at[k].prefix)), "%s: prefix %zu refused", name, k);
         gram_matcher_mask(m, v, al);
-        int n_al = 0;
+        int n_al = 0, diff = 0;
         for (int i = 0; i < nv; i++) n_al += al[i];
         CHECK(n_al > 0, "%s: prefix %zu: empty mask", name, k);
+        uint8_t *full = malloc((size_t)nv); /* the fast paths against the full-trie walk */
+        gram_mask_no_fast = 1;
+        gram_matcher_mask(m, v, full);
+        gram_mask_no_fast = 0;
+        for (int i = 0; i < nv; i++) diff += full[i] != al[i];
+        free(full);
+        CHECK(diff == 0, "%s: prefix %zu: fast and full masks differ on %d ids", name, k, diff);
         int samples = nv <= 4000 ? nv : 3000;
         gram_matcher *m2 = NULL;
         for (int j = 0; j < samples; j++) {

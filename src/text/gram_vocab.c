@@ -46,23 +46,30 @@ struct gram_vocab {
     uint32_t *off;        /* piece of id i: bytes[off[i] .. off[i+1]) ; empty = never allowed */
     uint8_t *bytes;
     uint16_t *nchars;     /* character counts of the plain tokens (below) */
-    /* [0]: tokens made only of whole plain string characters; [1]: those without '<' (for
-     * bodies where '<' may start a forbidden terminator, GRAM_STR_LT) */
+    /* [0]: tokens made only of whole plain JSON-string characters; [1]: the same for raw
+     * text (GRAM_STR_RAW, see gram_priv.h) */
     plainset plain[2];
+    int32_t first_lo[256], first_hi[256]; /* all.ids[lo..hi) start with byte b */
+    int32_t first_node[256];              /* all's node for that byte, or -1 */
     uint8_t *is_added;    /* 1 for added tokens: outside the tries, allowed only when listed */
     int32_t *added_ids; int n_added;
     vtrie all, special;   /* every allowed token; the non-plain ones */
-    vtrie lt;             /* the plain tokens holding a '<' */
+    vtrie rawspec;        /* the tokens that are not raw-plain */
 };
 
 struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work, a, b; };
 
-/* the number of whole plain characters in p[0..n), or -1 if it is not made of them */
-static int plain_chars(const uint8_t *p, size_t n) {
+/* the number of whole plain characters in p[0..n), or -1 if it is not made of them
+ * (raw: the raw-text notion of plain, see gram_priv.h, counting a final '\n' as none) */
+static int plain_chars(const uint8_t *p, size_t n, int raw) {
     int c = 0;
     for (size_t i = 0; i < n; c++) {
         unsigned b = p[i];
-        if (b < 0x80) { if (b < 0x20 || b == '"' || b == '\\') return -1; i++; continue; }
+        if (b < 0x80) {
+            if (raw ? (b == 0 || b == '<') : (b < 0x20 || b == '"' || b == '\\')) return -1;
+            i++;
+            continue;
+        }
         size_t len = b < 0xc2 ? 0 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : b < 0xf5 ? 4 : 0;
         if (!len || i + len > n) return -1;
         unsigned lo = 0x80, hi = 0xbf;
@@ -71,7 +78,7 @@ static int plain_chars(const uint8_t *p, size_t n) {
         for (size_t k = 2; k < len; k++) if ((p[i + k] & 0xc0) != 0x80) return -1;
         i += len;
     }
-    return c;
+    return raw && n && p[n - 1] == '\n' ? c - 1 : c;
 }
 
 static const gram_vocab *sort_v;
@@ -147,13 +154,13 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
         v->plain[k].by_len = malloc(sizeof(int32_t) * (size_t)n_vocab);
     }
     v->nchars = calloc((size_t)n_vocab, sizeof(uint16_t));
-    int32_t *ltids = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    int32_t *rsids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     v->is_added = calloc((size_t)n_vocab, 1);
     v->added_ids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     int32_t *all = malloc(sizeof(int32_t) * (size_t)n_vocab), *spec = malloc(sizeof(int32_t) * (size_t)n_vocab);
     if (!v->off || !v->bytes || !v->plain[0].mask || !v->plain[0].by_len || !v->plain[1].mask || !v->plain[1].by_len ||
-        !v->nchars || !v->is_added || !v->added_ids || !all || !spec || !ltids) {
-        free(all); free(spec); free(ltids); gram_vocab_free(v);
+        !v->nchars || !v->is_added || !v->added_ids || !all || !spec || !rsids) {
+        free(all); free(spec); free(rsids); gram_vocab_free(v);
         return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
     }
     int na = 0, ns = 0, nl = 0;
@@ -165,14 +172,15 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
         if (!p || !ln) continue;
         memcpy(v->bytes + o, p, ln); o += ln;
         if (tok_is_added(t, i)) { v->is_added[i] = 1; v->added_ids[v->n_added++] = i; continue; }
-        int nc = plain_chars((const uint8_t *)p, ln);
-        int lt = memchr(p, '<', ln) != NULL;
-        v->plain[0].mask[i] = nc > 0;
-        v->plain[1].mask[i] = nc > 0 && !lt;
-        v->nchars[i] = (uint16_t)(nc > 65535 ? 65535 : nc > 0 ? nc : 0);
+        int nc = plain_chars((const uint8_t *)p, ln, 0), nr = plain_chars((const uint8_t *)p, ln, 1);
+        v->plain[0].mask[i] = nc >= 0;
+        v->plain[1].mask[i] = nr >= 0;
+        /* the counts agree where both are defined (a JSON-plain token has no '\n') */
+        int cnt = nc >= 0 ? nc : nr;
+        v->nchars[i] = (uint16_t)(cnt > 65535 ? 65535 : cnt > 0 ? cnt : 0);
         all[na++] = i;
-        if (nc <= 0) spec[ns++] = i;
-        else if (lt) ltids[nl++] = i;
+        if (nc < 0) spec[ns++] = i;
+        if (nr < 0) rsids[nl++] = i;
     }
     v->off[n_vocab] = (uint32_t)o;
     /* counting sort of the plain tokens by character count (counts above 64 share a bucket) */
@@ -192,7 +200,14 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     while (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) { }
     int bad = trie_build(&v->all, v, all, na);
     if (!bad) bad = trie_build(&v->special, v, spec, ns); else free(spec);
-    if (!bad) bad = trie_build(&v->lt, v, ltids, nl); else free(ltids);
+    if (!bad) bad = trie_build(&v->rawspec, v, rsids, nl); else free(rsids);
+    for (int b = 0; b < 256; b++) { v->first_node[b] = -1; v->first_lo[b] = v->first_hi[b] = 0; }
+    for (int32_t i = 1; !bad && i < v->all.n; i = v->all.end[i]) { /* the root's children */
+        int b = v->all.byte[i];
+        v->first_node[b] = i;
+        v->first_lo[b] = v->all.tok0[i];
+        v->first_hi[b] = v->all.end[i] < v->all.n ? v->all.tok0[v->all.end[i]] : na;
+    }
     __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
     if (bad) { gram_vocab_free(v); return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory"); }
     *out = v;
@@ -206,7 +221,7 @@ void gram_vocab_free(gram_vocab *v) {
     free(v->off); free(v->bytes); free(v->nchars);
     for (int k = 0; k < 2; k++) { free(v->plain[k].mask); free(v->plain[k].by_len); }
     free(v->is_added); free(v->added_ids);
-    trie_free(&v->all); trie_free(&v->special); trie_free(&v->lt);
+    trie_free(&v->all); trie_free(&v->special); trie_free(&v->rawspec);
     free(v);
 }
 
@@ -233,11 +248,12 @@ static struct gram_scratch *scratch_get(gram_matcher *m, int depth) {
     return s;
 }
 
-static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct gram_scratch *s) {
+/* the nodes [i, i1) of the trie (a whole trie: 1, t->n) */
+static void walk_range(const gram_matcher *m, const vtrie *t, int32_t i, int32_t i1, uint8_t *allowed,
+                       struct gram_scratch *s) {
     const gram_sset *lvl0 = &m->cur;
     gram_sset_first(m->g, lvl0, &s->first[0]);
-    int32_t i = 1;
-    while (i < t->n) {
+    while (i < i1) {
         int d = t->depth[i];
         const gram_sset *parent = d == 1 ? lvl0 : &s->ss[d - 1];
         if (!gram_set_has(&s->first[d - 1], t->byte[i]) ||
@@ -250,6 +266,12 @@ static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct
         i++;
     }
 }
+
+static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct gram_scratch *s) {
+    walk_range(m, t, 1, t->n, allowed, s);
+}
+
+int gram_mask_no_fast;
 
 /* allowed[id] = 1 for the set's tokens of at most rem characters (rem -1: all) */
 static void plain_upto(const gram_vocab *v, const plainset *ps, int rem, uint8_t *allowed) {
@@ -283,12 +305,21 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
     /* the scratch is the matcher's own memory: a matcher is used by one thread at a time */
     struct gram_scratch *s = scratch_get((gram_matcher *)m, v->all.max_depth + 1);
     if (!s) return; /* out of memory: nothing allowed, the caller sees an empty mask */
-    int flags = 0, rem = gram_sset_string_state(m->g, &m->cur, &flags);
+    int flags = 0;
+    const gram_set *hot = NULL;
+    int rem = gram_mask_no_fast ? -2 : gram_sset_string_state(m->g, &m->cur, &flags, &hot);
     if (rem >= -1) {
-        const plainset *ps = &v->plain[flags & GRAM_STR_LT ? 1 : 0];
-        plain_upto(v, ps, rem, allowed);
-        walk(m, &v->special, allowed, s);
-        if (flags & GRAM_STR_LT) walk(m, &v->lt, allowed, s);
+        int raw = flags & GRAM_STR_RAW;
+        plain_upto(v, &v->plain[raw], rem, allowed);
+        /* tokens starting with a hot byte are all stepped: cleared, then their subtree of the
+         * full trie walked (after the other walk, which may also set some of them, exactly) */
+        for (int b = 0; hot && b < 256; b++)
+            if (gram_set_has(hot, (unsigned)b))
+                for (int32_t k = v->first_lo[b]; k < v->first_hi[b]; k++) allowed[v->all.ids[k]] = 0;
+        walk(m, raw ? &v->rawspec : &v->special, allowed, s);
+        for (int b = 0; hot && b < 256; b++)
+            if (gram_set_has(hot, (unsigned)b) && v->first_node[b] >= 0)
+                walk_range(m, &v->all, v->first_node[b], v->all.end[v->first_node[b]], allowed, s);
     } else {
         walk(m, &v->all, allowed, s);
     }
