@@ -17,6 +17,7 @@
  *   function's parameters schema compiled by gram_schema.c.
  * With multi, "\n<tool_call>" and another call may follow each call.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,9 +83,14 @@ static void ac_build(ac_t *a) {
     }
 }
 
+/* the automaton is the same for every grammar: built once */
+static ac_t ac_shared;
+static pthread_once_t ac_once = PTHREAD_ONCE_INIT;
+static void ac_init(void) { ac_build(&ac_shared); }
+
 typedef struct {
     gj_ctx c;
-    ac_t ac;
+    const ac_t *ac;
     int raw_free;      /* +1: the unbounded raw text rule */
     int end_param;     /* +1: "\n</parameter>\n" */
 } tctx;
@@ -102,7 +108,7 @@ static int raw_text(tctx *t, int lo, int hi) {
     gj_ctx *c = &t->c;
     int is_free = lo == 0 && hi < 0;
     if (is_free && t->raw_free) return t->raw_free - 1;
-    const ac_t *a = &t->ac;
+    const ac_t *a = t->ac;
     int ns = a->n, xl = (int)strlen(EXIT) - 1, top = is_free ? 0 : (hi < 0 ? lo : hi) + xl;
     int *R = calloc((size_t)(top + 1) * (size_t)ns, sizeof(int));
     if (!R) return gj_fail(c, "%s", "out of memory");
@@ -356,7 +362,8 @@ lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fm
     tctx *t = calloc(1, sizeof *t);
     gram_grammar *g = gram_g_new();
     if (!t || !g) { free(t); gram_free(g); json_decref(tools); return lily_err(st, LILY_ENOMEM, "grammar: out of memory"); }
-    ac_build(&t->ac);
+    pthread_once(&ac_once, ac_init);
+    t->ac = &ac_shared;
     gj_ctx *c = &t->c;
     c->g = g; c->st = st;
     int call = gj_rule(c), n_fn = 0;
