@@ -14,9 +14,12 @@
  * '\\' and controls, or complete well-formed multibyte sequences), with their character
  * counts: at a character boundary of a string with r characters left they are exactly
  * the allowed ones among them with count <= r. Tokens that split a character are in the
- * second trie and stepped; a state inside a character walks the full trie.
+ * second trie and stepped; a state inside a character walks the full trie. Raw text
+ * (tool-call values, GRAM_STR_RAW) has its own plain set and complement trie, and string
+ * states may name "hot" first bytes whose tokens are stepped: their range of the full
+ * trie is cleared and walked.
  *
- * Added tokens are kept out of both tries (their text, "<tool_call>", would otherwise be
+ * Added tokens are kept out of the tries (their text, "<tool_call>", would otherwise be
  * offered wherever '<' fits): the mask steps through the few the grammar lists by name.
  */
 #include <stdlib.h>
