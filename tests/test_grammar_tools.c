@@ -296,6 +296,19 @@ static void test_errors(void) {
     expect_err("[{\"type\":\"function\",\"function\":{\"description\":\"x\"}}]", NULL, "name");
     expect_err("[{", NULL, "bad JSON");
     gram_grammar *g; lily_status st;
+    /* two untyped recursive parameter schemas: "#" is each tool's own */
+    const char *rec = "[{\"name\":\"a\",\"parameters\":{\"properties\":{\"x\":{\"$ref\":\"#\"},\"a\":{\"type\":\"integer\"}}}},"
+                      "{\"name\":\"b\",\"parameters\":{\"properties\":{\"y\":{\"$ref\":\"#\"},\"b\":{\"type\":\"string\"}}}}]";
+    CHECK(gram_tool_call(rec, strlen(rec), GRAM_TOOLS_JSON, NULL, 0, &g, &st) == LILY_OK, "recursive: %s", st.msg);
+    const char *yes[] = { "\n{\"name\": \"b\", \"arguments\": {\"y\": {\"y\": {\"b\": \"s\"}}}}\n</tool_call>",
+                          "\n{\"name\": \"a\", \"arguments\": {\"x\": {\"a\": 1}, \"a\": 2}}\n</tool_call>" };
+    const char *no[] = { "\n{\"name\": \"b\", \"arguments\": {\"y\": {\"a\": 1}}}\n</tool_call>",
+                         "\n{\"name\": \"a\", \"arguments\": {\"x\": {\"y\": {}}}}\n</tool_call>" };
+    for (int i = 0; i < 2; i++) {
+        CHECK(accepts_text(g, yes[i], strlen(yes[i])), "recursive: refused %s", yes[i]);
+        CHECK(!accepts_text(g, no[i], strlen(no[i])), "recursive: accepted %s", no[i]);
+    }
+    gram_free(g);
     const char *lt = "[{\"type\":\"function\",\"function\":{\"name\":\"a<b\"}}]";
     CHECK(gram_tool_call(lt, strlen(lt), GRAM_TOOLS_XML, NULL, 0, &g, &st) == LILY_EINVAL && strstr(st.msg, "tool \"a<b\""),
           "XML name with '<': %s", st.msg);

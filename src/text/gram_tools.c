@@ -330,9 +330,9 @@ static int json_fn(tctx *t, const char *name, json_t *params) {
 }
 
 /* the parameters schema as an object schema (a missing type means object), or NULL for a
- * function without parameters; *own is set when the returned value must be released */
-static json_t *params_of(gj_ctx *c, const json_t *fn, int *own) {
-    *own = 0;
+ * function without parameters. A copy made for that is kept in `keep` until the grammar is
+ * done: the $ref memo is keyed by node addresses, which must not be reused meanwhile. */
+static json_t *params_of(gj_ctx *c, const json_t *fn, json_t *keep) {
     json_t *p = json_object_get(fn, "parameters");
     if (!p || json_is_null(p)) return NULL;
     if (!json_is_object(p)) { gj_fail(c, "%s", "parameters must be a JSON schema object"); return NULL; }
@@ -343,8 +343,10 @@ static json_t *params_of(gj_ctx *c, const json_t *fn, int *own) {
     }
     if (ty) return p;
     json_t *q = json_copy(p); /* shallow: the subschemas stay shared, the memo keys with them */
-    if (!q || json_object_set_new(q, "type", json_string("object"))) { json_decref(q); gj_fail(c, "%s", "out of memory"); return NULL; }
-    *own = 1;
+    if (!q || json_array_append_new(keep, q) || json_object_set_new(q, "type", json_string("object"))) {
+        gj_fail(c, "%s", "out of memory");
+        return NULL;
+    }
     return q;
 }
 
@@ -361,7 +363,11 @@ lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fm
     }
     tctx *t = calloc(1, sizeof *t);
     gram_grammar *g = gram_g_new();
-    if (!t || !g) { free(t); gram_free(g); json_decref(tools); return lily_err(st, LILY_ENOMEM, "grammar: out of memory"); }
+    json_t *keep = json_array();
+    if (!t || !g || !keep) {
+        free(t); gram_free(g); json_decref(tools); json_decref(keep);
+        return lily_err(st, LILY_ENOMEM, "grammar: out of memory");
+    }
     pthread_once(&ac_once, ac_init);
     t->ac = &ac_shared;
     gj_ctx *c = &t->c;
@@ -377,10 +383,8 @@ lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fm
         }
         const char *fname = json_string_value(nm);
         if (name && strcmp(name, fname)) continue;
-        int own;
-        json_t *params = params_of(c, fn, &own);
+        json_t *params = params_of(c, fn, keep);
         int body = c->err ? -1 : fmt == GRAM_TOOLS_XML ? xml_fn(t, fname, params) : json_fn(t, fname, params);
-        if (own) json_decref(params);
         if (c->err) { bad_tool = fname; break; }
         int32_t e = gj_ref(body);
         gj_alt(c, call, &e, 1);
@@ -421,7 +425,7 @@ lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fm
     lily_code rc = c->err;
     free(c->memo_node); free(c->memo_rule);
     free(t);
-    json_decref(tools);
+    json_decref(tools); json_decref(keep);
     if (!rc) rc = gram_g_finish(g, root, st);
     if (rc) { gram_free(g); return rc; }
     *out = g;
