@@ -275,6 +275,16 @@ static void walk(const gram_grammar *g, const gram_vocab *v, const tok_tokenizer
         int ended = 0;
         for (int step = 0; step < 300 && !ended; step++) {
             gram_matcher_mask(m, v, allowed);
+            if (nv <= 4000) { /* small vocabulary: every mask (fast paths, replayed states) against the full walk */
+                uint8_t full[4000];
+                gram_mask_no_fast = 1;
+                gram_matcher_mask(m, v, full);
+                gram_mask_no_fast = 0;
+                int diff = 0;
+                for (int i = 0; i < nv; i++) diff += full[i] != allowed[i];
+                agree_n++;
+                if (diff && agree_bad++ < 5) CHECK(0, "%s walk %d: mask and full walk differ on %d ids after '%.*s'", what, w, diff, (int)on, out);
+            }
             int nc = 0, ncl = 0;
             for (int i = 0; i < nv; i++) if (allowed[i]) { cand[nc++] = i; if (closing(t, i)) close[ncl++] = i; }
             CHECK(nc > 0 || gram_matcher_can_end(m), "%s walk %d: stuck after %.*s", what, w, (int)on, out);

@@ -109,6 +109,13 @@ static void walks(const gram_vocab *v, const tok_tokenizer *t, json_t *tools, gr
         int done = 0, calls = 0;
         for (int step = 0; step < 600 && !done; step++) {
             gram_matcher_mask(m, v, al);
+            if (nv <= 4000) { /* small vocabulary: every mask (fast paths, replayed states) against the full walk */
+                uint8_t full[4000];
+                gram_mask_no_fast = 1;
+                gram_matcher_mask(m, v, full);
+                gram_mask_no_fast = 0;
+                for (int i = 0; i < nv; i++) agree_bad += full[i] != al[i];
+            }
             int nc = 0;
             for (int i = 0; i < nv; i++) if (al[i]) cand[nc++] = i;
             if (gram_matcher_can_end(m) && (nc == 0 || rnd(3) == 0)) { done = 1; break; }

@@ -60,7 +60,16 @@ struct gram_vocab {
     vtrie rawspec;        /* the tokens that are not raw-plain */
 };
 
-struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work, a, b; };
+/* The matcher's mask memory. The mask is a function of the stack set alone (for one
+ * grammar and vocabulary), and inside a string the stack set repeats exactly after every
+ * token of plain characters, so the ids the walks allowed last time are kept with the
+ * stack set they were computed from (key) and replayed when it comes again. */
+#define CACHE_MAX_IDS 16384
+struct gram_scratch {
+    int n; gram_sset *ss; gram_set *first; gram_sset work, a, b;
+    const gram_vocab *cv; int32_t *key; size_t key_len, key_cap; /* key_len 0: nothing cached */
+    int32_t *ids; int n_ids, cap_ids, recording;
+};
 
 /* the number of whole plain characters in p[0..n), or -1 if it is not made of them
  * (raw: the raw-text notion of plain, see gram_priv.h, counting a final '\n' as none) */
@@ -232,6 +241,7 @@ void gram_scratch_free(struct gram_scratch *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) gram_sset_free(&s->ss[i]);
     gram_sset_free(&s->work); gram_sset_free(&s->a); gram_sset_free(&s->b);
+    free(s->key); free(s->ids);
     free(s->ss); free(s->first); free(s);
 }
 
@@ -251,6 +261,16 @@ static struct gram_scratch *scratch_get(gram_matcher *m, int depth) {
     return s;
 }
 
+static void record(struct gram_scratch *s, int32_t id) {
+    if (s->n_ids == s->cap_ids) {
+        int nc = s->cap_ids ? 2 * s->cap_ids : 1024;
+        int32_t *q = nc <= CACHE_MAX_IDS ? realloc(s->ids, sizeof *q * (size_t)nc) : NULL;
+        if (!q) { s->recording = 0; return; } /* too many (or no memory): not cached */
+        s->ids = q; s->cap_ids = nc;
+    }
+    s->ids[s->n_ids++] = id;
+}
+
 /* the nodes [i, i1) of the trie (a whole trie: 1, t->n) */
 static void walk_range(const gram_matcher *m, const vtrie *t, int32_t i, int32_t i1, uint8_t *allowed,
                        struct gram_scratch *s) {
@@ -264,7 +284,11 @@ static void walk_range(const gram_matcher *m, const vtrie *t, int32_t i, int32_t
             i = t->end[i];
             continue;
         }
-        for (int32_t k = 0; k < t->ntok[i]; k++) allowed[t->ids[t->tok0[i] + k]] = 1;
+        for (int32_t k = 0; k < t->ntok[i]; k++) {
+            int32_t id = t->ids[t->tok0[i] + k];
+            allowed[id] = 1;
+            if (s->recording) record(s, id);
+        }
         if (t->end[i] > i + 1) gram_sset_first(m->g, &s->ss[d], &s->first[d]);
         i++;
     }
@@ -296,6 +320,10 @@ static void plain_upto(const gram_vocab *v, const plainset *ps, int rem, uint8_t
     }
 }
 
+static void replay(const struct gram_scratch *s, uint8_t *allowed) {
+    for (int k = 0; k < s->n_ids; k++) allowed[s->ids[k]] = 1;
+}
+
 /* is this added token's content one the grammar may produce? */
 static int listed(const gram_grammar *g, const uint8_t *p, size_t n) {
     for (int i = 0; i < g->n_added; i++)
@@ -311,6 +339,10 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
     int flags = 0;
     const gram_set *hot = NULL;
     int rem = gram_mask_no_fast ? -2 : gram_sset_string_state(m->g, &m->cur, &flags, &hot);
+    int hit = !gram_mask_no_fast && s->key_len && s->cv == v && s->key_len == m->cur.len &&
+              !memcmp(s->key, m->cur.buf, m->cur.len * sizeof(int32_t));
+    s->recording = !hit && !gram_mask_no_fast;
+    if (!hit) s->n_ids = 0;
     if (rem >= -1) {
         int raw = flags & GRAM_STR_RAW;
         plain_upto(v, &v->plain[raw], rem, allowed);
@@ -319,11 +351,13 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
         for (int b = 0; hot && b < 256; b++)
             if (gram_set_has(hot, (unsigned)b))
                 for (int32_t k = v->first_lo[b]; k < v->first_hi[b]; k++) allowed[v->all.ids[k]] = 0;
+        if (hit) { replay(s, allowed); return; }
         walk(m, raw ? &v->rawspec : &v->special, allowed, s);
         for (int b = 0; hot && b < 256; b++)
             if (gram_set_has(hot, (unsigned)b) && v->first_node[b] >= 0)
                 walk_range(m, &v->all, v->first_node[b], v->all.end[v->first_node[b]], allowed, s);
     } else {
+        if (hit) { replay(s, allowed); return; }
         walk(m, &v->all, allowed, s);
     }
     for (int k = 0; k < v->n_added && m->g->n_added; k++) {
@@ -339,6 +373,17 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
             src = dst;
         }
         allowed[id] = i == n;
+        if (i == n && s->recording) record(s, id);
+    }
+    s->key_len = 0;
+    if (s->recording) { /* remember this state's walked ids */
+        if (m->cur.len > s->key_cap) {
+            int32_t *q = realloc(s->key, sizeof *q * m->cur.len);
+            if (!q) return;
+            s->key = q; s->key_cap = m->cur.len;
+        }
+        memcpy(s->key, m->cur.buf, m->cur.len * sizeof(int32_t));
+        s->key_len = m->cur.len; s->cv = v;
     }
 }
 
