@@ -227,9 +227,16 @@ static void agree_at(const gram_vocab *v, const tok_tokenizer *t, const char *na
         gram_matcher_new(g, &m, &st);
         CHECK(gram_matcher_accept_bytes(m, at[k].prefix, strlen(at[k].prefix)), "%s: prefix %zu refused", name, k);
         gram_matcher_mask(m, v, al);
-        int n_al = 0;
+        int n_al = 0, diff = 0;
         for (int i = 0; i < nv; i++) n_al += al[i];
         CHECK(n_al > 0, "%s: prefix %zu: empty mask", name, k);
+        uint8_t *full = malloc((size_t)nv); /* the fast paths against the full-trie walk */
+        gram_mask_no_fast = 1;
+        gram_matcher_mask(m, v, full);
+        gram_mask_no_fast = 0;
+        for (int i = 0; i < nv; i++) diff += full[i] != al[i];
+        free(full);
+        CHECK(diff == 0, "%s: prefix %zu: fast and full masks differ on %d ids", name, k, diff);
         int samples = nv <= 4000 ? nv : 3000;
         gram_matcher *m2 = NULL;
         for (int j = 0; j < samples; j++) {
@@ -268,6 +275,16 @@ static void walk(const gram_grammar *g, const gram_vocab *v, const tok_tokenizer
         int ended = 0;
         for (int step = 0; step < 300 && !ended; step++) {
             gram_matcher_mask(m, v, allowed);
+            if (nv <= 4000) { /* small vocabulary: every mask (fast paths, replayed states) against the full walk */
+                uint8_t full[4000];
+                gram_mask_no_fast = 1;
+                gram_matcher_mask(m, v, full);
+                gram_mask_no_fast = 0;
+                int diff = 0;
+                for (int i = 0; i < nv; i++) diff += full[i] != allowed[i];
+                agree_n++;
+                if (diff && agree_bad++ < 5) CHECK(0, "%s walk %d: mask and full walk differ on %d ids after '%.*s'", what, w, diff, (int)on, out);
+            }
             int nc = 0, ncl = 0;
             for (int i = 0; i < nv; i++) if (allowed[i]) { cand[nc++] = i; if (closing(t, i)) close[ncl++] = i; }
             CHECK(nc > 0 || gram_matcher_can_end(m), "%s walk %d: stuck after %.*s", what, w, (int)on, out);

@@ -12,6 +12,7 @@
 #include "gram_valid.h"
 #include "text/chat.h"
 #include "text/grammar.h"
+#include "text/gram_priv.h"
 #include "util/util.h"
 
 static lily_rng rng;
@@ -108,6 +109,13 @@ static void walks(const gram_vocab *v, const tok_tokenizer *t, json_t *tools, gr
         int done = 0, calls = 0;
         for (int step = 0; step < 600 && !done; step++) {
             gram_matcher_mask(m, v, al);
+            if (nv <= 4000) { /* small vocabulary: every mask (fast paths, replayed states) against the full walk */
+                uint8_t full[4000];
+                gram_mask_no_fast = 1;
+                gram_matcher_mask(m, v, full);
+                gram_mask_no_fast = 0;
+                for (int i = 0; i < nv; i++) agree_bad += full[i] != al[i];
+            }
             int nc = 0;
             for (int i = 0; i < nv; i++) if (al[i]) cand[nc++] = i;
             if (gram_matcher_can_end(m) && (nc == 0 || rnd(3) == 0)) { done = 1; break; }
@@ -166,6 +174,59 @@ static int accepts_tokens(const gram_grammar *g, const gram_vocab *v, const tok_
     ok = ok && gram_matcher_can_end(m) && added > 0; /* </tool_call> came as the added token */
     free(al); free(ids); gram_matcher_free(m);
     return ok;
+}
+
+/* At chosen states of raw text values (every automaton state on the way to a terminator
+ * or the end, counts up to and past maxLength, inside a character): the mask equals the
+ * full-trie walk's (every id) and accept_token (a sample). */
+static void agree_raw(const gram_vocab *v, const tok_tokenizer *t, const char *name) {
+    static const char *const pre[] = {
+        "", "a", "abc\n", "abc\n<", "abc\n</", "abc\n</p", "abc\n</parameter", "abc</paramete", "abc</parameter",
+        "x\n</tool_cal", "</tool_call", "abcdefghijk", "abcdefghijkl", "abcdefghijk\n", "abcdefghijkl\n",
+        "abcdefghijkl\n</para", "abcdefghij\n</paramete", "ab\xe4\xbd", "\xf0\x9f\x98", "a\"b\\", "\n",
+    };
+    const char *heads[2] = { "\n<function=search>\n<parameter=query>\n", "\n<function=note_citt\xc3\xa0>\n<parameter=text>\n" };
+    gram_grammar *g; lily_status st;
+    if (gram_tool_call(TOOLS, strlen(TOOLS), GRAM_TOOLS_XML, NULL, 1, &g, &st)) { CHECK(0, "%s", st.msg); return; }
+    int nv = gram_vocab_size(v), bad = 0, n_fast = 0, n_cmp = 0;
+    uint8_t *a1 = malloc((size_t)nv), *a2 = malloc((size_t)nv);
+    for (int h = 0; h < 2; h++)
+        for (size_t k = 0; k < sizeof pre / sizeof *pre; k++) {
+            char text[256];
+            snprintf(text, sizeof text, "%s%s", heads[h], pre[k]);
+            gram_matcher *m;
+            gram_matcher_new(g, &m, &st);
+            if (!gram_matcher_accept_bytes(m, text, strlen(text))) {
+                /* only the bounded value refuses, past 12 characters */
+                CHECK(h == 0 && strlen(pre[k]) > 12, "%s: prefix %d/%zu refused", name, h, k);
+                gram_matcher_free(m);
+                continue;
+            }
+            gram_matcher_mask(m, v, a1);
+            gram_mask_no_fast = 1;
+            gram_matcher_mask(m, v, a2);
+            gram_mask_no_fast = 0;
+            int diff = 0, n_al = 0;
+            for (int i = 0; i < nv; i++) { diff += a1[i] != a2[i]; n_al += a1[i]; }
+            n_fast++;
+            if (diff && bad++ < 5) CHECK(0, "%s: prefix %d/%zu '%s': fast and full masks differ on %d ids", name, h, k, pre[k], diff);
+            CHECK(n_al > 0, "%s: prefix %d/%zu: empty mask", name, h, k);
+            for (int j = 0; j < 300; j++) {
+                int id = j & 1 ? rnd(nv) : j;
+                gram_matcher *m2; gram_matcher_new(g, &m2, &st);
+                gram_matcher_accept_bytes(m2, text, strlen(text));
+                int acc = gram_matcher_accept_token(m2, v, id);
+                n_cmp++;
+                if (acc != a1[id] && bad++ < 5) {
+                    size_t pl; const char *p = tok_piece(t, id, &pl);
+                    CHECK(0, "%s prefix %d/%zu: id %d '%.*s' mask %d accept %d", name, h, k, id, (int)pl, p ? p : "", a1[id], acc);
+                }
+                gram_matcher_free(m2);
+            }
+            gram_matcher_free(m);
+        }
+    CHECK(bad == 0, "%s: raw text masks: %d disagreements (%d states, %d accept comparisons)", name, bad, n_fast, n_cmp);
+    free(a1); free(a2); gram_free(g);
 }
 
 /* An assistant turn with four tool calls (arguments in the schemas' order) rendered by
@@ -242,6 +303,19 @@ static void test_errors(void) {
     expect_err("[{\"type\":\"function\",\"function\":{\"description\":\"x\"}}]", NULL, "name");
     expect_err("[{", NULL, "bad JSON");
     gram_grammar *g; lily_status st;
+    /* two untyped recursive parameter schemas: "#" is each tool's own */
+    const char *rec = "[{\"name\":\"a\",\"parameters\":{\"properties\":{\"x\":{\"$ref\":\"#\"},\"a\":{\"type\":\"integer\"}}}},"
+                      "{\"name\":\"b\",\"parameters\":{\"properties\":{\"y\":{\"$ref\":\"#\"},\"b\":{\"type\":\"string\"}}}}]";
+    CHECK(gram_tool_call(rec, strlen(rec), GRAM_TOOLS_JSON, NULL, 0, &g, &st) == LILY_OK, "recursive: %s", st.msg);
+    const char *yes[] = { "\n{\"name\": \"b\", \"arguments\": {\"y\": {\"y\": {\"b\": \"s\"}}}}\n</tool_call>",
+                          "\n{\"name\": \"a\", \"arguments\": {\"x\": {\"a\": 1}, \"a\": 2}}\n</tool_call>" };
+    const char *no[] = { "\n{\"name\": \"b\", \"arguments\": {\"y\": {\"a\": 1}}}\n</tool_call>",
+                         "\n{\"name\": \"a\", \"arguments\": {\"x\": {\"y\": {}}}}\n</tool_call>" };
+    for (int i = 0; i < 2; i++) {
+        CHECK(accepts_text(g, yes[i], strlen(yes[i])), "recursive: refused %s", yes[i]);
+        CHECK(!accepts_text(g, no[i], strlen(no[i])), "recursive: accepted %s", no[i]);
+    }
+    gram_free(g);
     const char *lt = "[{\"type\":\"function\",\"function\":{\"name\":\"a<b\"}}]";
     CHECK(gram_tool_call(lt, strlen(lt), GRAM_TOOLS_XML, NULL, 0, &g, &st) == LILY_EINVAL && strstr(st.msg, "tool \"a<b\""),
           "XML name with '<': %s", st.msg);
@@ -263,6 +337,7 @@ static void run_vocab(const char *path, const char *name, int n_walks, json_t *t
     walks(v, t, tools, GRAM_TOOLS_XML, "search", 0, n_walks, what);
     snprintf(what, sizeof what, "%s json note only", name);
     walks(v, t, tools, GRAM_TOOLS_JSON, "note_citt\xc3\xa0", 1, n_walks, what);
+    agree_raw(v, t, name);
     if (render) test_render(v, t, tools);
     gram_vocab_free(v); tok_free(t);
 }

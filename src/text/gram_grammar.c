@@ -24,7 +24,7 @@ gram_grammar *gram_g_new(void) {
 void gram_free(gram_grammar *g) {
     if (!g) return;
     free(g->sets); free(g->el); free(g->pend); free(g->alt_off); free(g->alts);
-    free(g->str_rule_id); free(g->str_rem); free(g->str_flags); free(g->str_pos); free(g->str_pos_idx);
+    free(g->str_rule_id); free(g->str_rem); free(g->str_flags); free(g->str_hot); free(g->str_pos); free(g->str_pos_idx);
     for (int i = 0; i < g->n_added; i++) free(g->added[i]);
     free(g->added);
     free(g);
@@ -60,14 +60,17 @@ int32_t gram_g_alt(gram_grammar *g, int r, const int32_t *e, int n) {
     return start;
 }
 
-void gram_g_str(gram_grammar *g, int r, int rem, int flags) {
+void gram_g_str(gram_grammar *g, int r, int rem, int flags, const gram_set *hot) {
     if (r < 0) return;
     if (grow((void **)&g->str_rule_id, &g->cap_str, g->n_str + 1, sizeof(int32_t))) { g->oom = 1; return; }
     int32_t *q = realloc(g->str_rem, sizeof(int32_t) * (size_t)g->cap_str); /* same capacity */
     if (q) g->str_rem = q;
     int32_t *f = realloc(g->str_flags, sizeof(int32_t) * (size_t)g->cap_str);
     if (f) g->str_flags = f;
-    if (!q || !f) { g->oom = 1; return; }
+    gram_set *h = realloc(g->str_hot, sizeof(gram_set) * (size_t)g->cap_str);
+    if (h) g->str_hot = h;
+    if (!q || !f || !h) { g->oom = 1; return; }
+    if (hot) g->str_hot[g->n_str] = *hot; else memset(&g->str_hot[g->n_str], 0, sizeof(gram_set));
     g->str_rule_id[g->n_str] = r; g->str_rem[g->n_str] = rem; g->str_flags[g->n_str++] = flags;
 }
 
@@ -322,7 +325,7 @@ static int str_lookup(const gram_grammar *g, int32_t p) {
     return -1;
 }
 
-int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags) {
+int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags, const gram_set **hot) {
     if (!g->n_str_pos || s->n == 0 || s->n > 16) return -2;
     const int32_t *a = s->buf;
     int n = a[0];
@@ -336,6 +339,8 @@ int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags
     for (const int32_t *b = a + n + 1; b < s->buf + s->len; b += b[0] + 1)
         if (b[0] != n || memcmp(a + 1, b + 1, (size_t)(n - 1) * 4) || str_lookup(g, b[n]) != idx) return -2;
     *flags = g->str_flags[idx];
+    const gram_set *h = &g->str_hot[idx];
+    *hot = h->w[0] | h->w[1] | h->w[2] | h->w[3] ? h : NULL;
     return g->str_rem[idx];
 }
 

@@ -164,7 +164,7 @@ int gj_str_bounded(gj_ctx *c, int lo, int hi) {
             }
         }
         if (k >= lo) gj_alt(c, B[k], &q, 1);
-        gram_g_str(c->g, B[k], hi < 0 ? -1 : hi - k, 0);
+        gram_g_str(c->g, B[k], hi < 0 ? -1 : hi - k, 0, NULL);
     }
     int o = gj_rule(c);
     int32_t e[2] = { q, gj_ref(B[0]) };

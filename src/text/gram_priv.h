@@ -45,6 +45,7 @@ struct gram_grammar {
      * alternative of such a rule, all sharing what lies below, is "inside a string at a
      * character boundary, str_rem[i] more characters allowed (-1 = no limit)" */
     int32_t *str_rule_id, *str_rem, *str_flags; int n_str, cap_str;
+    gram_set *str_hot;     /* per entry: first bytes whose tokens must be stepped */
     int32_t *str_pos, *str_pos_idx; int n_str_pos; /* sorted alternative starts -> index */
     /* added tokens (exact contents) the grammar may produce; an added token of the
      * vocabulary is allowed only when listed here and its bytes fit */
@@ -60,13 +61,15 @@ int gram_g_byte(gram_grammar *g, unsigned b);
 /* appends an alternative (n elements) to rule r; returns its start position */
 int32_t gram_g_alt(gram_grammar *g, int r, const int32_t *e, int n);
 lily_code gram_g_finish(gram_grammar *g, int root, lily_status *st);
-/* registers rule r as a string body with rem characters left (-1 = unbounded): each
- * alternative is one whole character then the body with one character less (or the
- * same body when unbounded), or leaves the string (closing quote, terminator). Every
- * plain ASCII byte (0x20-0x7f but '"' and '\\') and every well-formed multibyte character
- * must be such a character, except '<' when flags has GRAM_STR_LT. */
-#define GRAM_STR_LT 1
-void gram_g_str(gram_grammar *g, int r, int rem, int flags);
+/* registers rule r as a string body with rem characters left (-1 = unbounded), for the
+ * mask's fast path. The promise: from r, a token made of whole "plain" characters whose
+ * first byte is not in hot (NULL = none) is allowed iff it has at most rem characters
+ * (any count when rem is -1). Plain: flags 0 (JSON strings), ASCII 0x20-0x7f but '"' and
+ * '\\', or well-formed multibyte; GRAM_STR_RAW (raw text), ASCII 0x01-0x7f but '<', or
+ * well-formed multibyte, where a final '\n' is not counted (it may start the end of the
+ * text). Every other token is stepped. */
+#define GRAM_STR_RAW 1
+void gram_g_str(gram_grammar *g, int r, int rem, int flags, const gram_set *hot);
 /* lists an added token's content as producible (copied) */
 void gram_g_added(gram_grammar *g, const char *content);
 
@@ -86,8 +89,11 @@ int gram_advance(const gram_grammar *g, const gram_sset *in, unsigned b, gram_ss
 void gram_sset_first(const gram_grammar *g, const gram_sset *s, gram_set *u);
 int gram_sset_accepting(const gram_sset *s);
 /* >= 0 (characters left) or -1 (no limit) if the set is exactly a registered string
- * body at a character boundary (see gram_g_str), else -2 */
-int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags);
+ * body at a character boundary (see gram_g_str; *flags and *hot are its own), else -2 */
+int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags, const gram_set **hot);
+
+/* tests only: 1 makes every mask walk the full trie (the fast paths' reference) */
+extern int gram_mask_no_fast;
 
 struct gram_matcher {
     const gram_grammar *g;

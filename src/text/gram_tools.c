@@ -9,13 +9,15 @@
  *   nothing), else parses it as JSON; the grammar follows the same rule (kinds() below
  *   mirrors parse_call.c's schema_kinds). Text values are raw UTF-8 that must not contain
  *   "</parameter>" (parse_call cuts the value at the first one) nor "</tool_call>" (the
- *   output parser cuts the block there): an Aho-Corasick automaton over the two
- *   terminators, as rules, whose start state is a registered string body so the mask's
- *   fast path applies (GRAM_STR_LT: '<' is stepped, it may start a terminator).
+ *   output parser cuts the block there), ended by "\n</parameter>\n": an Aho-Corasick
+ *   automaton over those strings, as rules, each state a registered string body so the
+ *   mask's fast path applies (GRAM_STR_RAW, with the bytes that advance a terminator as
+ *   hot first bytes).
  * - JSON (Qwen3): "\n{\"name\": NAME, \"arguments\": ARGS}\n</tool_call>" with ARGS the
  *   function's parameters schema compiled by gram_schema.c.
  * With multi, "\n<tool_call>" and another call may follow each call.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,46 +28,69 @@
 #define TC_MAX_DEPTH 8
 
 static const char *const TERM[2] = { "</parameter>", "</tool_call>" };
+static const char EXIT[] = "\n</parameter>"; /* then "\n" */
 static const char END_PARAM[] = "\n</parameter>\n";
 
-/* ---- the "no terminator" automaton: states are the proper prefixes of TERM[0..1] ---- */
+/* ---- raw text values: an automaton over TERM (forbidden) and EXIT (the end) ----
+ * States are the proper prefixes of the three strings; next[s][b] is the state after byte
+ * b (ASCII; multibyte characters always lead to state 0), -1 forbidden, -2 the exit. The
+ * characters of a possible EXIT are counted as value characters until they turn out to be
+ * the exit, hence dx (how many of the counted characters may still be EXIT's) and the
+ * count guard in raw_text. */
 
-#define AC_MAX 32
-typedef struct { int n; char pre[AC_MAX][16]; int next[AC_MAX][128]; } ac_t;
+#define AC_MAX 48
+#define AC_EXIT (-2)
+typedef struct { int n, nl; char pre[AC_MAX][16]; int next[AC_MAX][128]; int dx[AC_MAX]; gram_set hot[AC_MAX]; } ac_t;
 
 static int ac_find(const ac_t *a, const char *s) {
     for (int i = 0; i < a->n; i++) if (!strcmp(a->pre[i], s)) return i;
     return -1;
 }
 
+static int ends_with(const char *t, size_t l, const char *p) {
+    size_t m = strlen(p);
+    return l >= m && !memcmp(t + l - m, p, m);
+}
+
 static void ac_build(ac_t *a) {
     memset(a, 0, sizeof *a);
     a->n = 1; /* state 0: "" */
-    for (int t = 0; t < 2; t++)
-        for (size_t l = 1; l < strlen(TERM[t]); l++) {
-            char p[16]; memcpy(p, TERM[t], l); p[l] = 0;
+    const char *pats[3] = { TERM[0], TERM[1], EXIT };
+    for (int t = 0; t < 3; t++)
+        for (size_t l = 1; l < strlen(pats[t]); l++) {
+            char p[16]; memcpy(p, pats[t], l); p[l] = 0;
             if (ac_find(a, p) < 0) { memcpy(a->pre[a->n], p, l + 1); a->n++; }
         }
-    for (int s = 0; s < a->n; s++)
+    a->nl = ac_find(a, "\n");
+    for (int s = 0; s < a->n; s++) {
+        size_t l = strlen(a->pre[s]);
+        a->dx[s] = !strncmp(EXIT, a->pre[s], l) ? (int)l : 0;
         for (int b = 1; b < 128; b++) {
-            char t[20]; size_t l = strlen(a->pre[s]);
+            char t[20];
             memcpy(t, a->pre[s], l); t[l] = (char)b; t[l + 1] = 0;
-            int to = 0, bad = 0;
-            for (int k = 0; k < 2; k++) {
-                size_t m = strlen(TERM[k]);
-                if (l + 1 >= m && !strcmp(t + l + 1 - m, TERM[k])) bad = 1;
-            }
-            for (size_t o = 0; o <= l + 1 && !bad; o++) { /* longest suffix that is a state */
-                int f = ac_find(a, t + o);
-                if (f >= 0) { to = f; break; }
-            }
-            a->next[s][b] = bad ? -1 : to;
+            int to = 0;
+            if (ends_with(t, l + 1, EXIT)) to = AC_EXIT;
+            else if (ends_with(t, l + 1, TERM[0]) || ends_with(t, l + 1, TERM[1])) to = -1;
+            else
+                for (size_t o = 0; o <= l + 1; o++) { /* the longest suffix that is a state */
+                    int f = ac_find(a, t + o);
+                    if (f >= 0) { to = f; break; }
+                }
+            a->next[s][b] = to;
+            /* the mask's promise (gram_g_str): a first byte leading elsewhere than "" or "\n" is hot */
+            if (b != '<' && to != 0 && to != a->nl) gram_set_add(&a->hot[s], (unsigned)b);
         }
+    }
 }
+
+/* the automaton is the same for every grammar: built once */
+static ac_t ac_shared;
+static pthread_once_t ac_once = PTHREAD_ONCE_INIT;
+static void ac_init(void) { ac_build(&ac_shared); }
 
 typedef struct {
     gj_ctx c;
-    ac_t ac;
+    const ac_t *ac;
     int raw_free;      /* +1: the unbounded raw text rule */
     int end_param;     /* +1: "\n</parameter>\n" */
 } tctx;
@@ -76,43 +101,51 @@ static int lit_rule(tctx *t, int *slot, const char *s) {
 }
 
 /* Raw text of lo..hi code points (hi < 0: unbounded) then "\n</parameter>\n": rule
- * R[k][s] = k characters so far, automaton state s. */
+ * R[k][s] = k characters counted, automaton state s. Bounded, a step to state s' with k+1
+ * counted is allowed iff k+1 - dx[s'] <= hi, and the exit iff k - 12 >= lo (the 12
+ * counted characters were "\n</parameter"). */
 static int raw_text(tctx *t, int lo, int hi) {
     gj_ctx *c = &t->c;
-    if (lo == 0 && hi < 0 && t->raw_free) return t->raw_free - 1;
-    int ns = t->ac.n, top = hi < 0 ? lo : hi;
+    int is_free = lo == 0 && hi < 0;
+    if (is_free && t->raw_free) return t->raw_free - 1;
+    const ac_t *a = t->ac;
+    int ns = a->n, xl = (int)strlen(EXIT) - 1, top = is_free ? 0 : (hi < 0 ? lo : hi) + xl;
     int *R = calloc((size_t)(top + 1) * (size_t)ns, sizeof(int));
     if (!R) return gj_fail(c, "%s", "out of memory");
     for (int i = 0; i < (top + 1) * ns && !c->err; i++) R[i] = gj_rule(c);
-    int32_t endv[16];
-    for (int i = 0; i < 14; i++) endv[i] = gj_byte_el(c, (uint8_t)END_PARAM[i]);
+    int32_t ex[2] = { gj_byte_el(c, '>'), gj_byte_el(c, '\n') };
+    /* the byte set leading from s to each state (-1: none), once for all counts */
+    int32_t *grp = malloc(sizeof(int32_t) * (size_t)ns * (size_t)ns);
+    if (!grp) { free(R); return gj_fail(c, "%s", "out of memory"); }
+    for (int s = 0; s < ns; s++)
+        for (int to = 0; to < ns; to++) {
+            gram_set set; memset(&set, 0, sizeof set);
+            int any = 0;
+            for (int b = 1; b < 128; b++) if (a->next[s][b] == to) { gram_set_add(&set, (unsigned)b); any = 1; }
+            grp[s * ns + to] = any ? gram_g_set(c->g, &set) : -1;
+        }
     for (int k = 0; k <= top && !c->err; k++) {
         int nk = k < top ? k + 1 : (hi < 0 ? k : -1);
         for (int s = 0; s < ns; s++) {
             int r = R[k * ns + s];
-            if (nk >= 0) {
-                for (int to = 0; to < ns; to++) { /* ASCII bytes grouped by the state they lead to */
-                    gram_set set; memset(&set, 0, sizeof set);
-                    int any = 0;
-                    for (int b = 1; b < 128; b++) if (t->ac.next[s][b] == to) { gram_set_add(&set, (unsigned)b); any = 1; }
-                    if (!any) continue;
-                    int32_t e[2] = { gram_g_set(c->g, &set), gj_ref(R[nk * ns + to]) };
-                    gj_alt(c, r, e, 2);
-                }
-                for (int i = 0; i < 7; i++) {
-                    int32_t u[6];
-                    int n = gj_u8_seq(c, i, u);
-                    u[n++] = gj_ref(R[nk * ns]);
-                    gj_alt(c, r, u, n);
-                }
+            for (int to = 0; nk >= 0 && to < ns; to++) { /* ASCII bytes grouped by the state they lead to */
+                if ((hi >= 0 && k + 1 - a->dx[to] > hi) || grp[s * ns + to] < 0) continue;
+                int32_t e[2] = { grp[s * ns + to], gj_ref(R[nk * ns + to]) };
+                gj_alt(c, r, e, 2);
             }
-            if (k >= lo) gj_alt(c, r, endv, 14);
-            if (s == 0) gram_g_str(c->g, r, hi < 0 ? -1 : hi - k, GRAM_STR_LT);
+            for (int i = 0; nk >= 0 && (hi < 0 || k + 1 <= hi) && i < 7; i++) {
+                int32_t u[6];
+                int n = gj_u8_seq(c, i, u);
+                u[n++] = gj_ref(R[nk * ns]);
+                gj_alt(c, r, u, n);
+            }
+            if (a->next[s]['>'] == AC_EXIT && (is_free || k - xl >= lo)) gj_alt(c, r, ex, 2);
+            if (hi < 0 || k <= hi) gram_g_str(c->g, r, hi < 0 ? -1 : hi - k, GRAM_STR_RAW, &a->hot[s]);
         }
     }
     int r0 = R[0];
-    free(R);
-    if (lo == 0 && hi < 0 && !c->err) t->raw_free = r0 + 1;
+    free(R); free(grp);
+    if (is_free && !c->err) t->raw_free = r0 + 1;
     return c->err ? -1 : r0;
 }
 
@@ -176,7 +209,7 @@ static int raw_for(tctx *t, json_t *root, json_t *s, int r, int depth) {
             size_t l = json_string_length(v);
             char *txt = malloc(l + sizeof END_PARAM);
             if (!txt) { gj_fail(c, "%s", "out of memory"); return 0; }
-            memcpy(txt, json_string_value(v), l); memcpy(txt + l, END_PARAM, sizeof END_PARAM);
+            memcpy(txt, json_string_value(v), l); memcpy(txt + l, END_PARAM, sizeof END_PARAM); /* with its NUL */
             int32_t e = gj_ref(gj_lit(c, txt, l + sizeof END_PARAM - 1));
             free(txt);
             gj_alt(c, r, &e, 1);
@@ -297,9 +330,9 @@ static int json_fn(tctx *t, const char *name, json_t *params) {
 }
 
 /* the parameters schema as an object schema (a missing type means object), or NULL for a
- * function without parameters; *own is set when the returned value must be released */
-static json_t *params_of(gj_ctx *c, const json_t *fn, int *own) {
-    *own = 0;
+ * function without parameters. A copy made for that is kept in `keep` until the grammar is
+ * done: the $ref memo is keyed by node addresses, which must not be reused meanwhile. */
+static json_t *params_of(gj_ctx *c, const json_t *fn, json_t *keep) {
     json_t *p = json_object_get(fn, "parameters");
     if (!p || json_is_null(p)) return NULL;
     if (!json_is_object(p)) { gj_fail(c, "%s", "parameters must be a JSON schema object"); return NULL; }
@@ -310,8 +343,10 @@ static json_t *params_of(gj_ctx *c, const json_t *fn, int *own) {
     }
     if (ty) return p;
     json_t *q = json_copy(p); /* shallow: the subschemas stay shared, the memo keys with them */
-    if (!q || json_object_set_new(q, "type", json_string("object"))) { json_decref(q); gj_fail(c, "%s", "out of memory"); return NULL; }
-    *own = 1;
+    if (!q || json_array_append_new(keep, q) || json_object_set_new(q, "type", json_string("object"))) {
+        gj_fail(c, "%s", "out of memory");
+        return NULL;
+    }
     return q;
 }
 
@@ -328,8 +363,13 @@ lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fm
     }
     tctx *t = calloc(1, sizeof *t);
     gram_grammar *g = gram_g_new();
-    if (!t || !g) { free(t); gram_free(g); json_decref(tools); return lily_err(st, LILY_ENOMEM, "grammar: out of memory"); }
-    ac_build(&t->ac);
+    json_t *keep = json_array();
+    if (!t || !g || !keep) {
+        free(t); gram_free(g); json_decref(tools); json_decref(keep);
+        return lily_err(st, LILY_ENOMEM, "grammar: out of memory");
+    }
+    pthread_once(&ac_once, ac_init);
+    t->ac = &ac_shared;
     gj_ctx *c = &t->c;
     c->g = g; c->st = st;
     int call = gj_rule(c), n_fn = 0;
@@ -343,10 +383,8 @@ lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fm
         }
         const char *fname = json_string_value(nm);
         if (name && strcmp(name, fname)) continue;
-        int own;
-        json_t *params = params_of(c, fn, &own);
+        json_t *params = params_of(c, fn, keep);
         int body = c->err ? -1 : fmt == GRAM_TOOLS_XML ? xml_fn(t, fname, params) : json_fn(t, fname, params);
-        if (own) json_decref(params);
         if (c->err) { bad_tool = fname; break; }
         int32_t e = gj_ref(body);
         gj_alt(c, call, &e, 1);
@@ -387,7 +425,7 @@ lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fm
     lily_code rc = c->err;
     free(c->memo_node); free(c->memo_rule);
     free(t);
-    json_decref(tools);
+    json_decref(tools); json_decref(keep);
     if (!rc) rc = gram_g_finish(g, root, st);
     if (rc) { gram_free(g); return rc; }
     *out = g;

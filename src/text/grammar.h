@@ -1,6 +1,7 @@
 /* grammar: constrained decoding. A JSON schema (or "any JSON object") is compiled into a
  * byte-level context-free grammar, and a matcher follows the bytes of the tokens sampled so
- * far, answering which tokens may come next. Used by the server for `response_format`.
+ * far, answering which tokens may come next. Used by the server for `response_format`;
+ * gram_tool_call gives grammars for tool calls.
  *
  * Contract
  * - gram_grammar and gram_vocab are immutable once built and may be shared by many threads;
