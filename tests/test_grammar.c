@@ -9,71 +9,13 @@
 #include <jansson.h>
 #include "t.h"
 #include "text/grammar.h"
+#include "text/gram_priv.h"
 #include "util/util.h"
 
 static lily_rng rng;
 static int rnd(int n) { return (int)(lily_rng_u64(&rng) % (uint64_t)n); }
 
-/* ---- a validator for the supported keywords (the oracle) ---- */
-static json_t *resolve(json_t *root, const char *ref) {
-    if (!strcmp(ref, "#")) return root;
-    if (!strncmp(ref, "#/$defs/", 8)) return json_object_get(json_object_get(root, "$defs"), ref + 8);
-    if (!strncmp(ref, "#/definitions/", 14)) return json_object_get(json_object_get(root, "definitions"), ref + 14);
-    return NULL;
-}
-static size_t cp_len(const char *s) { size_t n = 0; for (; *s; s++) n += ((uint8_t)*s & 0xc0) != 0x80; return n; }
-
-static int valid(json_t *v, json_t *s, json_t *root) {
-    if (json_is_true(s)) return 1;
-    if (!json_is_object(s)) return 0;
-    json_t *k;
-    if ((k = json_object_get(s, "nullable")) && json_is_true(k) && json_is_null(v)) return 1;
-    if ((k = json_object_get(s, "$ref"))) return valid(v, resolve(root, json_string_value(k)), root);
-    json_t *comb = json_object_get(s, "anyOf");
-    if (!comb) comb = json_object_get(s, "oneOf");
-    if (comb) { int any = 0; for (size_t i = 0; i < json_array_size(comb); i++) any |= valid(v, json_array_get(comb, i), root); if (!any) return 0; }
-    if ((k = json_object_get(s, "allOf")) && !valid(v, json_array_get(k, 0), root)) return 0;
-    if ((k = json_object_get(s, "const")) && !json_equal(k, v)) return 0;
-    if ((k = json_object_get(s, "enum"))) { int any = 0; for (size_t i = 0; i < json_array_size(k); i++) any |= json_equal(json_array_get(k, i), v); if (!any) return 0; }
-    if ((k = json_object_get(s, "type"))) {
-        int ok = 0;
-        for (size_t i = 0; i < (json_is_array(k) ? json_array_size(k) : 1); i++) {
-            const char *t = json_string_value(json_is_array(k) ? json_array_get(k, i) : k);
-            ok |= (!strcmp(t, "string") && json_is_string(v)) || (!strcmp(t, "number") && json_is_number(v)) ||
-                  (!strcmp(t, "integer") && json_is_integer(v)) || (!strcmp(t, "boolean") && json_is_boolean(v)) ||
-                  (!strcmp(t, "null") && json_is_null(v)) || (!strcmp(t, "object") && json_is_object(v)) ||
-                  (!strcmp(t, "array") && json_is_array(v));
-        }
-        if (!ok) return 0;
-    }
-    if (json_is_string(v)) {
-        size_t n = cp_len(json_string_value(v));
-        if ((k = json_object_get(s, "minLength")) && n < (size_t)json_integer_value(k)) return 0;
-        if ((k = json_object_get(s, "maxLength")) && n > (size_t)json_integer_value(k)) return 0;
-    }
-    if (json_is_object(v)) {
-        json_t *props = json_object_get(s, "properties"), *ap = json_object_get(s, "additionalProperties");
-        json_t *req = json_object_get(s, "required");
-        for (size_t i = 0; i < json_array_size(req); i++) if (!json_object_get(v, json_string_value(json_array_get(req, i)))) return 0;
-        const char *key; json_t *x;
-        json_object_foreach(v, key, x) {
-            json_t *ps = json_object_get(props, key);
-            if (ps) { if (!valid(x, ps, root)) return 0; }
-            else if (ap && !valid(x, ap, root)) return 0;
-        }
-    }
-    if (json_is_array(v)) {
-        json_t *pre = json_object_get(s, "prefixItems"), *it = json_object_get(s, "items");
-        size_t n = json_array_size(v);
-        if ((k = json_object_get(s, "minItems")) && n < (size_t)json_integer_value(k)) return 0;
-        if ((k = json_object_get(s, "maxItems")) && n > (size_t)json_integer_value(k)) return 0;
-        for (size_t i = 0; i < n; i++) {
-            json_t *es = i < json_array_size(pre) ? json_array_get(pre, i) : it;
-            if (es && !valid(json_array_get(v, i), es, root)) return 0;
-        }
-    }
-    return 1;
-}
+#include "gram_valid.h"
 
 static const char *schemas[] = {
     /* 0: nested object, optional properties, enum, nullable, numbers */
@@ -96,6 +38,9 @@ static const char *schemas[] = {
     "{\"definitions\":{\"p\":{\"type\":\"object\",\"properties\":{\"k\":{\"const\":{\"z\":[true,false]}}},"
     "\"additionalProperties\":true}},\"type\":\"array\",\"prefixItems\":[{\"type\":\"null\"},{\"$ref\":\"#/definitions/p\"}],"
     "\"items\":{\"oneOf\":[{\"type\":\"integer\"},{\"type\":\"string\",\"maxLength\":2}]},\"maxItems\":5}",
+    /* 6: non-ASCII property names beside extra keys, lengths of multibyte strings */
+    "{\"type\":\"object\",\"properties\":{\"\xc3\xa9\xe2\x82\xac\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":3},"
+    "\"\xc3\xa9" "a\":{\"type\":\"integer\"},\"\\u00e9\":{\"type\":\"boolean\"}},\"additionalProperties\":{\"type\":\"integer\"}}",
 };
 #define N_SCHEMAS (int)(sizeof schemas / sizeof *schemas)
 
@@ -109,6 +54,9 @@ static const char *good[][8] = {
     { "{}", "{\"a\":\"s\"}", "{\"a\":[true,false],\"b\":\"x\xc3\xa9\\n\",\"zz\":5,\"q\":-0}", "{\"b\":\"x\xc3\xa9\\n\"}", "{\"other\":1}", NULL },
     { "1", "\"s\"", "[1,{\"a\":[null,true,\"x\"]},-2.5E-7]", "{}", "null", NULL },
     { "[]", "[null]", "[null,{\"k\":{\"z\":[true,false]},\"more\":[1,{}]},3,\"ab\"]", "[null,{}]", NULL },
+    { "{}", "{\"\xc3\xa9\xe2\x82\xac\":\"ab\"}", "{\"\xc3\xa9\xe2\x82\xac\":\"\xf0\x9f\x98\x80\xe2\x82\xac" "x\",\"\xc3\xa9" "a\":1}",
+      "{\"\xc3\xa9\":true}", "{\"\xc3\xa9" "b\":1}", "{\"\xe2\x82\xac\":2,\"\xc3\xa9\xe2\x82\xac" "x\":3,\"\xc3\xaa\":4}",
+      "{\"\xc3\xa9\xe2\x82\xad\":5,\"\xc3\xa9\xe2\x83\x80\":6,\"\xc3\xa9\xf4\x8f\xbf\xbf\":7}", NULL },
 };
 static const char *bad[][8] = {
     { "{\"ok\":true}", "{\"name\":\"x\",\"ok\":true,}", "{\"name\":\"x\",\"ok\":1}", "{\"name\":\"\x01\",\"ok\":true}", "{\"name\":\"x\",\"ok\":true} ", "{\"name\":\"x\",\"ok\":true,\"age\":1}", "{\"name\":\"x\"\"ok\":true}", NULL },
@@ -117,6 +65,8 @@ static const char *bad[][8] = {
     { "{\"b\":\"y\"}", "{\"a\":null}", "{\"zz\":\"s\"}", "{,}", NULL },
     { "tru", "[1,]", "{\"a\" 1}", "01", "\"\\x\"", NULL },
     { "[1]", "[null,1]", "[null,{},\"abc\"]", "[null,{},1,1,1,1]", NULL },
+    { "{\"\xc3\xa9\xe2\x82\xac\":\"a\"}", "{\"\xc3\xa9\xe2\x82\xac\":\"ab\xf0\x9f\x98\x80" "c\"}", "{\"\xc3\xa9\xe2\x82\xac\":\"\xc3\"}",
+      "{\"\xc3\xa9\xe2\x82\":1}", "{\"\xc3\xa9\":1}", "{\"\xc3\xa9\xe2\x82\xac" "x\":\"s\"}", "{\"\xc3\xa9\xe2\x82\xac\":\"\xed\xa0\x80" "a\"}", NULL },
 };
 
 static int accepts(const gram_grammar *g, const char *s, size_t n, int *can_end_at_end, int *prefixes_ok) {
@@ -129,29 +79,10 @@ static int accepts(const gram_grammar *g, const char *s, size_t n, int *can_end_
     return ok;
 }
 
-/* jansson wants valid UTF-8 while the grammar allows any bytes >= 0x20 in strings (tokens
- * split characters); when the raw text is refused, retry with every lead byte >= 0xc0 made
- * 'U' and continuation bytes dropped, which keeps the character counts as the grammar
- * counts them. */
+/* The text must parse as it is (jansson refuses ill-formed UTF-8, so every string the
+ * grammar let through is well-formed) and validate, lengths counted in code points. */
 static int oracle(const char *s, size_t n, json_t *schema) {
     json_t *v = json_loadb(s, n, JSON_DECODE_ANY, NULL);
-    if (!v) {
-        char *t = malloc(n + 1); size_t k = 0;
-        for (size_t i = 0; i < n;) {
-            uint8_t b = (uint8_t)s[i];
-            if (b < 0x80) { t[k++] = (char)b; i++; continue; }
-            if (b < 0xc0) { i++; continue; }
-            size_t j = i + 1;
-            while (j < n && j < i + 4 && ((uint8_t)s[j] & 0xc0) == 0x80) j++;
-            size_t want = b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
-            if (want == 4 && ((b == 0xf0 && (uint8_t)s[i + 1] < 0x90) || (b == 0xf4 && (uint8_t)s[i + 1] > 0x8f))) want = 0;
-            if (want == 3 && ((b == 0xe0 && (uint8_t)s[i + 1] < 0xa0) || (b == 0xed && (uint8_t)s[i + 1] > 0x9f))) want = 0;
-            if (want == j - i) { memcpy(t + k, s + i, want); k += want; } else t[k++] = 'U';
-            i = j;
-        }
-        v = json_loadb(t, k, JSON_DECODE_ANY, NULL);
-        free(t);
-    }
     if (!v) return 0;
     int r = valid(v, schema, schema);
     json_decref(v);
@@ -213,6 +144,118 @@ static void test_instances(void) {
     }
 }
 
+/* Reference: the number of code points in p[0..n) if it is well-formed UTF-8 made of
+ * characters allowed raw in a JSON string (no controls, '"' or '\\'), else -1. Decodes and
+ * checks the value ranges (overlong, surrogates, above U+10FFFF) rather than the byte table
+ * the grammar is built from. */
+static int ref_chars(const uint8_t *p, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; c++) {
+        uint32_t cp = p[i]; int len;
+        if (cp < 0x80) len = 1; else if ((cp & 0xe0) == 0xc0) { len = 2; cp &= 0x1f; }
+        else if ((cp & 0xf0) == 0xe0) { len = 3; cp &= 0x0f; } else if ((cp & 0xf8) == 0xf0) { len = 4; cp &= 0x07; }
+        else return -1;
+        if (i + (size_t)len > n) return -1;
+        for (int k = 1; k < len; k++) { if ((p[i + k] & 0xc0) != 0x80) return -1; cp = cp << 6 | (p[i + k] & 0x3f); }
+        static const uint32_t min_cp[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+        if (cp < min_cp[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return -1;
+        if (cp < 0x20 || cp == '"' || cp == '\\') return -1;
+        i += (size_t)len;
+    }
+    return c;
+}
+
+static int takes(const gram_grammar *g, const char *pre, const uint8_t *b, size_t n, const char *post) {
+    gram_matcher *m; lily_status st;
+    if (gram_matcher_new(g, &m, &st)) return -1;
+    int ok = gram_matcher_accept_bytes(m, pre, strlen(pre)) && gram_matcher_accept_bytes(m, (const char *)b, n) &&
+             gram_matcher_accept_bytes(m, post, strlen(post)) && gram_matcher_can_end(m);
+    gram_matcher_free(m);
+    return ok;
+}
+
+/* every byte string of length 1-2 and random longer ones (boundary bytes of the UTF-8
+ * table mostly), as a free string, a bounded string and an extra object key */
+static void test_utf8(void) {
+    const char *sch[3] = { "{\"type\":\"string\"}", "{\"type\":\"string\",\"minLength\":1,\"maxLength\":2}",
+                           "{\"properties\":{\"\xc3\xa9\xe2\x82\xac\":{\"type\":\"null\"}},\"additionalProperties\":{\"type\":\"integer\"}}" };
+    gram_grammar *g[3]; lily_status st;
+    for (int k = 0; k < 3; k++) CHECK(gram_from_json_schema(sch[k], strlen(sch[k]), &g[k], &st) == LILY_OK, "%s", st.msg);
+    static const uint8_t edge[] = { 0x00, 0x1f, 0x20, 0x41, 0x7e, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1,
+                                    0xc2, 0xc3, 0xdf, 0xe0, 0xe1, 0xec, 0xed, 0xee, 0xef, 0xf0, 0xf1, 0xf3, 0xf4, 0xf5, 0xff };
+    int bad[3] = { 0 }, n_valid = 0, n_total = 0;
+    for (long it = 0; it < 65536 + 256 + 60000; it++) {
+        uint8_t b[8]; size_t n;
+        if (it < 256) { b[0] = (uint8_t)it; n = 1; }
+        else if (it < 65536 + 256) { b[0] = (uint8_t)((it - 256) >> 8); b[1] = (uint8_t)(it - 256); n = 2; }
+        else { n = 3 + (size_t)rnd(6); for (size_t i = 0; i < n; i++) b[i] = rnd(5) ? edge[rnd((int)sizeof edge)] : (uint8_t)rnd(256); }
+        if (memchr(b, '"', n) || memchr(b, '\\', n)) continue;
+        int want = ref_chars(b, n);
+        n_total++; n_valid += want >= 0;
+        int got0 = takes(g[0], "\"", b, n, "\""), got1 = takes(g[1], "\"", b, n, "\"");
+        int got2 = takes(g[2], "{\"", b, n, "\":1}");
+        int exp2 = want >= 0 && !(n == 5 && !memcmp(b, "\xc3\xa9\xe2\x82\xac", 5));
+        if (got0 != (want >= 0) && bad[0]++ < 5) CHECK(0, "free string %02x %02x %02x %02x (n %zu): grammar %d", b[0], b[1], b[2], b[3], n, got0);
+        if (got1 != (want >= 1 && want <= 2) && bad[1]++ < 5) CHECK(0, "maxLength 2 string %02x %02x %02x (n %zu, %d chars): grammar %d", b[0], b[1], b[2], n, want, got1);
+        if (got2 != exp2 && bad[2]++ < 5) CHECK(0, "extra key %02x %02x %02x (n %zu): grammar %d", b[0], b[1], b[2], n, got2);
+    }
+    CHECK(bad[0] + bad[1] + bad[2] == 0, "utf8: %d/%d/%d disagreements", bad[0], bad[1], bad[2]);
+    CHECK(n_valid > 1000 && n_valid < n_total, "utf8: %d of %d valid", n_valid, n_total);
+    /* every listed key's proper prefix continues, with any other code point, into an extra key */
+    const uint8_t ext[][8] = { "\xc3\xa9\xe2\x82\xad", "\xc3\xa9\xe2\x83\x80", "\xc3\xaa", "\xc3\xa9\xf0\x9f\x98\x80", "\xc3\xa9\xe2\x82\xac" "a" };
+    for (int i = 0; i < 5; i++) CHECK(takes(g[2], "{\"", ext[i], strlen((const char *)ext[i]), "\":1}") == 1, "extra key %d", i);
+    for (int k = 0; k < 3; k++) gram_free(g[k]);
+}
+
+/* mask == accept_token at chosen states (inside characters, at each count of a bounded
+ * string, after a backslash, inside a listed key): all ids when the vocabulary is small,
+ * a sample otherwise */
+static void agree_at(const gram_vocab *v, const tok_tokenizer *t, const char *name) {
+    static const struct { int schema; const char *prefix; } at[] = {
+        { 0, "{\"name\":\"" }, { 0, "{\"name\":\"ab\xe7" }, { 0, "{\"name\":\"\xe7\x95" }, { 0, "{\"name\":\"\xf0\x9f" },
+        { 0, "{\"name\":\"\xed" }, { 0, "{\"name\":\"\\" }, { 0, "{\"name\":\"\\u" }, { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"" },
+        { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"a" }, { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"a\xc3\xa9" }, { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"abc" },
+        { 6, "{\"\xc3\xa9\xe2\x82\xac\":\"ab\xe2\x82" }, { 6, "{\"\xc3" }, { 6, "{\"\xc3\xa9\xe2" }, { 6, "{\"\xc3\xa9\xe2\x82\xac" },
+        { 1, "[\"" }, { 1, "[\"a\xc3\xa9" }, { 5, "[null,{},\"x" }, { 3, "{\"q" },
+    };
+    int nv = gram_vocab_size(v), bad = 0, n_cmp = 0;
+    uint8_t *al = malloc((size_t)nv);
+    for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
+        gram_grammar *g; gram_matcher *m; lily_status st;
+        const char *sc = schemas[at[k].schema];
+        if (gram_from_json_schema(sc, strlen(sc), &g, &st)) { CHECK(0, "%s", st.msg); continue; }
+        gram_matcher_new(g, &m, &st);
+        CHECK(gram_matcher_accept_bytes(m, at[k].prefix, strlen(at[k].prefix)), "%s: prefix %zu refused", name, k);
+        gram_matcher_mask(m, v, al);
+        int n_al = 0, diff = 0;
+        for (int i = 0; i < nv; i++) n_al += al[i];
+        CHECK(n_al > 0, "%s: prefix %zu: empty mask", name, k);
+        uint8_t *full = malloc((size_t)nv); /* the fast paths against the full-trie walk */
+        gram_mask_no_fast = 1;
+        gram_matcher_mask(m, v, full);
+        gram_mask_no_fast = 0;
+        for (int i = 0; i < nv; i++) diff += full[i] != al[i];
+        free(full);
+        CHECK(diff == 0, "%s: prefix %zu: fast and full masks differ on %d ids", name, k, diff);
+        int samples = nv <= 4000 ? nv : 3000;
+        gram_matcher *m2 = NULL;
+        for (int j = 0; j < samples; j++) {
+            int id = nv <= 4000 ? j : rnd(nv);
+            if (!m2) { gram_matcher_new(g, &m2, &st); gram_matcher_accept_bytes(m2, at[k].prefix, strlen(at[k].prefix)); }
+            int a = gram_matcher_accept_token(m2, v, id);
+            n_cmp++;
+            if (a != al[id] && bad++ < 5) {
+                size_t pl; const char *p = tok_piece(t, id, &pl);
+                CHECK(0, "%s prefix %zu: id %d '%.*s' mask %d accept %d", name, k, id, (int)pl, p ? p : "", al[id], a);
+            }
+            if (a) { gram_matcher_free(m2); m2 = NULL; }
+        }
+        gram_matcher_free(m2); gram_matcher_free(m); gram_free(g);
+    }
+    CHECK(bad == 0, "%s: mask and accept disagree %d times in %d", name, bad, n_cmp);
+    free(al);
+}
+
 /* random token walks; every result must parse and validate */
 static int closing(const tok_tokenizer *t, int id) {
     size_t n; const char *p = tok_piece(t, id, &n);
@@ -232,6 +275,16 @@ static void walk(const gram_grammar *g, const gram_vocab *v, const tok_tokenizer
         int ended = 0;
         for (int step = 0; step < 300 && !ended; step++) {
             gram_matcher_mask(m, v, allowed);
+            if (nv <= 4000) { /* small vocabulary: every mask (fast paths, replayed states) against the full walk */
+                uint8_t full[4000];
+                gram_mask_no_fast = 1;
+                gram_matcher_mask(m, v, full);
+                gram_mask_no_fast = 0;
+                int diff = 0;
+                for (int i = 0; i < nv; i++) diff += full[i] != allowed[i];
+                agree_n++;
+                if (diff && agree_bad++ < 5) CHECK(0, "%s walk %d: mask and full walk differ on %d ids after '%.*s'", what, w, diff, (int)on, out);
+            }
             int nc = 0, ncl = 0;
             for (int i = 0; i < nv; i++) if (allowed[i]) { cand[nc++] = i; if (closing(t, i)) close[ncl++] = i; }
             CHECK(nc > 0 || gram_matcher_can_end(m), "%s walk %d: stuck after %.*s", what, w, (int)on, out);
@@ -269,6 +322,60 @@ static void walk(const gram_grammar *g, const gram_vocab *v, const tok_tokenizer
     free(allowed); free(cand); free(close);
 }
 
+/* Added tokens are terminals only where a grammar lists them: "a" then "<tool_call>" or
+ * "<tool_x>", then "b", built with the internal builder, listing "<tool_call>" (or not). */
+static void test_added(const gram_vocab *v, const tok_tokenizer *t, const char *name) {
+    int32_t tc = tok_id(t, "<tool_call>"), te = tok_id(t, "</tool_call>"), ie = tok_id(t, "<|im_end|>");
+    CHECK(tc >= 0 && te >= 0 && ie >= 0 && tok_is_added(t, tc), "%s: added tokens %d %d %d", name, tc, te, ie);
+    if (tc < 0 || te < 0 || ie < 0) return;
+    int nv = gram_vocab_size(v);
+    uint8_t *al = malloc((size_t)nv);
+    for (int list = 0; list < 2; list++) {
+        gram_grammar *g = gram_g_new();
+        int r = gram_g_rule(g), mid = gram_g_rule(g);
+        const char *x = "<tool_call>", *y = "<tool_x>";
+        int32_t e[16]; int n = 0;
+        for (const char *p = x; *p; p++) e[n++] = gram_g_byte(g, (uint8_t)*p);
+        gram_g_alt(g, mid, e, n);
+        n = 0;
+        for (const char *p = y; *p; p++) e[n++] = gram_g_byte(g, (uint8_t)*p);
+        gram_g_alt(g, mid, e, n);
+        int32_t top[3] = { gram_g_byte(g, 'a'), GRAM_REF(mid), gram_g_byte(g, 'b') };
+        gram_g_alt(g, r, top, 3);
+        if (list) { gram_g_added(g, "<tool_call>"); gram_g_added(g, "<|im_end|>"); }
+        lily_status st;
+        CHECK(gram_g_finish(g, r, &st) == LILY_OK, "finish: %s", st.msg);
+        gram_matcher *m; gram_matcher_new(g, &m, &st);
+        gram_matcher_mask(m, v, al);
+        CHECK(!al[tc] && !al[te] && !al[ie], "%s list %d: added tokens before 'a'", name, list);
+        CHECK(gram_matcher_accept_token(m, v, tc) == 0, "%s list %d: <tool_call> accepted before 'a'", name, list);
+        CHECK(gram_matcher_accept_bytes(m, "a", 1), "a");
+        gram_matcher_mask(m, v, al);
+        int n_added = 0;
+        for (int i = 0; i < nv; i++) n_added += al[i] && tok_is_added(t, i);
+        CHECK(al[tc] == list && n_added == list, "%s list %d: mask after 'a': <tool_call> %d, %d added allowed", name, list, al[tc], n_added);
+        CHECK(!al[ie] && !al[te], "%s list %d: listed <|im_end|> whose bytes do not fit, or unlisted </tool_call>", name, list);
+        /* ordinary tokens spelling the same bytes are allowed either way */
+        int32_t *ids; int nid;
+        tok_encode(t, "<tool_call>", 11, 0, &ids, &nid, &st);
+        CHECK(nid > 0 && !tok_is_added(t, ids[0]) && al[ids[0]], "%s list %d: plain spelling '<' refused", name, list);
+        gram_matcher *m2; gram_matcher_new(g, &m2, &st);
+        gram_matcher_accept_bytes(m2, "a", 1);
+        int ok = 1;
+        for (int i = 0; i < nid; i++) ok &= gram_matcher_accept_token(m2, v, ids[i]);
+        CHECK(ok && gram_matcher_accept_bytes(m2, "b", 1) && gram_matcher_can_end(m2), "%s: plain spelling", name);
+        free(ids); gram_matcher_free(m2);
+        CHECK(gram_matcher_accept_token(m, v, tc) == list, "%s list %d: accept <tool_call>", name, list);
+        if (list) {
+            gram_matcher_mask(m, v, al);
+            CHECK(!al[tc] && gram_matcher_accept_token(m, v, tc) == 0, "%s: <tool_call> twice", name);
+            CHECK(gram_matcher_accept_bytes(m, "b", 1) && gram_matcher_can_end(m), "%s: 'b' after <tool_call>", name);
+        }
+        gram_matcher_free(m); gram_free(g);
+    }
+    free(al);
+}
+
 static void test_walks(const char *tok_path, const char *name, int n_walks, int check_every) {
     tok_tokenizer *t; lily_status st;
     if (tok_load(tok_path, &t, &st)) { CHECK(0, "load %s: %s", tok_path, st.msg); return; }
@@ -276,6 +383,8 @@ static void test_walks(const char *tok_path, const char *name, int n_walks, int 
     int nv = tok_vocab_size(t) + 17; /* a padded logits row */
     CHECK(gram_vocab_new(t, nv, &v, &st) == LILY_OK, "vocab: %s", st.msg);
     CHECK(gram_vocab_size(v) == nv, "vocab size");
+    agree_at(v, t, name);
+    test_added(v, t, name);
     for (int si = 0; si <= N_SCHEMAS; si++) {
         gram_grammar *g; json_t *schema;
         char what[64]; snprintf(what, sizeof what, "%s schema %d", name, si);
@@ -345,6 +454,7 @@ int main(void) {
     lily_rng_seed(&rng, seed);
     printf("seed %llu\n", (unsigned long long)seed);
     test_errors();
+    test_utf8();
     test_instances();
     char dir[] = "/tmp/gram_synth_XXXXXX";
     if (mkdtemp(dir)) {

@@ -254,7 +254,8 @@ static uint64_t scratch_bytes(const lily_config *c, int T) {
     size_t p1 = cu_attention_part_floats(T, (int)nh, (int)hd, 1), p2 = cu_attention_part_floats(1, (int)nh, (int)hd, DECODE_SPLITS);
     uint64_t f = 3 * T * H + 2 * T * cd + 2 * T * vd + 4 * T * nv + T * nh * 2 * hd + 2 * T * nh * hd + 2 * T * nkv * hd
                  + (p1 > p2 ? p1 : p2) + T * E + T * K + 2 * T * K * I + T * K * H + 2 * T * SI + T + T * H + c->vocab;
-    uint64_t i = 3 * T * K + 2 * E + 16;
+    uint64_t i = 3 * T * K + 2 * E + 16 + (uint64_t)cu_moe_max_tiles((int)(T * K), (int)E, 16);
+    f += cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv);
     return (f + i) * 4 + 64 * 40;
 }
 
@@ -271,9 +272,9 @@ void lcuda_session_free(lcuda_session *s) {
     if (s->graph) cudaGraphExecDestroy(s->graph);
     float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
-                     &s->su, &s->sr, &s->SD, &s->lg };
+                     &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr };
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
-    int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos };
+    int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles };
     for (size_t i = 0; i < sizeof il / sizeof *il; i++) cudaFree(*il[i]);
     for (int i = 0; i < LCU_SNAPSHOTS; i++) { cudaFree(s->snap_conv[i]); cudaFree(s->snap_S[i]); }
     if (s->ring_h) cudaFreeHost(s->ring_h);
@@ -304,7 +305,8 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         { &s->bb, T * nv }, { &s->aa, T * nv }, { &s->g, T * nv }, { &s->beta, T * nv }, { &s->o, T * vd },
         { &s->qg, T * nh * 2 * hd }, { &s->q, T * nh * hd }, { &s->kb, T * nkv * hd }, { &s->vb, T * nkv * hd }, { &s->ao, T * nh * hd },
         { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, T * K * I }, { &s->hu, T * K * I },
-        { &s->D, T * K * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab } };
+        { &s->D, T * K * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
+        { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) } };
     lily_code rc = LILY_OK;
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaStreamCreate", __FILE__, __LINE__); goto fail; }
@@ -314,7 +316,8 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
     }
     {
         struct { int **p; size_t n; } ii[] = { { &s->d_ids, T }, { &s->d_pos, 1 }, { &s->d_tok, 2 }, { &s->d_step, 1 }, { &s->sel, T * K },
-                                                { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K } };
+                                                { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K },
+                                                { &s->tiles, (size_t)cu_moe_max_tiles((int)(T * K), (int)E, 16) } };
         for (size_t i = 0; i < sizeof ii / sizeof *ii; i++) {
             e = cudaMalloc((void **)ii[i].p, ii[i].n * sizeof(int));
             if (e != cudaSuccess) goto oom;
@@ -393,7 +396,10 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         cu_gdn_prep(q, s->u, T, cd, c->lin_nk, c->lin_dk, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta);
     }
     PM(s, "gdn conv+norm+gates");
-    if (!cu_gdn_rec_norm(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->zb, L->gnorm, (float)c->eps)) {
+    if (T >= 64 && cu_gdn_chunk_enabled() &&
+        cu_gdn_chunked(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->gdn_scr)) {
+        cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+    } else if (!cu_gdn_rec_norm(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->zb, L->gnorm, (float)c->eps)) {
         cu_gdn_rec(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o);
         cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
     }
@@ -456,12 +462,24 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
     } else { /* prefill: tokens sorted by expert, one tiled GEMM per expert */
         cu_moe_sort(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos);
         PM(s, "moe sort");
-        dsort so = { s->cnt, s->off, s->src, s->spos };
-        cu_matmul_grouped(q, &L->gate, E, &so, K, s->t, H, T, s->hg, I);
-        cu_matmul_grouped(q, &L->up, E, &so, K, s->t, H, T, s->hu, I);
-        cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
-        PM(s, "moe experts gate|up (grouped)");
-        cu_matmul_grouped(q, &L->down, E, &so, 0, s->hg, I, T, s->D, H);
+        dsort so = { s->cnt, s->off, s->src, s->spos, NULL };
+        int bt = cu_moe_tile_rows(T * K, E), mt = cu_moe_max_tiles(T * K, E, bt);
+        if (T >= CU_TC_MIN_T && E <= 1024 && cu_gemm_q4_enabled() && cu_gemm_q4_ok(&L->gate, s->t, H) && cu_gemm_q4_ok(&L->up, s->t, H) &&
+            cu_gemm_q4_ok(&L->down, s->hg, I)) { /* FP16 tensor cores over the (expert, tile) map */
+            cu_moe_tiles(q, s->cnt, E, bt, s->tiles, mt);
+            so.tiles = s->tiles;
+            cu_gemm_q4_grouped(q, &L->gate, &so, bt, mt, K, s->t, H, s->hg, I);
+            cu_gemm_q4_grouped(q, &L->up, &so, bt, mt, K, s->t, H, s->hu, I);
+            cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+            PM(s, "moe experts gate|up (grouped)");
+            cu_gemm_q4_grouped(q, &L->down, &so, bt, mt, 0, s->hg, I, s->D, H);
+        } else {
+            cu_matmul_grouped(q, &L->gate, E, &so, K, s->t, H, T, s->hg, I);
+            cu_matmul_grouped(q, &L->up, E, &so, K, s->t, H, T, s->hu, I);
+            cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+            PM(s, "moe experts gate|up (grouped)");
+            cu_matmul_grouped(q, &L->down, E, &so, 0, s->hg, I, T, s->D, H);
+        }
         PM(s, "moe experts down (grouped)");
         pos = s->spos;
     }

@@ -39,6 +39,7 @@ typedef struct {
     const int *off;      /* [E] start in the sorted order */
     const int *src;      /* [T*K] sorted position -> slot index t*K+k */
     const int *pos;      /* [T*K] slot -> sorted position */
+    const int *tiles;    /* cu_moe_tiles' map for cu_gemm_q4_grouped, else NULL */
 } dsort;
 
 #define LCU_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return cu_fail(st, e_, #call, __FILE__, __LINE__); } while (0)
@@ -66,6 +67,20 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
                      float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots);
 void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
                        int ldx, int maxcount, float *Y, int ldy);
+/* The FP16 tensor-core GEMM for 4-bit weights (cu_gemm.cu): can it take W and X? (4-bit,
+ * cols % 64 == 0, group % 32 == 0, X rows 16-byte aligned.) _enabled: whether the forward
+ * pass uses it (LILY_CU_GEMM=1, until it is verified on a GPU; see docs/cuda.md). */
+int cu_gemm_q4_ok(const dmat *W, const float *X, int ldx);
+int cu_gemm_q4_enabled(void);
+void cu_gemm_q4(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
+/* Grouped form over the (expert, token tile) map that cu_moe_tiles builds from so->count:
+ * bt = cu_moe_tile_rows(T*K, E) tokens a tile, max_tiles = cu_moe_max_tiles(T*K, E, bt)
+ * entries (E <= 1024). Rows as cu_matmul_grouped. */
+int cu_moe_tile_rows(int rows_total, int E);
+int cu_moe_max_tiles(int rows_total, int E, int bt);
+void cu_moe_tiles(cudaStream_t s, const int *count, int E, int bt, int *tiles, int max_tiles);
+void cu_gemm_q4_grouped(cudaStream_t s, const dmat *W, const dsort *so, int bt, int max_tiles, int xdiv,
+                        const float *X, int ldx, float *Y, int ldy);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 /* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);
@@ -81,6 +96,14 @@ void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const flo
  * no fused kernel. */
 int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                     const float *beta, float *S, float *o, const float *z, const float *gw, float eps);
+/* The same recurrence in the chunked (WY) form for prefill (cu_gdn_chunk.cu); scratch holds
+ * cu_gdn_chunk_scratch_floats(T, ...) floats. 0 (nothing launched) for shapes it does not take
+ * (dk or dv > 128). _enabled: whether the forward pass uses it (LILY_CU_GDN_CHUNK=1, until it
+ * is verified on a GPU). */
+int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                   const float *beta, float *S, float *o, float *scratch);
+size_t cu_gdn_chunk_scratch_floats(int T, int nv, int dk, int dv);
+int cu_gdn_chunk_enabled(void);
 /* Decode form of conv + SiLU + q/k L2 norm + g/beta, one launch (T = 1). */
 void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
                   const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,

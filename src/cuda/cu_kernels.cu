@@ -457,14 +457,15 @@ void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *
         for (int t = 0; t < T; t += 8) mv_launch(s, W, X + (size_t)t * ldx, ldx, T - t < 8 ? T - t : 8, Y + (size_t)t * ldy, ldy);
         return;
     }
-    dsort none = { NULL, NULL, NULL, NULL };
+    dsort none = { NULL, NULL, NULL, NULL, NULL };
     dim3 g((W->rows + TBM - 1) / TBM, (T + TBN - 1) / TBN, 1);
     if (variant == 1) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
     else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
 }
 
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    cu_matmul_variant(s, T <= 8 ? 0 : T < CU_TC_MIN_T ? 1 : 2, W, X, ldx, T, Y, ldy);
+    if (T >= CU_TC_MIN_T && cu_gemm_q4_enabled() && cu_gemm_q4_ok(W, X, ldx)) cu_gemm_q4(s, W, X, ldx, T, Y, ldy);
+    else cu_matmul_variant(s, T <= 8 ? 0 : T < CU_TC_MIN_T ? 1 : 2, W, X, ldx, T, Y, ldy);
 }
 
 void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float *X, int xdiv,

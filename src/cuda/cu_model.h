@@ -46,6 +46,8 @@ struct lcuda_session {
     float *qg, *q, *kb, *vb, *ao, *part;
     float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;
     int *sel, *cnt, *off, *src, *spos;
+    int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
+    float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;
     int pos;                       /* tokens the device state covers */

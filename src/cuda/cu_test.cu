@@ -32,28 +32,40 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
                      float *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d;
-    lily_code rc = cu_upload_mats(m, W, variant >= 3 ? E : 1, &d, st);
+    lily_code rc = cu_upload_mats(m, W, (variant == 3 || variant == 4 || variant == 6) ? E : 1, &d, st);
     dlist L = { {0}, 0 };
-    int rows = W->rows, cols = W->cols, ny = variant >= 3 ? T * K : T;
+    int grouped = variant == 3 || variant == 4 || variant == 6;
+    int rows = W->rows, cols = W->cols, ny = grouped ? T * K : T;
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
     float *dy = (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc);
-    int *ds = variant >= 3 ? (int *)dput(&L, sel, (size_t)T * K * 4, st, &rc) : NULL;
-    int *cnt = variant == 4 ? (int *)dput(&L, NULL, (size_t)E * 4, st, &rc) : NULL;
-    int *off = variant == 4 ? (int *)dput(&L, NULL, (size_t)E * 4, st, &rc) : NULL;
-    int *src = variant == 4 ? (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc) : NULL;
-    int *pos = variant == 4 ? (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc) : NULL;
-    float *dys = variant == 4 ? (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc) : NULL;
+    int *ds = grouped ? (int *)dput(&L, sel, (size_t)T * K * 4, st, &rc) : NULL;
+    int *cnt = (variant == 4 || variant == 6) ? (int *)dput(&L, NULL, (size_t)E * 4, st, &rc) : NULL;
+    int *off = (variant == 4 || variant == 6) ? (int *)dput(&L, NULL, (size_t)E * 4, st, &rc) : NULL;
+    int *src = (variant == 4 || variant == 6) ? (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc) : NULL;
+    int *pos = (variant == 4 || variant == 6) ? (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc) : NULL;
+    float *dys = (variant == 4 || variant == 6) ? (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc) : NULL;
+    int bt = cu_moe_tile_rows(T * K, E), mt = cu_moe_max_tiles(T * K, E, bt);
+    int *tiles = variant == 6 ? (int *)dput(&L, NULL, (size_t)mt * 4, st, &rc) : NULL;
+    if (!rc && variant >= 5 && !cu_gemm_q4_ok(&d, dx, cols))
+        rc = lily_err(st, LILY_EUNSUPPORTED, "the FP16 GEMM does not take this matrix");
     if (!rc) {
         if (variant <= 2) cu_matmul_variant(0, variant, &d, dx, cols, T, dy, rows);
+        else if (variant == 5) cu_gemm_q4(0, &d, dx, cols, T, dy, rows);
         else if (variant == 3) cu_matmul_slots(0, &d, ds, dx, K, cols, T * K, dy, rows);
         else {
             cu_moe_sort(0, ds, T * K, E, cnt, off, src, pos);
-            dsort so = { cnt, off, src, pos };
-            cu_matmul_grouped(0, &d, E, &so, K, dx, cols, T, dys, rows);
+            dsort so = { cnt, off, src, pos, NULL };
+            if (variant == 6) {
+                cu_moe_tiles(0, cnt, E, bt, tiles, mt);
+                so.tiles = tiles;
+                cu_gemm_q4_grouped(0, &d, &so, bt, mt, K, dx, cols, dys, rows);
+            } else {
+                cu_matmul_grouped(0, &d, E, &so, K, dx, cols, T, dys, rows);
+            }
         }
     }
     rc = finish(st, rc);
-    if (!rc && variant == 4) { /* back to slot order */
+    if (!rc && (variant == 4 || variant == 6)) { /* back to slot order */
         int *hp = (int *)malloc((size_t)T * K * 4);
         float *hs = (float *)malloc((size_t)ny * rows * 4);
         rc = dget(hp, pos, (size_t)T * K * 4, st);
@@ -75,6 +87,24 @@ lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const f
     float *db = (float *)dput(&L, beta, (size_t)T * nv * 4, st, &rc), *dS = (float *)dput(&L, S, (size_t)nv * dk * dv * 4, st, &rc);
     float *dout = (float *)dput(&L, NULL, (size_t)T * nv * dv * 4, st, &rc);
     if (!rc) cu_gdn_rec(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(o, dout, (size_t)T * nv * dv * 4, st);
+    if (!rc) rc = dget(S, dS, (size_t)nv * dk * dv * 4, st);
+    dfree(&L);
+    return rc;
+}
+
+lily_code lct_gdn_chunked(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
+                          float *S, float *o, lily_status *st) {
+    int cd = 2 * nk * dk + nv * dv;
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *du = (float *)dput(&L, u, (size_t)T * cd * 4, st, &rc), *dg = (float *)dput(&L, g, (size_t)T * nv * 4, st, &rc);
+    float *db = (float *)dput(&L, beta, (size_t)T * nv * 4, st, &rc), *dS = (float *)dput(&L, S, (size_t)nv * dk * dv * 4, st, &rc);
+    float *dout = (float *)dput(&L, NULL, (size_t)T * nv * dv * 4, st, &rc);
+    float *scr = (float *)dput(&L, NULL, cu_gdn_chunk_scratch_floats(T, nv, dk, dv) * 4, st, &rc);
+    if (!rc && !cu_gdn_chunked(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout, scr))
+        rc = lily_err(st, LILY_EUNSUPPORTED, "the chunked delta rule does not take this shape");
     rc = finish(st, rc);
     if (!rc) rc = dget(o, dout, (size_t)T * nv * dv * 4, st);
     if (!rc) rc = dget(S, dS, (size_t)nv * dk * dv * 4, st);

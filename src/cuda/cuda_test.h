@@ -7,7 +7,8 @@
 #include "loader/weights.h"
 
 /* variant 0: matrix-vector (W[0], any T), 1: tiled fp32 (W[0]), 2: tiled TF32 tensor cores,
- * 3: per-slot experts, 4: grouped by expert after the on-GPU sort. For 3 and 4, W holds E experts, sel [T*K]
+ * 3: per-slot experts, 4: grouped by expert after the on-GPU sort, 5: the FP16 GEMM for 4-bit
+ * weights (cu_gemm_q4), 6: its grouped form over the on-GPU tile map. For 3, 4 and 6, W holds E experts, sel [T*K]
  * the expert of slot t*K+k (distinct within a token), and Y gets [T*K][rows] in slot order;
  * otherwise Y is [T][rows]. X is [T][cols]. */
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
@@ -16,6 +17,9 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
  * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                   float *S, float *o, lily_status *st);
+/* The same through the chunked kernels (cu_gdn_chunked). */
+lily_code lct_gdn_chunked(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
+                          float *S, float *o, lily_status *st);
 /* y = rmsnorm(x (+ add)) * w for T rows of n; x_out gets x after the add (may be NULL). */
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,
                       float *x_out, lily_status *st);

@@ -18,12 +18,15 @@
 #include "server/http_int.h"
 #include "text/grammar.h"
 #include "server/anthropic.h"
+#include "server/responses.h"
 
-enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT, R_TOKENIZE, R_DETOKENIZE, R_NONE };
+enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_HEALTH, R_METRICS, R_MESSAGES, R_COUNT, R_TOKENIZE, R_DETOKENIZE,
+       R_RESPONSES, R_RESPONSE_ID, R_NONE };
 static const char *route_names[] = { "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
-                                     "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize", "other" };
+                                     "/v1/messages", "/v1/messages/count_tokens", "/tokenize", "/detokenize",
+                                     "/v1/responses", "/v1/responses/{id}", "other" };
 #define IS_POST(r) ((r) == R_CHAT || (r) == R_COMPLETIONS || (r) == R_MESSAGES || (r) == R_COUNT || \
-                    (r) == R_TOKENIZE || (r) == R_DETOKENIZE)
+                    (r) == R_TOKENIZE || (r) == R_DETOKENIZE || (r) == R_RESPONSES)
 #define IS_ANTH(r) ((r) == R_MESSAGES || (r) == R_COUNT)
 
 typedef struct {
@@ -32,9 +35,11 @@ typedef struct {
     size_t n, cap;
     int too_large;
     int fd;
+    srv_resp_ctx *resp;    /* /v1/responses: the request's context (until a stream takes it) */
 } conn_ctx;
 
 static int route_of(const char *url) {
+    if (!strncmp(url, "/v1/responses/", 14) && url[14]) return R_RESPONSE_ID;
     for (int r = 0; r < R_NONE; r++) {
         size_t l = strlen(route_names[r]);
         if (!strncmp(url, route_names[r], l) && (url[l] == 0 || (url[l] == '/' && url[l + 1] == 0))) return r;
@@ -64,6 +69,11 @@ static enum MHD_Result send_json(srv_http *h, struct MHD_Connection *c, int rout
 }
 
 static enum MHD_Result send_error(srv_http *h, struct MHD_Connection *c, int route, const srv_error *e) {
+    if (route == R_RESPONSES) { /* the chat validator's field names, as this route calls them */
+        srv_error f = *e;
+        srv_resp_fix_param(&f);
+        return send_body(h, c, route, f.http, "application/json", srv_error_json(&f));
+    }
     return send_body(h, c, route, e->http, "application/json", IS_ANTH(route) ? srv_anth_error_json(e) : srv_error_json(e));
 }
 
@@ -117,6 +127,44 @@ static json_t *without_tools(json_t *body) {
     json_t *v;
     json_object_foreach(body, k, v) if (strcmp(k, "tools")) json_object_set(c, k, v);
     return c;
+}
+
+/* Tool calls that always parse and match their schemas: the call's text is decoded under the
+ * tools' grammar (text/grammar.h), from the start when tool_choice forces a call (the
+ * prompt already holds its opening, which the matcher is fed first), else from the moment
+ * the model writes <tool_call>. Tools whose schemas cannot be enforced stay unconstrained,
+ * unless one is marked "strict", which then is a 400. Returns -1 with *e set. */
+static int tool_grammar(srv_http *h, const srv_request *r, srv_job *j, srv_error *e) {
+    json_t *tools = json_object_get(r->body, "tools");
+    int strict = 0;
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) strict |= json_is_true(json_object_get(json_object_get(t, "function"), "strict"));
+    char *tj = json_dumps(tools, JSON_COMPACT), *pre = NULL;
+    lily_status st = { 0 };
+    int multi = !json_is_false(json_object_get(r->body, "parallel_tool_calls")); /* false: exactly one call */
+    lily_code rc = tj ? gram_tool_call(tj, strlen(tj), GRAM_TOOLS_XML, r->tool_force && *r->tool_force ? r->tool_force : NULL,
+                                       multi, &j->gram, &st)
+                      : lily_err(&st, LILY_ENOMEM, "out of memory");
+    free(tj);
+    if (rc) {
+        j->gram = NULL;
+        if (rc == LILY_ENOMEM) { srv_error_set(e, 500, "server_error", NULL, NULL, "out of memory"); return -1; }
+        if (strict) { srv_error_set(e, 400, "invalid_request_error", "tools", NULL, "%s", st.msg); return -1; }
+        return 0;
+    }
+    if (r->tool_force && (pre = srv_tool_prefix(r, chat_think_open(r->body, h->o.template_kind)))) {
+        const char *open = strstr(pre, "<tool_call>");
+        j->gram_prefeed = open ? strdup(open + strlen("<tool_call>")) : NULL;
+        free(pre);
+        if (j->gram_prefeed) return 0;
+    } else if (!r->tool_force && (j->gram_after = tok_id(h->tok, "<tool_call>")) >= 0) {
+        return 0;
+    }
+    gram_free(j->gram); /* no way to line the grammar up with the output: leave it free */
+    j->gram = NULL;
+    j->gram_after = -1;
+    return 0;
 }
 
 /* Request -> prompt tokens and a ready job. 0 ok, -1 with *e set. */
@@ -236,6 +284,10 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
         /* with reasoning on, the answer (and so the constraint) begins after </think> */
         if (r->kind == SRV_CHAT && chat_think_open(r->body, h->o.template_kind))
             j->gram_after = tok_id(h->tok, "</think>");
+    } else if (r->kind == SRV_CHAT && r->has_tools && !r->tool_choice_none && h->o.template_kind != CHAT_TEMPLATE_QWEN3 &&
+               tool_grammar(h, r, j, e)) {
+        srv_job_unref(j);
+        return -1;
     }
     *out = j;
     return 0;
@@ -307,6 +359,10 @@ static enum MHD_Result finish_blocking(srv_http *h, struct MHD_Connection *c, co
             const char *seq = j->finish == SRV_FINISH_STOP && j->stop.stopped && j->stop.which >= 0 ? j->stop.s[j->stop.which] : NULL;
             srv_random_id(id, sizeof id, "msg_");
             json_t *a = srv_anth_message(id, resp, seq);
+            json_decref(resp);
+            resp = a;
+        } else if (x->route == R_RESPONSES) { /* as a Responses object (stored when asked) */
+            json_t *a = srv_resp_object(x->resp, resp, j->finish == SRV_FINISH_LENGTH);
             json_decref(resp);
             resp = a;
         }
@@ -410,9 +466,14 @@ static enum MHD_Result handle_tokenize(srv_http *h, struct MHD_Connection *c, co
 static enum MHD_Result handle_generate(srv_http *h, struct MHD_Connection *c, conn_ctx *x) {
     srv_request r;
     srv_error e;
-    char *anth = NULL; /* Anthropic routes: the request as the equivalent chat body */
+    char *anth = NULL; /* Anthropic and Responses routes: the request as the equivalent chat body */
     if (IS_ANTH(x->route) && !(anth = srv_anth_to_openai(x->body ? x->body : "", x->n, x->route == R_COUNT, &e)))
         return send_error(h, c, x->route, &e);
+    if (x->route == R_RESPONSES) {
+        if (!(anth = srv_resp_to_openai(x->body ? x->body : "", x->n, h->resp_store, h->model_name, &x->resp, &e)))
+            return send_error(h, c, x->route, &e);
+        x->resp->tok = h->tok;
+    }
     int prc = srv_request_parse(anth ? anth : x->body ? x->body : "", anth ? strlen(anth) : x->n,
                                 x->route == R_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT, &r, &e);
     free(anth);
@@ -437,7 +498,10 @@ static enum MHD_Result handle_generate(srv_http *h, struct MHD_Connection *c, co
         return send_error(h, c, x->route, &e);
     }
     enum MHD_Result rc;
-    if (r.stream) rc = srv_stream_start(h, c, x->fd, route_names[x->route], &r, j, x->route == R_MESSAGES);
+    if (r.stream && x->route == R_RESPONSES) {
+        rc = srv_stream_start_resp(h, c, x->fd, route_names[x->route], &r, j, x->resp);
+        x->resp = NULL;
+    } else if (r.stream) rc = srv_stream_start(h, c, x->fd, route_names[x->route], &r, j, x->route == R_MESSAGES);
     else rc = finish_blocking(h, c, x, &r, j);
     srv_job_unref(j);
     srv_request_free(&r);
@@ -501,7 +565,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_error(h, c, x->route, &e);
         }
         int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-        if (post ? strcmp(method, "POST") != 0 : !get) {
+        int del = x->route == R_RESPONSE_ID && !strcmp(method, "DELETE");
+        if (post ? strcmp(method, "POST") != 0 : !get && !del) {
             srv_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s does not accept %s (use %s)",
                           url, method, post ? "POST" : "GET");
             return send_error(h, c, x->route, &e);
@@ -510,6 +575,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             srv_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
                           "Missing or incorrect API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.");
             return send_error(h, c, x->route, &e);
+        }
+        if (x->route == R_RESPONSE_ID) { /* a stored response: GET, DELETE */
+            char *body = NULL;
+            int status = srv_resp_lookup(h->resp_store, url + 14, del, &body);
+            return send_body(h, c, x->route, status, "application/json", body);
         }
         if (!post) return handle_get(h, c, x->route);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -556,6 +626,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     (void)cls; (void)c; (void)toe;
     conn_ctx *x = *con_cls;
     if (!x) return;
+    srv_resp_ctx_free(x->resp);
     free(x->body);
     free(x);
     *con_cls = NULL;
@@ -596,6 +667,11 @@ lily_code srv_http_bind(const srv_http_opts *o, srv_http **out, int *bound_port,
     h->o.model_name = h->model_name;
     h->fd = fd;
     h->started = (long)time(NULL);
+    if (!(h->resp_store = srv_resp_store_new(SRV_RESP_STORE_MAX, SRV_RESP_STORE_BYTES))) {
+        close(fd);
+        free(h);
+        return lily_err(st, LILY_ENOMEM, "out of memory");
+    }
     *bound_port = ntohs(a.sin_port);
     *out = h;
     return LILY_OK;
@@ -626,5 +702,6 @@ void srv_http_stop(srv_http *h) {
     if (!h) return;
     if (h->d) MHD_stop_daemon(h->d);
     else if (h->fd >= 0) close(h->fd);
+    srv_resp_store_free(h->resp_store);
     free(h);
 }

@@ -14,6 +14,7 @@ struct srv_http {
     srv_metrics *m;
     lily_model_info info;
     long started;
+    struct srv_resp_store *resp_store; /* stored /v1/responses answers */
 };
 
 /* 1 when the peer has closed or reset the connection (non-blocking peek). */
@@ -30,6 +31,10 @@ int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg,
  * anthropic: as Anthropic Messages events instead of chat.completion.chunk objects. */
 enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
                                  const srv_request *r, srv_job *j, int anthropic);
+/* The same for /v1/responses: Responses events (ctx owned, freed even on failure). */
+struct srv_resp_ctx;
+enum MHD_Result srv_stream_start_resp(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
+                                      const srv_request *r, srv_job *j, struct srv_resp_ctx *ctx);
 /* Fills a unique id "<prefix><24 alphanumerics>". */
 void srv_random_id(char *out, size_t n, const char *prefix);
 #endif

@@ -70,6 +70,7 @@ void srv_job_unref(srv_job *j) {
     tok_stream_free(j->detok);
     srv_stop_free(&j->stop);
     gram_matcher_free(j->gm);
+    free(j->gram_prefeed);
     free(j->bias_ids);
     free(j->bias_vals);
     gram_free(j->gram);
@@ -176,6 +177,8 @@ static int sample_next(srv_sched *s, slot *sl, srv_job *j, const float *logits, 
     return 0;
 }
 
+static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb);
+
 static void step(srv_sched *s, slot *sl) {
     srv_job *j = sl->job;
     lily_status st = { 0 };
@@ -183,6 +186,13 @@ static void step(srv_sched *s, slot *sl) {
     if (j->state == 1) {
         int upto = s->o.prefill_chunk > 0 && j->n_prompt - j->n_fed > s->o.prefill_chunk ? j->n_fed + s->o.prefill_chunk
                                                                                            : j->n_prompt;
+        /* The first step reaches one token past what this slot already shares with the
+         * prompt: a step that ended inside the shared prefix would hide it from the engine,
+         * which then could only start over (no reuse for prompts longer than a chunk). */
+        if (j->n_fed == 0 && upto < j->n_prompt) {
+            int cp = common_prefix(lily_session_tokens(sl->sess), lily_session_len(sl->sess), j->prompt, j->n_prompt);
+            if (cp >= upto) upto = cp + 1 < j->n_prompt ? cp + 1 : j->n_prompt;
+        }
         /* A snapshot where the last turn begins lets the next turn of this conversation
          * resume there (its prompt re-renders that turn differently); the end of the
          * prompt gets one for regenerations; intermediate chunk ends get none. */
@@ -413,7 +423,9 @@ static void admit(srv_sched *s) {
         j->state = 1;
         j->n_fed = 0;
         lily_rng_seed(&j->rng, j->samp.seed);
-        if (j->gram && (!s->o.gram_vocab || gram_matcher_new(j->gram, &j->gm, &st))) {
+        if (j->gram && (!s->o.gram_vocab || gram_matcher_new(j->gram, &j->gm, &st) ||
+                        (j->gram_prefeed && !gram_matcher_accept_bytes(j->gm, j->gram_prefeed, strlen(j->gram_prefeed)) &&
+                         lily_err(&st, LILY_EINVAL, "the forced tool call's opening does not fit its grammar")))) {
             publish(j, NULL, 0, NULL, SRV_FINISH_ERROR, s->o.gram_vocab ? st.msg : "response_format: no tokenizer");
             sl->job = NULL;
             s->n_active--;

@@ -138,7 +138,8 @@ typedef struct srv_job {
     int32_t *bias_ids;        /* logit_bias, pointed to by samp (owned) */
     float *bias_vals;
     struct gram_grammar *gram; /* response_format: output constrained to it (owned), or NULL */
-    int32_t gram_after;       /* the constraint starts after this token (</think>), -1 = at once */
+    int32_t gram_after;       /* the constraint starts after this token (</think>, <tool_call>), -1 = at once */
+    char *gram_prefeed;       /* text the prompt already holds inside the constrained part (a forced call) */
 
     /* shared, under mu */
     pthread_mutex_t mu;

@@ -9,6 +9,7 @@
 #include <time.h>
 #include "server/anthropic.h"
 #include "server/http_int.h"
+#include "server/responses.h"
 
 typedef struct {
     srv_http *h;
@@ -25,6 +26,7 @@ typedef struct {
     json_t *lp;            /* logprobs not yet attached to a chunk */
     long lp_offset;
     srv_anth_stream *anth; /* Anthropic events instead of chunks, or NULL */
+    srv_resp_stream *resp; /* Responses events instead of chunks, or NULL */
 } stream_ctx;
 
 static int has_news(srv_job *j, void *arg) {
@@ -54,6 +56,7 @@ static json_t *take_lp(stream_ctx *x) {
 
 static int emit(stream_ctx *x, json_t *chunk) {
     if (x->anth) return srv_anth_stream_feed(x->anth, chunk, &x->out, &x->out_len, &x->out_cap);
+    if (x->resp) return srv_resp_stream_feed(x->resp, chunk, &x->out, &x->out_len, &x->out_cap);
     return srv_sse_append(&x->out, &x->out_len, &x->out_cap, chunk);
 }
 
@@ -103,6 +106,7 @@ static int produce(stream_ctx *x) {
     snprintf(err, sizeof err, "%s", j->error);
     if (x->anth && fin == SRV_FINISH_STOP && j->stop.stopped && j->stop.which >= 0 && !x->anth->stop_seq)
         x->anth->stop_seq = strdup(j->stop.s[j->stop.which]);
+    if (x->resp && fin == SRV_FINISH_LENGTH) x->resp->incomplete = 1;
     pthread_mutex_unlock(&j->mu);
     if (!text) { free(toks); return -1; }
 
@@ -149,7 +153,7 @@ static int produce(stream_ctx *x) {
                                     srv_usage(n_prompt, n_gen, n_reused)));
     }
     static const char done[] = "data: [DONE]\n\n";
-    if (!x->anth && emit_raw(x, done, sizeof done - 1)) return -1;
+    if (!x->anth && !x->resp && emit_raw(x, done, sizeof done - 1)) return -1;
     x->done = 1;
     count_tokens(x);
     return rc;
@@ -182,14 +186,18 @@ static void stream_free(void *cls) {
     json_decref(x->lp);
     if (x->anth) srv_anth_stream_free(x->anth);
     free(x->anth);
+    if (x->resp) srv_resp_stream_free(x->resp);
+    free(x->resp);
     free(x->out);
     free(x);
 }
 
-enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
-                                 const srv_request *r, srv_job *j, int anthropic) {
+static enum MHD_Result stream_begin(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
+                                    const srv_request *r, srv_job *j, int anthropic, srv_resp_ctx *rctx) {
     stream_ctx *x = calloc(1, sizeof *x);
-    if (!x) { srv_sched_cancel(h->sched, j); return MHD_NO; }
+    if (x && rctx && !(x->resp = calloc(1, sizeof *x->resp))) { free(x); x = NULL; }
+    if (!x) { srv_resp_ctx_free(rctx); srv_sched_cancel(h->sched, j); return MHD_NO; }
+    if (rctx) x->resp->ctx = rctx;
     x->h = h;
     x->j = j;
     pthread_mutex_lock(&j->mu);
@@ -242,4 +250,14 @@ enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, 
     MHD_destroy_response(resp);
     srv_metrics_request(h->m, route, 200);
     return rc;
+}
+
+enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
+                                 const srv_request *r, srv_job *j, int anthropic) {
+    return stream_begin(h, c, fd, route, r, j, anthropic, NULL);
+}
+
+enum MHD_Result srv_stream_start_resp(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
+                                      const srv_request *r, srv_job *j, srv_resp_ctx *ctx) {
+    return stream_begin(h, c, fd, route, r, j, 0, ctx);
 }

@@ -17,13 +17,16 @@ static int grow(void **p, int *cap, int need, size_t esz) {
 
 gram_grammar *gram_g_new(void) {
     gram_grammar *g = calloc(1, sizeof *g);
-    if (g) { g->root = -1; g->str_rule = -1; }
+    if (g) g->root = -1;
     return g;
 }
 
 void gram_free(gram_grammar *g) {
     if (!g) return;
     free(g->sets); free(g->el); free(g->pend); free(g->alt_off); free(g->alts);
+    free(g->str_rule_id); free(g->str_rem); free(g->str_flags); free(g->str_hot); free(g->str_pos); free(g->str_pos_idx);
+    for (int i = 0; i < g->n_added; i++) free(g->added[i]);
+    free(g->added);
     free(g);
 }
 
@@ -55,6 +58,62 @@ int32_t gram_g_alt(gram_grammar *g, int r, const int32_t *e, int n) {
     g->el[g->n_el++] = GRAM_END;
     g->pend[g->n_pend++] = r; g->pend[g->n_pend++] = start;
     return start;
+}
+
+void gram_g_str(gram_grammar *g, int r, int rem, int flags, const gram_set *hot) {
+    if (r < 0) return;
+    if (grow((void **)&g->str_rule_id, &g->cap_str, g->n_str + 1, sizeof(int32_t))) { g->oom = 1; return; }
+    int32_t *q = realloc(g->str_rem, sizeof(int32_t) * (size_t)g->cap_str); /* same capacity */
+    if (q) g->str_rem = q;
+    int32_t *f = realloc(g->str_flags, sizeof(int32_t) * (size_t)g->cap_str);
+    if (f) g->str_flags = f;
+    gram_set *h = realloc(g->str_hot, sizeof(gram_set) * (size_t)g->cap_str);
+    if (h) g->str_hot = h;
+    if (!q || !f || !h) { g->oom = 1; return; }
+    if (hot) g->str_hot[g->n_str] = *hot; else memset(&g->str_hot[g->n_str], 0, sizeof(gram_set));
+    g->str_rule_id[g->n_str] = r; g->str_rem[g->n_str] = rem; g->str_flags[g->n_str++] = flags;
+}
+
+void gram_g_added(gram_grammar *g, const char *content) {
+    for (int i = 0; i < g->n_added; i++) if (!strcmp(g->added[i], content)) return;
+    char **a = realloc(g->added, sizeof(char *) * ((size_t)g->n_added + 1));
+    if (!a) { g->oom = 1; return; }
+    g->added = a;
+    if (!(a[g->n_added] = strdup(content))) { g->oom = 1; return; }
+    g->n_added++;
+}
+
+static const gram_grammar *sort_g;
+static int cmp_pos(const void *a, const void *b) {
+    int32_t x = sort_g->str_pos[*(const int32_t *)a], y = sort_g->str_pos[*(const int32_t *)b];
+    return x < y ? -1 : x > y;
+}
+
+/* the sorted map from string-body alternative starts to registry entries */
+static int str_index(gram_grammar *g) {
+    int n = 0;
+    for (int i = 0; i < g->n_str; i++) n += g->alt_off[g->str_rule_id[i] + 1] - g->alt_off[g->str_rule_id[i]];
+    if (!n) return 0;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *idx = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *ord = malloc(sizeof(int32_t) * (size_t)n);
+    if (!pos || !idx || !ord) { free(pos); free(idx); free(ord); return -1; }
+    int k = 0;
+    for (int i = 0; i < g->n_str; i++)
+        for (int a = g->alt_off[g->str_rule_id[i]]; a < g->alt_off[g->str_rule_id[i] + 1]; a++) {
+            pos[k] = g->alts[a]; idx[k] = i; ord[k] = k; k++;
+        }
+    g->str_pos = pos;
+    sort_g = g; /* single-threaded per grammar build; qsort has no context argument */
+    static int busy;
+    while (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) { }
+    qsort(ord, (size_t)n, sizeof *ord, cmp_pos);
+    __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+    int32_t *p2 = malloc(sizeof(int32_t) * (size_t)n), *i2 = malloc(sizeof(int32_t) * (size_t)n);
+    if (!p2 || !i2) { free(p2); free(i2); free(idx); free(ord); g->str_pos = NULL; free(pos); return -1; }
+    for (int j = 0; j < n; j++) { p2[j] = pos[ord[j]]; i2[j] = idx[ord[j]]; }
+    free(pos); free(idx); free(ord);
+    g->str_pos = p2; g->str_pos_idx = i2; g->n_str_pos = n;
+    return 0;
 }
 
 /* A rule that can reach itself without consuming a byte would make expansion loop
@@ -126,6 +185,7 @@ lily_code gram_g_finish(gram_grammar *g, int root, lily_status *st) {
     free(nul);
     if (lr < 0) return lily_err(st, LILY_ENOMEM, "grammar: out of memory");
     if (lr) return lily_err(st, LILY_EINVAL, "schema is left-recursive: a $ref reaches itself before any value byte");
+    if (str_index(g)) return lily_err(st, LILY_ENOMEM, "grammar: out of memory");
     return LILY_OK;
 }
 
@@ -255,17 +315,33 @@ int gram_sset_accepting(const gram_sset *s) {
     return 0;
 }
 
-int gram_sset_in_plain_string(const gram_grammar *g, const gram_sset *s) {
-    if (g->str_rule < 0 || s->n != 3) return 0;
-    const int32_t *a = s->buf, *b = a + a[0] + 1, *c = b + b[0] + 1;
+static int str_lookup(const gram_grammar *g, int32_t p) {
+    int lo = 0, hi = g->n_str_pos - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (g->str_pos[mid] == p) return g->str_pos_idx[mid];
+        if (g->str_pos[mid] < p) lo = mid + 1; else hi = mid - 1;
+    }
+    return -1;
+}
+
+int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags, const gram_set **hot) {
+    if (!g->n_str_pos || s->n == 0 || s->n > 16) return -2;
+    const int32_t *a = s->buf;
     int n = a[0];
-    if (n == 0 || b[0] != n || c[0] != n) return 0;
-    if (memcmp(a + 1, b + 1, (size_t)(n - 1) * 4) || memcmp(a + 1, c + 1, (size_t)(n - 1) * 4)) return 0;
-    int32_t t[3] = { a[n], b[n], c[n] };
-    int got = 0;
-    for (int i = 0; i < 3; i++)
-        got |= (t[i] == g->str_alt_plain) << 0 | (t[i] == g->str_alt_esc) << 1 | (t[i] == g->str_alt_quote) << 2;
-    return got == 7;
+    if (n == 0) return -2;
+    int idx = str_lookup(g, a[n]);
+    if (idx < 0) return -2;
+    int r = g->str_rule_id[idx];
+    if (s->n != g->alt_off[r + 1] - g->alt_off[r]) return -2;
+    /* deduplicated stacks with one shared prefix and every top an alternative of r: then
+     * the tops are exactly r's alternatives */
+    for (const int32_t *b = a + n + 1; b < s->buf + s->len; b += b[0] + 1)
+        if (b[0] != n || memcmp(a + 1, b + 1, (size_t)(n - 1) * 4) || str_lookup(g, b[n]) != idx) return -2;
+    *flags = g->str_flags[idx];
+    const gram_set *h = &g->str_hot[idx];
+    *hot = h->w[0] | h->w[1] | h->w[2] | h->w[3] ? h : NULL;
+    return g->str_rem[idx];
 }
 
 /* ---- matcher ---- */

@@ -95,62 +95,86 @@ int gj_esc(gj_ctx *c) {
     return r;
 }
 
-/* the free string: '"' S with S ::= plain S | '\\' ESC S | '"' (the mask's fast path) */
-int gj_str_free(gj_ctx *c) {
-    if (c->str) return c->str - 1;
-    int s = gj_rule(c), q = gj_rule(c);
-    if (s < 0 || q < 0) return -1;
-    c->str = q + 1;
-    int32_t pl[2] = { gj_range_el(c, 0x20, 0xff, NULL), gj_ref(s) };
-    gram_set plain = c->g->sets[pl[0]];
-    plain.w[0] &= ~(1ull << '"'); plain.w[1] &= ~(1ull << ('\\' - 64));
-    pl[0] = gram_g_set(c->g, &plain);
-    int32_t es[3] = { gj_byte_el(c, '\\'), gj_ref(gj_esc(c)), gj_ref(s) };
-    int32_t qu[1] = { gj_byte_el(c, '"') };
-    c->g->str_rule = s;
-    c->g->str_alt_plain = gram_g_alt(c->g, s, pl, 2);
-    c->g->str_alt_esc = gram_g_alt(c->g, s, es, 3);
-    c->g->str_alt_quote = gram_g_alt(c->g, s, qu, 1);
-    int32_t e[2] = { gj_byte_el(c, '"'), gj_ref(s) };
-    gj_alt(c, q, e, 2);
-    return q;
+/* Strings hold exactly well-formed UTF-8 (RFC 3629), so the decoded text never needs a
+ * U+FFFD and lengths agree with validators, which count code points. Byte-set classes:
+ * 0 plain ASCII (0x20-0x7f but '"' and '\\'), 1 C2-DF, 2 80-BF, 3 E0, 4 A0-BF,
+ * 5 E1-EC EE-EF, 6 ED, 7 80-9F, 8 F0, 9 90-BF, 10 F1-F3, 11 F4, 12 80-8F. */
+int32_t gj_u8_set(gj_ctx *c, int k) {
+    if (!c->u8_ok) {
+        static const uint8_t rg[13][4] = { { 0x20, 0x7f }, { 0xc2, 0xdf }, { 0x80, 0xbf }, { 0xe0, 0xe0 },
+                                           { 0xa0, 0xbf }, { 0xe1, 0xec, 0xee, 0xef }, { 0xed, 0xed },
+                                           { 0x80, 0x9f }, { 0xf0, 0xf0 }, { 0x90, 0xbf }, { 0xf1, 0xf3 },
+                                           { 0xf4, 0xf4 }, { 0x80, 0x8f } };
+        for (int i = 0; i < 13; i++) {
+            gram_set s; memset(&s, 0, sizeof s);
+            for (unsigned b = rg[i][0]; b <= rg[i][1]; b++) gram_set_add(&s, b);
+            for (unsigned b = rg[i][2]; rg[i][2] && b <= rg[i][3]; b++) gram_set_add(&s, b);
+            if (i == 0) { s.w[0] &= ~(1ull << '"'); s.w[1] &= ~(1ull << ('\\' - 64)); }
+            c->u8[i] = gram_g_set(c->g, &s);
+        }
+        c->u8_ok = 1;
+    }
+    return c->u8[k];
 }
 
-/* one character for length counting: an ASCII byte or escape, or a UTF-8 lead byte with
- * up to three continuation bytes */
-int gj_chr(gj_ctx *c) {
-    if (c->chr) return c->chr - 1;
-    int r = gj_rule(c);
-    c->chr = r + 1;
-    gram_set s; memset(&s, 0, sizeof s);
-    for (unsigned b = 0x20; b < 0x80; b++) if (b != '"' && b != '\\') gram_set_add(&s, b);
-    int32_t a[1] = { gram_g_set(c->g, &s) };
-    gj_alt(c, r, a, 1);
-    int32_t e[2] = { gj_byte_el(c, '\\'), gj_ref(gj_esc(c)) };
-    gj_alt(c, r, e, 2);
-    int32_t l[2] = { gj_range_el(c, 0xc0, 0xff, NULL), gj_ref(gj_rep(c, gj_range_el(c, 0x80, 0xbf, NULL), 0, 3)) };
-    gj_alt(c, r, l, 2);
-    return r;
+int gj_u8_seq(gj_ctx *c, int i, int32_t *out) {
+    static const int8_t seq[7][5] = { { 1, 2, -1 }, { 3, 4, 2, -1 }, { 5, 2, 2, -1 }, { 6, 7, 2, -1 },
+                                      { 8, 9, 2, 2, -1 }, { 10, 2, 2, 2, -1 }, { 11, 12, 2, 2, -1 } };
+    int n = 0;
+    for (; seq[i][n] >= 0 && n < 5; n++) out[n] = gj_u8_set(c, seq[i][n]);
+    return n;
 }
 
+int gj_u8_len(unsigned b) { return b < 0x80 ? 1 : b < 0xc2 ? 0 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : b < 0xf5 ? 4 : 0; }
+
+void gj_u8_cont(unsigned lead, int j, unsigned *lo, unsigned *hi) {
+    *lo = 0x80; *hi = 0xbf;
+    if (j) return;
+    if (lead == 0xe0) *lo = 0xa0;
+    else if (lead == 0xed) *hi = 0x9f;
+    else if (lead == 0xf0) *lo = 0x90;
+    else if (lead == 0xf4) *hi = 0x8f;
+}
+
+/* A string is '"' B_0 where B_k is "k characters so far": its alternatives are one
+ * character (plain ASCII, an escape, or one of the seven multibyte shapes) then B_k+1, and
+ * the closing quote when k >= lo. Unbounded strings loop on their last B. Each B_k is
+ * registered (gram_g_str) with the characters it has left, which is what lets the mask
+ * copy the tokens of whole plain characters instead of stepping through them. */
 int gj_str_bounded(gj_ctx *c, int lo, int hi) {
-    if (lo == 0 && hi < 0) return gj_str_free(c);
-    int top = hi < 0 ? (lo > 1 ? lo : 1) : hi, ch = gj_chr(c), first = -1, prev = -1;
-    int32_t q = gj_byte_el(c, '"');
-    for (int k = 0; k <= top; k++) {
-        int r = gj_rule(c);
-        if (r < 0) return -1;
-        if (first < 0) first = r;
-        if (prev >= 0) { int32_t e[2] = { gj_ref(ch), gj_ref(r) }; gj_alt(c, prev, e, 2); }
-        if (k >= lo) gj_alt(c, r, &q, 1);
-        if (k == top && hi < 0) { int32_t e[2] = { gj_ref(ch), gj_ref(r) }; gj_alt(c, r, e, 2); }
-        prev = r;
+    int is_free = lo == 0 && hi < 0;
+    if (is_free && c->str) return c->str - 1;
+    int top = hi < 0 ? lo : hi;
+    int *B = calloc((size_t)top + 1, sizeof(int));
+    if (!B) return gj_fail(c, "%s", "out of memory");
+    for (int k = 0; k <= top; k++) B[k] = gj_rule(c);
+    int32_t q = gj_byte_el(c, '"'), bs = gj_byte_el(c, '\\'), esc = gj_ref(gj_esc(c));
+    for (int k = 0; k <= top && !c->err; k++) {
+        int nx = k < top ? B[k + 1] : (hi < 0 ? B[k] : -1);
+        if (nx >= 0) {
+            int32_t a[2] = { gj_u8_set(c, 0), gj_ref(nx) };
+            gj_alt(c, B[k], a, 2);
+            int32_t e[3] = { bs, esc, gj_ref(nx) };
+            gj_alt(c, B[k], e, 3);
+            for (int i = 0; i < 7; i++) {
+                int32_t u[6];
+                int n = gj_u8_seq(c, i, u);
+                u[n++] = gj_ref(nx);
+                gj_alt(c, B[k], u, n);
+            }
+        }
+        if (k >= lo) gj_alt(c, B[k], &q, 1);
+        gram_g_str(c->g, B[k], hi < 0 ? -1 : hi - k, 0, NULL);
     }
     int o = gj_rule(c);
-    int32_t e[2] = { q, gj_ref(first) };
+    int32_t e[2] = { q, gj_ref(B[0]) };
     gj_alt(c, o, e, 2);
+    if (is_free && !c->err) { c->str = o + 1; c->strbody = B[0] + 1; }
+    free(B);
     return o;
 }
+
+int gj_str_free(gj_ctx *c) { return gj_str_bounded(c, 0, -1); }
 
 int gj_number(gj_ctx *c, int integer) {
     int *slot = integer ? &c->integer : &c->num;

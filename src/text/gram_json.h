@@ -19,7 +19,8 @@ typedef struct {
     char ptr[512];
     int nest;
     json_t **memo_node; int *memo_rule; int n_memo, cap_memo;
-    int ws, str, any, esc, chr, num, integer, null_r, bool_r;
+    int ws, str, strbody, any, esc, num, integer, null_r, bool_r;
+    int32_t u8[13]; int u8_ok; /* UTF-8 byte-set elements (gj_u8_set) */
 } gj_ctx;
 
 int gj_fail(gj_ctx *c, const char *fmt, const char *a);
@@ -33,8 +34,14 @@ int gj_rep(gj_ctx *c, int32_t el, int lo, int hi);
 int gj_ws(gj_ctx *c);
 int gj_uesc(gj_ctx *c);
 int gj_esc(gj_ctx *c);
-int gj_str_free(gj_ctx *c);
-int gj_chr(gj_ctx *c);
+int gj_str_free(gj_ctx *c);   /* '"' body; c->strbody - 1 is the body rule */
+/* UTF-8: the byte-set element for class k (see gram_json.c), a multibyte character's
+ * byte sets (class i of 7: lead set then continuation sets, returns their count), and the
+ * valid range of the next continuation byte after lead byte `lead` and j continuations */
+int32_t gj_u8_set(gj_ctx *c, int k);
+int gj_u8_seq(gj_ctx *c, int i, int32_t *out);
+int gj_u8_len(unsigned lead);
+void gj_u8_cont(unsigned lead, int j, unsigned *lo, unsigned *hi);
 int gj_str_bounded(gj_ctx *c, int lo, int hi);
 int gj_number(gj_ctx *c, int integer);
 int gj_lit_rule(gj_ctx *c, int *slot, const char *s);
@@ -43,5 +50,8 @@ int gj_bool_r(gj_ctx *c);
 int gj_array_of(gj_ctx *c, const int *prefix, int np, int extra, int lo, int hi);
 int gj_object_of(gj_ctx *c, int n, int *keys, const int *vals, const char *opt, int extra, int extra_key);
 int gj_any(gj_ctx *c);
+/* the value rule of schema s, whose $refs resolve against root; ptr is the JSON pointer
+ * that error messages give for s ("" for the root) */
+int gj_schema(gj_ctx *c, json_t *root, json_t *s, const char *ptr);
 
 #endif

@@ -41,9 +41,15 @@ struct gram_grammar {
     int32_t *alt_off; /* n_rules + 1 */
     int32_t *alts;
     int root;
-    int str_rule;     /* the free string body rule (string fast path), or -1 */
-    int32_t str_alt_plain; /* its alternatives' start positions: plain byte, '\\', '"' */
-    int32_t str_alt_esc, str_alt_quote;
+    /* string-body rules (the mask's fast path): a stack set made of one stack per
+     * alternative of such a rule, all sharing what lies below, is "inside a string at a
+     * character boundary, str_rem[i] more characters allowed (-1 = no limit)" */
+    int32_t *str_rule_id, *str_rem, *str_flags; int n_str, cap_str;
+    gram_set *str_hot;     /* per entry: first bytes whose tokens must be stepped */
+    int32_t *str_pos, *str_pos_idx; int n_str_pos; /* sorted alternative starts -> index */
+    /* added tokens (exact contents) the grammar may produce; an added token of the
+     * vocabulary is allowed only when listed here and its bytes fit */
+    char **added; int n_added;
     int oom;
 };
 
@@ -55,6 +61,17 @@ int gram_g_byte(gram_grammar *g, unsigned b);
 /* appends an alternative (n elements) to rule r; returns its start position */
 int32_t gram_g_alt(gram_grammar *g, int r, const int32_t *e, int n);
 lily_code gram_g_finish(gram_grammar *g, int root, lily_status *st);
+/* registers rule r as a string body with rem characters left (-1 = unbounded), for the
+ * mask's fast path. The promise: from r, a token made of whole "plain" characters whose
+ * first byte is not in hot (NULL = none) is allowed iff it has at most rem characters
+ * (any count when rem is -1). Plain: flags 0 (JSON strings), ASCII 0x20-0x7f but '"' and
+ * '\\', or well-formed multibyte; GRAM_STR_RAW (raw text), ASCII 0x01-0x7f but '<', or
+ * well-formed multibyte, where a final '\n' is not counted (it may start the end of the
+ * text). Every other token is stepped. */
+#define GRAM_STR_RAW 1
+void gram_g_str(gram_grammar *g, int r, int rem, int flags, const gram_set *hot);
+/* lists an added token's content as producible (copied) */
+void gram_g_added(gram_grammar *g, const char *content);
 
 /* stack sets */
 typedef struct {
@@ -71,8 +88,12 @@ int gram_advance(const gram_grammar *g, const gram_sset *in, unsigned b, gram_ss
 /* union of the stacks' top byte sets */
 void gram_sset_first(const gram_grammar *g, const gram_sset *s, gram_set *u);
 int gram_sset_accepting(const gram_sset *s);
-/* 1 if the set is exactly the free-string-body state (every plain string byte loops) */
-int gram_sset_in_plain_string(const gram_grammar *g, const gram_sset *s);
+/* >= 0 (characters left) or -1 (no limit) if the set is exactly a registered string
+ * body at a character boundary (see gram_g_str; *flags and *hot are its own), else -2 */
+int gram_sset_string_state(const gram_grammar *g, const gram_sset *s, int *flags, const gram_set **hot);
+
+/* tests only: 1 makes every mask walk the full trie (the fast paths' reference) */
+extern int gram_mask_no_fast;
 
 struct gram_matcher {
     const gram_grammar *g;

@@ -114,14 +114,24 @@ static int in_list(const char *k, const char *const *l) {
 
 /* The body of an extra key's string that differs from every listed property name (names
  * as serialized, without quotes), so that an extra key never shadows a listed property.
- * A trie walk: st 0 plain, 1 after a backslash, 2..5 inside \uXXXX (st-1 digits left).
- * Spellings of a listed name through other escapes are not excluded. */
+ * A trie walk: st 0 plain at a character boundary, 1 after a backslash, 2..5 inside
+ * \uXXXX (st-1 digits left), 6 inside a multibyte character. Where the key leaves the
+ * trie it continues as a free string body, completing the character it is in first, so
+ * keys stay well-formed UTF-8. Spellings of a listed name through other escapes are not
+ * excluded. */
 static int not_key(gj_ctx *c, char **names, int n, int d, int st) {
-    int r = gj_rule(c), s = gj_str_free(c) >= 0 ? c->g->str_rule : -1;
+    int r = gj_rule(c), s = gj_str_free(c) >= 0 ? c->strbody - 1 : -1;
     if (r < 0 || s < 0) return -1;
     int terminal = 0;
     for (int i = 0; i < n; i++) terminal |= (int)strlen(names[i]) == d;
     if (!terminal && st == 0) { int32_t q = gj_byte_el(c, '"'); gj_alt(c, r, &q, 1); }
+    /* the character being spelled at depth d (st 6): its lead byte and continuations so far */
+    unsigned lead = 0; int j = 0;
+    if (st == 6) {
+        int p = d - 1;
+        while (p > 0 && ((uint8_t)names[0][p] & 0xc0) == 0x80) p--;
+        lead = (uint8_t)names[0][p]; j = d - 1 - p;
+    }
     gram_set used; memset(&used, 0, sizeof used);
     char **grp = malloc(sizeof(char *) * ((size_t)n + 1));
     if (!grp) return gj_fail(c, "%s", "out of memory");
@@ -131,24 +141,44 @@ static int not_key(gj_ctx *c, char **names, int n, int d, int st) {
         if (gram_set_has(&used, b)) continue;
         gram_set_add(&used, b);
         int m = 0;
-        for (int j = 0; j < n; j++) if ((int)strlen(names[j]) > d && (uint8_t)names[j][d] == b) grp[m++] = names[j];
-        int ns = st == 0 ? (b == '\\') : st == 1 ? (b == 'u' ? 5 : 0) : st == 2 ? 0 : st - 1;
+        for (int k = 0; k < n; k++) if ((int)strlen(names[k]) > d && (uint8_t)names[k][d] == b) grp[m++] = names[k];
+        int ns = st == 0 ? (b == '\\' ? 1 : b >= 0x80 ? 6 : 0) : st == 1 ? (b == 'u' ? 5 : 0) : st == 2 ? 0
+               : st == 6 ? (j + 2 < gj_u8_len(lead) ? 6 : 0) : st - 1;
         int32_t e[2] = { gj_byte_el(c, b), gj_ref(not_key(c, grp, m, d + 1, ns)) };
         gj_alt(c, r, e, 2);
     }
     free(grp);
-    if (st == 0 || st == 1) {
-        gram_set other; memset(&other, 0, sizeof other);
-        const char *set = st == 1 ? "\"\\/bfnrt" : NULL;
-        if (set) for (; *set; set++) gram_set_add(&other, (uint8_t)*set);
-        else for (unsigned b = 0x20; b < 256; b++) if (b != '"' && b != '\\') gram_set_add(&other, b);
+    gram_set other; memset(&other, 0, sizeof other);
+    if (st == 0) {
+        int32_t ua[1] = { gj_u8_set(c, 0) };
+        other = c->g->sets[ua[0]];
         for (int k = 0; k < 4; k++) other.w[k] &= ~used.w[k];
         int32_t e[2] = { gram_g_set(c->g, &other), gj_ref(s) };
         gj_alt(c, r, e, 2);
-        if (st == 0 && !gram_set_has(&used, '\\')) { int32_t x[3] = { gj_byte_el(c, '\\'), gj_ref(gj_esc(c)), gj_ref(s) }; gj_alt(c, r, x, 3); }
-        if (st == 1 && !gram_set_has(&used, 'u')) {
-            int32_t x[3] = { gj_byte_el(c, 'u'), gj_ref(gj_uesc(c)), gj_ref(s) };
-            gj_alt(c, r, x, 3);
+        for (int i = 0; i < 7; i++) { /* multibyte characters whose lead byte leaves the trie */
+            int32_t u[6];
+            int m = gj_u8_seq(c, i, u);
+            gram_set ls = c->g->sets[u[0]];
+            for (int k = 0; k < 4; k++) ls.w[k] &= ~used.w[k];
+            if (!ls.w[0] && !ls.w[1] && !ls.w[2] && !ls.w[3]) continue;
+            u[0] = gram_g_set(c->g, &ls); u[m++] = gj_ref(s);
+            gj_alt(c, r, u, m);
+        }
+        if (!gram_set_has(&used, '\\')) { int32_t x[3] = { gj_byte_el(c, '\\'), gj_ref(gj_esc(c)), gj_ref(s) }; gj_alt(c, r, x, 3); }
+    } else if (st == 1) {
+        for (const char *set = "\"\\/bfnrt"; *set; set++) if (!gram_set_has(&used, (uint8_t)*set)) gram_set_add(&other, (uint8_t)*set);
+        if (other.w[0] || other.w[1]) { int32_t e[2] = { gram_g_set(c->g, &other), gj_ref(s) }; gj_alt(c, r, e, 2); }
+        if (!gram_set_has(&used, 'u')) { int32_t x[3] = { gj_byte_el(c, 'u'), gj_ref(gj_uesc(c)), gj_ref(s) }; gj_alt(c, r, x, 3); }
+    } else if (st == 6) { /* another continuation byte, then the rest of the character */
+        unsigned lo, hi;
+        gj_u8_cont(lead, j, &lo, &hi);
+        for (unsigned b = lo; b <= hi; b++) if (!gram_set_has(&used, b)) gram_set_add(&other, b);
+        if (other.w[2] || other.w[3]) {
+            int32_t e[4]; int m = 0;
+            e[m++] = gram_g_set(c->g, &other);
+            for (int k = j + 2; k < gj_u8_len(lead); k++) e[m++] = gj_u8_set(c, 2);
+            e[m++] = gj_ref(s);
+            gj_alt(c, r, e, m);
         }
     }
     return r;
@@ -338,6 +368,18 @@ static int compile(gj_ctx *c, json_t *s) {
 out:
     c->nest--;
     return c->err ? -1 : r;
+}
+
+int gj_schema(gj_ctx *c, json_t *root, json_t *s, const char *ptr) {
+    json_t *saved_root = c->root;
+    char saved[sizeof c->ptr];
+    memcpy(saved, c->ptr, sizeof saved);
+    c->root = root;
+    snprintf(c->ptr, sizeof c->ptr, "%s", ptr);
+    int r = compile(c, s);
+    c->root = saved_root;
+    memcpy(c->ptr, saved, sizeof saved);
+    return r;
 }
 
 static lily_code finish(gj_ctx *c, int value, gram_grammar **out) {

@@ -8,6 +8,19 @@
  * one where nearly every token fits) the tokens made only of plain string bytes keep the
  * matcher in the same state, so they are copied from a precomputed mask and only the
  * other tokens (quote, backslash, control bytes) are walked, in a second, small trie.
+ *
+ * Strings hold well-formed UTF-8 only, and a token may end inside a character, so the
+ * precomputed set is the tokens made of whole plain characters (ASCII other than '"',
+ * '\\' and controls, or complete well-formed multibyte sequences), with their character
+ * counts: at a character boundary of a string with r characters left they are exactly
+ * the allowed ones among them with count <= r. Tokens that split a character are in the
+ * second trie and stepped; a state inside a character walks the full trie. Raw text
+ * (tool-call values, GRAM_STR_RAW) has its own plain set and complement trie, and string
+ * states may name "hot" first bytes whose tokens are stepped: their range of the full
+ * trie is cleared and walked.
+ *
+ * Added tokens are kept out of the tries (their text, "<tool_call>", would otherwise be
+ * offered wherever '<' fits): the mask steps through the few the grammar lists by name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -24,17 +37,61 @@ typedef struct {
     int max_depth;
 } vtrie;
 
+typedef struct {
+    uint8_t *mask;        /* 1 for the tokens of the set */
+    int32_t *by_len;      /* the set by character count, ascending */
+    int32_t len_start[66];/* by_len[len_start[c] ..] have count >= c (c <= 64; 65 = n) */
+    int n;
+} plainset;
+
 struct gram_vocab {
     int n_vocab;
     uint32_t *off;        /* piece of id i: bytes[off[i] .. off[i+1]) ; empty = never allowed */
     uint8_t *bytes;
-    uint8_t *plain_mask;  /* 1 for tokens made only of plain string bytes */
+    uint16_t *nchars;     /* character counts of the plain tokens (below) */
+    /* [0]: tokens made only of whole plain JSON-string characters; [1]: the same for raw
+     * text (GRAM_STR_RAW, see gram_priv.h) */
+    plainset plain[2];
+    int32_t first_lo[256], first_hi[256]; /* all.ids[lo..hi) start with byte b */
+    int32_t first_node[256];              /* all's node for that byte, or -1 */
+    uint8_t *is_added;    /* 1 for added tokens: outside the tries, allowed only when listed */
+    int32_t *added_ids; int n_added;
     vtrie all, special;   /* every allowed token; the non-plain ones */
+    vtrie rawspec;        /* the tokens that are not raw-plain */
 };
 
-struct gram_scratch { int n; gram_sset *ss; gram_set *first; gram_sset work; };
+/* The matcher's mask memory. The mask is a function of the stack set alone (for one
+ * grammar and vocabulary), and inside a string the stack set repeats exactly after every
+ * token of plain characters, so the ids the walks allowed last time are kept with the
+ * stack set they were computed from (key) and replayed when it comes again. */
+#define CACHE_MAX_IDS 16384
+struct gram_scratch {
+    int n; gram_sset *ss; gram_set *first; gram_sset work, a, b;
+    const gram_vocab *cv; int32_t *key; size_t key_len, key_cap; /* key_len 0: nothing cached */
+    int32_t *ids; int n_ids, cap_ids, recording;
+};
 
-static int plain_byte(unsigned b) { return b >= 0x20 && b != '"' && b != '\\'; }
+/* the number of whole plain characters in p[0..n), or -1 if it is not made of them
+ * (raw: the raw-text notion of plain, see gram_priv.h, counting a final '\n' as none) */
+static int plain_chars(const uint8_t *p, size_t n, int raw) {
+    int c = 0;
+    for (size_t i = 0; i < n; c++) {
+        unsigned b = p[i];
+        if (b < 0x80) {
+            if (raw ? (b == 0 || b == '<') : (b < 0x20 || b == '"' || b == '\\')) return -1;
+            i++;
+            continue;
+        }
+        size_t len = b < 0xc2 ? 0 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : b < 0xf5 ? 4 : 0;
+        if (!len || i + len > n) return -1;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (b == 0xe0) lo = 0xa0; else if (b == 0xed) hi = 0x9f; else if (b == 0xf0) lo = 0x90; else if (b == 0xf4) hi = 0x8f;
+        if (p[i + 1] < lo || p[i + 1] > hi) return -1;
+        for (size_t k = 2; k < len; k++) if ((p[i + k] & 0xc0) != 0x80) return -1;
+        i += len;
+    }
+    return raw && n && p[n - 1] == '\n' ? c - 1 : c;
+}
 
 static const gram_vocab *sort_v;
 static int cmp_piece(const void *a, const void *b) {
@@ -100,35 +157,69 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     size_t total = 0;
     for (int i = 0; i < n_vocab && i < tv; i++) {
         size_t ln = 0;
-        if (!tok_is_added(t, i) && tok_piece(t, i, &ln)) total += ln;
+        if (tok_piece(t, i, &ln)) total += ln;
     }
     v->off = malloc(sizeof(uint32_t) * ((size_t)n_vocab + 1));
     v->bytes = malloc(total + 1);
-    v->plain_mask = calloc((size_t)n_vocab, 1);
+    for (int k = 0; k < 2; k++) {
+        v->plain[k].mask = calloc((size_t)n_vocab, 1);
+        v->plain[k].by_len = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    }
+    v->nchars = calloc((size_t)n_vocab, sizeof(uint16_t));
+    int32_t *rsids = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    v->is_added = calloc((size_t)n_vocab, 1);
+    v->added_ids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     int32_t *all = malloc(sizeof(int32_t) * (size_t)n_vocab), *spec = malloc(sizeof(int32_t) * (size_t)n_vocab);
-    if (!v->off || !v->bytes || !v->plain_mask || !all || !spec) {
-        free(all); free(spec); gram_vocab_free(v);
+    if (!v->off || !v->bytes || !v->plain[0].mask || !v->plain[0].by_len || !v->plain[1].mask || !v->plain[1].by_len ||
+        !v->nchars || !v->is_added || !v->added_ids || !all || !spec || !rsids) {
+        free(all); free(spec); free(rsids); gram_vocab_free(v);
         return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
     }
-    int na = 0, ns = 0;
+    int na = 0, ns = 0, nl = 0;
     size_t o = 0;
     for (int i = 0; i < n_vocab; i++) {
         v->off[i] = (uint32_t)o;
         size_t ln = 0;
-        const char *p = i < tv && !tok_is_added(t, i) ? tok_piece(t, i, &ln) : NULL;
+        const char *p = i < tv ? tok_piece(t, i, &ln) : NULL;
         if (!p || !ln) continue;
         memcpy(v->bytes + o, p, ln); o += ln;
-        int plain = 1;
-        for (size_t k = 0; k < ln; k++) plain &= plain_byte((uint8_t)p[k]);
-        v->plain_mask[i] = (uint8_t)plain;
+        if (tok_is_added(t, i)) { v->is_added[i] = 1; v->added_ids[v->n_added++] = i; continue; }
+        int nc = plain_chars((const uint8_t *)p, ln, 0), nr = plain_chars((const uint8_t *)p, ln, 1);
+        v->plain[0].mask[i] = nc >= 0;
+        v->plain[1].mask[i] = nr >= 0;
+        /* the counts agree where both are defined (a JSON-plain token has no '\n') */
+        int cnt = nc >= 0 ? nc : nr;
+        v->nchars[i] = (uint16_t)(cnt > 65535 ? 65535 : cnt > 0 ? cnt : 0);
         all[na++] = i;
-        if (!plain) spec[ns++] = i;
+        if (nc < 0) spec[ns++] = i;
+        if (nr < 0) rsids[nl++] = i;
     }
     v->off[n_vocab] = (uint32_t)o;
+    /* counting sort of the plain tokens by character count (counts above 64 share a bucket) */
+    for (int k = 0; k < 2; k++) {
+        plainset *ps = &v->plain[k];
+        int cnt[66] = { 0 };
+        for (int i = 0; i < n_vocab; i++) if (ps->mask[i]) cnt[v->nchars[i] > 64 ? 64 : v->nchars[i]]++;
+        ps->len_start[0] = 0;
+        for (int c = 0; c < 65; c++) ps->len_start[c + 1] = ps->len_start[c] + cnt[c];
+        ps->n = ps->len_start[65];
+        int fill[65];
+        memcpy(fill, ps->len_start, sizeof fill);
+        for (int i = 0; i < n_vocab; i++)
+            if (ps->mask[i]) ps->by_len[fill[v->nchars[i] > 64 ? 64 : v->nchars[i]]++] = i;
+    }
     static int busy; /* the sort's comparator reads one global vocab */
     while (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) { }
     int bad = trie_build(&v->all, v, all, na);
     if (!bad) bad = trie_build(&v->special, v, spec, ns); else free(spec);
+    if (!bad) bad = trie_build(&v->rawspec, v, rsids, nl); else free(rsids);
+    for (int b = 0; b < 256; b++) { v->first_node[b] = -1; v->first_lo[b] = v->first_hi[b] = 0; }
+    for (int32_t i = 1; !bad && i < v->all.n; i = v->all.end[i]) { /* the root's children */
+        int b = v->all.byte[i];
+        v->first_node[b] = i;
+        v->first_lo[b] = v->all.tok0[i];
+        v->first_hi[b] = v->all.end[i] < v->all.n ? v->all.tok0[v->all.end[i]] : na;
+    }
     __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
     if (bad) { gram_vocab_free(v); return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory"); }
     *out = v;
@@ -139,15 +230,18 @@ int gram_vocab_size(const gram_vocab *v) { return v->n_vocab; }
 
 void gram_vocab_free(gram_vocab *v) {
     if (!v) return;
-    free(v->off); free(v->bytes); free(v->plain_mask);
-    trie_free(&v->all); trie_free(&v->special);
+    free(v->off); free(v->bytes); free(v->nchars);
+    for (int k = 0; k < 2; k++) { free(v->plain[k].mask); free(v->plain[k].by_len); }
+    free(v->is_added); free(v->added_ids);
+    trie_free(&v->all); trie_free(&v->special); trie_free(&v->rawspec);
     free(v);
 }
 
 void gram_scratch_free(struct gram_scratch *s) {
     if (!s) return;
     for (int i = 0; i < s->n; i++) gram_sset_free(&s->ss[i]);
-    gram_sset_free(&s->work);
+    gram_sset_free(&s->work); gram_sset_free(&s->a); gram_sset_free(&s->b);
+    free(s->key); free(s->ids);
     free(s->ss); free(s->first); free(s);
 }
 
@@ -167,11 +261,22 @@ static struct gram_scratch *scratch_get(gram_matcher *m, int depth) {
     return s;
 }
 
-static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct gram_scratch *s) {
+static void record(struct gram_scratch *s, int32_t id) {
+    if (s->n_ids == s->cap_ids) {
+        int nc = s->cap_ids ? 2 * s->cap_ids : 1024;
+        int32_t *q = nc <= CACHE_MAX_IDS ? realloc(s->ids, sizeof *q * (size_t)nc) : NULL;
+        if (!q) { s->recording = 0; return; } /* too many (or no memory): not cached */
+        s->ids = q; s->cap_ids = nc;
+    }
+    s->ids[s->n_ids++] = id;
+}
+
+/* the nodes [i, i1) of the trie (a whole trie: 1, t->n) */
+static void walk_range(const gram_matcher *m, const vtrie *t, int32_t i, int32_t i1, uint8_t *allowed,
+                       struct gram_scratch *s) {
     const gram_sset *lvl0 = &m->cur;
     gram_sset_first(m->g, lvl0, &s->first[0]);
-    int32_t i = 1;
-    while (i < t->n) {
+    while (i < i1) {
         int d = t->depth[i];
         const gram_sset *parent = d == 1 ? lvl0 : &s->ss[d - 1];
         if (!gram_set_has(&s->first[d - 1], t->byte[i]) ||
@@ -179,10 +284,51 @@ static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct
             i = t->end[i];
             continue;
         }
-        for (int32_t k = 0; k < t->ntok[i]; k++) allowed[t->ids[t->tok0[i] + k]] = 1;
+        for (int32_t k = 0; k < t->ntok[i]; k++) {
+            int32_t id = t->ids[t->tok0[i] + k];
+            allowed[id] = 1;
+            if (s->recording) record(s, id);
+        }
         if (t->end[i] > i + 1) gram_sset_first(m->g, &s->ss[d], &s->first[d]);
         i++;
     }
+}
+
+static void walk(const gram_matcher *m, const vtrie *t, uint8_t *allowed, struct gram_scratch *s) {
+    walk_range(m, t, 1, t->n, allowed, s);
+}
+
+int gram_mask_no_fast;
+
+/* allowed[id] = 1 for the set's tokens of at most rem characters (rem -1: all) */
+static void plain_upto(const gram_vocab *v, const plainset *ps, int rem, uint8_t *allowed) {
+    if (rem < 0 || rem >= 64) {
+        memcpy(allowed, ps->mask, (size_t)v->n_vocab);
+        /* counts of 64 and above share the last bucket: clear those beyond rem one by one */
+        if (rem >= 0)
+            for (int k = ps->len_start[64]; k < ps->n; k++)
+                if (v->nchars[ps->by_len[k]] > rem) allowed[ps->by_len[k]] = 0;
+        return;
+    }
+    /* the tokens of at most rem characters are by_len[0 .. len_start[rem+1]) */
+    int n_ok = ps->len_start[rem + 1];
+    if (2 * n_ok < ps->n) {
+        for (int k = 0; k < n_ok; k++) allowed[ps->by_len[k]] = 1;
+    } else {
+        memcpy(allowed, ps->mask, (size_t)v->n_vocab);
+        for (int k = n_ok; k < ps->n; k++) allowed[ps->by_len[k]] = 0;
+    }
+}
+
+static void replay(const struct gram_scratch *s, uint8_t *allowed) {
+    for (int k = 0; k < s->n_ids; k++) allowed[s->ids[k]] = 1;
+}
+
+/* is this added token's content one the grammar may produce? */
+static int listed(const gram_grammar *g, const uint8_t *p, size_t n) {
+    for (int i = 0; i < g->n_added; i++)
+        if (strlen(g->added[i]) == n && !memcmp(g->added[i], p, n)) return 1;
+    return 0;
 }
 
 void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allowed) {
@@ -190,11 +336,54 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
     /* the scratch is the matcher's own memory: a matcher is used by one thread at a time */
     struct gram_scratch *s = scratch_get((gram_matcher *)m, v->all.max_depth + 1);
     if (!s) return; /* out of memory: nothing allowed, the caller sees an empty mask */
-    if (gram_sset_in_plain_string(m->g, &m->cur)) {
-        memcpy(allowed, v->plain_mask, (size_t)v->n_vocab);
-        walk(m, &v->special, allowed, s);
+    int flags = 0;
+    const gram_set *hot = NULL;
+    int rem = gram_mask_no_fast ? -2 : gram_sset_string_state(m->g, &m->cur, &flags, &hot);
+    int hit = !gram_mask_no_fast && s->key_len && s->cv == v && s->key_len == m->cur.len &&
+              !memcmp(s->key, m->cur.buf, m->cur.len * sizeof(int32_t));
+    s->recording = !hit && !gram_mask_no_fast;
+    if (!hit) s->n_ids = 0;
+    if (rem >= -1) {
+        int raw = flags & GRAM_STR_RAW;
+        plain_upto(v, &v->plain[raw], rem, allowed);
+        /* tokens starting with a hot byte are all stepped: cleared, then their subtree of the
+         * full trie walked (after the other walk, which may also set some of them, exactly) */
+        for (int b = 0; hot && b < 256; b++)
+            if (gram_set_has(hot, (unsigned)b))
+                for (int32_t k = v->first_lo[b]; k < v->first_hi[b]; k++) allowed[v->all.ids[k]] = 0;
+        if (hit) { replay(s, allowed); return; }
+        walk(m, raw ? &v->rawspec : &v->special, allowed, s);
+        for (int b = 0; hot && b < 256; b++)
+            if (gram_set_has(hot, (unsigned)b) && v->first_node[b] >= 0)
+                walk_range(m, &v->all, v->first_node[b], v->all.end[v->first_node[b]], allowed, s);
     } else {
+        if (hit) { replay(s, allowed); return; }
         walk(m, &v->all, allowed, s);
+    }
+    for (int k = 0; k < v->n_added && m->g->n_added; k++) {
+        int32_t id = v->added_ids[k];
+        const uint8_t *p = v->bytes + v->off[id];
+        size_t n = v->off[id + 1] - v->off[id];
+        if (!listed(m->g, p, n)) continue;
+        const gram_sset *src = &m->cur;
+        size_t i = 0;
+        for (; i < n; i++) {
+            gram_sset *dst = (i & 1) ? &s->b : &s->a;
+            if (gram_advance(m->g, src, p[i], dst, &s->work) == 0) break;
+            src = dst;
+        }
+        allowed[id] = i == n;
+        if (i == n && s->recording) record(s, id);
+    }
+    s->key_len = 0;
+    if (s->recording) { /* remember this state's walked ids */
+        if (m->cur.len > s->key_cap) {
+            int32_t *q = realloc(s->key, sizeof *q * m->cur.len);
+            if (!q) return;
+            s->key = q; s->key_cap = m->cur.len;
+        }
+        memcpy(s->key, m->cur.buf, m->cur.len * sizeof(int32_t));
+        s->key_len = m->cur.len; s->cv = v;
     }
 }
 
@@ -202,5 +391,6 @@ int gram_matcher_accept_token(gram_matcher *m, const gram_vocab *v, int32_t id) 
     if (id < 0 || id >= v->n_vocab) return 0;
     uint32_t a = v->off[id], b = v->off[id + 1];
     if (a == b) return 0;
+    if (v->is_added[id] && !listed(m->g, v->bytes + a, b - a)) return 0;
     return gram_matcher_accept_bytes(m, (const char *)v->bytes + a, b - a);
 }

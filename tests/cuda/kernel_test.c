@@ -87,12 +87,17 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
     lw_mat W = mk_mat(t, bits, group, rows, cols, hold);
     float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * rows * 4), *Y = malloc((size_t)T * rows * 4);
     cpu_matmul(pool, &W, X, T, ref);
-    for (int v = 0; v < 3; v++) {
+    int nv = t == LW_Q && bits == 4 && cols % 64 == 0 ? 4 : 3; /* the FP16 GEMM takes 4-bit, cols % 64 */
+    for (int vi = 0; vi < nv; vi++) {
+        int v = vi == 3 ? 5 : vi;
         lily_status st = { 0 };
         char what[160];
-        snprintf(what, sizeof what, "matmul %s %s %dx%d T=%d", v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv", tname(t, bits), rows, cols, T);
+        snprintf(what, sizeof what, "matmul %s %s %dx%d T=%d",
+                 v == 5 ? "gemm-q4-fp16" : v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv", tname(t, bits), rows, cols, T);
+        for (size_t i = 0; i < (size_t)T * rows; i++) Y[i] = NAN;
         if (lct_matmul(&W, 1, X, T, v, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
-        report(what, rel(Y, ref, (size_t)T * rows), v == 2 ? 3e-3 : 1e-5); /* TF32 tensor cores: 10-bit mantissas */
+        /* TF32 and FP16 tensor cores: 10-bit mantissas */
+        report(what, rel(Y, ref, (size_t)T * rows), v >= 2 ? 3e-3 : 1e-5);
     }
     free(X); free(ref); free(Y);
     for (int i = 0; i < 3; i++) free(hold[i]);
@@ -117,12 +122,15 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
         }
     float *ref = malloc((size_t)T * K * rows * 4), *Y = malloc((size_t)T * K * rows * 4);
     for (int i = 0; i < T * K; i++) cpu_matmul(pool, &W[sel[i]], X + (size_t)(i / K) * cols, 1, ref + (size_t)i * rows);
-    for (int v = 3; v < 5; v++) {
+    for (int v = 3; v < 7; v++) {
+        if (v == 5 || (v == 6 && (bits != 4 || cols % 64))) continue; /* 6: the FP16 grouped GEMM */
         lily_status st = { 0 };
         char what[160];
-        snprintf(what, sizeof what, "experts %s q%d E=%d %dx%d T=%d K=%d", v == 3 ? "slots" : "grouped", bits, E, rows, cols, T, K);
+        snprintf(what, sizeof what, "experts %s q%d E=%d %dx%d T=%d K=%d", v == 3 ? "slots" : v == 4 ? "grouped" : "grouped-fp16",
+                 bits, E, rows, cols, T, K);
+        for (size_t i = 0; i < (size_t)T * K * rows; i++) Y[i] = NAN;
         if (lct_matmul(W, E, X, T, v, sel, K, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
-        report(what, rel(Y, ref, (size_t)T * K * rows), v == 4 && T >= 128 ? 3e-3 : 1e-5);
+        report(what, rel(Y, ref, (size_t)T * K * rows), v == 6 || (v == 4 && T >= 128) ? 3e-3 : 1e-5);
     }
     for (int i = 0; i < 3 * E; i++) free(hold[i]);
     free(hold); free(W); free(X); free(sel); free(ref); free(Y);
@@ -152,13 +160,20 @@ static void test_gdn(int T, int nk, int nv, int dk, int dv) {
         cpu_gdn_recurrent(T, dk, dv, u + (size_t)kh * dk, cd, u + kd + (size_t)kh * dk, cd, u + 2 * kd + (size_t)h * dv, cd,
                           gh, bh, Sref + (size_t)h * dk * dv, oref + (size_t)h * dv, nv * dv);
     }
-    lily_status st = { 0 };
-    char what[160];
-    snprintf(what, sizeof what, "gdn recurrent T=%d nk=%d nv=%d dk=%d dv=%d (out, state)", T, nk, nv, dk, dv);
-    if (lct_gdn(T, nk, nv, dk, dv, u, g, beta, S, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else {
-        double e1 = rel(o, oref, (size_t)T * nv * dv), e2 = rel(S, Sref, (size_t)nv * dk * dv);
-        report(what, e1 > e2 ? e1 : e2, 1e-4);
+    for (int chunked = 0; chunked < 2; chunked++) { /* the recurrent kernel, then the chunked (WY) kernels */
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "gdn %s T=%d nk=%d nv=%d dk=%d dv=%d (out, state)", chunked ? "chunked" : "recurrent", T, nk,
+                 nv, dk, dv);
+        memcpy(S, S0, (size_t)nv * dk * dv * 4);
+        for (size_t i = 0; i < (size_t)T * nv * dv; i++) o[i] = NAN;
+        if ((chunked ? lct_gdn_chunked : lct_gdn)(T, nk, nv, dk, dv, u, g, beta, S, o, &st)) {
+            printf("%s: %s\n", what, st.msg);
+            n_fail++;
+        } else {
+            double e1 = rel(o, oref, (size_t)T * nv * dv), e2 = rel(S, Sref, (size_t)nv * dk * dv);
+            report(what, e1 > e2 ? e1 : e2, 1e-4);
+        }
     }
     free(u); free(g); free(beta); free(S0); free(S); free(Sref); free(o); free(oref); free(gh); free(bh);
 }
@@ -296,7 +311,7 @@ static int test_model(const char *dir, int P, int steps) {
     for (int i = 0; i < steps; i++)
         if (lily_model_is_eos(mg, tg[i])) { expect = i + 1; break; }
     int same = made == expect && !memcmp(tl, tg, (size_t)expect * 4);
-    if (!same) { /* show both lists: an end-of-sequence token stops the loop early */
+    if (!same) { /* show both lists */
         printf("stepwise:");
         for (int i = 0; i < steps; i++) printf(" %d", tg[i]);
         printf("\ndecode loop (%d made):", made);
@@ -364,6 +379,10 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_F16, 0, 0, 70, 36, 65);
     test_matmul(pool, LW_F32, 0, 0, 129, 13, 3);
     test_matmul(pool, LW_F32, 0, 0, 1, 1000, 70);
+    /* the FP16 GEMM's tiles at prefill sizes: full, partial row and token tiles, group 32 */
+    test_matmul(pool, LW_Q, 4, 64, small ? 192 : 8192, small ? 256 : 2048, small ? 140 : 512);
+    test_matmul(pool, LW_Q, 4, 32, 100, 128, 130);
+    test_matmul(pool, LW_Q, 4, 64, 65, 192, 1);
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
     if (small) {
         test_experts(pool, 4, 16, 64, 1024, 1, 4);
@@ -377,10 +396,20 @@ int main(int argc, char **argv) {
     test_experts(pool, 4, 7, 96, 192, 70, 3);
     test_experts(pool, 8, 5, 33, 64, 1, 2);
     test_experts(pool, 4, 9, 70, 512, 2, 3);
+    if (small) {
+        test_experts(pool, 4, 64, 128, 128, 128, 8); /* 16 tokens an expert: 16-token tiles */
+        test_experts(pool, 4, 16, 64, 128, 128, 8);  /* 64 an expert */
+    } else {
+        test_experts(pool, 4, 256, 2048, 512, 512, 8);  /* 16 tokens an expert: 16-token tiles */
+        test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert */
+    }
+    test_experts(pool, 4, 7, 96, 192, 70, 3);       /* 30 an expert: 32-token tiles */
     test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
     test_gdn(9, 1, 3, 40, 24);
+    test_gdn(small ? 128 : 512, small ? 2 : 16, small ? 4 : 32, 128, 128); /* full chunks (eight: the 35B-A3B heads) */
+    test_gdn(130, 2, 4, 128, 128);   /* a partial last chunk */
     test_rmsnorm(2048, 5);
     test_rmsnorm(129, 3);
     test_router(1, 256, 8);

@@ -1,7 +1,9 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench   (default: build check kernels model bench)
+#   stages: build fixtures check kernels model bench optin   (default: build check kernels model bench)
+#   optin: the kernels that are off until verified on a GPU (LILY_CU_GEMM, LILY_CU_GDN_CHUNK):
+#          check and model with them on, then pp512/pp2048 with them off and on
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
 #   FIX   folder with the fixtures tiny, tiny-mlx4 (default ../shared/fixtures); tests/fixtures is read too
 #   OUT   where logs go (default /tmp/lily-device)
@@ -43,6 +45,18 @@ for stage in $stages; do
     "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1 || { tail "$OUT/synth.log"; fail=1; }
     "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model.log" 2>&1 || fail=1
     cat "$OUT/model.log" ;;
+  optin)
+    for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
+      LILY_CU_GEMM=1 LILY_CU_GDN_CHUNK=1 "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" \
+        >"$OUT/optin_check.log" 2>&1 && echo "optin check $d: PASS" || { echo "optin check $d: FAIL"; cat "$OUT/optin_check.log"; fail=1; }
+    done
+    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
+    LILY_CU_GEMM=1 LILY_CU_GDN_CHUNK=1 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/optin_model.log" 2>&1 || fail=1
+    cat "$OUT/optin_model.log"
+    for on in 0 1; do
+      echo "LILY_CU_GEMM=$on LILY_CU_GDN_CHUNK=$on:"
+      LILY_CU_GEMM=$on LILY_CU_GDN_CHUNK=$on "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/optin_bench.md"
+    done ;;
   bench)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
     "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps ${REPS:-5} -o md ${PROFILE:+--profile} 2>&1 | tee "$OUT/bench.md" ;;

@@ -31,4 +31,13 @@ static inline __half __float2half(float f) {
     r = r + 0xfffu + ((r >> 13) & 1u);
     return __ushort_as_half((unsigned short)(s | (r >> 13)));
 }
+struct __attribute__((aligned(4))) __half2 { __half x, y; };
+static inline __half __float2half_rn(float f) { return __float2half(f); }
+static inline __half2 __halves2half2(__half a, __half b) { __half2 h; h.x = a; h.y = b; return h; }
+static inline __half2 __floats2half2_rn(float a, float b) { return __halves2half2(__float2half(a), __float2half(b)); }
+static inline __half2 __float2half2_rn(float a) { return __floats2half2_rn(a, a); }
+static inline float __low2float(__half2 h) { return __half2float(h.x); }
+static inline float __high2float(__half2 h) { return __half2float(h.y); }
+static inline __half __low2half(__half2 h) { return h.x; }
+static inline __half __high2half(__half2 h) { return h.y; }
 #endif
