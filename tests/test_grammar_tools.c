@@ -30,6 +30,12 @@ static const char TOOLS[] =
     "\"score\":{\"type\":\"number\"},\"mode\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":3},{\"type\":\"null\"}]}},"
     "\"required\":[\"query\",\"exact\"]}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"ping\"}},"
+    /* pydantic's shape: nested models behind $ref; "when" must come back as an object, "who" as text */
+    "{\"type\":\"function\",\"function\":{\"name\":\"book\",\"parameters\":{\"type\":\"object\",\"$defs\":{"
+    "\"Date\":{\"type\":\"object\",\"properties\":{\"y\":{\"type\":\"integer\"},\"m\":{\"type\":\"integer\"}},"
+    "\"required\":[\"y\",\"m\"]},\"Name\":{\"type\":\"string\",\"maxLength\":5}},\"properties\":{"
+    "\"when\":{\"$ref\":\"#/$defs/Date\"},\"who\":{\"$ref\":\"#/$defs/Name\"},"
+    "\"opt\":{\"allOf\":[{\"$ref\":\"#/$defs/Date\"}]}},\"required\":[\"when\",\"who\"]}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"note_citt\xc3\xa0\",\"parameters\":{\"properties\":{\"text\":{},"
     "\"n\":{\"type\":[\"integer\",\"null\"]}},\"required\":[\"text\"]}}}]";
 

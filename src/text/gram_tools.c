@@ -6,8 +6,8 @@
  * - XML (Qwen3.5/3.6): "\n<function=NAME>\n" then per parameter, in the schema's order,
  *   "<parameter=P>\n" VALUE "\n</parameter>\n", then "</function>\n</tool_call>".
  *   parse_call keeps a value as text when the property's schema allows a string (or says
- *   nothing), else parses it as JSON; the grammar follows the same rule (kinds() below
- *   mirrors parse_call.c's schema_kinds). Text values are raw UTF-8 that must not contain
+ *   nothing), else parses it as JSON; the grammar follows the same rule (both use parse_schema_kinds,
+ *   parse_call.c). Text values are raw UTF-8 that must not contain
  *   "</parameter>" (parse_call cuts the value at the first one) nor "</tool_call>" (the
  *   output parser cuts the block there), ended by "\n</parameter>\n": an Aho-Corasick
  *   automaton over those strings, as rules, each state a registered string body so the
@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "text/gram_json.h"
+#include "text/parse_priv.h"
 #include "util/util.h"
 
 #define TC_MAX_TOOLS 512
@@ -161,25 +162,6 @@ static int raw_ok(const char *s, size_t n) {
 
 /* ---- parse_call.c's typing of XML parameter values ---- */
 
-/* bit 0: the schema allows a string, bit 1: something else (as parse_call.c) */
-static int kinds(const json_t *sch, int depth) {
-    int k = 0;
-    const json_t *type = json_object_get(sch, "type"), *e = json_object_get(sch, "enum");
-    if (json_is_string(type)) k |= strcmp(json_string_value(type), "string") ? 2 : 1;
-    for (size_t i = 0; i < json_array_size(type); i++) {
-        const json_t *x = json_array_get(type, i);
-        k |= json_is_string(x) && !strcmp(json_string_value(x), "string") ? 1 : 2;
-    }
-    if (!type)
-        for (size_t i = 0; i < json_array_size(e); i++) k |= json_is_string(json_array_get(e, i)) ? 1 : 2;
-    static const char *alts[] = { "anyOf", "oneOf" };
-    for (int a = 0; a < 2 && depth < 8; a++) {
-        const json_t *list = json_object_get(sch, alts[a]);
-        for (size_t i = 0; i < json_array_size(list); i++) k |= kinds(json_array_get(list, i), depth + 1);
-    }
-    return k;
-}
-
 static int bound_of(json_t *s, const char *kw, int dflt) {
     json_t *v = json_object_get(s, kw);
     if (!json_is_integer(v) || json_integer_value(v) < 0) return dflt;
@@ -280,7 +262,7 @@ static int xml_fn(tctx *t, const char *name, json_t *params) {
         int h = gj_lit(c, head, (size_t)hl);
         free(head);
         int v;
-        int kd = kinds(ps, 0);
+        int kd = parse_schema_kinds(ps, params, 0);
         if ((kd & 1) || !kd) {
             v = gj_rule(c);
             if (!raw_for(t, params, ps, v, 0)) { int32_t e = gj_ref(raw_text(t, 0, -1)); gj_alt(c, v, &e, 1); }

@@ -74,21 +74,35 @@ static const json_t *find_tool(const json_t *tools, const char *name) {
 }
 
 /* Collects what a schema allows: bit 0 = a string, bit 1 = something else. Looks at
- * "type" (a name or a list), the alternatives of anyOf/oneOf, and enum values. */
-static int schema_kinds(const json_t *sch, int depth) {
+ * "type" (a name or a list), enum and const values, the alternatives of anyOf/oneOf/allOf,
+ * and $ref to "#", "#/$defs/NAME" or "#/definitions/NAME" of `root` (the function's
+ * parameters: pydantic-made schemas put every nested model behind a $ref). */
+int parse_schema_kinds(const json_t *sch, const json_t *root, int depth) {
     int k = 0;
-    const json_t *type = json_object_get(sch, "type"), *e = json_object_get(sch, "enum");
+    if (!json_is_object(sch) || depth > 16) return 0;
+    const json_t *ref = json_object_get(sch, "$ref");
+    if (json_is_string(ref)) {
+        const char *r = json_string_value(ref);
+        const json_t *to = NULL;
+        if (!strcmp(r, "#")) to = root;
+        else if (!strncmp(r, "#/$defs/", 8)) to = json_object_get(json_object_get(root, "$defs"), r + 8);
+        else if (!strncmp(r, "#/definitions/", 14)) to = json_object_get(json_object_get(root, "definitions"), r + 14);
+        k |= parse_schema_kinds(to, root, depth + 1);
+    }
+    const json_t *type = json_object_get(sch, "type"), *e = json_object_get(sch, "enum"), *c = json_object_get(sch, "const");
     if (json_is_string(type)) k |= strcmp(json_string_value(type), "string") ? 2 : 1;
     for (size_t i = 0; i < json_array_size(type); i++) {
         const json_t *t = json_array_get(type, i);
         k |= json_is_string(t) && !strcmp(json_string_value(t), "string") ? 1 : 2;
     }
-    if (!type)
+    if (!type) {
         for (size_t i = 0; i < json_array_size(e); i++) k |= json_is_string(json_array_get(e, i)) ? 1 : 2;
-    static const char *alts[] = { "anyOf", "oneOf" };
-    for (int a = 0; a < 2 && depth < 8; a++) {
+        if (c) k |= json_is_string(c) ? 1 : 2;
+    }
+    static const char *alts[] = { "anyOf", "oneOf", "allOf" };
+    for (int a = 0; a < 3; a++) {
         const json_t *list = json_object_get(sch, alts[a]);
-        for (size_t i = 0; i < json_array_size(list); i++) k |= schema_kinds(json_array_get(list, i), depth + 1);
+        for (size_t i = 0; i < json_array_size(list); i++) k |= parse_schema_kinds(json_array_get(list, i), root, depth + 1);
     }
     return k;
 }
@@ -96,8 +110,8 @@ static int schema_kinds(const json_t *sch, int depth) {
 /* Is this parameter's value kept as a string? Yes when its schema allows a string, and
  * for undeclared or untyped parameters: the model was shown no other type for them. */
 static int param_is_string(const json_t *fn, const char *param) {
-    const json_t *props = json_object_get(json_object_get(fn, "parameters"), "properties");
-    int k = schema_kinds(json_object_get(props, param), 0);
+    const json_t *params = json_object_get(fn, "parameters");
+    int k = parse_schema_kinds(json_object_get(json_object_get(params, "properties"), param), params, 0);
     return (k & 1) || !k;
 }
 

@@ -29,6 +29,12 @@ void parse_utf8_flush(parse_utf8 *u, chat_buf *out);
  * in `tools`; then *name and *arguments are malloc'd. Returns 0 on success. */
 int parse_call_block(const char *s, size_t n, const json_t *tools, char **name, char **arguments);
 
+/* What a parameter's schema allows, as the XML tool-call form types its value: bit 0 a
+ * string (the value is kept as raw text), bit 1 something else (parsed as JSON); 0 for an
+ * untyped schema (raw text). root resolves $ref. Shared with the tool-call grammar
+ * (gram_tools.c), which must type values exactly as this parser reads them back. */
+int parse_schema_kinds(const json_t *sch, const json_t *root, int depth);
+
 /* "call_" + 24 alphanumerics from rng, malloc'd. */
 char *parse_call_id(lily_rng *rng);
 void parse_rng_init(lily_rng *rng, uint64_t seed);
