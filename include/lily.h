@@ -131,8 +131,8 @@ lily_code lily_decode_batch(lily_session **ss, const int32_t *ids, int n, lily_s
  * on its path), so the session can serve another conversation and this one can come back
  * later without recomputing its prefix. The session is unchanged by parking; unparking
  * makes a session hold exactly the parked tokens and caches (its logits are gone: the next
- * lily_session_prefill recomputes at least one token). LILY_EUNSUPPORTED on the CUDA
- * backend, which keeps its caches on the device. */
+ * lily_session_prefill recomputes at least one token). On the CUDA backend the state is
+ * copied from and to the device. */
 typedef struct lily_parked lily_parked;
 lily_code lily_session_park(lily_session *s, lily_parked **out, lily_status *st);
 lily_code lily_session_unpark(lily_session *s, const lily_parked *p, lily_status *st);

@@ -45,6 +45,15 @@ for d in ../shared/fixtures/tiny tests/fixtures/tinyq; do
   else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the opt-in kernels (rc=$rc)"; fi
 done
 
+# parked conversations on the CUDA backend: state to the host and back, bit-exact (tests/test_park.c)
+if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_park" >"$tmp/pb.log" 2>&1; then
+  LILY_TEST_BACKEND=cuda "$E/tests/test_park" >"$tmp/park.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/park.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda" "$tmp/park.log"; then
+    ok "emulated test_park on the CUDA backend: $line"
+  else grep -v '^ok' "$tmp/park.log" | tail -20; bad "emulated test_park on the CUDA backend (rc=$rc)"; fi
+else tail -n 20 "$tmp/pb.log"; bad "build of the emulated test_park"; fi
+
 # every kernel against the CPU reference on fresh random inputs (the seed is printed)
 seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 t0=$(date +%s.%N)

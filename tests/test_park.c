@@ -1,7 +1,9 @@
 /* Parked conversations: a conversation parked, its session used for other work, then
  * unparked (into the same or another session) must continue exactly as if it had never
  * left: the same logits, bit for bit, as a session that computed everything itself, and
- * its snapshots must still let a diverging follow-up turn resume mid-way. */
+ * its snapshots must still let a diverging follow-up turn resume mid-way.
+ * LILY_TEST_BACKEND=cuda runs it on the CUDA backend (tests/it_cuda_emu.sh, on the emulator):
+ * the state then goes to the host and back through the device copies. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -24,6 +26,9 @@ int main(void) {
     lily_model_opts_default(&o);
     o.n_threads = 2;
     o.max_ctx = 256;
+    o.max_sessions = 3;
+    const char *be = getenv("LILY_TEST_BACKEND");
+    if (be && !strcmp(be, "cuda")) o.backend = LILY_BACKEND_CUDA;
     lily_model *m = NULL;
     lily_status st = { 0 };
     if (lily_model_open(dir, &o, &m, &st)) {
@@ -33,14 +38,15 @@ int main(void) {
     }
     lily_model_info info;
     lily_model_get_info(m, &info);
-    const int V = info.vocab_size;
+    fprintf(stderr, "test_park on the %s backend\n", info.backend);
+    const int V = info.vocab_size, reps = strcmp(info.backend, "cuda") ? 4 : 2; /* emulated CUDA is slow */
     size_t row = sizeof(float) * (size_t)V;
     float *want = malloc(row);
     lily_session *a, *b, *ref;
     CHECK(lily_session_new(m, &a, &st) == LILY_OK && lily_session_new(m, &b, &st) == LILY_OK &&
               lily_session_new(m, &ref, &st) == LILY_OK, "sessions");
 
-    for (int rep = 0; rep < 4; rep++) {
+    for (int rep = 0; rep < reps; rep++) {
         /* conversation: turn 1 = [0, mark) + [mark, n1), answer fed after it; turn 2 extends it */
         int n1 = 20 + (int)(lily_rng_u64(&rng) % 60), mark = 5 + (int)(lily_rng_u64(&rng) % 10), gen = 7, n2 = 30;
         int32_t conv[256], other[120];

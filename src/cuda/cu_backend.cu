@@ -605,8 +605,7 @@ lily_code lcuda_last_logits(lcuda_session *s, float *out, lily_status *st) {
 }
 
 /* ---- snapshots of the recurrent state ---- */
-lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st) {
-    if (slot < 0 || slot >= LCU_SNAPSHOTS) return lily_err(st, LILY_EINVAL, "snapshot slot %d outside 0..%d", slot, LCU_SNAPSHOTS - 1);
+static lily_code snap_alloc(lcuda_session *s, int slot, lily_status *st) {
     size_t cb = s->n_lin * s->conv_n * sizeof(float), sb = s->n_lin * s->S_n * sizeof(float);
     if (!s->snap_conv[slot]) {
         cudaError_t e1 = cudaMalloc((void **)&s->snap_conv[slot], cb ? cb : 4);
@@ -618,8 +617,51 @@ lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st) {
             return lily_err(st, LILY_ENOMEM, "GPU out of memory for a state snapshot (%.1f MB)", (cb + sb) / 1e6);
         }
     }
+    return LILY_OK;
+}
+
+lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st) {
+    if (slot < 0 || slot >= LCU_SNAPSHOTS) return lily_err(st, LILY_EINVAL, "snapshot slot %d outside 0..%d", slot, LCU_SNAPSHOTS - 1);
+    size_t cb = s->n_lin * s->conv_n * sizeof(float), sb = s->n_lin * s->S_n * sizeof(float);
+    lily_code rc = snap_alloc(s, slot, st);
+    if (rc) return rc;
     LCU_CHECK(cudaMemcpyAsync(s->snap_conv[slot], s->conv, cb, cudaMemcpyDeviceToDevice, s->st));
     LCU_CHECK(cudaMemcpyAsync(s->snap_S[slot], s->S, sb, cudaMemcpyDeviceToDevice, s->st));
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    return LILY_OK;
+}
+
+/* Parking: one direction of cudaMemcpy per buffer, ordered after the session's work. */
+static lily_code copy_one(lcuda_session *s, int to_host, float *host, float *dev, size_t bytes, lily_status *st) {
+    if (!bytes) return LILY_OK;
+    LCU_CHECK(cudaMemcpyAsync(to_host ? (void *)host : (void *)dev, to_host ? (const void *)dev : (const void *)host, bytes,
+                              to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s->st));
+    return LILY_OK;
+}
+
+lily_code lcuda_state_copy(lcuda_session *s, int to_host, int n, float *kv, float *conv, float *S, lily_status *st) {
+    if (n < 0 || n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "state copy of %d tokens past the context %d", n, s->m->max_ctx);
+    size_t row = s->kv_n / (size_t)s->m->max_ctx, nb = (size_t)n * row;
+    lily_code rc = LILY_OK;
+    for (int l = 0; l < s->n_full && !rc; l++) {
+        float *kh = kv + (size_t)l * 2 * nb;
+        rc = copy_one(s, to_host, kh, s->kc + (size_t)l * s->kv_n, nb * sizeof(float), st);
+        if (!rc) rc = copy_one(s, to_host, kh + nb, s->vc + (size_t)l * s->kv_n, nb * sizeof(float), st);
+    }
+    if (!rc) rc = copy_one(s, to_host, conv, s->conv, s->n_lin * s->conv_n * sizeof(float), st);
+    if (!rc) rc = copy_one(s, to_host, S, s->S, s->n_lin * s->S_n * sizeof(float), st);
+    if (rc) return rc;
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    return LILY_OK;
+}
+
+lily_code lcuda_snapshot_copy(lcuda_session *s, int slot, int to_host, float *conv, float *S, lily_status *st) {
+    if (slot < 0 || slot >= LCU_SNAPSHOTS || (to_host && !s->snap_conv[slot]))
+        return lily_err(st, LILY_EINVAL, "no snapshot in slot %d", slot);
+    lily_code rc = to_host ? LILY_OK : snap_alloc(s, slot, st);
+    if (!rc) rc = copy_one(s, to_host, conv, s->snap_conv[slot], s->n_lin * s->conv_n * sizeof(float), st);
+    if (!rc) rc = copy_one(s, to_host, S, s->snap_S[slot], s->n_lin * s->S_n * sizeof(float), st);
+    if (rc) return rc;
     LCU_CHECK(cudaStreamSynchronize(s->st));
     return LILY_OK;
 }

@@ -51,6 +51,13 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
 lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st);
 lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st);
 
+/* Parking (src/engine/park.c): the attention cache rows below position n and the recurrent
+ * state, to the host (to_host = 1) or back. kv: [n_full][2][n][n_kv_heads*head_dim] (keys
+ * then values of each attention layer); conv, S: [n_lin][...] as the CPU cache holds them.
+ * _snapshot_copy: one snapshot slot's recurrent state (allocated on the way back). */
+lily_code lcuda_state_copy(lcuda_session *s, int to_host, int n, float *kv, float *conv, float *S, lily_status *st);
+lily_code lcuda_snapshot_copy(lcuda_session *s, int slot, int to_host, float *conv, float *S, lily_status *st);
+
 /* Position the device state covers (after lcuda_generate: pos + tokens it fed). */
 int lcuda_session_pos(const lcuda_session *s);
 /* Logits [V] of the last token lcuda_generate fed. */

@@ -42,6 +42,14 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
 }
 lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st) { (void)s; (void)slot; return lily_err(st, LILY_EDEVICE, NO_GPU); }
 lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st) { (void)s; (void)slot; return lily_err(st, LILY_EDEVICE, NO_GPU); }
+lily_code lcuda_state_copy(lcuda_session *s, int to_host, int n, float *kv, float *conv, float *S, lily_status *st) {
+    (void)s; (void)to_host; (void)n; (void)kv; (void)conv; (void)S;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+lily_code lcuda_snapshot_copy(lcuda_session *s, int slot, int to_host, float *conv, float *S, lily_status *st) {
+    (void)s; (void)slot; (void)to_host; (void)conv; (void)S;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
 lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, uint64_t seed, int max_tokens,
                          lily_token_cb cb, void *user, int *n_out, lily_status *st) {
     (void)s; (void)pos; (void)first; (void)p; (void)seed; (void)max_tokens; (void)cb; (void)user;

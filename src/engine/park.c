@@ -6,9 +6,12 @@
  * at the position, which cannot be recomputed from anything smaller; and the snapshots
  * whose tokens are a prefix of the session's, since a follow-up turn usually diverges at
  * the start of the last turn (the Qwen3.6 template re-renders it) and resumes from there.
- * A session holds its caches sized for the whole context; a parked one only what is used. */
+ * A session holds its caches sized for the whole context; a parked one only what is used.
+ * On the GPU the same buffers are copied from and to the device (lcuda_state_copy), in the
+ * CPU cache's layout. */
 #include <stdlib.h>
 #include <string.h>
+#include "cuda/cuda_backend.h"
 #include "engine/engine.h"
 
 struct lily_parked {
@@ -22,8 +25,9 @@ struct lily_parked {
     size_t bytes;
 };
 
-static size_t conv_n(const lily_config *c, const cpu_cache *k) { return (size_t)k->n_lin * cfg_conv_dim(c) * (c->conv_k - 1); }
-static size_t S_n(const lily_config *c, const cpu_cache *k) { return (size_t)k->n_lin * c->lin_nv * c->lin_dk * c->lin_dv; }
+static int n_full(const lily_config *c) { return cfg_n_full(c); }
+static size_t conv_n(const lily_config *c) { return (size_t)(c->n_layers - cfg_n_full(c)) * cfg_conv_dim(c) * (c->conv_k - 1); }
+static size_t S_n(const lily_config *c) { return (size_t)(c->n_layers - cfg_n_full(c)) * c->lin_nv * c->lin_dk * c->lin_dv; }
 
 void lily_parked_free(lily_parked *p) {
     if (!p) return;
@@ -41,84 +45,101 @@ size_t lily_parked_bytes(const lily_parked *p) { return p->bytes; }
 
 int lily_parked_snapshot(const lily_parked *p, int i) { return i >= 0 && i < p->n_snap ? p->snap_pos[i] : 0; }
 
-static float *dup_floats(const float *x, size_t n) {
-    float *y = malloc(n * sizeof *y + 1);
-    if (y) memcpy(y, x, n * sizeof *y);
-    return y;
-}
-
 lily_code lily_session_park(lily_session *s, lily_parked **out, lily_status *st) {
     *out = NULL;
-    if (s->cuda) return lily_err(st, LILY_EUNSUPPORTED, "parking a session is not implemented for the CUDA backend");
     if (s->n < 1) return lily_err(st, LILY_EINVAL, "nothing to park: the session is empty");
     const lily_config *c = &s->m->w.cfg;
     const cpu_cache *k = &s->cache;
     lily_parked *p = calloc(1, sizeof *p);
     if (!p) return lily_err(st, LILY_ENOMEM, "out of memory");
-    size_t row = (size_t)c->n_kv_heads * c->head_dim, nc = conv_n(c, k), ns = S_n(c, k);
+    size_t row = (size_t)c->n_kv_heads * c->head_dim, nc = conv_n(c), ns = S_n(c), nf = (size_t)n_full(c);
+    lily_code rc = LILY_OK;
     p->n = s->n;
     p->tokens = malloc((size_t)s->n * sizeof *p->tokens);
-    p->kv = malloc((size_t)k->n_full * 2 * s->n * row * sizeof(float) + 1);
-    p->conv = dup_floats(k->conv, nc);
-    p->S = dup_floats(k->S, ns);
+    p->kv = malloc(nf * 2 * s->n * row * sizeof(float) + 1);
+    p->conv = malloc(nc * sizeof(float) + 1);
+    p->S = malloc(ns * sizeof(float) + 1);
     if (!p->tokens || !p->kv || !p->conv || !p->S) goto oom;
     memcpy(p->tokens, s->tokens, (size_t)s->n * sizeof *p->tokens);
-    for (int l = 0; l < k->n_full; l++) {
-        const size_t src = (size_t)l * k->max_ctx * row, dst = (size_t)l * 2 * s->n * row;
-        memcpy(p->kv + dst, k->kc + src, (size_t)s->n * row * sizeof(float));
-        memcpy(p->kv + dst + (size_t)s->n * row, k->vc + src, (size_t)s->n * row * sizeof(float));
+    if (s->cuda) {
+        if ((rc = lcuda_state_copy(s->cuda, 1, s->n, p->kv, p->conv, p->S, st))) goto fail;
+    } else {
+        for (size_t l = 0; l < nf; l++) {
+            const size_t src = l * k->max_ctx * row, dst = l * 2 * s->n * row;
+            memcpy(p->kv + dst, k->kc + src, (size_t)s->n * row * sizeof(float));
+            memcpy(p->kv + dst + (size_t)s->n * row, k->vc + src, (size_t)s->n * row * sizeof(float));
+        }
+        memcpy(p->conv, k->conv, nc * sizeof(float));
+        memcpy(p->S, k->S, ns * sizeof(float));
     }
-    p->bytes = sizeof *p + (size_t)s->n * sizeof(int32_t) + (size_t)k->n_full * 2 * s->n * row * sizeof(float) +
-               (nc + ns) * sizeof(float);
+    p->bytes = sizeof *p + (size_t)s->n * sizeof(int32_t) + nf * 2 * s->n * row * sizeof(float) + (nc + ns) * sizeof(float);
     for (int i = 0; i < LILY_SNAPSHOTS; i++) {
         const lily_snapshot *sp = &s->snap[i];
-        if (sp->pos <= 0 || sp->pos >= s->n || !sp->conv || memcmp(sp->tokens, s->tokens, (size_t)sp->pos * sizeof(int32_t)))
+        if (sp->pos <= 0 || sp->pos >= s->n || !sp->tokens || (!s->cuda && !sp->conv) ||
+            memcmp(sp->tokens, s->tokens, (size_t)sp->pos * sizeof(int32_t)))
             continue;
         int j = p->n_snap;
-        p->snap_conv[j] = dup_floats(sp->conv, nc);
-        p->snap_S[j] = dup_floats(sp->S, ns);
+        p->snap_conv[j] = malloc(nc * sizeof(float) + 1);
+        p->snap_S[j] = malloc(ns * sizeof(float) + 1);
         p->n_snap++;
         if (!p->snap_conv[j] || !p->snap_S[j]) goto oom;
+        if (s->cuda) {
+            if ((rc = lcuda_snapshot_copy(s->cuda, i, 1, p->snap_conv[j], p->snap_S[j], st))) goto fail;
+        } else {
+            memcpy(p->snap_conv[j], sp->conv, nc * sizeof(float));
+            memcpy(p->snap_S[j], sp->S, ns * sizeof(float));
+        }
         p->snap_pos[j] = sp->pos;
         p->bytes += (nc + ns) * sizeof(float);
     }
     *out = p;
     return LILY_OK;
 oom:
+    rc = lily_err(st, LILY_ENOMEM, "out of memory parking a session of %d tokens", s->n);
+fail:
     lily_parked_free(p);
-    return lily_err(st, LILY_ENOMEM, "out of memory parking a session of %d tokens", s->n);
+    return rc;
 }
 
 lily_code lily_session_unpark(lily_session *s, const lily_parked *p, lily_status *st) {
-    if (s->cuda) return lily_err(st, LILY_EUNSUPPORTED, "parking a session is not implemented for the CUDA backend");
     const lily_config *c = &s->m->w.cfg;
     cpu_cache *k = &s->cache;
     if (p->n > s->m->max_ctx)
         return lily_err(st, LILY_ERANGE, "the parked conversation has %d tokens, more than the context length %d", p->n,
                         s->m->max_ctx);
-    size_t row = (size_t)c->n_kv_heads * c->head_dim, nc = conv_n(c, k), ns = S_n(c, k);
-    /* snapshot buffers first: the only allocations, so a failure leaves the session as it was */
+    size_t row = (size_t)c->n_kv_heads * c->head_dim, nc = conv_n(c), ns = S_n(c), nf = (size_t)n_full(c);
+    /* host buffers first: the only allocations on the CPU, so a failure leaves the session as it was */
     for (int j = 0; j < p->n_snap; j++) {
         lily_snapshot *sp = &s->snap[j];
         if (!sp->tokens && !(sp->tokens = malloc((size_t)s->m->max_ctx * sizeof *sp->tokens))) goto oom;
+        if (s->cuda) continue;
         if (!sp->conv && !(sp->conv = malloc(nc * sizeof(float) + 1))) goto oom;
         if (!sp->S && !(sp->S = malloc(ns * sizeof(float) + 1))) goto oom;
     }
     lily_session_reset(s);
     for (int i = 0; i < LILY_SNAPSHOTS; i++) s->snap[i].pos = 0;
-    memcpy(s->tokens, p->tokens, (size_t)p->n * sizeof *p->tokens);
-    for (int l = 0; l < k->n_full; l++) {
-        const size_t dst = (size_t)l * k->max_ctx * row, src = (size_t)l * 2 * p->n * row;
-        memcpy(k->kc + dst, p->kv + src, (size_t)p->n * row * sizeof(float));
-        memcpy(k->vc + dst, p->kv + src + (size_t)p->n * row, (size_t)p->n * row * sizeof(float));
+    if (s->cuda) {
+        /* the device copies take non-const pointers; they only read the host side here */
+        lily_code rc = lcuda_state_copy(s->cuda, 0, p->n, p->kv, p->conv, p->S, st);
+        for (int j = 0; j < p->n_snap && !rc; j++) rc = lcuda_snapshot_copy(s->cuda, j, 0, p->snap_conv[j], p->snap_S[j], st);
+        if (rc) { lily_session_reset(s); return rc; }
+    } else {
+        for (size_t l = 0; l < nf; l++) {
+            const size_t dst = l * k->max_ctx * row, src = l * 2 * p->n * row;
+            memcpy(k->kc + dst, p->kv + src, (size_t)p->n * row * sizeof(float));
+            memcpy(k->vc + dst, p->kv + src + (size_t)p->n * row, (size_t)p->n * row * sizeof(float));
+        }
+        memcpy(k->conv, p->conv, nc * sizeof(float));
+        memcpy(k->S, p->S, ns * sizeof(float));
     }
-    memcpy(k->conv, p->conv, nc * sizeof(float));
-    memcpy(k->S, p->S, ns * sizeof(float));
+    memcpy(s->tokens, p->tokens, (size_t)p->n * sizeof *p->tokens);
     for (int j = 0; j < p->n_snap; j++) {
         lily_snapshot *sp = &s->snap[j];
         memcpy(sp->tokens, p->tokens, (size_t)p->snap_pos[j] * sizeof(int32_t));
-        memcpy(sp->conv, p->snap_conv[j], nc * sizeof(float));
-        memcpy(sp->S, p->snap_S[j], ns * sizeof(float));
+        if (!s->cuda) {
+            memcpy(sp->conv, p->snap_conv[j], nc * sizeof(float));
+            memcpy(sp->S, p->snap_S[j], ns * sizeof(float));
+        }
         sp->pos = p->snap_pos[j];
         sp->stamp = ++s->clock;
     }
