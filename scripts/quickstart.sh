@@ -36,6 +36,17 @@ echo "== the same, streamed (server-sent events)"
 curl -sS -N "$url/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"messages":[{"role":"user","content":"Hello! Who are you?"}],"max_tokens":4,"temperature":0,"stream":true}'
 echo
+echo "== structured output: a JSON schema enforced while decoding (even random weights answer valid JSON)"
+curl -sS "$url/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"messages":[{"role":"user","content":"A city and its population?"}],"max_tokens":300,"temperature":0,
+       "chat_template_kwargs":{"enable_thinking":false},
+       "response_format":{"type":"json_schema","json_schema":{"name":"city","schema":{"type":"object",
+         "properties":{"city":{"type":"string","maxLength":12},"population":{"type":"integer"}},
+         "required":["city","population"],"additionalProperties":false}}}}' |
+  python3 -c 'import json,sys
+c = json.load(sys.stdin)["choices"][0]; t = c["message"]["content"]
+print("parsed, re-printed compactly:", json.dumps(json.loads(t)) if c["finish_reason"] == "stop" else t)' || true
+echo
 echo "== $url/metrics (excerpt)"
 curl -sS "$url/metrics" | grep -E '^lily_(requests_total|generation_tokens_total|time_to_first_token_seconds_count)' || true
 if [ $keep = 1 ]; then
