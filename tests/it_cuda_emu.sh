@@ -54,6 +54,15 @@ if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_park" >"$tmp/pb.log" 2
   else grep -v '^ok' "$tmp/park.log" | tail -20; bad "emulated test_park on the CUDA backend (rc=$rc)"; fi
 else tail -n 20 "$tmp/pb.log"; bad "build of the emulated test_park"; fi
 
+# the same tokens alone and beside other sessions' work (tests/test_beside.c), on the CUDA backend
+if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_beside" >"$tmp/bb.log" 2>&1; then
+  LILY_TEST_BACKEND=cuda "$E/tests/test_beside" >"$tmp/beside.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/beside.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda backend" "$tmp/beside.log"; then
+    ok "emulated test_beside on the CUDA backend: $line"
+  else grep -v '^ok' "$tmp/beside.log" | tail -20; bad "emulated test_beside on the CUDA backend (rc=$rc)"; fi
+else tail -n 20 "$tmp/bb.log"; bad "build of the emulated test_beside"; fi
+
 # every kernel against the CPU reference on fresh random inputs (the seed is printed)
 seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 t0=$(date +%s.%N)

@@ -40,7 +40,13 @@ for stage in $stages; do
     done ;;
   kernels)
     "$BIN/cuda-kernel-test" >"$OUT/kernels.log" 2>&1 || fail=1
-    grep -E "FAIL|error|passed" "$OUT/kernels.log" ;;
+    grep -E "FAIL|error|passed" "$OUT/kernels.log"
+    # the same tokens alone and beside other sessions, and parking to the host and back
+    for t in test_beside test_park; do
+      [ -x "$BIN/tests/$t" ] || continue
+      LILY_TEST_BACKEND=cuda "$BIN/tests/$t" >"$OUT/$t.log" 2>&1 && echo "$t (cuda): $(tail -1 "$OUT/$t.log")" ||
+        { echo "$t (cuda): FAIL"; grep -v '^ok' "$OUT/$t.log" | tail; fail=1; }
+    done ;;
   model) # CPU and CUDA on a random model of the real widths (4 layers): 1000-token prompt, 32 greedy steps
     "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1 || { tail "$OUT/synth.log"; fail=1; }
     "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model.log" 2>&1 || fail=1
