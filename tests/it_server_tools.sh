@@ -81,5 +81,20 @@ c=$(code "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":$stric
 [ "$c" = 400 ] && grep -q pattern "$T/body" && ok "strict tool with an unenforceable schema: 400 naming it" || bad "strict: $c $(cat "$T/body")"
 c=$(code "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":${strict/\"strict\":true,/},\"tool_choice\":\"required\",\"max_tokens\":3}")
 [ "$c" = 200 ] && ok "the same tool without strict: served unconstrained" || bad "non-strict: $c $(cat "$T/body")"
+
+# The Qwen3 template writes calls as JSON objects: the forced opening and the grammar follow it
+kill $sp 2>/dev/null; wait $sp 2>/dev/null
+"$B/lily-server" --model-path "$T/m" --port 0 --threads 2 --template qwen3 2>"$T/err" &
+sp=$!
+port=; for _ in $(seq 200); do port=$(grep -o 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.1; done
+U=http://127.0.0.1:$port/v1/chat/completions
+good=0
+for seed in 1 2 3; do n=$(treq $seed ',"tool_choice":{"type":"function","function":{"name":"set_alarm"}}' | check_calls set_alarm) && good=$((good+1)); done
+[ $good = 3 ] && ok "qwen3 template, named: 3 of 3 JSON-form calls parse and match the schema" || bad "qwen3 named: $good of 3 ($(tail -1 "$T/py.err"))"
+good=0
+for seed in 4 5; do n=$(treq $seed ',"tool_choice":"required"' | check_calls set_alarm,get_weather) && good=$((good+1)); done
+[ $good = 2 ] && ok "qwen3 template, required: 2 of 2 valid calls" || bad "qwen3 required: $good of 2 ($(tail -1 "$T/py.err"))"
+c=$(code "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\\\\\\\"b\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"a\\\\\\\"b\"}}}")
+[ "$c" = 400 ] && grep -q tool_choice "$T/body" && ok "a function name with a quote cannot be forced: 400" || bad "quote name: $c $(cat "$T/body")"
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -143,7 +143,8 @@ static int tool_grammar(srv_http *h, const srv_request *r, srv_job *j, srv_error
     char *tj = json_dumps(tools, JSON_COMPACT), *pre = NULL;
     lily_status st = { 0 };
     int multi = !json_is_false(json_object_get(r->body, "parallel_tool_calls")); /* false: exactly one call */
-    lily_code rc = tj ? gram_tool_call(tj, strlen(tj), GRAM_TOOLS_XML, r->tool_force && *r->tool_force ? r->tool_force : NULL,
+    lily_code rc = tj ? gram_tool_call(tj, strlen(tj), r->json_calls ? GRAM_TOOLS_JSON : GRAM_TOOLS_XML,
+                                       r->tool_force && *r->tool_force ? r->tool_force : NULL,
                                        multi, &j->gram, &st)
                       : lily_err(&st, LILY_ENOMEM, "out of memory");
     free(tj);
@@ -284,8 +285,7 @@ static int prepare_job(srv_http *h, const srv_request *r, srv_job **out, srv_err
         /* with reasoning on, the answer (and so the constraint) begins after </think> */
         if (r->kind == SRV_CHAT && chat_think_open(r->body, h->o.template_kind))
             j->gram_after = tok_id(h->tok, "</think>");
-    } else if (r->kind == SRV_CHAT && r->has_tools && !r->tool_choice_none && h->o.template_kind != CHAT_TEMPLATE_QWEN3 &&
-               tool_grammar(h, r, j, e)) {
+    } else if (r->kind == SRV_CHAT && r->has_tools && !r->tool_choice_none && tool_grammar(h, r, j, e)) {
         srv_job_unref(j);
         return -1;
     }
@@ -433,6 +433,7 @@ static enum MHD_Result handle_tokenize(srv_http *h, struct MHD_Connection *c, co
         srv_request r;
         srv_job *j = NULL;
         if (srv_request_parse(x->body, x->n, SRV_CHAT, &r, &e)) { json_decref(b); return send_error(h, c, x->route, &e); }
+        r.json_calls = h->o.template_kind == CHAT_TEMPLATE_QWEN3;
         int rc = prepare_job(h, &r, &j, &e);
         srv_request_free(&r);
         if (rc) { json_decref(b); return send_error(h, c, x->route, &e); }
@@ -478,6 +479,7 @@ static enum MHD_Result handle_generate(srv_http *h, struct MHD_Connection *c, co
                                 x->route == R_COMPLETIONS ? SRV_COMPLETION : SRV_CHAT, &r, &e);
     free(anth);
     if (prc) return send_error(h, c, x->route, &e);
+    r.json_calls = h->o.template_kind == CHAT_TEMPLATE_QWEN3;
     srv_job *j = NULL;
     if (prepare_job(h, &r, &j, &e)) {
         srv_request_free(&r);

@@ -184,7 +184,7 @@ static int parse_tools(json_t *o, srv_request *r, srv_error *err) {
         found |= tn && !strcmp(tn, name);
     }
     if (!found) return BAD("tool_choice", "tool_choice names function '%s', which is not in 'tools'", name);
-    if (!*name || strpbrk(name, "<>\n")) return BAD("tool_choice", "tool_choice function name '%s' cannot be written in a tool call", name);
+    if (!*name || strpbrk(name, "<>\n\"\\")) return BAD("tool_choice", "tool_choice function name '%s' cannot be written in a tool call", name);
     r->tool_force = strdup(name);
     return 0;
 }
@@ -385,9 +385,14 @@ void srv_request_free(srv_request *r) {
 
 int srv_tool_prefix_parts(const srv_request *r, int think_open, const char *parts[3], int plain[3]) {
     if (!r->tool_force) return 0;
-    parts[0] = think_open ? "\n</think>\n\n<tool_call>\n<function=" : "<tool_call>\n<function=";
+    if (r->json_calls) {
+        parts[0] = think_open ? "\n</think>\n\n<tool_call>\n{\"name\": \"" : "<tool_call>\n{\"name\": \"";
+        parts[2] = "\", \"arguments\": ";
+    } else {
+        parts[0] = think_open ? "\n</think>\n\n<tool_call>\n<function=" : "<tool_call>\n<function=";
+        parts[2] = ">\n";
+    }
     parts[1] = r->tool_force;
-    parts[2] = ">\n";
     plain[0] = plain[2] = 0;
     plain[1] = 1;
     return *r->tool_force ? 3 : 1; /* "required": the model writes the name */

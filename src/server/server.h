@@ -68,6 +68,7 @@ typedef struct {
     char *stop[SRV_MAX_STOP];
     int tool_choice_none;     /* tools are not offered to the model */
     char *tool_force;         /* tool_choice "required" (""), or the named function; NULL = auto */
+    int json_calls;           /* set by the server: the template writes Qwen3's JSON-form tool calls */
     int has_tools;
     int n_bias;               /* logit_bias entries (token id -> bias in [-100, 100]) */
     int32_t *bias_ids;
@@ -86,7 +87,8 @@ int srv_request_parse(const char *body, size_t len, srv_kind kind, srv_request *
 void srv_request_free(srv_request *r);
 
 /* For a forced tool_choice, the text the assistant turn is made to begin with (closing an
- * open <think>, opening <tool_call> and, for a named function, its <function=NAME> line);
+ * open <think>, opening <tool_call> and, for a named function, its <function=NAME> line, or
+ * with json_calls Qwen3's {"name": "NAME", "arguments": opening);
  * NULL otherwise. malloc'd. The prompt ends with it and the output parser reads it first. */
 char *srv_tool_prefix(const srv_request *r, int think_open);
 /* The same prefix as pieces for the prompt encoder: up to 3 strings, with plain[i] set
