@@ -9,6 +9,7 @@
 #include <string.h>
 #include "../src/server/anthropic_out.c"
 #include "../src/server/request.c"
+#include "../src/server/response.c"
 #include "../src/server/responses.c"
 #include "../src/server/responses_out.c"
 #include "../src/server/responses_store.c"

@@ -10,6 +10,7 @@
 #include <time.h>
 #include "server/anthropic_out.c"
 #include "server/request.c"
+#include "server/response.c"
 #include "server/responses.c"
 #include "server/responses_out.c"
 #include "server/responses_store.c"

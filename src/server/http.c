@@ -104,16 +104,6 @@ int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg,
 
 static int job_done(srv_job *j, void *arg) { (void)arg; return j->finish != SRV_FINISH_NONE; }
 
-void srv_random_id(char *out, size_t n, const char *prefix) {
-    static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    unsigned char r[24];
-    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
-        for (size_t i = 0; i < sizeof r; i++) r[i] = (unsigned char)(rand() ^ (int)(lily_now() * 1e6));
-    size_t p = (size_t)snprintf(out, n, "%s", prefix);
-    for (size_t i = 0; i < sizeof r && p + 1 < n; i++) out[p++] = al[r[i] % 62];
-    out[p] = 0;
-}
-
 static uint64_t random_seed(void) {
     uint64_t s;
     if (getrandom(&s, sizeof s, 0) != (ssize_t)sizeof s) s = (uint64_t)(lily_now() * 1e9);

@@ -35,6 +35,4 @@ enum MHD_Result srv_stream_start(srv_http *h, struct MHD_Connection *c, int fd, 
 struct srv_resp_ctx;
 enum MHD_Result srv_stream_start_resp(srv_http *h, struct MHD_Connection *c, int fd, const char *route,
                                       const srv_request *r, srv_job *j, struct srv_resp_ctx *ctx);
-/* Fills a unique id "<prefix><24 alphanumerics>". */
-void srv_random_id(char *out, size_t n, const char *prefix);
 #endif

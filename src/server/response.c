@@ -5,7 +5,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include "server/server.h"
+
+void srv_random_id(char *out, size_t n, const char *prefix) {
+    static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    unsigned char r[24];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
+        for (size_t i = 0; i < sizeof r; i++) r[i] = (unsigned char)(rand() ^ (int)(lily_now() * 1e6));
+    size_t p = (size_t)snprintf(out, n, "%s", prefix);
+    for (size_t i = 0; i < sizeof r && p + 1 < n; i++) out[p++] = al[r[i] % 62];
+    out[p < n ? p : n - 1] = 0;
+}
 
 const char *srv_finish_name(srv_finish f, int n_calls) {
     if (n_calls > 0 && (f == SRV_FINISH_STOP || f == SRV_FINISH_LENGTH)) return "tool_calls";

@@ -362,7 +362,7 @@ char *srv_resp_to_openai(const char *body, size_t len, srv_resp_store *store, co
         srv_resp_ctx *c = calloc(1, sizeof *c);
         if (!c) { free(s); s = NULL; srv_error_set(err, 500, "server_error", NULL, NULL, "out of memory"); }
         else {
-            srv_resp_id(c->id, sizeof c->id, "resp_");
+            srv_random_id(c->id, sizeof c->id, "resp_");
             c->created_at = (long)time(NULL);
             snprintf(c->model, sizeof c->model, "%s", model ? model : "lily");
             c->echo = echo_of(in);

@@ -69,9 +69,6 @@ void srv_resp_fix_param(srv_error *e);
 
 /* ---- responses ------------------------------------------------------------------------ */
 
-/* Fills a unique id "<prefix><24 alphanumerics>". */
-void srv_resp_id(char *out, size_t n, const char *prefix);
-
 /* The response object for a chat.completion body (not consumed); incomplete: the token
  * limit ended it. Stored when c->store. */
 json_t *srv_resp_object(srv_resp_ctx *c, json_t *chat, int incomplete);

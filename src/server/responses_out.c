@@ -3,19 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include "server/anthropic.h"
 #include "server/responses.h"
-
-void srv_resp_id(char *out, size_t n, const char *prefix) {
-    static const char al[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    unsigned char r[24];
-    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r)
-        for (size_t i = 0; i < sizeof r; i++) r[i] = (unsigned char)(rand() ^ (int)(lily_now() * 1e6));
-    size_t p = (size_t)snprintf(out, n, "%s", prefix);
-    for (size_t i = 0; i < sizeof r && p + 1 < n; i++) out[p++] = al[r[i] % 62];
-    out[p < n ? p : n - 1] = 0;
-}
 
 static json_t *out_text_part(const char *text) {
     return json_pack("{s:s,s:s,s:[]}", "type", "output_text", "text", text, "annotations");
@@ -25,14 +14,14 @@ static json_t *reasoning_part(const char *text) { return json_pack("{s:s,s:s}", 
 
 static json_t *message_item(const char *text, const char *status) {
     char id[48];
-    srv_resp_id(id, sizeof id, "msg_");
+    srv_random_id(id, sizeof id, "msg_");
     return json_pack("{s:s,s:s,s:s,s:s,s:o}", "id", id, "type", "message", "status", status, "role", "assistant", "content",
                      text ? json_pack("[o]", out_text_part(text)) : json_array());
 }
 
 static json_t *reasoning_item(const char *text, const char *status) {
     char id[48];
-    srv_resp_id(id, sizeof id, "rs_");
+    srv_random_id(id, sizeof id, "rs_");
     return json_pack("{s:s,s:s,s:[],s:o,s:s}", "id", id, "type", "reasoning", "summary", "content",
                      text ? json_pack("[o]", reasoning_part(text)) : json_array(), "status", status);
 }
@@ -43,8 +32,8 @@ static json_t *call_item(json_t *call, const char *status, int with_args) {
     const char *cid = json_string_value(json_object_get(call, "id")) ?: "";
     char id[96], gen[48];
     if (!strncmp(cid, "call_", 5) && cid[5]) snprintf(id, sizeof id, "fc_%s", cid + 5);
-    else srv_resp_id(id, sizeof id, "fc_");
-    if (!*cid) { srv_resp_id(gen, sizeof gen, "call_"); cid = gen; }
+    else srv_random_id(id, sizeof id, "fc_");
+    if (!*cid) { srv_random_id(gen, sizeof gen, "call_"); cid = gen; }
     return json_pack("{s:s,s:s,s:s,s:s,s:s,s:s}", "id", id, "type", "function_call", "status", status, "call_id", cid,
                      "name", json_string_value(json_object_get(fn, "name")) ?: "", "arguments",
                      with_args ? json_string_value(json_object_get(fn, "arguments")) ?: "{}" : "");

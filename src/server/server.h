@@ -214,6 +214,9 @@ char *srv_metrics_render(srv_metrics *m, int queued, int active, int slots);
 
 /* ---- responses ------------------------------------------------------------------------ */
 
+/* Fills a unique id "<prefix><24 alphanumerics>" (always NUL-terminated within n). */
+void srv_random_id(char *out, size_t n, const char *prefix);
+
 /* Streaming state for one response: turns released text into SSE chunks. */
 typedef struct {
     srv_kind kind;
