@@ -355,23 +355,24 @@ static void park_slot(srv_sched *s, slot *sl) {
     parked_publish(s);
 }
 
+/* The parked conversation that covers j's prompt furthest beyond `have` tokens, or -1. */
+static int best_parked(srv_sched *s, const srv_job *j, int have) {
+    int best = -1;
+    for (int i = 0; i < s->n_parked; i++) {
+        int u = parked_usable(s->parked[i].p, j->prompt, j->n_prompt);
+        if (u > have) { best = i; have = u; }
+    }
+    return best;
+}
+
 /* Gives slot sl to job j, whose prompt the slot's own state covers for `have` tokens:
  * unparks a conversation that covers more, parking the slot's state first whenever it
  * would otherwise be lost. */
 static void prepare_slot(srv_sched *s, slot *sl, srv_job *j, int have) {
-    int best = -1, best_len = have;
-    for (int i = 0; i < s->n_parked; i++) {
-        int u = parked_usable(s->parked[i].p, j->prompt, j->n_prompt);
-        if (u > best_len) { best = i; best_len = u; }
-    }
     if (have < lily_session_len(sl->sess)) park_slot(s, sl);
-    if (best < 0) return;
-    /* park_slot may have evicted or moved entries: find the best one again */
-    best = -1, best_len = have;
-    for (int i = 0; i < s->n_parked; i++) {
-        int u = parked_usable(s->parked[i].p, j->prompt, j->n_prompt);
-        if (u > best_len) { best = i; best_len = u; }
-    }
+    /* searched after parking, which may evict or move entries; the slot's own parked state
+     * never beats `have` (its snapshots lie within the common prefix) */
+    int best = best_parked(s, j, have);
     if (best < 0) return;
     lily_status st = { 0 };
     if (lily_session_unpark(sl->sess, s->parked[best].p, &st) == LILY_OK) {
