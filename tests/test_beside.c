@@ -9,6 +9,7 @@
 #include <time.h>
 #include "lily.h"
 #include "t.h"
+#include "t_model.h"
 #include "util/util.h"
 
 enum { PROMPT = 70, STEPS = 10 };
@@ -35,24 +36,10 @@ int main(void) {
     fprintf(stderr, "test_beside seed %llu\n", (unsigned long long)seed);
     lily_rng rng;
     lily_rng_seed(&rng, seed);
-    lily_model_opts o;
-    lily_model_opts_default(&o);
-    o.n_threads = 2;
-    o.max_ctx = 256;
-    o.max_sessions = 3;
-    const char *be = getenv("LILY_TEST_BACKEND");
-    if (be && !strcmp(be, "cuda")) o.backend = LILY_BACKEND_CUDA;
-    lily_model *m = NULL;
-    lily_status st = { 0 };
-    const char *dir = "../shared/fixtures/tiny";
-    if (lily_model_open(dir, &o, &m, &st)) {
-        fprintf(stderr, "cannot open %s: %s\n", dir, st.msg);
-        printf("0 passed, 1 failed\n");
-        return 1;
-    }
     lily_model_info info;
-    lily_model_get_info(m, &info);
-    fprintf(stderr, "test_beside on the %s backend\n", info.backend);
+    lily_model *m = t_open_tiny("test_beside", 3, &info);
+    if (!m) { printf("0 passed, 1 failed\n"); return 1; }
+    lily_status st = { 0 };
     int32_t prompt[PROMPT];
     for (int i = 0; i < PROMPT; i++) prompt[i] = (int32_t)(lily_rng_u64(&rng) % (uint64_t)info.vocab_size);
     lily_sampling p;

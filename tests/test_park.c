@@ -9,6 +9,7 @@
 #include <time.h>
 #include "lily.h"
 #include "t.h"
+#include "t_model.h"
 #include "util/util.h"
 
 static lily_rng rng;
@@ -21,24 +22,10 @@ int main(void) {
     uint64_t seed = (uint64_t)time(NULL);
     fprintf(stderr, "test_park seed %llu\n", (unsigned long long)seed);
     lily_rng_seed(&rng, seed);
-    const char *dir = "../shared/fixtures/tiny";
-    lily_model_opts o;
-    lily_model_opts_default(&o);
-    o.n_threads = 2;
-    o.max_ctx = 256;
-    o.max_sessions = 3;
-    const char *be = getenv("LILY_TEST_BACKEND");
-    if (be && !strcmp(be, "cuda")) o.backend = LILY_BACKEND_CUDA;
-    lily_model *m = NULL;
-    lily_status st = { 0 };
-    if (lily_model_open(dir, &o, &m, &st)) {
-        fprintf(stderr, "cannot open %s: %s\n", dir, st.msg);
-        printf("0 passed, 1 failed\n");
-        return 1;
-    }
     lily_model_info info;
-    lily_model_get_info(m, &info);
-    fprintf(stderr, "test_park on the %s backend\n", info.backend);
+    lily_model *m = t_open_tiny("test_park", 3, &info);
+    if (!m) { printf("0 passed, 1 failed\n"); return 1; }
+    lily_status st = { 0 };
     const int V = info.vocab_size, reps = strcmp(info.backend, "cuda") ? 4 : 2; /* emulated CUDA is slow */
     size_t row = sizeof(float) * (size_t)V;
     float *want = malloc(row);
