@@ -32,8 +32,7 @@ static void disturb(lily_session *o, lily_rng *rng, int vocab, lily_status *st) 
 }
 
 int main(void) {
-    uint64_t seed = (uint64_t)time(NULL);
-    fprintf(stderr, "test_beside seed %llu\n", (unsigned long long)seed);
+    uint64_t seed = t_seed("test_beside");
     lily_rng rng;
     lily_rng_seed(&rng, seed);
     lily_model_info info;

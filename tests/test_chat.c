@@ -478,8 +478,7 @@ static void test_roundtrip(uint64_t seed) {
 }
 
 int main(void) {
-    uint64_t seed = (uint64_t)time(NULL);
-    printf("seed %llu\n", (unsigned long long)seed);
+    uint64_t seed = t_seed("test_chat");
     TOOLS = load_json(TOOLS_JSON);
     test_golden();
     test_detect();

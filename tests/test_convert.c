@@ -272,7 +272,7 @@ static void test_memory(void) {
 
 int main(void) {
     lily_rng r;
-    lily_rng_seed(&r, (uint64_t)time(NULL) ^ (uint64_t)getpid() << 20);
+    lily_rng_seed(&r, t_seed("test_convert"));
     test_roundtrip(&r);
     test_search_gain(&r);
     test_packing(&r);

@@ -298,8 +298,8 @@ static void forward_case(int mlx4) {
 }
 
 int main(void) {
-    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
-    printf("seed %llu, avx2 %s\n", (unsigned long long)seed, cpu_mm_avx2_available() ? "yes" : "no (portable kernel only)");
+    uint64_t seed = t_seed("test_cpu_fast");
+    printf("avx2 %s\n", cpu_mm_avx2_available() ? "yes" : "no (portable kernel only)");
     lily_rng_seed(&rng, seed);
     lily_pool *pool = lily_pool_new(2), *pool3 = lily_pool_new(3);
     double t0 = lily_now();

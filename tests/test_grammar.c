@@ -449,10 +449,8 @@ static void test_errors(void) {
 }
 
 int main(void) {
-    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
-    if (getenv("GRAM_SEED")) seed = strtoull(getenv("GRAM_SEED"), NULL, 10);
+    uint64_t seed = t_seed("test_grammar");
     lily_rng_seed(&rng, seed);
-    printf("seed %llu\n", (unsigned long long)seed);
     test_errors();
     test_utf8();
     test_instances();

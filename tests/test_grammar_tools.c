@@ -2,7 +2,7 @@
  * Qwen3 vocabularies whose text, after "<tool_call>", parse_output turns into tool calls
  * of the listed functions with arguments valid against their parameters; chat_render's
  * renderings of assistant tool calls accepted byte for byte and token for token, for the
- * XML (Qwen3.6) and JSON (Qwen3) templates; refusals. GRAM_SEED=N replays a run. */
+ * XML (Qwen3.6) and JSON (Qwen3) templates; refusals. LILY_TEST_SEED=N replays a run. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -349,10 +349,8 @@ static void run_vocab(const char *path, const char *name, int n_walks, json_t *t
 }
 
 int main(void) {
-    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
-    if (getenv("GRAM_SEED")) seed = strtoull(getenv("GRAM_SEED"), NULL, 10);
+    uint64_t seed = t_seed("test_grammar_tools");
     lily_rng_seed(&rng, seed);
-    printf("seed %llu\n", (unsigned long long)seed);
     json_t *tools = json_loads(TOOLS, JSON_PRESERVE_ORDER, NULL);
     CHECK(tools != NULL, "tools JSON");
     test_errors();

@@ -19,8 +19,7 @@ static void rand_ids(int32_t *x, int n, int vocab) {
 }
 
 int main(void) {
-    uint64_t seed = (uint64_t)time(NULL);
-    fprintf(stderr, "test_park seed %llu\n", (unsigned long long)seed);
+    uint64_t seed = t_seed("test_park");
     lily_rng_seed(&rng, seed);
     lily_model_info info;
     lily_model *m = t_open_tiny("test_park", 3, &info);

@@ -491,8 +491,7 @@ static void test_bias(void) {
 }
 
 int main(void) {
-    uint64_t seed = (uint64_t)time(NULL);
-    fprintf(stderr, "test_sampler seed %llu\n", (unsigned long long)seed);
+    uint64_t seed = t_seed("test_sampler");
     lily_rng_seed(&trng, seed);
     test_greedy();
     test_logprobs();

@@ -632,7 +632,7 @@ static void check_store(void) {
 }
 
 int main(void) {
-    lily_rng_seed(&rng, (uint64_t)time(NULL));
+    lily_rng_seed(&rng, t_seed("test_server_responses"));
     check_table();
     check_random();
     check_output();

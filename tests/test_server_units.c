@@ -416,8 +416,7 @@ static void test_metrics(void) {
 }
 
 int main(void) {
-    uint64_t seed = getenv("LILY_TEST_SEED") ? strtoull(getenv("LILY_TEST_SEED"), NULL, 10) : (uint64_t)time(NULL);
-    fprintf(stderr, "test_server_units seed %llu\n", (unsigned long long)seed);
+    uint64_t seed = t_seed("test_server_units");
     lily_rng_seed(&rng, seed);
     test_request();
     test_stop();

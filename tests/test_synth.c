@@ -67,8 +67,7 @@ static void stats(const lw_mat *m, double mul, double *mean, double *var, double
 int main(void) {
     snprintf(tmp, sizeof tmp, "/tmp/lily-test-synth-XXXXXX");
     if (!mkdtemp(tmp)) { perror("mkdtemp"); return 1; }
-    uint64_t seed = (uint64_t)time(NULL);
-    printf("seed %llu\n", (unsigned long long)seed);
+    uint64_t seed = t_seed("test_synth");
     make("mlx-1", 1, 1, seed, 0);
     make("mlx-3", 1, 3, seed, 0);
     make("hf-2", 0, 2, seed, 0);
