@@ -89,6 +89,13 @@ line=$(tail -n 1 "$tmp/kt.log")
 if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small, LILY_EMU_ORDER=random: $line"
 else grep -v ' ok$' "$tmp/kt.log"; bad "emulated cuda-kernel-test --small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed (rc=$rc)"; fi
 
+# decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
+# alone; in a random order of blocks, warps and lanes (the rows are a grid dimension)
+LILY_EMU_ORDER=random LILY_EMU_SEED=$seed "$E/cuda-kernel-test" --small --batch --seed "$seed" >"$tmp/kb.log" 2>&1; rc=$?
+line=$(tail -n 1 "$tmp/kb.log")
+if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small --batch, LILY_EMU_ORDER=random: $line"
+else cat "$tmp/kb.log"; bad "emulated cuda-kernel-test --small --batch --seed $seed (rc=$rc)"; fi
+
 # whole model (a random tiny one): CPU and CUDA logits after a prompt long enough for the
 # tensor-core tiles, greedy steps on both, and the GPU decode loop (CUDA graph replay) giving
 # the same tokens. The tiles run with fp32 inputs (LILY_EMU_TF32=fp32): in a tiny random model
@@ -110,7 +117,8 @@ for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp t
   if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
     tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue
   fi
-  "$E/mutant/$m/cuda-kernel-test" --small --seed "$seed" >"$tmp/m.log" 2>&1; rc=$?
+  args=--small; [ $m = rows-pos-first ] && args="--small --batch"
+  "$E/mutant/$m/cuda-kernel-test" $args --seed "$seed" >"$tmp/m.log" 2>&1; rc=$?
   nf=$(tail -n 1 "$tmp/m.log" | sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p')
   if [ $rc != 0 ] && [ -n "$nf" ] && [ "$nf" -gt 0 ]; then ok "mutant $m caught: $nf kernel checks fail"
   else tail -n 5 "$tmp/m.log"; bad "mutant $m not caught (rc=$rc)"; fi

@@ -989,6 +989,7 @@ __global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
         }
+        if (bi >= E) bi = 0; /* only NaN logits (a defect upstream) leave no choice: stay in range */
         if (lane == 0) { sel[t * K + j] = bi; wt[t * K + j] = bv; }
         tot += bv;
         __syncwarp();
