@@ -63,6 +63,18 @@ if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_beside" >"$tmp/bb.log"
   else grep -v '^ok' "$tmp/beside.log" | tail -20; bad "emulated test_beside on the CUDA backend (rc=$rc)"; fi
 else tail -n 20 "$tmp/bb.log"; bad "build of the emulated test_beside"; fi
 
+# decode batches (tests/test_batch.c): sessions at different positions, one past a snapshot
+# rollback, one token each in one pass on the emulated GPU, equal to each session fed alone
+# and to the CPU's batch; then each continues alone (feeds, the decode loop, a rollback, parking)
+if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_batch" >"$tmp/tb.log" 2>&1; then
+  t0=$(date +%s.%N)
+  LILY_TEST_BACKEND=cuda "$E/tests/test_batch" >"$tmp/batch.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/batch.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda backend" "$tmp/batch.log"; then
+    ok "emulated test_batch on the CUDA backend ($(secs "$t0") s): $line; $(grep -o 'largest rel err.*' "$tmp/batch.log")"
+  else grep -v '^ok' "$tmp/batch.log" | tail -20; bad "emulated test_batch on the CUDA backend (rc=$rc)"; fi
+else tail -n 20 "$tmp/tb.log"; bad "build of the emulated test_batch"; fi
+
 # every kernel against the CPU reference on fresh random inputs (the seed is printed)
 seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 t0=$(date +%s.%N)
@@ -76,6 +88,13 @@ LILY_EMU_ORDER=random LILY_EMU_SEED=$seed "$E/cuda-kernel-test" --small --seed "
 line=$(tail -n 1 "$tmp/kt.log")
 if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small, LILY_EMU_ORDER=random: $line"
 else grep -v ' ok$' "$tmp/kt.log"; bad "emulated cuda-kernel-test --small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed (rc=$rc)"; fi
+
+# decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
+# alone; in a random order of blocks, warps and lanes (the rows are a grid dimension)
+LILY_EMU_ORDER=random LILY_EMU_SEED=$seed "$E/cuda-kernel-test" --small --batch --seed "$seed" >"$tmp/kb.log" 2>&1; rc=$?
+line=$(tail -n 1 "$tmp/kb.log")
+if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small --batch, LILY_EMU_ORDER=random: $line"
+else cat "$tmp/kb.log"; bad "emulated cuda-kernel-test --small --batch --seed $seed (rc=$rc)"; fi
 
 # whole model (a random tiny one): CPU and CUDA logits after a prompt long enough for the
 # tensor-core tiles, greedy steps on both, and the GPU decode loop (CUDA graph replay) giving
@@ -91,13 +110,15 @@ if "$E/lily" synth --out "$tmp/model" --layout mlx4 --preset tiny --seed "$seed"
 else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
-# reduction, a missing __syncwarp, a misplaced tensor-core tile) must fail the kernel test
-for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp tf32-tile-b; do
+# reduction, a missing __syncwarp, a misplaced tensor-core tile, a decode batch whose rows all
+# take the first row's position) must fail the kernel test
+for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp tf32-tile-b rows-pos-first; do
   # -O1 without debug info: the mutant builds are the slow part of this test
   if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
     tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue
   fi
-  "$E/mutant/$m/cuda-kernel-test" --small --seed "$seed" >"$tmp/m.log" 2>&1; rc=$?
+  args=--small; [ $m = rows-pos-first ] && args="--small --batch"
+  "$E/mutant/$m/cuda-kernel-test" $args --seed "$seed" >"$tmp/m.log" 2>&1; rc=$?
   nf=$(tail -n 1 "$tmp/m.log" | sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p')
   if [ $rc != 0 ] && [ -n "$nf" ] && [ "$nf" -gt 0 ]; then ok "mutant $m caught: $nf kernel checks fail"
   else tail -n 5 "$tmp/m.log"; bad "mutant $m not caught (rc=$rc)"; fi

@@ -1,6 +1,6 @@
 /* lily-bench: prompt processing and decode speed on the GPU, modelled on llama-bench.
  *
- *   lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768]
+ *   lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768,tg32x8@1024]
  *              [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE]
  *
  * Without --model it times the Qwen3.6-35B-A3B shape; with --model it reads that folder's
@@ -8,7 +8,10 @@
  * memory: no checkpoint needed). Each test: warm-up runs, then the median of the repeats,
  * timed with CUDA events. The floor is max(bytes / bandwidth, FLOPs / matrix rate) with the
  * bytes a 4-bit group-64 model must read (every weight once for a prefill chunk that
- * touches every expert, the active weights for a decode step, plus caches). */
+ * touches every expert, the active weights for a decode step, plus caches).
+ * tgNxB@D: N decode rounds of B sessions (each D tokens in) fed together through
+ * lcuda_forward_batch, as lily-server's scheduler does; timed on the host clock (each round
+ * ends with its [B][vocab] logits in host memory); t/s counts the tokens of all B sessions. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,10 +48,10 @@ static void preset_35b(lily_config *c) {
 /* bytes of a 4-bit (or 8-bit) group-64 matrix with bf16 scales and biases */
 static double qb(double rows, double cols, int bits) { return rows * cols * (bits / 8.0 + 4.0 / 64); }
 
-typedef struct { double all, active, flops_tok; } model_bytes;
+typedef struct { double all, active, flops_tok, experts; } model_bytes; /* experts: one expert of every layer */
 
 static model_bytes count(const lily_config *c) {
-    model_bytes b = { 0, 0, 0 };
+    model_bytes b = { 0, 0, 0, 0 };
     double H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter;
     double cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv, hd = c->head_dim;
     double mix_att = qb(c->n_heads * 2 * hd, H, 4) + 2 * qb(c->n_kv_heads * hd, H, 4) + qb(H, c->n_heads * hd, 4);
@@ -59,12 +62,47 @@ static model_bytes count(const lily_config *c) {
         double mix = c->full_attn[l] ? mix_att : mix_gdn;
         b.all += mix + router + E * expert + shared;
         b.active += mix + router + K * expert + shared;
+        b.experts += expert;
     }
     b.all += 2 * qb(c->vocab, H, 4);
     b.active += qb(c->vocab, H, 4) + H * 0.5625; /* lm_head + one embedding row */
     /* 2 FLOPs per active weight (lm_head counted once per token) */
     b.flops_tok = 2 * b.active / 0.5625;
     return b;
+}
+
+/* "pp512", "tg128@4096", "tg32x8@1024" -> prompt?, tokens, batch (1 = plain decode), depth */
+static int parse_test(const char *t, int *pp, int *n, int *nb, int *d) {
+    *n = 0; *nb = 1; *d = 0;
+    *pp = t[0] == 'p';
+    if (*pp) return sscanf(t, "pp%d", n) == 1 && *n > 0;
+    if (strncmp(t, "tg", 2) || sscanf(t, "tg%d", n) != 1 || *n < 1) return 0;
+    const char *x = strchr(t, 'x'), *at = strchr(t, '@');
+    if (x && (sscanf(x, "x%d", nb) != 1 || *nb < 1 || *nb > 64)) return 0;
+    if (at && (sscanf(at, "@%d", d) != 1 || *d < 0)) return 0;
+    return 1;
+}
+
+/* nb sessions, each d tokens in, decoding n rounds together; host-clock milliseconds. */
+static lily_code time_batch(lcuda_session **ss, int nb, int n, int d, int vocab, float *logits, double *ms, lily_status *st) {
+    int pos[64];
+    int32_t ids[64];
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)d;
+    for (int i = 0; i < nb; i++) {
+        lcuda_session_reset(ss[i]);
+        double t;
+        if (d) { lily_code rc = lcuda_time_forward(ss[i], NULL, d, 0, &t, st); if (rc) return rc; }
+        pos[i] = d;
+    }
+    double t0 = lily_now();
+    for (int r = 0; r < n; r++) {
+        for (int i = 0; i < nb; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; ids[i] = (int32_t)(x % (uint64_t)vocab); }
+        lily_code rc = lcuda_forward_batch(ss, ids, pos, nb, logits, st);
+        if (rc) return rc;
+        for (int i = 0; i < nb; i++) pos[i]++;
+    }
+    *ms = (lily_now() - t0) * 1e3;
+    return LILY_OK;
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -74,7 +112,7 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (flag(argc, argv, "--help") || flag(argc, argv, "-h")) {
-        fprintf(stderr, "usage: lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768]\n"
+        fprintf(stderr, "usage: lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768,tg32x8@1024]\n"
                         "                  [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE] [--profile]\n");
         return 2;
     }
@@ -94,12 +132,12 @@ int main(int argc, char **argv) {
     if (model) { if (cfg_load(model, &cfg, &st)) { fprintf(stderr, "lily-bench: %s\n", st.msg); return 1; } }
     else preset_35b(&cfg);
     /* the largest context any test reaches */
-    int max_ctx = 0;
+    int max_ctx = 0, max_nb = 1;
     char list[512];
     snprintf(list, sizeof list, "%s", tests);
     for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
-        int n = 0, d = 0;
-        if (sscanf(t, "pp%d", &n) == 1 || sscanf(t, "tg%d@%d", &n, &d) >= 1) { if (n + d > max_ctx) max_ctx = n + d; }
+        int pp, n, nb, d;
+        if (parse_test(t, &pp, &n, &nb, &d)) { if (n + d > max_ctx) max_ctx = n + d; if (nb > max_nb) max_nb = nb; }
         else { fprintf(stderr, "lily-bench: unknown test '%s'\n", t); return 2; }
     }
     max_ctx += 16;
@@ -110,8 +148,12 @@ int main(int argc, char **argv) {
         if (lw_load(model, &w, &st) || lcuda_model_new(&w, max_ctx, 1, NULL, NULL, &m, &st)) { fprintf(stderr, "lily-bench: %s\n", st.msg); return 1; }
     } else if (lcuda_model_random(&cfg, max_ctx, 1, &m, &st)) { fprintf(stderr, "lily-bench: %s\n", st.msg); return 1; }
     fprintf(stderr, "model ready in %.1f s: %.2f GB on the GPU, context %d\n", lily_now() - t0, lcuda_model_bytes(m) / 1e9, max_ctx);
-    lcuda_session *s = NULL;
+    lcuda_session *s = NULL, *bs[64] = { NULL };
     if (lcuda_session_new(m, &s, &st)) { fprintf(stderr, "lily-bench: %s\n", st.msg); return 1; }
+    bs[0] = s;
+    for (int i = 1; i < max_nb; i++)
+        if (lcuda_session_new(m, &bs[i], &st)) { fprintf(stderr, "lily-bench: session %d: %s\n", i + 1, st.msg); return 1; }
+    float *blg = max_nb > 1 || strchr(tests, 'x') ? malloc((size_t)max_nb * cfg.vocab * sizeof(float)) : NULL;
     if (flag(argc, argv, "--profile")) { /* where the time goes, stage by stage (events between launches, no graph) */
         static char rep[16384];
         int Ts[3] = { 1, 1, 512 }, Ps[3] = { 0, max_ctx > 4200 ? 4096 : 0, 0 };
@@ -136,13 +178,14 @@ int main(int argc, char **argv) {
     int first = 1, rc = 0;
     snprintf(list, sizeof list, "%s", tests);
     for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
-        int n = 0, d = 0, pp = t[0] == 'p';
-        if (pp) sscanf(t, "pp%d", &n); else sscanf(t, "tg%d@%d", &n, &d);
+        int pp, n, nb, d, batched = strchr(t, 'x') != NULL;
+        parse_test(t, &pp, &n, &nb, &d);
         double *ms = calloc((size_t)reps, sizeof *ms);
         for (int r = -warm; r < reps; r++) {
             double x = 0;
             lcuda_session_reset(s);
-            if (pp) { if (lcuda_time_forward(s, NULL, n, 0, &x, &st)) goto fail; }
+            if (batched) { if (!blg || time_batch(bs, nb, n, d, cfg.vocab, blg, &x, &st)) goto fail; }
+            else if (pp) { if (lcuda_time_forward(s, NULL, n, 0, &x, &st)) goto fail; }
             else {
                 if (d && lcuda_time_forward(s, NULL, d, 0, &x, &st)) goto fail;
                 if (lcuda_time_decode(s, d, n, &x, &st)) goto fail;
@@ -151,8 +194,13 @@ int main(int argc, char **argv) {
         }
         qsort(ms, (size_t)reps, sizeof *ms, cmp_d);
         double med = reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
-        double tps = n / (med / 1e3), bytes, floor_s;
-        if (pp) {
+        double tps = (double)n * nb / (med / 1e3), bytes, floor_s;
+        if (batched) {
+            /* a round reads the dense weights once and each expert the nb tokens route to once */
+            double E = cfg.n_experts, touched = E * (1 - pow(1 - cfg.top_k / E, nb));
+            bytes = n * (mb.active + (touched - cfg.top_k) * mb.experts + nb * state) + nb * kv_tok * ((double)n * d + (double)n * n / 2);
+            floor_s = bytes / bw;
+        } else if (pp) {
             /* every weight once per chunk (a big chunk routes to every expert), the KV written */
             double chunks = ceil(n / 2048.0);
             bytes = chunks * mb.all + n * kv_tok;
@@ -162,7 +210,7 @@ int main(int argc, char **argv) {
             bytes = n * (mb.active + state) + kv_tok * ((double)n * d + (double)n * n / 2);
             floor_s = bytes / bw;
         }
-        double ftps = n / floor_s, gbs = bytes / (med / 1e3) / 1e9;
+        double ftps = (double)n * nb / floor_s, gbs = bytes / (med / 1e3) / 1e9;
         if (!strcmp(fmt, "csv")) fprintf(out, "%s,%s,%d,%d,%d,%.3f,%.1f,%.1f,%.1f,%.1f\n", mname, t, n, d, reps, med, tps, gbs, ftps, 100 * tps / ftps);
         else if (!strcmp(fmt, "json")) fprintf(out, "%s  {\"model\": \"%s\", \"test\": \"%s\", \"tokens\": %d, \"depth\": %d, \"reps\": %d, \"median_ms\": %.3f, \"tok_s\": %.1f, \"eff_GB_s\": %.1f, \"floor_tok_s\": %.1f, \"pct_floor\": %.1f}",
                                                 first ? "" : ",\n", mname, t, n, d, reps, med, tps, gbs, ftps, 100 * tps / ftps);
@@ -179,7 +227,8 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(fmt, "json")) fprintf(out, "\n]\n");
     if (out != stdout) fclose(out);
-    lcuda_session_free(s);
+    for (int i = 0; i < max_nb; i++) lcuda_session_free(bs[i]);
+    free(blg);
     lcuda_model_free(m);
     return rc;
 }

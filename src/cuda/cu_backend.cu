@@ -49,6 +49,8 @@ lily_code cu_model_alloc(lcuda_model *m, void **p, size_t n, lily_status *st) {
 void lcuda_model_free(lcuda_model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_alloc; i++) cudaFree(m->allocs[i]);
+    cudaFree(m->bmeta_d);
+    cudaFreeHost(m->bmeta_h);
     free(m->allocs);
     free(m->L);
     free(m);
@@ -389,6 +391,20 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     float *Y[4] = { s->mixed, s->zb, s->bb, s->aa };
     proj_group(s, 4, W, s->t, c->hidden, T, Y);
     PM(s, "gdn in-proj qkv|z|b|a");
+    if (s->rows) { /* decode batch: each row one step on its own session's conv and S */
+        cu_rows R = *s->rows;
+        R.conv_off = (long long)li * s->conv_n;
+        R.S_off = (long long)li * s->S_n;
+        cu_gdn_prep1_rows(q, &R, T, s->mixed, L->conv_w, c->conv_k, c->lin_nk, c->lin_dk, vd, s->bb, s->aa, L->A_log, L->dt_bias,
+                          nv, s->u, s->g, s->beta);
+        PM(s, "gdn conv+norm+gates");
+        if (!cu_gdn_rec_rows(q, &R, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, s->o, s->zb, L->gnorm, (float)c->eps))
+            cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+        PM(s, "gdn delta rule + gated norm");
+        cu_matmul(q, &L->out, s->o, vd, T, s->y, c->hidden);
+        PM(s, "gdn out-proj");
+        return;
+    }
     float *conv = s->conv + (size_t)li * s->conv_n, *S = s->S + (size_t)li * s->S_n;
     if (T == 1) cu_gdn_prep1(q, s->mixed, conv, L->conv_w, c->conv_k, c->lin_nk, c->lin_dk, vd, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->u, s->g, s->beta);
     else {
@@ -416,6 +432,17 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     float *Y[3] = { s->qg, s->kb, s->vb };
     proj_group(s, 3, W, s->t, H, T, Y);
     PM(s, "attn in-proj q|k|v");
+    if (s->rows) { /* decode batch: each row at its own position in its own session's cache */
+        cu_rows R = *s->rows;
+        R.kv_off = (long long)fi * s->kv_n;
+        cu_qk_prep_rows(q, &R, T, s->qg, s->q, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq, (float)c->eps);
+        PM(s, "attn q/k norm + rope + cache");
+        cu_attention_rows(q, &R, T, s->q, s->qg, nh, nkv, hd, cu_decode_splits(s, T), s->part, s->ao);
+        PM(s, "attn core");
+        cu_matmul(q, &L->o, s->ao, nh * hd, T, s->y, H);
+        PM(s, "attn out-proj");
+        return;
+    }
     float *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
     cu_qk_prep(q, s->qg, s->q, s->kb, s->vb, L->q_norm, L->k_norm, T, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
                (float)c->eps, s->d_pos, kc, vc);
@@ -567,19 +594,38 @@ lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, l
     return LILY_OK;
 }
 
+lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st) {
+    if (s->lg_rows >= rows) return LILY_OK;
+    int V = s->m->cfg.vocab;
+    float *nl;
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    cudaError_t e = cudaMalloc((void **)&nl, (size_t)rows * V * sizeof(float));
+    if (e != cudaSuccess) { cudaGetLastError(); return lily_err(st, LILY_ENOMEM, "GPU out of memory for %d rows of logits (%.2f GB)", rows, (double)rows * V * 4 / 1e9); }
+    cudaFree(s->lg);
+    s->lg = nl;
+    s->lg_rows = rows;
+    if (s->graph) { /* it captured the freed buffer */
+        cudaGraphExecDestroy(s->graph);
+        s->graph = NULL;
+    }
+    return LILY_OK;
+}
+
+int cu_decode_splits(const lcuda_session *s, int T) {
+    /* s->part holds T x splits partials up to max(chunk, DECODE_SPLITS) (see lcuda_session_new) */
+    int cap = s->m->chunk > DECODE_SPLITS ? s->m->chunk : DECODE_SPLITS;
+    int sp = DECODE_SPLITS / T < 16 ? 16 : DECODE_SPLITS / T;
+    while (sp > 1 && (long long)T * sp > cap) sp /= 2;
+    return sp;
+}
+
 lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits, int all_logits, lily_status *st) {
     lcuda_model *m = s->m;
     int V = m->cfg.vocab;
     if (T < 1 || pos < 0 || pos + T > m->max_ctx) return lily_err(st, LILY_ERANGE, "positions %d..%d outside the context of %d", pos, pos + T, m->max_ctx);
-    if (all_logits && logits && s->lg_rows < (T < m->chunk ? T : m->chunk)) {
-        int rows = T < m->chunk ? T : m->chunk;
-        float *nl;
-        LCU_CHECK(cudaStreamSynchronize(s->st));
-        cudaError_t e = cudaMalloc((void **)&nl, (size_t)rows * V * sizeof(float));
-        if (e != cudaSuccess) { cudaGetLastError(); return lily_err(st, LILY_ENOMEM, "GPU out of memory for %d rows of logits (%.2f GB)", rows, (double)rows * V * 4 / 1e9); }
-        cudaFree(s->lg);
-        s->lg = nl;
-        s->lg_rows = rows;
+    if (all_logits && logits) {
+        lily_code rc = cu_logit_rows(s, T < m->chunk ? T : m->chunk, st);
+        if (rc) return rc;
     }
     for (int i = 0; i < T; i += m->chunk) {
         int k = T - i < m->chunk ? T - i : m->chunk;

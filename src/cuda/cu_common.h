@@ -42,6 +42,17 @@ typedef struct {
     const int *tiles;    /* cu_moe_tiles' map for cu_gemm_q4_grouped, else NULL */
 } dsort;
 
+/* A decode batch (cu_batch.cu): row i of the activations is the next token of its own
+ * session, at position pos[i], with that session's state. The kernels that touch session
+ * state take it (pos == NULL: the usual one session, T consecutive positions). The
+ * offsets select the current layer in each session's buffers. */
+typedef struct {
+    const int *pos;                      /* [n] each row's position */
+    float *const *conv, *const *S;       /* [n] each row's session: conv state, DeltaNet S */
+    float *const *kc, *const *vc;        /* [n] each row's session: KV cache */
+    long long conv_off, S_off, kv_off;   /* floats into each, for this layer */
+} cu_rows;
+
 #define LCU_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return cu_fail(st, e_, #call, __FILE__, __LINE__); } while (0)
 lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *file, int line);
 
@@ -108,6 +119,18 @@ int cu_gdn_chunk_enabled(void);
 void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
                   const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
                   float *u, float *g, float *beta);
+/* Decode batches: one step of each of n rows on its own session's state (cu_rows). */
+void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mixed, const float *w, int K, int nk, int dk,
+                       int vd, const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
+                       float *u, float *g, float *beta);
+/* The delta rule step with the gated norm (z, gw) fused when the shape allows, else plain;
+ * returns whether the norm was applied. */
+int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, const float *u, int cd,
+                    const float *g, const float *beta, float *o, const float *z, const float *gw, float eps);
+void cu_qk_prep_rows(cudaStream_t s, const cu_rows *R, int n, const float *qg, float *q, const float *k, const float *v,
+                     const float *qn, const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps);
+void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, const float *qg, int nh, int nkv, int hd,
+                       int splits, float *part, float *o);
 /* o = rmsnorm(o) * gw * silu(z), per head of dv. */
 void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps);
 /* q (from qg) and k: per-head rmsnorm + partial RoPE at positions *pos + t; k and v go to the

@@ -566,9 +566,16 @@ void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const 
  * the next ones conv + SiLU of 128 value channels, the last one g and beta. */
 __global__ void k_gdn_prep1(const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
                             const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
-                            float *u, float *g, float *beta) {
+                            float *u, float *g, float *beta, cu_rows R) {
     __shared__ float sh[32];
     int b = blockIdx.x, kd = nk * dk, nvb = (vd + 127) / 128;
+    if (R.pos) { /* decode batch: row blockIdx.y, its session's conv state */
+        int row = blockIdx.y;
+        size_t cdt = (size_t)2 * kd + vd;
+        state = R.conv[row] + R.conv_off;
+        mixed += row * cdt; u += row * cdt;
+        bb += (size_t)row * nv; aa += (size_t)row * nv; g += (size_t)row * nv; beta += (size_t)row * nv;
+    }
     if (b == 2 * nk + nvb) {
         for (int h = threadIdx.x; h < nv; h += blockDim.x) {
             beta[h] = sigm_f(bb[h]);
@@ -604,7 +611,15 @@ void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float 
                   const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
                   float *u, float *g, float *beta) {
     int nb = 2 * nk + (vd + 127) / 128 + 1;
-    k_gdn_prep1<<<nb, 128, 0, s>>>(mixed, state, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta);
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    k_gdn_prep1<<<nb, 128, 0, s>>>(mixed, state, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta, none);
+}
+void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mixed, const float *w, int K, int nk, int dk,
+                       int vd, const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
+                       float *u, float *g, float *beta) {
+    dim3 nb(2 * nk + (vd + 127) / 128 + 1, n);
+    k_gdn_prep1<<<nb, 128, 0, s>>>(mixed, NULL, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta, *R);
 }
 
 /* One block per value head. Fast form (dk = 128): four threads per state column j, each
@@ -612,9 +627,15 @@ void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float 
  * with one thread per column. */
 __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int dv, const float *u, int cd, const float *g,
                                                      const float *beta, float *S, float *o, const float *z,
-                                                     const float *gw, float eps) {
+                                                     const float *gw, float eps, cu_rows R) {
     __shared__ float qkb[2][256], red[16]; /* q | k of a step, double-buffered */
     const int dk = 128;
+    if (R.pos) { /* decode batch (T = 1): row blockIdx.y, its session's S */
+        int row = blockIdx.y;
+        S = R.S[row] + R.S_off;
+        u += (size_t)row * cd; g += (size_t)row * nv; beta += (size_t)row * nv; o += (size_t)row * nv * dv;
+        if (z) z += (size_t)row * nv * dv;
+    }
     int h = blockIdx.x, j = threadIdx.x / 4, p = threadIdx.x % 4, kh = h / (nv / nk), kd = nk * dk;
     float *Sh = S + (size_t)h * dk * dv;
     float sr[32];
@@ -661,8 +682,13 @@ __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int d
     for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + j] = sr[i];
 }
 __global__ void k_gdn_rec_gen(int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
-                              const float *beta, float *S, float *o) {
+                              const float *beta, float *S, float *o, cu_rows R) {
     extern __shared__ float qk[]; /* q[dk], k[dk] */
+    if (R.pos) { /* decode batch (T = 1): row blockIdx.y, its session's S */
+        int row = blockIdx.y;
+        S = R.S[row] + R.S_off;
+        u += (size_t)row * cd; g += (size_t)row * nv; beta += (size_t)row * nv; o += (size_t)row * nv * dv;
+    }
     int h = blockIdx.x, j = threadIdx.x, kh = h / (nv / nk), kd = nk * dk;
     float *Sh = S + (size_t)h * dk * dv;
     for (int t = 0; t < T; t++) {
@@ -681,15 +707,31 @@ __global__ void k_gdn_rec_gen(int T, int nk, int nv, int dk, int dv, const float
 }
 void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd,
                 const float *g, const float *beta, float *S, float *o) {
-    if (dk == 128 && dv * 4 <= 512 && dv >= 64) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, NULL, NULL, 0.f);
-    else k_gdn_rec_gen<<<nv, dv, 2 * (size_t)dk * sizeof(float), s>>>(T, nk, nv, dk, dv, u, cd, g, beta, S, o);
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    if (dk == 128 && dv * 4 <= 512 && dv >= 64) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, NULL, NULL, 0.f, none);
+    else k_gdn_rec_gen<<<nv, dv, 2 * (size_t)dk * sizeof(float), s>>>(T, nk, nv, dk, dv, u, cd, g, beta, S, o, none);
 }
 
+static int rec_norm_ok(int dk, int dv) { return dk == 128 && dv * 4 <= 512 && dv >= 64 && dv % 8 == 0; }
 int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                     const float *beta, float *S, float *o, const float *z, const float *gw, float eps) {
-    if (!(dk == 128 && dv * 4 <= 512 && dv >= 64 && dv % 8 == 0)) return 0;
-    k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, z, gw, eps);
+    if (!rec_norm_ok(dk, dv)) return 0;
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, z, gw, eps, none);
     return 1;
+}
+int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, const float *u, int cd,
+                    const float *g, const float *beta, float *o, const float *z, const float *gw, float eps) {
+    if (rec_norm_ok(dk, dv)) {
+        k_gdn_rec128<<<dim3(nv, n), dv * 4, 0, s>>>(1, nk, nv, dv, u, cd, g, beta, NULL, o, z, gw, eps, *R);
+        return 1;
+    }
+    if (dk == 128 && dv * 4 <= 512 && dv >= 64)
+        k_gdn_rec128<<<dim3(nv, n), dv * 4, 0, s>>>(1, nk, nv, dv, u, cd, g, beta, NULL, o, NULL, NULL, 0.f, *R);
+    else k_gdn_rec_gen<<<dim3(nv, n), dv, 2 * (size_t)dk * sizeof(float), s>>>(1, nk, nv, dk, dv, u, cd, g, beta, NULL, o, *R);
+    return 0;
 }
 
 __global__ void k_gated_norm(float *o, const float *z, const float *gw, int nv, int dv, float eps) {
@@ -710,10 +752,11 @@ void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, in
 /* ---- gated attention ---- */
 __global__ void k_qk_prep(const float *qg, float *q, const float *k, const float *v, const float *qn,
                           const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
-                          const int *pos, float *kc, float *vc) {
+                          const int *pos, float *kc, float *vc, cu_rows R) {
     extern __shared__ float buf[];
     __shared__ float sh[32];
-    int t = blockIdx.x, h = blockIdx.y, p = *pos + t;
+    int t = blockIdx.x, h = blockIdx.y, p = R.pos ? R.pos[t] : *pos + t;
+    if (R.pos) { kc = R.kc[t] + R.kv_off; vc = R.vc[t] + R.kv_off; } /* decode batch: row t's own cache */
     const float *src;
     const float *nw;
     float *dst;
@@ -751,7 +794,14 @@ __global__ void k_qk_prep(const float *qg, float *q, const float *k, const float
 void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const float *v, const float *qn,
                 const float *kn, int T, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
                 const int *pos, float *kc, float *vc) {
-    k_qk_prep<<<dim3(T, nh + nkv), 128, (size_t)hd * sizeof(float), s>>>(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps, pos, kc, vc);
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    k_qk_prep<<<dim3(T, nh + nkv), 128, (size_t)hd * sizeof(float), s>>>(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps, pos, kc, vc, none);
+}
+void cu_qk_prep_rows(cudaStream_t s, const cu_rows *R, int n, const float *qg, float *q, const float *k, const float *v,
+                     const float *qn, const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps) {
+    k_qk_prep<<<dim3(n, nh + nkv), 128, (size_t)hd * sizeof(float), s>>>(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps,
+                                                                         R->pos, NULL, NULL, *R);
 }
 
 /* Each warp runs an online softmax over its share of one split's keys and leaves
@@ -759,10 +809,11 @@ void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const
 #define ATT_WARPS 4
 #define ATT_MAXR 16
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const float *kc, const float *vc, int nh, int nkv,
-                                                           int hd, const int *pos, int splits, float *part) {
+                                                           int hd, const int *pos, int splits, float *part, cu_rows rows) {
     int th = blockIdx.x, t = th / nh, h = th % nh, kvh = h / (nh / nkv);
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, R = hd / WARP;
-    int n = *pos + t + 1;
+    int n = (rows.pos ? rows.pos[t] : *pos + t) + 1;
+    if (rows.pos) { kc = rows.kc[t] + rows.kv_off; vc = rows.vc[t] + rows.kv_off; } /* decode batch: row t's own cache */
     int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
     const float *qh = q + (size_t)t * nh * hd + (size_t)h * hd;
     float qr[ATT_MAXR], acc[ATT_MAXR];
@@ -822,11 +873,12 @@ __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd,
  * head together, so each key and value is read once for all of them. R = hd / 32. */
 template <int HG, int R>
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
-                                                               int nkv, const int *pos, int splits, float *part) {
+                                                               int nkv, const int *pos, int splits, float *part, cu_rows rows) {
     const int hd = R * WARP;
     int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int n = *pos + t + 1;
+    int n = (rows.pos ? rows.pos[t] : *pos + t) + 1;
+    if (rows.pos) { kc = rows.kc[t] + rows.kv_off; vc = rows.vc[t] + rows.kv_off; } /* decode batch: row t's own cache */
     int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
     float qr[HG][R], acc[HG][R], mx[HG], l[HG];
     float scale = rsqrtf((float)hd);
@@ -884,19 +936,29 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
     return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
 }
-void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
-                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {
+static void attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+                      int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw) {
     int hg = nh / nkv, np = splits;
     dim3 gq(T * nkv, splits);
-    if (hd == 256 && hg == 8) k_attn_gqa<8, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
-    else if (hd == 256 && hg == 4) k_attn_gqa<4, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
-    else if (hd == 256 && hg == 2) k_attn_gqa<2, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
-    else if (hd == 128 && hg == 8) k_attn_gqa<8, 4><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part);
+    if (hd == 256 && hg == 8) k_attn_gqa<8, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);
+    else if (hd == 256 && hg == 4) k_attn_gqa<4, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);
+    else if (hd == 256 && hg == 2) k_attn_gqa<2, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);
+    else if (hd == 128 && hg == 8) k_attn_gqa<8, 4><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);
     else {
-        k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part);
+        k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
         np = splits * ATT_WARPS;
     }
     k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, np, o);
+}
+void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none);
+}
+void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, const float *qg, int nh, int nkv, int hd,
+                       int splits, float *part, float *o) {
+    attention(s, q, qg, NULL, NULL, n, nh, nkv, hd, R->pos, splits, part, o, *R);
 }
 
 /* ---- MoE ---- */
@@ -927,6 +989,7 @@ __global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel
             int oi = __shfl_xor_sync(0xffffffffu, bi, o);
             if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
         }
+        if (bi >= E) bi = 0; /* only NaN logits (a defect upstream) leave no choice: stay in range */
         if (lane == 0) { sel[t * K + j] = bi; wt[t * K + j] = bv; }
         tot += bv;
         __syncwarp();

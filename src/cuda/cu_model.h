@@ -26,6 +26,10 @@ struct lcuda_model {
     dmat embed, lm_head;
     float *norm, *inv_freq;
     cu_layer *L;
+    /* decode batches (cu_batch.cu): the row table on the device and its host staging, for
+     * up to bcap rows, grown on demand */
+    void *bmeta_d, *bmeta_h;
+    int bcap;
     void **allocs;
     int n_alloc, cap_alloc;
     uint64_t bytes;
@@ -51,6 +55,7 @@ struct lcuda_session {
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;
     int pos;                       /* tokens the device state covers */
+    const cu_rows *rows;           /* set while this session carries a decode batch (cu_batch.cu) */
     cudaGraphExec_t graph;
     cudaEvent_t ev[4];
 };
@@ -63,4 +68,9 @@ lily_code cu_model_finish(lcuda_model *m, lily_status *st); /* chunk size, rope 
 /* Enqueues the whole forward of T tokens (ids in s->d_ids, position in s->d_pos);
  * logits: 0 none, 1 last row into s->lg, 2 all rows into s->lg. */
 void cu_enqueue_forward(lcuda_session *s, int T, int logits);
+/* Makes s->lg hold at least `rows` rows of logits (the decode graph, which captured the
+ * old buffer, is dropped and rebuilt on next use). */
+lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st);
+/* Splits of the decode attention for T rows that s->part holds. */
+int cu_decode_splits(const lcuda_session *s, int T);
 #endif

@@ -30,6 +30,9 @@ __global__ void k_fill_f32(float *p, size_t n, uint64_t seed, float lo, float hi
 
 typedef struct { lcuda_model *m; uint64_t seed; lily_status *st; } rctx;
 
+/* grid-stride fills: no more blocks than elements need (small models on the emulator) */
+static unsigned fill_blocks(size_t n) { size_t b = (n + 255) / 256; return b < 1 ? 1 : b > 1024 ? 1024 : (unsigned)b; }
+
 /* n stacked [rows][cols] matrices; weights spread +-amp (amp ~ 1/sqrt(cols)). */
 static lily_code rmat(rctx *r, int n, int rows, int cols, int bits, dmat *d) {
     memset(d, 0, sizeof *d);
@@ -43,16 +46,16 @@ static lily_code rmat(rctx *r, int n, int rows, int cols, int bits, dmat *d) {
     if (rc) return rc;
     float amp = 1.7f / sqrtf((float)cols), qmax = (float)((1 << bits) - 1);
     float sc = 2 * amp / qmax;
-    k_fill_u32<<<1024, 256>>>((uint32_t *)w, wb * n / 4, ++r->seed);
-    k_fill_bf16<<<1024, 256>>>((uint16_t *)s, sb * n / 2, ++r->seed, 0.8f * sc, 1.2f * sc);
-    k_fill_bf16<<<1024, 256>>>((uint16_t *)b, sb * n / 2, ++r->seed, -1.1f * amp, -0.9f * amp);
+    k_fill_u32<<<fill_blocks(wb * n / 4), 256>>>((uint32_t *)w, wb * n / 4, ++r->seed);
+    k_fill_bf16<<<fill_blocks(sb * n / 2), 256>>>((uint16_t *)s, sb * n / 2, ++r->seed, 0.8f * sc, 1.2f * sc);
+    k_fill_bf16<<<fill_blocks(sb * n / 2), 256>>>((uint16_t *)b, sb * n / 2, ++r->seed, -1.1f * amp, -0.9f * amp);
     d->w = w; d->s = s; d->b = b;
     return LILY_OK;
 }
 
 static lily_code rvec(rctx *r, size_t n, float lo, float hi, float **d) {
     lily_code rc = cu_model_alloc(r->m, (void **)d, n * sizeof(float), r->st);
-    if (!rc) k_fill_f32<<<256, 256>>>(*d, n, ++r->seed, lo, hi);
+    if (!rc) k_fill_f32<<<fill_blocks(n), 256>>>(*d, n, ++r->seed, lo, hi);
     return rc;
 }
 

@@ -48,6 +48,13 @@ void lcuda_session_reset(lcuda_session *s);
 lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits,
                         int all_logits, lily_status *st);
 
+/* A decode batch: session ss[i] is fed ids[i] at position pos[i] (like lcuda_forward with
+ * T = 1), all n in one pass that reads the weights once; logits [n][V] to host memory. The
+ * sessions must be distinct and of one model. Each session's state ends exactly as if fed
+ * alone. Batches the backend does not take in one pass (more rows than its chunk) are fed
+ * one session at a time. */
+lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *logits, lily_status *st);
+
 lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st);
 lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st);
 

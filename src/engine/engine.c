@@ -164,20 +164,23 @@ lily_code lily_decode_batch(lily_session **ss, const int32_t *ids, int n, lily_s
         if (ids[i] < 0 || ids[i] >= m->w.cfg.vocab)
             return lily_err(st, LILY_EINVAL, "token id %d outside the vocabulary [0, %d)", ids[i], m->w.cfg.vocab);
     }
-    if (n == 1 || m->use_cuda) { /* the GPU decodes one session per step for now */
-        for (int i = 0; i < n; i++) {
-            lily_code rc = engine_forward(ss[i], &ids[i], 1, NULL, st);
-            if (rc) return rc;
-        }
-        return LILY_OK;
-    }
+    if (n == 1) return engine_forward(ss[0], &ids[0], 1, NULL, st);
     int V = m->w.cfg.vocab;
     cpu_cache **k = malloc((size_t)n * sizeof *k);
     int *pos = malloc((size_t)n * sizeof *pos);
     float *lg = malloc((size_t)n * V * sizeof *lg);
     if (!k || !pos || !lg) { free(k); free(pos); free(lg); return lily_err(st, LILY_ENOMEM, "out of memory"); }
     for (int i = 0; i < n; i++) { k[i] = &ss[i]->cache; pos[i] = ss[i]->n; }
-    cpu_forward_batch(&m->w, k, pos, m->pool, ids, n, lg);
+    if (m->use_cuda) { /* one pass on the GPU (cu_batch.cu) */
+        lcuda_session **cs = malloc((size_t)n * sizeof *cs);
+        lily_code rc = cs ? LILY_OK : lily_err(st, LILY_ENOMEM, "out of memory");
+        for (int i = 0; i < n && cs; i++) cs[i] = ss[i]->cuda;
+        if (!rc) rc = lcuda_forward_batch(cs, ids, pos, n, lg, st);
+        free(cs);
+        if (rc) { free(k); free(pos); free(lg); return rc; }
+    } else {
+        cpu_forward_batch(&m->w, k, pos, m->pool, ids, n, lg);
+    }
     for (int i = 0; i < n; i++) {
         lily_session *s = ss[i];
         memcpy(s->logits, lg + (size_t)i * V, (size_t)V * sizeof *lg);

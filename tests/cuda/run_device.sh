@@ -1,7 +1,9 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench optin   (default: build check kernels model bench)
+#   stages: build fixtures check kernels model bench batch optin   (default: build check kernels model bench batch)
+#   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
+#          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh)
 #   optin: the kernels that are off until verified on a GPU (LILY_CU_GEMM, LILY_CU_GDN_CHUNK):
 #          check and model with them on, then pp512/pp2048 with them off and on
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
@@ -11,7 +13,7 @@
 set -u
 OUT=${OUT:-/tmp/lily-device}; FXOUT=${FXOUT:-/tmp/lily-fx}; BIN=${BIN:-build}; FIX=${FIX:-../shared/fixtures}
 mkdir -p "$OUT"
-stages=${*:-build check kernels model bench}
+stages=${*:-build check kernels model bench batch}
 fail=0
 for stage in $stages; do
   echo "== $stage ($(date -u +%H:%M:%S))"
@@ -42,7 +44,7 @@ for stage in $stages; do
     "$BIN/cuda-kernel-test" >"$OUT/kernels.log" 2>&1 || fail=1
     grep -E "FAIL|error|passed" "$OUT/kernels.log"
     # the same tokens alone and beside other sessions, and parking to the host and back
-    for t in test_beside test_park; do
+    for t in test_beside test_park test_batch; do
       [ -x "$BIN/tests/$t" ] || continue
       LILY_TEST_BACKEND=cuda "$BIN/tests/$t" >"$OUT/$t.log" 2>&1 && echo "$t (cuda): $(tail -1 "$OUT/$t.log")" ||
         { echo "$t (cuda): FAIL"; grep -v '^ok' "$OUT/$t.log" | tail; fail=1; }
@@ -63,6 +65,10 @@ for stage in $stages; do
       echo "LILY_CU_GEMM=$on LILY_CU_GDN_CHUNK=$on:"
       LILY_CU_GEMM=$on LILY_CU_GDN_CHUNK=$on "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/optin_bench.md"
     done ;;
+  batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)
+    "$BIN/lily-bench" --tests tg32x1@1024,tg32x2@1024,tg32x4@1024,tg32x8@1024,tg32x16@1024 --reps ${REPS:-5} -o md 2>&1 | tee "$OUT/batch.md"
+    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
+    for n in 1 4 8; do bash bench/server_concurrency.sh "$BIN/lily-server" /tmp/lily-m4 $n --backend cuda 2>&1 | tee -a "$OUT/batch.md"; done ;;
   bench)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
     "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps ${REPS:-5} -o md ${PROFILE:+--profile} 2>&1 | tee "$OUT/bench.md" ;;

@@ -37,6 +37,9 @@ MUTANTS = {
     "tf32-tile-b": ("wmma::load_matrix_sync(fb, Ws + (wr + 16 * f) * TLD + kk, TLD);",
                     "wmma::load_matrix_sync(fb, Ws + (wr + 15 * f) * TLD + kk, TLD);",
                     "k_mm_tiled's second B fragment starts one weight row early"),
+    "rows-pos-first": ("p = R.pos ? R.pos[t] : *pos + t;",
+                       "p = R.pos ? R.pos[0] : *pos + t;",
+                       "a decode batch's RoPE and KV-cache write use the first row's position for every row"),
 }
 
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>", re.S)

@@ -1,0 +1,92 @@
+/* Decode batches: n sessions, one token each at its own position, in one forward pass.
+ * Every projection (attention, DeltaNet, router, shared expert, experts, lm_head) runs once
+ * over the n rows with the T-token kernels, so the weights are read once per round instead
+ * of once per session; the steps that touch session state (causal conv, delta rule, RoPE,
+ * KV-cache write, attention) read each row's position and state pointers from a small
+ * device table (cu_rows). The first session carries the batch: its stream, scratch (sized
+ * for `chunk` tokens) and logits buffer. Each session's state ends as if it had been fed
+ * its token alone. */
+#include "cuda/cu_model.h"
+#include <stdlib.h>
+
+/* The row table: pos [cap] ints, then 4 x [cap] pointers (conv, S, kc, vc). */
+static size_t meta_bytes(int cap) { return (size_t)cap * sizeof(int) + 4 * (size_t)cap * sizeof(float *) + 16; }
+static size_t ptr_off(int cap) { return ((size_t)cap * sizeof(int) + 15) & ~(size_t)15; }
+
+static lily_code meta_grow(lcuda_model *m, int n, lily_status *st) {
+    if (n <= m->bcap) return LILY_OK;
+    int cap = m->bcap ? m->bcap : 8;
+    while (cap < n) cap *= 2;
+    void *d = NULL, *h = NULL;
+    cudaError_t e = cudaMalloc(&d, meta_bytes(cap));
+    if (e == cudaSuccess) e = cudaHostAlloc(&h, meta_bytes(cap), cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d);
+        return lily_err(st, LILY_ENOMEM, "out of memory for a decode batch of %d rows", n);
+    }
+    cudaFree(m->bmeta_d);
+    cudaFreeHost(m->bmeta_h);
+    m->bmeta_d = d;
+    m->bmeta_h = h;
+    m->bcap = cap;
+    return LILY_OK;
+}
+
+static lily_code one_by_one(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *logits, lily_status *st) {
+    size_t V = (size_t)ss[0]->m->cfg.vocab;
+    for (int i = 0; i < n; i++) {
+        lily_code rc = lcuda_forward(ss[i], &ids[i], 1, pos[i], logits + i * V, 0, st);
+        if (rc) return rc;
+    }
+    return LILY_OK;
+}
+
+lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *logits, lily_status *st) {
+    if (n < 1) return lily_err(st, LILY_EINVAL, "empty decode batch");
+    lcuda_model *m = ss[0]->m;
+    for (int i = 0; i < n; i++) {
+        if (ss[i]->m != m) return lily_err(st, LILY_EINVAL, "decode batch mixes sessions of different models");
+        if (pos[i] < 0 || pos[i] >= m->max_ctx) return lily_err(st, LILY_ERANGE, "position %d outside the context of %d", pos[i], m->max_ctx);
+        for (int j = 0; j < i; j++)
+            if (ss[j] == ss[i]) return lily_err(st, LILY_EINVAL, "a session appears twice in one decode batch");
+    }
+    /* the carrier's scratch holds `chunk` rows; larger batches (or one row) go one by one */
+    if (n == 1 || n > m->chunk) return one_by_one(ss, ids, pos, n, logits, st);
+    lcuda_session *c = ss[0];
+    lily_code rc = meta_grow(m, n, st);
+    if (!rc) rc = cu_logit_rows(c, n, st);
+    if (rc) return rc;
+    /* earlier work queued on the other sessions' streams (a reset's memsets) must be done
+     * before this stream reads their state */
+    for (int i = 1; i < n; i++) LCU_CHECK(cudaStreamSynchronize(ss[i]->st));
+    int cap = m->bcap;
+    int *hpos = (int *)m->bmeta_h;
+    float **hp = (float **)((char *)m->bmeta_h + ptr_off(cap));
+    for (int i = 0; i < n; i++) {
+        hpos[i] = pos[i];
+        hp[i] = ss[i]->conv;
+        hp[cap + i] = ss[i]->S;
+        hp[2 * cap + i] = ss[i]->kc;
+        hp[3 * cap + i] = ss[i]->vc;
+    }
+    cu_rows R;
+    memset(&R, 0, sizeof R);
+    float **dp = (float **)((char *)m->bmeta_d + ptr_off(cap));
+    R.pos = (const int *)m->bmeta_d;
+    R.conv = dp;
+    R.S = dp + cap;
+    R.kc = dp + 2 * cap;
+    R.vc = dp + 3 * cap;
+    LCU_CHECK(cudaMemcpyAsync(m->bmeta_d, m->bmeta_h, meta_bytes(cap), cudaMemcpyHostToDevice, c->st));
+    LCU_CHECK(cudaMemcpyAsync(c->d_ids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st));
+    c->rows = &R;
+    cu_enqueue_forward(c, n, 2);
+    c->rows = NULL;
+    LCU_CHECK(cudaGetLastError());
+    LCU_CHECK(cudaMemcpyAsync(logits, c->lg, (size_t)n * m->cfg.vocab * sizeof(float), cudaMemcpyDeviceToHost, c->st));
+    /* the staging table and ids are reused by the next batch: wait until this one has read them */
+    LCU_CHECK(cudaStreamSynchronize(c->st));
+    for (int i = 0; i < n; i++) ss[i]->pos = pos[i] + 1;
+    return LILY_OK;
+}
