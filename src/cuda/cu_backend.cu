@@ -49,8 +49,6 @@ lily_code cu_model_alloc(lcuda_model *m, void **p, size_t n, lily_status *st) {
 void lcuda_model_free(lcuda_model *m) {
     if (!m) return;
     for (int i = 0; i < m->n_alloc; i++) cudaFree(m->allocs[i]);
-    cudaFree(m->bmeta_d);
-    cudaFreeHost(m->bmeta_h);
     free(m->allocs);
     free(m->L);
     free(m);
@@ -280,6 +278,8 @@ void lcuda_session_free(lcuda_session *s) {
     for (size_t i = 0; i < sizeof il / sizeof *il; i++) cudaFree(*il[i]);
     for (int i = 0; i < LCU_SNAPSHOTS; i++) { cudaFree(s->snap_conv[i]); cudaFree(s->snap_S[i]); }
     if (s->ring_h) cudaFreeHost(s->ring_h);
+    cudaFree(s->bmeta_d);
+    if (s->bmeta_h) cudaFreeHost(s->bmeta_h);
     for (int i = 0; i < 4; i++) if (s->ev[i]) cudaEventDestroy(s->ev[i]);
     if (s->st) cudaStreamDestroy(s->st);
     free(s);

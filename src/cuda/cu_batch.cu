@@ -13,9 +13,9 @@
 static size_t meta_bytes(int cap) { return (size_t)cap * sizeof(int) + 4 * (size_t)cap * sizeof(float *) + 16; }
 static size_t ptr_off(int cap) { return ((size_t)cap * sizeof(int) + 15) & ~(size_t)15; }
 
-static lily_code meta_grow(lcuda_model *m, int n, lily_status *st) {
-    if (n <= m->bcap) return LILY_OK;
-    int cap = m->bcap ? m->bcap : 8;
+static lily_code meta_grow(lcuda_session *s, int n, lily_status *st) {
+    if (n <= s->bcap) return LILY_OK;
+    int cap = s->bcap ? s->bcap : 8;
     while (cap < n) cap *= 2;
     void *d = NULL, *h = NULL;
     cudaError_t e = cudaMalloc(&d, meta_bytes(cap));
@@ -25,11 +25,11 @@ static lily_code meta_grow(lcuda_model *m, int n, lily_status *st) {
         cudaFree(d);
         return lily_err(st, LILY_ENOMEM, "out of memory for a decode batch of %d rows", n);
     }
-    cudaFree(m->bmeta_d);
-    cudaFreeHost(m->bmeta_h);
-    m->bmeta_d = d;
-    m->bmeta_h = h;
-    m->bcap = cap;
+    cudaFree(s->bmeta_d);
+    cudaFreeHost(s->bmeta_h);
+    s->bmeta_d = d;
+    s->bmeta_h = h;
+    s->bcap = cap;
     return LILY_OK;
 }
 
@@ -54,15 +54,15 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
     /* the carrier's scratch holds `chunk` rows; larger batches (or one row) go one by one */
     if (n == 1 || n > m->chunk) return one_by_one(ss, ids, pos, n, logits, st);
     lcuda_session *c = ss[0];
-    lily_code rc = meta_grow(m, n, st);
+    lily_code rc = meta_grow(c, n, st);
     if (!rc) rc = cu_logit_rows(c, n, st);
     if (rc) return rc;
     /* earlier work queued on the other sessions' streams (a reset's memsets) must be done
      * before this stream reads their state */
     for (int i = 1; i < n; i++) LCU_CHECK(cudaStreamSynchronize(ss[i]->st));
-    int cap = m->bcap;
-    int *hpos = (int *)m->bmeta_h;
-    float **hp = (float **)((char *)m->bmeta_h + ptr_off(cap));
+    int cap = c->bcap;
+    int *hpos = (int *)c->bmeta_h;
+    float **hp = (float **)((char *)c->bmeta_h + ptr_off(cap));
     for (int i = 0; i < n; i++) {
         hpos[i] = pos[i];
         hp[i] = ss[i]->conv;
@@ -72,13 +72,13 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
     }
     cu_rows R;
     memset(&R, 0, sizeof R);
-    float **dp = (float **)((char *)m->bmeta_d + ptr_off(cap));
-    R.pos = (const int *)m->bmeta_d;
+    float **dp = (float **)((char *)c->bmeta_d + ptr_off(cap));
+    R.pos = (const int *)c->bmeta_d;
     R.conv = dp;
     R.S = dp + cap;
     R.kc = dp + 2 * cap;
     R.vc = dp + 3 * cap;
-    LCU_CHECK(cudaMemcpyAsync(m->bmeta_d, m->bmeta_h, meta_bytes(cap), cudaMemcpyHostToDevice, c->st));
+    LCU_CHECK(cudaMemcpyAsync(c->bmeta_d, c->bmeta_h, meta_bytes(cap), cudaMemcpyHostToDevice, c->st));
     LCU_CHECK(cudaMemcpyAsync(c->d_ids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st));
     c->rows = &R;
     cu_enqueue_forward(c, n, 2);

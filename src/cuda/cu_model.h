@@ -26,10 +26,6 @@ struct lcuda_model {
     dmat embed, lm_head;
     float *norm, *inv_freq;
     cu_layer *L;
-    /* decode batches (cu_batch.cu): the row table on the device and its host staging, for
-     * up to bcap rows, grown on demand */
-    void *bmeta_d, *bmeta_h;
-    int bcap;
     void **allocs;
     int n_alloc, cap_alloc;
     uint64_t bytes;
@@ -56,6 +52,11 @@ struct lcuda_session {
     int lg_rows;
     int pos;                       /* tokens the device state covers */
     const cu_rows *rows;           /* set while this session carries a decode batch (cu_batch.cu) */
+    /* the row table of the batches this session carries, on the device and its host staging,
+     * for up to bcap rows, grown on demand; per session (not per model) because batches of one
+     * model may run on several threads at once */
+    void *bmeta_d, *bmeta_h;
+    int bcap;
     cudaGraphExec_t graph;
     cudaEvent_t ev[4];
 };
