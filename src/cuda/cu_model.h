@@ -53,6 +53,7 @@ struct lcuda_session {
     int pos;                       /* tokens the device state covers */
     cudaGraphExec_t graph;
     cudaEvent_t ev[4];
+    struct cu_sampler *samp;       /* GPU sampling (cu_sample.cu), made on first use */
 };
 
 /* Tracks a device allocation for lcuda_model_free. */

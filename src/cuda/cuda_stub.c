@@ -50,9 +50,9 @@ lily_code lcuda_snapshot_copy(lcuda_session *s, int slot, int to_host, float *co
     (void)s; (void)slot; (void)to_host; (void)conv; (void)S;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
-lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, uint64_t seed, int max_tokens,
-                         lily_token_cb cb, void *user, int *n_out, lily_status *st) {
-    (void)s; (void)pos; (void)first; (void)p; (void)seed; (void)max_tokens; (void)cb; (void)user;
+lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, const lcuda_sample_state *ss,
+                         int max_tokens, lily_token_cb cb, void *user, int *n_out, lily_status *st) {
+    (void)s; (void)pos; (void)first; (void)p; (void)ss; (void)max_tokens; (void)cb; (void)user;
     if (n_out) *n_out = 0;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }

@@ -4,6 +4,7 @@
  *
  *   cuda-kernel-test [--seed N] [--small]       kernel-by-kernel checks (--small: every kernel and
  *                                               code path at small sizes, for the CPU emulator)
+ *   cuda-kernel-test --sampling [--small]       only the GPU sampler against the CPU sampler
  *   cuda-kernel-test --model DIR [--prompt 1000] [--steps 32]
  *                                               whole model: CPU and CUDA logits after a random
  *                                               prompt, and the greedy tokens of the next steps
@@ -252,6 +253,8 @@ static void test_argmax(int V) {
     free(x);
 }
 
+#include "kt_sample.h"
+
 /* Whole model: CPU and CUDA backends on one random prompt, then greedy steps. */
 static int test_model(const char *dir, int P, int steps) {
     lily_model_opts o;
@@ -335,9 +338,11 @@ int collect(void *u, const lily_token *t) {
 int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)time(NULL);
     const char *model = NULL;
-    int P = 1000, steps = 32, small = 0;
-    for (int i = 1; i < argc; i++)
+    int P = 1000, steps = 32, small = 0, sampling = 0;
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--small")) small = 1;
+        if (!strcmp(argv[i], "--sampling")) sampling = 1;
+    }
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--model")) model = argv[++i];
@@ -348,6 +353,11 @@ int main(int argc, char **argv) {
     lily_rng_seed(&rng, seed);
     if (model) {
         if (test_model(model, P, steps)) n_fail++;
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        return n_fail != 0;
+    }
+    if (sampling) { /* only the GPU sampler against the CPU one */
+        test_sampling(small);
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail != 0;
     }
@@ -418,6 +428,7 @@ int main(int argc, char **argv) {
     test_argmax(248320);
     test_argmax(1);
     test_argmax(1000);
+    test_sampling(small);
     lily_pool_free(pool);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;

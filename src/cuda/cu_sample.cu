@@ -1,0 +1,713 @@
+/* Sampling on the GPU: the CPU sampler's pipeline (src/engine/sampler.c: bias -> penalties
+ * -> temperature -> top-k -> top-p -> min-p -> draw, logprobs of the unmodified row) in five
+ * launches per step, none of which sorts the vocabulary:
+ *
+ *   z      (grid)  penalized, scaled logit z[i] in double exactly as the CPU computes it;
+ *                  per block: max z (lowest id), max raw logit, the n best raw logits
+ *   mass   (grid)  weights exp(z - zmax) as 2^-44 fixed point (integer sums are exact, so
+ *                  no result depends on block order); per block: raw exp sum for log Z,
+ *                  id-order mass; global: total mass and a histogram of zmax - z (1/8 bins)
+ *   plan   (1 thread)  the histogram bin by which top-k's k tokens (or, without top-k,
+ *                  top-p's mass) are reached: every kept token lies in bins up to it
+ *   gather (grid)  those candidates (z, id, weight) into a list
+ *   finish (1 block) the choice: greedy argmax; id-order walk (no top-k/top-p); or, for
+ *                  top-k/top-p, radix selections over the candidates on the key (z desc,
+ *                  id asc) by count (k-th token), by mass (top-p cut, then the draw);
+ *                  top-n logprobs; the uniform from the device copy of the lily_rng. */
+#include "cuda/cu_model.h"
+#include "cuda/cu_sample.h"
+#include <math.h>
+#include <stdlib.h>
+
+#define SB 256            /* threads of the grid passes */
+#define SPT 4             /* entries per thread */
+#define CH (SB * SPT)     /* vocabulary entries per block */
+#define FB 1024           /* threads of the finishing block (== CH: one entry each in the id walk) */
+#define NB 512            /* histogram bins of zmax - z */
+#define BPU 8.0           /* bins per unit of scaled logit */
+#define QONE 17592186044416.0 /* 2^44 */
+#define RS (4 + 2 * LILY_MAX_LOGPROBS)
+#define NOID 0x7fffffff
+
+typedef unsigned long long ull;
+
+enum { M_GREEDY = 0, M_IDORDER = 1, M_SORTED = 2 };
+
+typedef struct {
+    int V, G, mode, top_k, n_logprobs, penal, n_bias;
+    float pp, fp, rp;
+    double inv_t, lmp, top_p;
+    int *counts;
+    unsigned char *prompt;
+    unsigned *bias_bits;
+    int *bias_ids, *bias_off;
+    float *bias_val;
+    double *z;
+    double *p_zmax;
+    int *p_arg;
+    float *p_rmax;
+    double *p_lse;
+    ull *p_mass, *tot_all, *hm;
+    unsigned *hc;
+    int *bstar;
+    float *p_topv;
+    int *p_topi;
+    double *cz;
+    int *cid;
+    ull *cq;
+    int *cn;
+    ull *rng;
+    int *ring;
+} samp_par;
+
+struct cu_sampler {
+    int V, G, bias_cap;
+    samp_par h;           /* host copy of the parameters */
+    samp_par *d;          /* device copy the kernels read */
+    int *ring_h;
+    cudaGraphExec_t graph;
+    void *bufs[32];
+    int nbuf;
+};
+
+/* ---------------- device helpers ---------------- */
+
+/* The penalized, scaled logit of token i: pen_logit() * inv_t of sampler.c, operation for
+ * operation in double (the products are kept out of FMA contraction). */
+__device__ __forceinline__ double s_z(const samp_par *P, const float *logits, int i) {
+    float x = logits[i];
+    if (P->n_bias && (P->bias_bits[i >> 5] >> (i & 31) & 1u)) {
+        int lo = 0, hi = P->n_bias - 1;
+        while (lo < hi) {
+            int mid = (lo + hi) >> 1;
+            if (P->bias_ids[mid] < i) lo = mid + 1; else hi = mid;
+        }
+        for (int e = P->bias_off[lo]; e < P->bias_off[lo + 1]; e++) x += P->bias_val[e];
+    }
+    if (!isfinite(x)) return -INFINITY;
+    double z = x;
+    if (P->penal) {
+        int n = P->counts[i];
+        if ((n > 0 || P->prompt[i]) && P->rp != 1.0f) z = z > 0 ? z / (double)P->rp : z * (double)P->rp;
+        if (n > 0) z -= __dadd_rn((double)P->pp, __dmul_rn((double)P->fp, (double)n));
+    }
+    return z * P->inv_t;
+}
+
+/* Weight exp(z - zmax) as the CPU's W() computes it, in 2^-44 fixed point. */
+__device__ __forceinline__ ull s_q(double z, double zmax) {
+    double w = (double)expf((float)(z - zmax));
+    return (ull)(w * QONE + 0.5);
+}
+
+__device__ __forceinline__ int s_bin(double z, double zmax) {
+    double d = zmax - z;
+    return d < (NB - 1) / BPU ? (int)(d * BPU) : NB - 1;
+}
+
+/* Sort key: ascending (hi, lo) is the sampler's order, z descending then id ascending. */
+__device__ __forceinline__ ull s_key(double z) {
+    ull u = (ull)__double_as_longlong(z);
+    u = (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+    return ~u;
+}
+
+/* a better than b: larger value, lower id on ties; id < 0 is nothing */
+__device__ __forceinline__ bool s_better_d(double a, int ai, double b, int bi) {
+    return ai >= 0 && (bi < 0 || a > b || (a == b && ai < bi));
+}
+__device__ __forceinline__ bool s_better_f(float a, int ai, float b, int bi) {
+    return a > b || (a == b && ai < bi);
+}
+
+/* Block-wide argmax of (v, id); every thread gets the result. */
+__device__ void blk_argmax_d(double &v, int &id, double *sv, int *si) {
+    for (int o = 16; o; o >>= 1) {
+        double ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, id, o);
+        if (s_better_d(ov, oi, v, id)) { v = ov; id = oi; }
+    }
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) { sv[w] = v; si[w] = id; }
+    __syncthreads();
+    v = sv[0]; id = si[0];
+    for (int i = 1; i < nw; i++)
+        if (s_better_d(sv[i], si[i], v, id)) { v = sv[i]; id = si[i]; }
+}
+__device__ void blk_argmax_f(float &v, int &id, float *sv, int *si) {
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, id, o);
+        if (s_better_f(ov, oi, v, id)) { v = ov; id = oi; }
+    }
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) { sv[w] = v; si[w] = id; }
+    __syncthreads();
+    v = sv[0]; id = si[0];
+    for (int i = 1; i < nw; i++)
+        if (s_better_f(sv[i], si[i], v, id)) { v = sv[i]; id = si[i]; }
+}
+__device__ ull blk_sum_u(ull v, ull *sh) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    ull r = 0;
+    for (int i = 0; i < nw; i++) r += sh[i];
+    return r;
+}
+__device__ double blk_sum_d(double v, double *sh) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double r = 0;
+    for (int i = 0; i < nw; i++) r += sh[i];
+    return r;
+}
+__device__ float blk_max_f(float v, float *sh) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = sh[0];
+    for (int i = 1; i < nw; i++) r = fmaxf(r, sh[i]);
+    return r;
+}
+
+/* zmax (with its id) and rmax from the z pass's block partials; every thread gets them. */
+__device__ void s_maxes(const samp_par *P, double *zmax, int *arg, float *rmax, double *sv, int *si, float *sf) {
+    double v = -INFINITY;
+    int id = -1;
+    float r = -INFINITY;
+    for (int b = threadIdx.x; b < P->G; b += blockDim.x) {
+        if (s_better_d(P->p_zmax[b], P->p_arg[b], v, id)) { v = P->p_zmax[b]; id = P->p_arg[b]; }
+        r = fmaxf(r, P->p_rmax[b]);
+    }
+    blk_argmax_d(v, id, sv, si);
+    *zmax = v; *arg = id;
+    *rmax = blk_max_f(r, sf);
+}
+
+/* ---------------- the grid passes ---------------- */
+
+__global__ void __launch_bounds__(SB) k_samp_z(const samp_par *P, const float *logits) {
+    __shared__ double sv[32];
+    __shared__ int si[32];
+    __shared__ float sf[32];
+    __shared__ int sfi[32];
+    int V = P->V, base = blockIdx.x * CH;
+    if (blockIdx.x == 0) { /* the mass pass accumulates into these */
+        for (int b = threadIdx.x; b < NB; b += SB) { P->hc[b] = 0; P->hm[b] = 0; }
+        if (threadIdx.x == 0) { *P->tot_all = 0; *P->cn = 0; }
+    }
+    double bz = -INFINITY;
+    int bid = -1;
+    float rmax = -INFINITY, xv[SPT];
+    for (int k = 0; k < SPT; k++) {
+        int i = base + k * SB + threadIdx.x;
+        xv[k] = -INFINITY;
+        if (i >= V) continue;
+        float x = logits[i];
+        if (isfinite(x)) { rmax = fmaxf(rmax, x); xv[k] = x; }
+        double z = s_z(P, logits, i);
+        P->z[i] = z;
+        if (s_better_d(z, i, bz, bid)) { bz = z; bid = i; }
+    }
+    blk_argmax_d(bz, bid, sv, si);
+    rmax = blk_max_f(rmax, sf);
+    if (threadIdx.x == 0) { P->p_zmax[blockIdx.x] = bz; P->p_arg[blockIdx.x] = bid; P->p_rmax[blockIdx.x] = rmax; }
+    /* this block's n best raw logits (non-finite as -inf, lower id first on ties) */
+    int n = P->n_logprobs;
+    unsigned taken = 0;
+    for (int j = 0; j < n; j++) {
+        float v = -INFINITY;
+        int id = NOID;
+        for (int k = 0; k < SPT; k++) {
+            int i = base + k * SB + threadIdx.x;
+            if (i < V && !(taken >> k & 1u) && s_better_f(xv[k], i, v, id)) { v = xv[k]; id = i; }
+        }
+        blk_argmax_f(v, id, sf, sfi);
+        if (id != NOID && id >= base && (id - base) % SB == (int)threadIdx.x) taken |= 1u << ((id - base) / SB);
+        if (threadIdx.x == 0) { P->p_topv[blockIdx.x * n + j] = v; P->p_topi[blockIdx.x * n + j] = id; }
+    }
+}
+
+__global__ void __launch_bounds__(SB) k_samp_mass(const samp_par *P, const float *logits) {
+    __shared__ double sv[32];
+    __shared__ int si[32];
+    __shared__ float sf[32];
+    __shared__ ull su[32];
+    __shared__ unsigned hc[NB];
+    __shared__ ull hm[NB];
+    double zmax;
+    int arg;
+    float rmax;
+    s_maxes(P, &zmax, &arg, &rmax, sv, si, sf);
+    int V = P->V, base = blockIdx.x * CH;
+    /* log Z of the unmodified row: the CPU's sum of W(x - rmax) */
+    double e = 0;
+    for (int k = 0; k < SPT; k++) {
+        int i = base + k * SB + threadIdx.x;
+        if (i < V && isfinite(logits[i])) e += (double)expf((float)((double)logits[i] - (double)rmax));
+    }
+    e = blk_sum_d(e, sv);
+    if (threadIdx.x == 0) P->p_lse[blockIdx.x] = e;
+    if (P->mode == M_GREEDY || zmax == -INFINITY) return;
+    double thr = P->lmp == -INFINITY ? -INFINITY : zmax + P->lmp;
+    if (P->mode == M_IDORDER) {
+        ull m = 0;
+        for (int k = 0; k < SPT; k++) {
+            int i = base + k * SB + threadIdx.x;
+            if (i >= V) continue;
+            double z = P->z[i];
+            if (z > -INFINITY && z >= thr) m += s_q(z, zmax);
+        }
+        m = blk_sum_u(m, su);
+        if (threadIdx.x == 0) P->p_mass[blockIdx.x] = m;
+        return;
+    }
+    for (int b = threadIdx.x; b < NB; b += SB) { hc[b] = 0; hm[b] = 0; }
+    __syncthreads();
+    ull m = 0;
+    for (int k = 0; k < SPT; k++) {
+        int i = base + k * SB + threadIdx.x;
+        if (i >= V) continue;
+        double z = P->z[i];
+        if (!(z > -INFINITY)) continue;
+        ull q = s_q(z, zmax);
+        int b = s_bin(z, zmax);
+        atomicAdd(&hc[b], 1u);
+        atomicAdd(&hm[b], q);
+        m += q;
+    }
+    m = blk_sum_u(m, su);
+    for (int b = threadIdx.x; b < NB; b += SB)
+        if (hc[b]) { atomicAdd(&P->hc[b], hc[b]); atomicAdd(&P->hm[b], hm[b]); }
+    if (threadIdx.x == 0) atomicAdd(P->tot_all, m);
+}
+
+/* The last histogram bin the candidates need: with top-k, where k tokens are reached (all of
+ * the top-k set, whose mass top-p is relative to); otherwise where top-p's mass is. */
+__global__ void k_samp_plan(const samp_par *P) {
+    if (P->mode != M_SORTED) return;
+    ull need = P->top_p < 1 ? (ull)ceil(P->top_p * (double)*P->tot_all) : 0;
+    ull cc = 0, cm = 0;
+    int b;
+    for (b = 0; b < NB - 1; b++) {
+        cc += P->hc[b];
+        cm += P->hm[b];
+        if (P->top_k ? cc >= (ull)P->top_k : cm >= need) break;
+    }
+    *P->bstar = b;
+}
+
+__global__ void __launch_bounds__(SB) k_samp_gather(const samp_par *P) {
+    __shared__ double sv[32];
+    __shared__ int si[32];
+    __shared__ float sf[32];
+    __shared__ int cnt, off;
+    if (P->mode != M_SORTED) return;
+    double zmax;
+    int arg;
+    float rmax;
+    s_maxes(P, &zmax, &arg, &rmax, sv, si, sf);
+    if (zmax == -INFINITY) return;
+    int V = P->V, base = blockIdx.x * CH, bs = *P->bstar, slot[SPT];
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    for (int k = 0; k < SPT; k++) {
+        int i = base + k * SB + threadIdx.x;
+        slot[k] = -1;
+        if (i < V && P->z[i] > -INFINITY && s_bin(P->z[i], zmax) <= bs) slot[k] = atomicAdd(&cnt, 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && cnt) off = atomicAdd(P->cn, cnt);
+    __syncthreads();
+    for (int k = 0; k < SPT; k++) {
+        if (slot[k] < 0) continue;
+        int i = base + k * SB + threadIdx.x, j = off + slot[k];
+        P->cz[j] = P->z[i];
+        P->cid[j] = i;
+        P->cq[j] = s_q(P->z[i], zmax);
+    }
+}
+
+/* ---------------- the finishing block ---------------- */
+
+/* The candidates counted: key (z desc, id asc) at or before (Lhi, Llo) and z >= thr. */
+typedef struct { ull Lhi; unsigned Llo; double thr; } rset;
+
+__device__ __forceinline__ bool r_in(const rset &S, ull hi, unsigned lo, double z) {
+    return (hi < S.Lhi || (hi == S.Lhi && lo <= S.Llo)) && z >= S.thr;
+}
+/* digit d (0..10) of the 88-bit key: 8 bytes of hi, then 3 of the 24-bit id */
+__device__ __forceinline__ int r_digit(int d, ull hi, unsigned lo) {
+    return d < 8 ? (int)((hi >> (56 - 8 * d)) & 255u) : (int)((lo >> (16 - 8 * (d - 8))) & 255u);
+}
+__device__ __forceinline__ bool r_match(int d, ull hi, unsigned lo, ull ph, unsigned pl) {
+    if (d == 0) return true;
+    if (d <= 8) return (hi >> (64 - 8 * d)) == (ph >> (64 - 8 * d));
+    return hi == ph && (lo >> (24 - 8 * (d - 8))) == (pl >> (24 - 8 * (d - 8)));
+}
+
+/* Sum over the set of the weights (what = 1) or the count (what = 0). */
+__device__ ull r_total(const samp_par *P, int N, const rset &S, int what, ull *su) {
+    ull m = 0;
+    for (int j = threadIdx.x; j < N; j += blockDim.x) {
+        double z = P->cz[j];
+        if (r_in(S, s_key(z), (unsigned)P->cid[j], z)) m += what ? P->cq[j] : 1;
+    }
+    return blk_sum_u(m, su);
+}
+
+/* MSB radix selection over the set in key order. mode 0: the token of rank `target`; 1: the
+ * first whose inclusive cumulative weight is >= target; 2: ... > target. Returns 1 and its key,
+ * or 0 when no token qualifies. */
+__device__ int r_select(const samp_par *P, int N, const rset &S, int mode, ull target, ull *ohi, unsigned *olo) {
+    __shared__ unsigned hc[256];
+    __shared__ ull hm[256];
+    __shared__ int hr[256];
+    __shared__ ull ph, tg;
+    __shared__ unsigned pl;
+    __shared__ int state;
+    if (threadIdx.x == 0) { ph = 0; pl = 0; tg = target; state = 0; }
+    for (int d = 0; d < 11; d++) {
+        for (int b = threadIdx.x; b < 256; b += blockDim.x) { hc[b] = 0; hm[b] = 0; hr[b] = -1; }
+        __syncthreads();
+        ull h0 = ph;
+        unsigned l0 = pl;
+        for (int j = threadIdx.x; j < N; j += blockDim.x) {
+            double z = P->cz[j];
+            ull hi = s_key(z);
+            unsigned lo = (unsigned)P->cid[j];
+            if (!r_in(S, hi, lo, z) || !r_match(d, hi, lo, h0, l0)) continue;
+            int g = r_digit(d, hi, lo);
+            atomicAdd(&hc[g], 1u);
+            atomicAdd(&hm[g], P->cq[j]);
+            hr[g] = j; /* meaningful only where the bin holds one token */
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            ull acc = 0, t = tg;
+            int pick = -1;
+            for (int b = 0; b < 256; b++) {
+                if (!hc[b]) continue;
+                ull add = mode == 0 ? (ull)hc[b] : hm[b];
+                if (mode == 1 ? acc + add >= t : acc + add > t) { pick = b; break; }
+                acc += add;
+            }
+            if (pick < 0) state = 2;
+            else {
+                tg = t - acc;
+                if (d < 8) ph |= (ull)pick << (56 - 8 * d);
+                else pl |= (unsigned)pick << (16 - 8 * (d - 8));
+                if (hc[pick] == 1) {
+                    int j = hr[pick];
+                    ph = s_key(P->cz[j]);
+                    pl = (unsigned)P->cid[j];
+                    state = 1;
+                }
+            }
+        }
+        __syncthreads();
+        if (state) break;
+    }
+    int r = state;
+    *ohi = ph; *olo = pl;
+    __syncthreads();
+    return r == 1;
+}
+
+__device__ __forceinline__ double s_uniform(ull *rng) { /* lily_rng_uniform: xoroshiro128+ */
+    ull s0 = rng[0], s1 = rng[1], r = s0 + s1;
+    s1 ^= s0;
+    rng[0] = ((s0 << 24) | (s0 >> 40)) ^ s1 ^ (s1 << 16);
+    rng[1] = (s1 << 37) | (s1 >> 27);
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+__global__ void __launch_bounds__(FB) k_samp_finish(const samp_par *P, const float *logits, int *tok, const int *step) {
+    __shared__ double sv[32];
+    __shared__ int si[32];
+    __shared__ float sf[32];
+    __shared__ int sfi[32];
+    __shared__ ull su[32];
+    __shared__ double u_sh, lz_sh;
+    __shared__ int id_sh, blk_sh;
+    __shared__ ull t_sh;
+    __shared__ int top_i[LILY_MAX_LOGPROBS];
+    __shared__ float top_v[LILY_MAX_LOGPROBS];
+    double zmax;
+    int arg;
+    float rmax;
+    s_maxes(P, &zmax, &arg, &rmax, sv, si, sf);
+    if (threadIdx.x == 0) {
+        double rs = 0;
+        for (int b = 0; b < P->G; b++) rs += P->p_lse[b];
+        lz_sh = rmax + log(rs);
+        u_sh = P->mode != M_GREEDY ? s_uniform(P->rng) : 0;
+        id_sh = -1;
+    }
+    __syncthreads();
+    int err = zmax == -INFINITY || rmax == -INFINITY;
+    if (!err && P->mode == M_GREEDY) {
+        if (threadIdx.x == 0) id_sh = arg;
+    } else if (!err && P->mode == M_IDORDER) {
+        double thr = P->lmp == -INFINITY ? -INFINITY : zmax + P->lmp;
+        if (threadIdx.x == 0) { /* the block whose id range holds the draw */
+            ull tot = 0;
+            for (int b = 0; b < P->G; b++) tot += P->p_mass[b];
+            ull t = (ull)(u_sh * (double)tot);
+            if (t >= tot) t = tot - 1;
+            int b = 0;
+            while (b < P->G - 1 && P->p_mass[b] <= t) t -= P->p_mass[b++];
+            blk_sh = b;
+            t_sh = t;
+        }
+        __syncthreads();
+        int i = blk_sh * CH + threadIdx.x;
+        double z = i < P->V ? P->z[i] : -INFINITY;
+        ull q = z > -INFINITY && z >= thr ? s_q(z, zmax) : 0, inc = q;
+        int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+        for (int o = 1; o < 32; o <<= 1) {
+            ull y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        if (lane == 31) su[w] = inc;
+        __syncthreads();
+        ull before = 0;
+        for (int k = 0; k < w; k++) before += su[k];
+        inc += before;
+        if (inc - q <= t_sh && t_sh < inc) id_sh = i; /* exactly one thread: q > 0 there */
+    } else if (!err) {
+        int N = *P->cn;
+        rset S = { ~0ull, ~0u, -INFINITY };
+        ull hi;
+        unsigned lo;
+        if (P->top_k && N > P->top_k && r_select(P, N, S, 0, (ull)(P->top_k - 1), &hi, &lo)) { S.Lhi = hi; S.Llo = lo; }
+        if (P->top_p < 1) {
+            ull total = P->top_k ? r_total(P, N, S, 1, su) : *P->tot_all;
+            ull need = (ull)ceil(P->top_p * (double)total);
+            if (r_select(P, N, S, 1, need, &hi, &lo)) { S.Lhi = hi; S.Llo = lo; }
+        }
+        if (P->lmp != -INFINITY) S.thr = zmax + P->lmp;
+        ull tot = r_total(P, N, S, 1, su);
+        ull t = (ull)(u_sh * (double)tot);
+        if (t >= tot) t = tot - 1;
+        if (r_select(P, N, S, 2, t, &hi, &lo)) { if (threadIdx.x == 0) id_sh = (int)lo; }
+        else if (threadIdx.x == 0) id_sh = -1;
+    }
+    __syncthreads();
+    /* top-n of the raw row from the blocks' lists */
+    int n = P->n_logprobs < P->V ? P->n_logprobs : P->V, nc = P->G * P->n_logprobs;
+    for (int j = 0; j < n; j++) {
+        float v = -INFINITY;
+        int id = NOID, at = -1;
+        for (int c = threadIdx.x; c < nc; c += blockDim.x)
+            if (P->p_topi[c] != NOID && s_better_f(P->p_topv[c], P->p_topi[c], v, id)) { v = P->p_topv[c]; id = P->p_topi[c]; at = c; }
+        int mine = id;
+        blk_argmax_f(v, id, sf, sfi);
+        if (at >= 0 && mine == id) P->p_topi[at] = NOID;
+        if (threadIdx.x == 0) { top_v[j] = v; top_i[j] = id; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        int id = id_sh;
+        err = err || id < 0;
+        double lz = lz_sh;
+        float x = err ? 0 : logits[id];
+        float lp = isfinite(x) ? (float)(x - lz) : -INFINITY;
+        int *r = P->ring + (*step % LCU_RING) * RS;
+        r[0] = err ? -1 : id;
+        r[1] = __float_as_int(lp);
+        r[2] = n;
+        r[3] = err;
+        for (int j = 0; j < n; j++) {
+            r[4 + j] = top_i[j];
+            r[4 + LILY_MAX_LOGPROBS + j] = __float_as_int((float)(top_v[j] - lz));
+        }
+        tok[0] = err ? 0 : id;
+        tok[1] = __float_as_int(lp);
+        if (!err) P->counts[id]++;
+        __threadfence_system();
+    }
+}
+
+/* ---------------- host side ---------------- */
+
+static void *salloc(cu_sampler *c, size_t n, lily_status *st, lily_code *rc) {
+    void *p = NULL;
+    if (*rc) return NULL;
+    cudaError_t e = cudaMalloc(&p, n ? n : 8);
+    if (e != cudaSuccess) { *rc = cu_fail(st, e, "sampler buffer", __FILE__, __LINE__); return NULL; }
+    c->bufs[c->nbuf++] = p;
+    return p;
+}
+
+lily_code cu_sampler_new(int V, cu_sampler **out, lily_status *st) {
+    *out = NULL;
+    if (V < 1 || V >= (1 << 24)) return lily_err(st, LILY_EUNSUPPORTED, "GPU sampling takes vocabularies below 2^24 (got %d)", V);
+    cu_sampler *c = (cu_sampler *)calloc(1, sizeof *c);
+    if (!c) return lily_err(st, LILY_ENOMEM, "out of memory");
+    int G = (V + CH - 1) / CH;
+    c->V = V; c->G = G;
+    lily_code rc = LILY_OK;
+    samp_par *h = &c->h;
+    h->V = V; h->G = G;
+    h->counts = (int *)salloc(c, (size_t)V * 4, st, &rc);
+    h->prompt = (unsigned char *)salloc(c, (size_t)V, st, &rc);
+    h->bias_bits = (unsigned *)salloc(c, ((size_t)V / 32 + 1) * 4, st, &rc);
+    h->z = (double *)salloc(c, (size_t)V * 8, st, &rc);
+    h->p_zmax = (double *)salloc(c, (size_t)G * 8, st, &rc);
+    h->p_arg = (int *)salloc(c, (size_t)G * 4, st, &rc);
+    h->p_rmax = (float *)salloc(c, (size_t)G * 4, st, &rc);
+    h->p_lse = (double *)salloc(c, (size_t)G * 8, st, &rc);
+    h->p_mass = (ull *)salloc(c, (size_t)G * 8, st, &rc);
+    h->tot_all = (ull *)salloc(c, 8, st, &rc);
+    h->hc = (unsigned *)salloc(c, NB * 4, st, &rc);
+    h->hm = (ull *)salloc(c, NB * 8, st, &rc);
+    h->bstar = (int *)salloc(c, 4, st, &rc);
+    h->p_topv = (float *)salloc(c, (size_t)G * LILY_MAX_LOGPROBS * 4, st, &rc);
+    h->p_topi = (int *)salloc(c, (size_t)G * LILY_MAX_LOGPROBS * 4, st, &rc);
+    h->cz = (double *)salloc(c, (size_t)V * 8, st, &rc);
+    h->cid = (int *)salloc(c, (size_t)V * 4, st, &rc);
+    h->cq = (ull *)salloc(c, (size_t)V * 8, st, &rc);
+    h->cn = (int *)salloc(c, 4, st, &rc);
+    h->rng = (ull *)salloc(c, 16, st, &rc);
+    c->d = (samp_par *)salloc(c, sizeof(samp_par), st, &rc);
+    if (!rc) {
+        cudaError_t e = cudaHostAlloc((void **)&c->ring_h, (size_t)LCU_RING * RS * sizeof(int), cudaHostAllocMapped);
+        if (e == cudaSuccess) e = cudaHostGetDevicePointer((void **)&h->ring, c->ring_h, 0);
+        if (e != cudaSuccess) rc = cu_fail(st, e, "sampler ring", __FILE__, __LINE__);
+    }
+    if (rc) { cu_sampler_free(c); return rc; }
+    *out = c;
+    return LILY_OK;
+}
+
+void cu_sampler_free(cu_sampler *c) {
+    if (!c) return;
+    if (c->graph) cudaGraphExecDestroy(c->graph);
+    for (int i = 0; i < c->nbuf; i++) cudaFree(c->bufs[i]);
+    if (c->ring_h) cudaFreeHost(c->ring_h);
+    free(c);
+}
+
+cudaGraphExec_t *cu_sampler_graph(cu_sampler *c) { return &c->graph; }
+
+typedef struct { int32_t id; int at; } bias_ent;
+static int bias_cmp(const void *a, const void *b) {
+    const bias_ent *x = (const bias_ent *)a, *y = (const bias_ent *)b;
+    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    return x->at - y->at; /* the CPU adds a token's entries in the order given */
+}
+
+/* The bias entries grouped by token (sorted), each token's in the caller's order. */
+static lily_code upload_bias(cu_sampler *c, cudaStream_t s, const lily_sampling *p, lily_status *st) {
+    samp_par *h = &c->h;
+    int nb = p->n_bias, V = c->V;
+    h->n_bias = 0;
+    LCU_CHECK(cudaMemsetAsync(h->bias_bits, 0, ((size_t)V / 32 + 1) * 4, s));
+    if (nb <= 0) return LILY_OK;
+    for (int i = 0; i < nb; i++)
+        if (p->bias_ids[i] < 0 || p->bias_ids[i] >= V)
+            return lily_err(st, LILY_EINVAL, "logit bias for token %d, outside the vocabulary of %d", p->bias_ids[i], V);
+    if (nb > c->bias_cap) {
+        cudaFree(h->bias_ids); cudaFree(h->bias_off); cudaFree(h->bias_val);
+        h->bias_ids = h->bias_off = NULL; h->bias_val = NULL;
+        c->bias_cap = 0;
+        LCU_CHECK(cudaMalloc((void **)&h->bias_ids, (size_t)nb * 4));
+        LCU_CHECK(cudaMalloc((void **)&h->bias_off, (size_t)(nb + 1) * 4));
+        LCU_CHECK(cudaMalloc((void **)&h->bias_val, (size_t)nb * 4));
+        c->bias_cap = nb;
+    }
+    bias_ent *e = (bias_ent *)malloc((size_t)nb * sizeof *e);
+    int *ids = (int *)malloc((size_t)nb * 4), *off = (int *)malloc((size_t)(nb + 1) * 4);
+    float *val = (float *)malloc((size_t)nb * 4);
+    unsigned *bits = (unsigned *)calloc((size_t)V / 32 + 1, 4);
+    lily_code rc = LILY_OK;
+    if (!e || !ids || !off || !val || !bits) rc = lily_err(st, LILY_ENOMEM, "out of memory");
+    int nd = 0;
+    if (!rc) {
+        for (int i = 0; i < nb; i++) { e[i].id = p->bias_ids[i]; e[i].at = i; }
+        qsort(e, (size_t)nb, sizeof *e, bias_cmp);
+        for (int i = 0; i < nb; i++) {
+            if (i == 0 || e[i].id != e[i - 1].id) { ids[nd] = e[i].id; off[nd++] = i; }
+            val[i] = p->bias_values[e[i].at];
+            bits[e[i].id >> 5] |= 1u << (e[i].id & 31);
+        }
+        off[nd] = nb;
+        cudaError_t ce = cudaMemcpyAsync(h->bias_ids, ids, (size_t)nd * 4, cudaMemcpyHostToDevice, s);
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(h->bias_off, off, (size_t)(nd + 1) * 4, cudaMemcpyHostToDevice, s);
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(h->bias_val, val, (size_t)nb * 4, cudaMemcpyHostToDevice, s);
+        if (ce == cudaSuccess) ce = cudaMemcpyAsync(h->bias_bits, bits, ((size_t)V / 32 + 1) * 4, cudaMemcpyHostToDevice, s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s); /* before the host buffers go */
+        if (ce != cudaSuccess) rc = cu_fail(st, ce, "bias upload", __FILE__, __LINE__);
+        h->n_bias = nd;
+    }
+    free(e); free(ids); free(off); free(val); free(bits);
+    return rc;
+}
+
+lily_code cu_sampler_setup(cu_sampler *c, cudaStream_t s, const lily_sampling *p, const lcuda_sample_state *ss,
+                           lily_status *st) {
+    samp_par *h = &c->h;
+    int V = c->V;
+    int greedy = p->temperature <= 0 || p->top_k == 1;
+    h->top_k = p->top_k > 0 && p->top_k < V ? p->top_k : 0;
+    h->top_p = p->top_p;
+    h->mode = greedy ? M_GREEDY : (h->top_k || p->top_p < 1.0f) ? M_SORTED : M_IDORDER;
+    h->inv_t = greedy ? 1.0 : 1.0 / p->temperature;
+    h->lmp = !greedy && p->min_p > 0 ? log(p->min_p) : -INFINITY;
+    h->n_logprobs = p->n_logprobs < 0 ? 0 : p->n_logprobs > LILY_MAX_LOGPROBS ? LILY_MAX_LOGPROBS : p->n_logprobs;
+    h->pp = p->presence_penalty; h->fp = p->frequency_penalty; h->rp = p->repetition_penalty;
+    h->penal = p->presence_penalty != 0 || p->frequency_penalty != 0 || p->repetition_penalty != 1.0f;
+    lily_code rc = upload_bias(c, s, p, st);
+    if (rc) return rc;
+    if (ss && ss->counts) LCU_CHECK(cudaMemcpyAsync(h->counts, ss->counts, (size_t)V * 4, cudaMemcpyHostToDevice, s));
+    else LCU_CHECK(cudaMemsetAsync(h->counts, 0, (size_t)V * 4, s));
+    if (ss && ss->prompt_mask) LCU_CHECK(cudaMemcpyAsync(h->prompt, ss->prompt_mask, (size_t)V, cudaMemcpyHostToDevice, s));
+    else LCU_CHECK(cudaMemsetAsync(h->prompt, 0, (size_t)V, s));
+    ull r[2] = { ss ? ss->rng[0] : 0, ss ? ss->rng[1] : 0 };
+    LCU_CHECK(cudaMemcpyAsync(h->rng, r, 16, cudaMemcpyHostToDevice, s));
+    LCU_CHECK(cudaMemcpyAsync(c->d, h, sizeof *h, cudaMemcpyHostToDevice, s));
+    LCU_CHECK(cudaStreamSynchronize(s));
+    return LILY_OK;
+}
+
+void cu_sampler_enqueue(cu_sampler *c, cudaStream_t s, const float *logits, int *tok, const int *step) {
+    k_samp_z<<<c->G, SB, 0, s>>>(c->d, logits);
+    k_samp_mass<<<c->G, SB, 0, s>>>(c->d, logits);
+    k_samp_plan<<<1, 1, 0, s>>>(c->d);
+    k_samp_gather<<<c->G, SB, 0, s>>>(c->d);
+    k_samp_finish<<<1, FB, 0, s>>>(c->d, logits, tok, step);
+}
+
+int cu_sampler_read(const cu_sampler *c, int step, lily_token *out) {
+    const volatile int *r = c->ring_h + (step % LCU_RING) * RS;
+    memset(out, 0, sizeof *out);
+    if (r[3]) return 1;
+    out->id = r[0];
+    int b = r[1];
+    memcpy(&out->logprob, &b, 4);
+    out->n_top = r[2];
+    for (int j = 0; j < out->n_top && j < LILY_MAX_LOGPROBS; j++) {
+        out->top_ids[j] = r[4 + j];
+        b = r[4 + LILY_MAX_LOGPROBS + j];
+        memcpy(&out->top_logprobs[j], &b, 4);
+    }
+    return 0;
+}
+
+lily_code cu_sampler_rng(const cu_sampler *c, uint64_t out[2], lily_status *st) {
+    ull r[2];
+    LCU_CHECK(cudaMemcpy(r, c->h.rng, 16, cudaMemcpyDeviceToHost));
+    out[0] = r[0]; out[1] = r[1];
+    return LILY_OK;
+}
