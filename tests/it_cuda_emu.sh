@@ -77,6 +77,25 @@ line=$(tail -n 1 "$tmp/kt.log")
 if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small, LILY_EMU_ORDER=random: $line"
 else grep -v ' ok$' "$tmp/kt.log"; bad "emulated cuda-kernel-test --small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed (rc=$rc)"; fi
 
+# the GPU sampler (cu_sample.cu) against the CPU sampler for the same uniform draw: every
+# option at small vocabularies and the real 248,320, and the draw statistics (chi-square)
+t0=$(date +%s.%N)
+"$E/cuda-kernel-test" --sampling --small --seed "$seed" >"$tmp/ks.log" 2>&1; rc=$?
+line=$(tail -n 1 "$tmp/ks.log")
+if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --sampling --small --seed $seed ($(secs "$t0") s): $line"
+else grep -v ' ok$' "$tmp/ks.log"; bad "emulated cuda-kernel-test --sampling --small --seed $seed (rc=$rc)"; fi
+
+# lily_session_generate with every sampling option on the CUDA session (device sampling in the
+# graph loop): reproducible per seed, equal to host sampling and to the CPU backend (tests/test_sample_gen.c)
+if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_sample_gen" >"$tmp/sgb.log" 2>&1; then
+  t0=$(date +%s.%N)
+  LILY_TEST_BACKEND=cuda "$E/tests/test_sample_gen" >"$tmp/sg.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/sg.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda backend" "$tmp/sg.log"; then
+    ok "emulated test_sample_gen on the CUDA backend ($(secs "$t0") s): $line"
+  else grep -v '^ok' "$tmp/sg.log" | tail -20; bad "emulated test_sample_gen on the CUDA backend (rc=$rc)"; fi
+else tail -n 20 "$tmp/sgb.log"; bad "build of the emulated test_sample_gen"; fi
+
 # whole model (a random tiny one): CPU and CUDA logits after a prompt long enough for the
 # tensor-core tiles, greedy steps on both, and the GPU decode loop (CUDA graph replay) giving
 # the same tokens. The tiles run with fp32 inputs (LILY_EMU_TF32=fp32): in a tiny random model

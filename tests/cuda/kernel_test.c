@@ -357,7 +357,7 @@ int main(int argc, char **argv) {
         return n_fail != 0;
     }
     if (sampling) { /* only the GPU sampler against the CPU one */
-        test_sampling(small);
+        test_sampling(small ? 1 : 2);
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail != 0;
     }
@@ -428,7 +428,7 @@ int main(int argc, char **argv) {
     test_argmax(248320);
     test_argmax(1);
     test_argmax(1000);
-    test_sampling(small);
+    test_sampling(small ? 0 : 2);
     lily_pool_free(pool);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;
