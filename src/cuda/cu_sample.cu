@@ -393,25 +393,43 @@ __device__ int r_select(const samp_par *P, int N, const rset &S, int mode, ull t
             hr[g] = j; /* meaningful only where the bin holds one token */
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            ull acc = 0, t = tg;
-            int pick = -1;
-            for (int b = 0; b < 256; b++) {
-                if (!hc[b]) continue;
-                ull add = mode == 0 ? (ull)hc[b] : hm[b];
-                if (mode == 1 ? acc + add >= t : acc + add > t) { pick = b; break; }
-                acc += add;
+        if (threadIdx.x < 32) { /* warp 0 finds the bin: 8 bins a lane, a prefix sum over the lanes */
+            int lane = threadIdx.x, any = 0;
+            ull t = tg, loc = 0;
+            for (int k = 0; k < 8; k++) {
+                int b = lane * 8 + k;
+                any |= hc[b] != 0;
+                loc += mode == 0 ? (ull)hc[b] : hm[b];
             }
-            if (pick < 0) state = 2;
-            else {
-                tg = t - acc;
-                if (d < 8) ph |= (ull)pick << (56 - 8 * d);
-                else pl |= (unsigned)pick << (16 - 8 * (d - 8));
-                if (hc[pick] == 1) {
-                    int j = hr[pick];
-                    ph = s_key(P->cz[j]);
-                    pl = (unsigned)P->cid[j];
-                    state = 1;
+            ull inc = loc;
+            for (int o = 1; o < 32; o <<= 1) {
+                ull y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += y;
+            }
+            /* the first lane whose bins hold tokens and whose running total crosses the target;
+             * it walks its 8 bins as a sequential scan would */
+            unsigned cross = __ballot_sync(0xffffffffu, any && (mode == 1 ? inc >= t : inc > t));
+            int first = cross ? __ffs((int)cross) - 1 : 0, pick = -1;
+            ull acc = inc - loc;
+            if (lane == first) {
+                for (int k = 0; k < 8 && cross; k++) {
+                    int b = lane * 8 + k;
+                    if (!hc[b]) continue;
+                    ull add = mode == 0 ? (ull)hc[b] : hm[b];
+                    if (mode == 1 ? acc + add >= t : acc + add > t) { pick = b; break; }
+                    acc += add;
+                }
+                if (pick < 0) state = 2;
+                else {
+                    tg = t - acc;
+                    if (d < 8) ph |= (ull)pick << (56 - 8 * d);
+                    else pl |= (unsigned)pick << (16 - 8 * (d - 8));
+                    if (hc[pick] == 1) {
+                        int jj = hr[pick];
+                        ph = s_key(P->cz[jj]);
+                        pl = (unsigned)P->cid[jj];
+                        state = 1;
+                    }
                 }
             }
         }
