@@ -105,7 +105,7 @@ t0=$(date +%s.%N)
 if "$E/lily" synth --out "$tmp/model" --layout mlx4 --preset tiny --seed "$seed" >"$tmp/synth.log" 2>&1; then
   LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model" --prompt 140 --steps 12 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
   line=$(tail -n 1 "$tmp/model.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^3 passed, 0 failed'; then ok "emulated cuda-kernel-test --model (tiny, 140-token prompt, 12 steps, $(secs "$t0") s): $line"
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed'; then ok "emulated cuda-kernel-test --model (tiny, 140-token prompt, 12 steps, $(secs "$t0") s): $line"
   else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model (rc=$rc)"; fi
 else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 

@@ -323,9 +323,49 @@ static int test_model(const char *dir, int P, int steps) {
     }
     snprintf(what, sizeof what, "GPU decode loop: %d greedy tokens as the stepwise path%s", expect, expect < steps ? " (to EOS)" : "");
     report(what, same ? 0 : INFINITY, 0);
+    /* every sampling option: the sampler in the graph must choose what the host sampler
+     * chooses from the same session's logits (LILY_CU_HOST_SAMPLING=1); both draw the same
+     * uniforms, so only a draw within ~1e-6 of a cumulative edge could differ */
+    sp.temperature = 0.9f; sp.top_k = 40; sp.top_p = 0.95f; sp.min_p = 0.02f;
+    sp.presence_penalty = 0.3f; sp.frequency_penalty = 0.1f; sp.repetition_penalty = 1.1f;
+    sp.n_logprobs = 5; sp.seed = lily_rng_u64(&rng);
+    lily_token *td = calloc((size_t)steps, sizeof *td), *th = calloc((size_t)steps, sizeof *th);
+    int md = 0, mh = 0;
+    for (int host = 0; host < 2; host++) {
+        struct { lily_token *out; int n; } tc2 = { host ? th : td, 0 };
+        int keep(void *u, const lily_token *t);
+        if (host) setenv("LILY_CU_HOST_SAMPLING", "1", 1);
+        lily_session_reset(sg);
+        if (lily_session_feed(sg, ids, P, NULL, &st) ||
+            lily_session_generate(sg, &sp, steps, keep, &tc2, host ? &mh : &md, &st)) { printf("sampled generate: %s\n", st.msg); return 1; }
+        unsetenv("LILY_CU_HOST_SAMPLING");
+    }
+    int sd = md == mh;
+    double lpe = 0;
+    for (int i = 0; sd && i < md; i++) {
+        sd = td[i].id == th[i].id && td[i].n_top == th[i].n_top;
+        double e = fabs((double)td[i].logprob - th[i].logprob);
+        if (!(e <= lpe)) lpe = e;
+    }
+    if (!sd) {
+        printf("device:");
+        for (int i = 0; i < md; i++) printf(" %d", td[i].id);
+        printf("\nhost:");
+        for (int i = 0; i < mh; i++) printf(" %d", th[i].id);
+        printf("\n");
+    }
+    snprintf(what, sizeof what, "GPU decode loop, sampled: %d tokens as host sampling (logprob err)", md);
+    report(what, sd ? lpe : INFINITY, 1e-4);
+    free(td); free(th);
     free(ids); free(tc); free(tg); free(tl);
     lily_session_free(sc); lily_session_free(sg);
     lily_model_free(mc); lily_model_free(mg);
+    return 0;
+}
+
+int keep(void *u, const lily_token *t) {
+    struct { lily_token *out; int n; } *c = u;
+    c->out[c->n++] = *t;
     return 0;
 }
 
