@@ -2,6 +2,8 @@
  *
  *   lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768]
  *              [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE]
+ *   tgNs, tgNs@D: the same decode with sampling on the GPU (T 0.8, top-k 40, top-p 0.95,
+ *   min-p 0.05, penalties, 5 logprobs) instead of the argmax
  *
  * Without --model it times the Qwen3.6-35B-A3B shape; with --model it reads that folder's
  * config.json and, with --load, its weights (otherwise random 4-bit weights are made in GPU
@@ -99,7 +101,7 @@ int main(int argc, char **argv) {
     snprintf(list, sizeof list, "%s", tests);
     for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
         int n = 0, d = 0;
-        if (sscanf(t, "pp%d", &n) == 1 || sscanf(t, "tg%d@%d", &n, &d) >= 1) { if (n + d > max_ctx) max_ctx = n + d; }
+        if (sscanf(t, "pp%d", &n) == 1 || sscanf(t, strchr(t, 's') ? "tg%ds@%d" : "tg%d@%d", &n, &d) >= 1) { if (n + d > max_ctx) max_ctx = n + d; }
         else { fprintf(stderr, "lily-bench: unknown test '%s'\n", t); return 2; }
     }
     max_ctx += 16;
@@ -137,7 +139,13 @@ int main(int argc, char **argv) {
     snprintf(list, sizeof list, "%s", tests);
     for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
         int n = 0, d = 0, pp = t[0] == 'p';
-        if (pp) sscanf(t, "pp%d", &n); else sscanf(t, "tg%d@%d", &n, &d);
+        /* tgNs: decode with sampling on the GPU (typical chat settings, 5 logprobs) */
+        int sampled = !pp && strchr(t, 's') != NULL;
+        if (pp) sscanf(t, "pp%d", &n); else sscanf(t, sampled ? "tg%ds@%d" : "tg%d@%d", &n, &d);
+        lily_sampling sp;
+        lily_sampling_default(&sp);
+        sp.temperature = 0.8f; sp.top_k = 40; sp.top_p = 0.95f; sp.min_p = 0.05f;
+        sp.presence_penalty = 0.5f; sp.repetition_penalty = 1.05f; sp.n_logprobs = 5;
         double *ms = calloc((size_t)reps, sizeof *ms);
         for (int r = -warm; r < reps; r++) {
             double x = 0;
@@ -145,7 +153,7 @@ int main(int argc, char **argv) {
             if (pp) { if (lcuda_time_forward(s, NULL, n, 0, &x, &st)) goto fail; }
             else {
                 if (d && lcuda_time_forward(s, NULL, d, 0, &x, &st)) goto fail;
-                if (lcuda_time_decode(s, d, n, &x, &st)) goto fail;
+                if (lcuda_time_decode(s, d, n, sampled ? &sp : NULL, &x, &st)) goto fail;
             }
             if (r >= 0) ms[r] = x;
         }

@@ -140,16 +140,24 @@ out:
     return rc;
 }
 
-lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st) {
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_sampling *p, double *ms, lily_status *st) {
     if (pos < 0 || pos + n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "decoding %d tokens from %d passes the context of %d", n, pos, s->m->max_ctx);
-    lily_code rc = build_graph(s, NULL, st);
-    if (rc) return rc;
+    cu_sampler *smp = NULL;
+    lily_code rc;
+    if (!greedy_only(p)) {
+        if (!s->samp && (rc = cu_sampler_new(s->m->cfg.vocab, &s->samp, st))) return rc;
+        smp = s->samp;
+        lcuda_sample_state ss = { NULL, NULL, { 0x9e3779b97f4a7c15ull, 0x6a09e667f3bcc909ull } };
+        if ((rc = cu_sampler_setup(smp, s->st, p, &ss, st))) return rc;
+    }
+    if ((rc = build_graph(s, smp, st))) return rc;
     if ((rc = start_steps(s, pos, 1, st))) return rc;
+    cudaGraphExec_t graph = smp ? *cu_sampler_graph(smp) : s->graph;
     cudaEvent_t a, b;
     LCU_CHECK(cudaEventCreate(&a));
     LCU_CHECK(cudaEventCreate(&b));
     cudaEventRecord(a, s->st);
-    for (int i = 0; i < n; i++) cudaGraphLaunch(s->graph, s->st);
+    for (int i = 0; i < n; i++) cudaGraphLaunch(graph, s->st);
     cudaEventRecord(b, s->st);
     cudaError_t e = cudaEventSynchronize(b);
     if (e == cudaSuccess) e = cudaGetLastError();

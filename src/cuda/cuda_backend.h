@@ -82,9 +82,10 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
                          int *n_out, lily_status *st);
 
 /* For lily-bench: device time in milliseconds (CUDA events) of a T-token forward at pos
- * (ids random when NULL), and of n greedy decode steps from pos (no host sync per step). */
+ * (ids random when NULL), and of n decode steps from pos (no host sync per step), greedy
+ * when p is NULL, else sampling with p on the device. */
 lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int pos, double *ms, lily_status *st);
-lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st);
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_sampling *p, double *ms, lily_status *st);
 /* Runs one T-token forward at pos (T <= the backend's chunk) with an event after every stage
  * and writes a markdown table of the time per stage, largest first. */
 lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st);

@@ -25,8 +25,8 @@ lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int po
     (void)s; (void)ids; (void)T; (void)pos; (void)ms;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
-lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st) {
-    (void)s; (void)pos; (void)n; (void)ms;
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_sampling *p, double *ms, lily_status *st) {
+    (void)s; (void)pos; (void)n; (void)p; (void)ms;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
 void lcuda_model_free(lcuda_model *m) { (void)m; }
