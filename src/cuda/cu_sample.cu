@@ -88,10 +88,10 @@ __device__ __forceinline__ double s_z(const samp_par *P, const float *logits, in
     double z = x;
     if (P->penal) {
         int n = P->counts[i];
-        if ((n > 0 || P->prompt[i]) && P->rp != 1.0f) z = z > 0 ? z / (double)P->rp : z * (double)P->rp;
+        if ((n > 0 || P->prompt[i]) && P->rp != 1.0f) z = z > 0 ? z / (double)P->rp : __dmul_rn(z, (double)P->rp);
         if (n > 0) z -= __dadd_rn((double)P->pp, __dmul_rn((double)P->fp, (double)n));
     }
-    return z * P->inv_t;
+    return __dmul_rn(z, P->inv_t);
 }
 
 /* Weight exp(z - zmax) as the CPU's W() computes it, in 2^-44 fixed point. */
