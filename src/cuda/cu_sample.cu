@@ -7,7 +7,7 @@
  *   mass   (grid)  weights exp(z - zmax) as 2^-44 fixed point (integer sums are exact, so
  *                  no result depends on block order); per block: raw exp sum for log Z,
  *                  id-order mass; global: total mass and a histogram of zmax - z (1/8 bins)
- *   plan   (1 thread)  the histogram bin by which top-k's k tokens (or, without top-k,
+ *   plan   (1 warp)  the histogram bin by which top-k's k tokens (or, without top-k,
  *                  top-p's mass) are reached: every kept token lies in bins up to it
  *   gather (grid)  those candidates (z, id, weight) into a list
  *   finish (1 block) the choice: greedy argmax; id-order walk (no top-k/top-p); or, for
@@ -194,6 +194,38 @@ __device__ void s_maxes(const samp_par *P, double *zmax, int *arg, float *rmax, 
     *rmax = blk_max_f(r, sf);
 }
 
+/* One full warp: the first k in [0, n) whose inclusive prefix sum of a crosses t (>= t when
+ * ge, else > t), -1 when none; *before = the prefix before it (the total when none). Lanes
+ * sum contiguous ranges (independent loads), a shuffle scan finds the lane, the lane walks. */
+template <class T>
+__device__ int w_cross(const T *a, int n, ull t, int ge, ull *before) {
+    int lane = threadIdx.x & 31, per = (n + 31) / 32, lo = lane * per, hi = min(lo + per, n);
+    ull loc = 0;
+    for (int k = lo; k < hi; k++) loc += (ull)a[k];
+    ull inc = loc;
+    for (int o = 1; o < 32; o <<= 1) {
+        ull y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+    }
+    unsigned cr = __ballot_sync(0xffffffffu, hi > lo && (ge ? inc >= t : inc > t));
+    int res = -1;
+    ull bef = __shfl_sync(0xffffffffu, inc, 31);
+    if (cr) {
+        int L = __ffs((int)cr) - 1;
+        ull acc = inc - loc;
+        if (lane == L)
+            for (int k = lo; k < hi; k++) {
+                ull v = acc + (ull)a[k];
+                if (ge ? v >= t : v > t) { res = k; break; }
+                acc = v;
+            }
+        res = __shfl_sync(0xffffffffu, res, L);
+        bef = __shfl_sync(0xffffffffu, acc, L);
+    }
+    *before = bef;
+    return res;
+}
+
 /* ---------------- the grid passes ---------------- */
 
 __global__ void __launch_bounds__(SB) k_samp_z(const samp_par *P, const float *logits) {
@@ -294,17 +326,11 @@ __global__ void __launch_bounds__(SB) k_samp_mass(const samp_par *P, const float
 
 /* The last histogram bin the candidates need: with top-k, where k tokens are reached (all of
  * the top-k set, whose mass top-p is relative to); otherwise where top-p's mass is. */
-__global__ void k_samp_plan(const samp_par *P) {
+__global__ void k_samp_plan(const samp_par *P) { /* one warp */
     if (P->mode != M_SORTED) return;
-    ull need = P->top_p < 1 ? (ull)ceil(P->top_p * (double)*P->tot_all) : 0;
-    ull cc = 0, cm = 0;
-    int b;
-    for (b = 0; b < NB - 1; b++) {
-        cc += P->hc[b];
-        cm += P->hm[b];
-        if (P->top_k ? cc >= (ull)P->top_k : cm >= need) break;
-    }
-    *P->bstar = b;
+    ull before, need = P->top_p < 1 ? (ull)ceil(P->top_p * (double)*P->tot_all) : 0;
+    int b = P->top_k ? w_cross(P->hc, NB, (ull)P->top_k, 1, &before) : w_cross(P->hm, NB, need, 1, &before);
+    if (threadIdx.x == 0) *P->bstar = b < 0 || b > NB - 1 ? NB - 1 : b;
 }
 
 __global__ void __launch_bounds__(SB) k_samp_gather(const samp_par *P) {
@@ -465,9 +491,10 @@ __global__ void __launch_bounds__(FB) k_samp_finish(const samp_par *P, const flo
     int arg;
     float rmax;
     s_maxes(P, &zmax, &arg, &rmax, sv, si, sf);
+    double rs = 0;
+    for (int b = threadIdx.x; b < P->G; b += blockDim.x) rs += P->p_lse[b];
+    rs = blk_sum_d(rs, sv); /* a fixed order: the same every run */
     if (threadIdx.x == 0) {
-        double rs = 0;
-        for (int b = 0; b < P->G; b++) rs += P->p_lse[b];
         lz_sh = rmax + log(rs);
         u_sh = P->mode != M_GREEDY ? s_uniform(P->rng) : 0;
         id_sh = -1;
@@ -478,15 +505,17 @@ __global__ void __launch_bounds__(FB) k_samp_finish(const samp_par *P, const flo
         if (threadIdx.x == 0) id_sh = arg;
     } else if (!err && P->mode == M_IDORDER) {
         double thr = P->lmp == -INFINITY ? -INFINITY : zmax + P->lmp;
-        if (threadIdx.x == 0) { /* the block whose id range holds the draw */
-            ull tot = 0;
-            for (int b = 0; b < P->G; b++) tot += P->p_mass[b];
+        if (threadIdx.x < 32) { /* warp 0: the block whose id range holds the draw */
+            ull tot = 0, before;
+            for (int b = threadIdx.x; b < P->G; b += 32) tot += P->p_mass[b];
+            for (int o = 16; o; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
             ull t = (ull)(u_sh * (double)tot);
             if (t >= tot) t = tot - 1;
-            int b = 0;
-            while (b < P->G - 1 && P->p_mass[b] <= t) t -= P->p_mass[b++];
-            blk_sh = b;
-            t_sh = t;
+            int b = w_cross(P->p_mass, P->G, t, 0, &before);
+            if (threadIdx.x == 0) {
+                blk_sh = b < 0 ? P->G - 1 : b;
+                t_sh = b < 0 ? 0 : t - before;
+            }
         }
         __syncthreads();
         int i = blk_sh * CH + threadIdx.x;
@@ -702,7 +731,7 @@ lily_code cu_sampler_setup(cu_sampler *c, cudaStream_t s, const lily_sampling *p
 void cu_sampler_enqueue(cu_sampler *c, cudaStream_t s, const float *logits, int *tok, const int *step) {
     k_samp_z<<<c->G, SB, 0, s>>>(c->d, logits);
     k_samp_mass<<<c->G, SB, 0, s>>>(c->d, logits);
-    k_samp_plan<<<1, 1, 0, s>>>(c->d);
+    k_samp_plan<<<1, 32, 0, s>>>(c->d);
     k_samp_gather<<<c->G, SB, 0, s>>>(c->d);
     k_samp_finish<<<1, FB, 0, s>>>(c->d, logits, tok, step);
 }
