@@ -408,15 +408,36 @@ __device__ int r_select(const samp_par *P, int N, const rset &S, int mode, ull t
         __syncthreads();
         ull h0 = ph;
         unsigned l0 = pl;
-        for (int j = threadIdx.x; j < N; j += blockDim.x) {
-            double z = P->cz[j];
-            ull hi = s_key(z);
-            unsigned lo = (unsigned)P->cid[j];
-            if (!r_in(S, hi, lo, z) || !r_match(d, hi, lo, h0, l0)) continue;
-            int g = r_digit(d, hi, lo);
-            atomicAdd(&hc[g], 1u);
-            atomicAdd(&hm[g], P->cq[j]);
-            hr[g] = j; /* meaningful only where the bin holds one token */
+        /* warp-uniform trip count; where every counted lane of a warp falls in one bin (the
+         * first passes, flat rows) its leader adds for all: 32x fewer colliding atomics */
+        int lane = threadIdx.x & 31;
+        for (int j0 = threadIdx.x - lane; j0 < N; j0 += blockDim.x) {
+            int j = j0 + lane, g = 0;
+            ull q = 0;
+            bool v = false;
+            if (j < N) {
+                double z = P->cz[j];
+                ull hi = s_key(z);
+                unsigned lo = (unsigned)P->cid[j];
+                v = r_in(S, hi, lo, z) && r_match(d, hi, lo, h0, l0);
+                if (v) { g = r_digit(d, hi, lo); q = P->cq[j]; }
+            }
+            unsigned vm = __ballot_sync(0xffffffffu, v);
+            if (!vm) continue;
+            int leader = __ffs((int)vm) - 1;
+            int g0 = __shfl_sync(0xffffffffu, g, leader);
+            if (__ballot_sync(0xffffffffu, v && g == g0) == vm) {
+                for (int o = 16; o; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+                if (lane == leader) {
+                    atomicAdd(&hc[g0], (unsigned)__popc(vm));
+                    atomicAdd(&hm[g0], q);
+                    hr[g0] = j; /* meaningful only where the bin holds one token */
+                }
+            } else if (v) {
+                atomicAdd(&hc[g], 1u);
+                atomicAdd(&hm[g], q);
+                hr[g] = j;
+            }
         }
         __syncthreads();
         if (threadIdx.x < 32) { /* warp 0 finds the bin: 8 bins a lane, a prefix sum over the lanes */
