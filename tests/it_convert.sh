@@ -5,8 +5,8 @@
 # folder that looks valid.
 set -u
 cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-LILY=$PWD/$BUILD/lily
+BUILD=${BUILD:-build}; case $BUILD in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
+LILY=$BUILD/lily
 TINY=../shared/fixtures/tiny
 TINY4=../shared/fixtures/tiny-mlx4
 pass=0; fail=0

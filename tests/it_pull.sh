@@ -5,8 +5,8 @@
 # corrupted byte (sha256 mismatch), a file size limit and a full disk (tmpfs).
 set -u
 cd "$(dirname "$0")/.."
-BUILD=${BUILD:-build}
-LILY=$PWD/$BUILD/lily
+BUILD=${BUILD:-build}; case $BUILD in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
+LILY=$BUILD/lily
 pass=0; fail=0
 ok() { pass=$((pass+1)); }
 bad() { fail=$((fail+1)); echo "FAIL: $*"; }

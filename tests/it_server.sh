@@ -322,6 +322,20 @@ t "mismatched tokenizer: startup warning" grep -q "warning: the tokenizer has 40
 code=$(curl -s -o "$tmp/mm" -w '%{http_code}' -d '{"messages":[{"role":"user","content":"hi"}]}' "http://127.0.0.1:$PORT/v1/chat/completions")
 t "mismatched tokenizer: 400 ($code) naming the vocabulary" [ "$code" = 400 ] && js "$tmp/mm" '"vocabulary" in d["error"]["message"]'
 
+# ---- IPv6: --host :: answers on both families, ::1 on IPv6 loopback only ---------------------------
+for h in :: ::1; do
+  "$BUILD/lily-server" --model-path "$tmp/model" --port 0 --threads 2 --slots 1 --host "$h" >"$tmp/v6.log" 2>&1 &
+  v6=$!; pids="$pids $v6"
+  for _ in $(seq 200); do grep -q "serving" "$tmp/v6.log" && break; kill -0 $v6 2>/dev/null || break; sleep 0.05; done
+  p6=$(grep -o 'http://\[[0-9a-f:]*\]:[0-9]*' "$tmp/v6.log" | sed 's/.*://')
+  t "--host $h: serving line with a bracketed URL" [ -n "$p6" ]
+  code=$(curl -sg -o "$tmp/v6" -w '%{http_code}' -d '{"prompt":"hi","max_tokens":2}' "http://[::1]:$p6/v1/completions")
+  t "--host $h: a completion over IPv6 ($code)" [ "$code" = 200 ] && js "$tmp/v6" 'd["usage"]["completion_tokens"] == 2'
+  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p6/health")
+  if [ "$h" = :: ]; then t "--host ::: IPv4 too ($code)" [ "$code" = 200 ]; else t "--host ::1: not on IPv4 ($code)" [ "$code" = 000 ]; fi
+  kill $v6; wait $v6 2>/dev/null
+done
+
 # ---- startup errors ---------------------------------------------------------------------------------
 "$BUILD/lily-server" --model-path "$tmp/nowhere" >"$tmp/e1" 2>&1; rc=$?
 t "missing model: exit $rc" [ $rc != 0 ]
@@ -330,6 +344,8 @@ t "missing model: says so" grep -q "does not exist" "$tmp/e1"
 t "port in use: exit $rc, says so" [ $rc != 0 ] && grep -q "already in use" "$tmp/e2"
 "$BUILD/lily-server" --model-path "$tmp/model" --ctx-len lots >"$tmp/e3" 2>&1; rc=$?
 t "bad --ctx-len: exit $rc" [ $rc = 2 ] && grep -q "ctx-len" "$tmp/e3"
+"$BUILD/lily-server" --model-path "$tmp/model" --host 10.0.0.x >"$tmp/e7" 2>&1; rc=$?
+t "bad --host: exit $rc, says so" [ $rc != 0 ] && grep -q "not an IP address" "$tmp/e7"
 "$BUILD/lily-server" --model-path "$tmp/model" --bogus 1 >"$tmp/e4" 2>&1; rc=$?
 t "unknown option: exit $rc" [ $rc = 2 ] && grep -q "unknown option" "$tmp/e4"
 mkdir -p "$tmp/notok" && cp "$tmp/model"/*.json "$tmp/model"/*.safetensors "$tmp/notok/" && rm "$tmp/notok/tokenizer.json"

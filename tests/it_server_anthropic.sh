@@ -4,20 +4,12 @@
 # message and event shapes, usage adding up, stop_sequences, system blocks, a tool round
 # trip and a forced tool, thinking on/off, greedy determinism (streamed == plain), auth by
 # x-api-key or Bearer, and every bad-input class answered in Anthropic's error shape.
-set -u
 cd "$(dirname "$0")/.."
-B=${BUILD:-build}; case $B in /*) ;; *) B=$PWD/$B ;; esac
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
-T=$(mktemp -d /tmp/lily-it-anth-XXXXXX)
-trap 'kill $sp 2>/dev/null; rm -rf "$T"' EXIT
+. tests/lib.sh
 KEY=k$RANDOM$RANDOM
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
-"$B/lily-server" --model-path "$T/m" --port 0 --threads 4 --api-key "$KEY" 2>"$T/err" &
-sp=$!
-for _ in $(seq 200); do port=$(grep -o 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.1; done
-[ -n "${port:-}" ] || { echo "server did not start: $(cat "$T/err")"; echo "0 passed, 1 failed"; exit 1; }
+serve "$T/m" --api-key "$KEY"
+[ -n "${port:-}" ] || { it_done; exit 1; }
 U=http://127.0.0.1:$port/v1/messages
 # post BODY [PATH] -> body in $T/body, status echoed
 post() { curl -s -o "$T/body" -w '%{http_code}' "$U${2:-}" -H "x-api-key: $KEY" -H 'Content-Type: application/json' -d "$1"; }
@@ -132,5 +124,5 @@ if [ -d tests/npm/node_modules/@anthropic-ai/sdk ]; then
 else
   bad "tests/npm/node_modules/@anthropic-ai/sdk missing: run (cd tests/npm && npm install)"
 fi
-echo "$pass passed, $fail failed"
+it_done
 [ $fail = 0 ]

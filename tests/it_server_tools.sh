@@ -2,18 +2,11 @@
 # tool_choice on the real server: "required" and a named function make the assistant turn
 # begin with the call (the prompt grows by that prefix and the answer holds the call);
 # bad tool_choice values are refused with 400 naming the field.
-set -u
 cd "$(dirname "$0")/.."
-B=${BUILD:-build}; case $B in /*) ;; *) B=$PWD/$B ;; esac
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
-T=$(mktemp -d /tmp/lily-it-tools-XXXXXX)
-trap 'kill $sp 2>/dev/null; rm -rf "$T"' EXIT
+. tests/lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
-"$B/lily-server" --model-path "$T/m" --port 0 --threads 2 2>"$T/err" &
-sp=$!
-for _ in $(seq 200); do port=$(grep -o 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.1; done
+serve "$T/m"
+[ -n "${port:-}" ] || { it_done; exit 1; }
 U=http://127.0.0.1:$port/v1/chat/completions
 tools='[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]'
 req() { curl -s "$U" -H 'Content-Type: application/json' -d "{\"messages\":[{\"role\":\"user\",\"content\":\"weather in Paris?\"}],\"tools\":$tools,\"max_tokens\":6,\"temperature\":0$1}"; }
@@ -83,10 +76,7 @@ c=$(code "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":${stri
 [ "$c" = 200 ] && ok "the same tool without strict: served unconstrained" || bad "non-strict: $c $(cat "$T/body")"
 
 # The Qwen3 template writes calls as JSON objects: the forced opening and the grammar follow it
-kill $sp 2>/dev/null; wait $sp 2>/dev/null
-"$B/lily-server" --model-path "$T/m" --port 0 --threads 2 --template qwen3 2>"$T/err" &
-sp=$!
-port=; for _ in $(seq 200); do port=$(grep -o 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.1; done
+serve "$T/m" --template qwen3
 U=http://127.0.0.1:$port/v1/chat/completions
 good=0
 for seed in 1 2 3; do n=$(treq $seed ',"tool_choice":{"type":"function","function":{"name":"set_alarm"}}' | check_calls set_alarm) && good=$((good+1)); done
@@ -96,5 +86,5 @@ for seed in 4 5; do n=$(treq $seed ',"tool_choice":"required"' | check_calls set
 [ $good = 2 ] && ok "qwen3 template, required: 2 of 2 valid calls" || bad "qwen3 required: $good of 2 ($(tail -1 "$T/py.err"))"
 c=$(code "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"a\\\\\\\"b\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"a\\\\\\\"b\"}}}")
 [ "$c" = 400 ] && grep -q tool_choice "$T/body" && ok "a function name with a quote cannot be forced: 400" || bad "quote name: $c $(cat "$T/body")"
-echo "$pass passed, $fail failed"
+it_done
 [ $fail = 0 ]

@@ -191,20 +191,33 @@ static void agree_raw(const gram_vocab *v, const tok_tokenizer *t, const char *n
         "x\n</tool_cal", "</tool_call", "abcdefghijk", "abcdefghijkl", "abcdefghijk\n", "abcdefghijkl\n",
         "abcdefghijkl\n</para", "abcdefghij\n</paramete", "ab\xe4\xbd", "\xf0\x9f\x98", "a\"b\\", "\n",
     };
-    const char *heads[2] = { "\n<function=search>\n<parameter=query>\n", "\n<function=note_citt\xc3\xa0>\n<parameter=text>\n" };
-    gram_grammar *g; lily_status st;
-    if (gram_tool_call(TOOLS, strlen(TOOLS), GRAM_TOOLS_XML, NULL, 1, &g, &st)) { CHECK(0, "%s", st.msg); return; }
+    /* inside JSON strings of a call, which must not spell "</parameter>" or "</tool_call>" */
+    static const char *const jpre[] = {
+        "", "a", "<", "</", "</p", "</paramete", "abc</tool_cal", "x<\\/", "ab\xe4\xbd", "\\u00", "</para<", "<<",
+        "abcdefghij</", "abcdefghijk<", "abcdefghijkl",
+    };
+    static const struct { const char *head; int json, fmt; } heads[] = {
+        { "\n<function=search>\n<parameter=query>\n", 0, GRAM_TOOLS_XML },
+        { "\n<function=note_citt\xc3\xa0>\n<parameter=text>\n", 0, GRAM_TOOLS_XML },
+        { "\n<function=search>\n<parameter=query>\nq\n</parameter>\n<parameter=filters>\n{\"lang\": \"", 1, GRAM_TOOLS_XML },
+        { "\n{\"name\": \"search\", \"arguments\": {\"query\": \"", 1, GRAM_TOOLS_JSON }, /* 1..12 characters */
+    };
+    gram_grammar *gs[2]; lily_status st;
+    if (gram_tool_call(TOOLS, strlen(TOOLS), GRAM_TOOLS_XML, NULL, 1, &gs[0], &st)) { CHECK(0, "%s", st.msg); return; }
+    if (gram_tool_call(TOOLS, strlen(TOOLS), GRAM_TOOLS_JSON, NULL, 1, &gs[1], &st)) { CHECK(0, "%s", st.msg); gram_free(gs[0]); return; }
     int nv = gram_vocab_size(v), bad = 0, n_fast = 0, n_cmp = 0;
     uint8_t *a1 = malloc((size_t)nv), *a2 = malloc((size_t)nv);
-    for (int h = 0; h < 2; h++)
-        for (size_t k = 0; k < sizeof pre / sizeof *pre; k++) {
+    for (int h = 0; h < 4; h++)
+        for (size_t k = 0; k < (heads[h].json ? sizeof jpre / sizeof *jpre : sizeof pre / sizeof *pre); k++) {
+            const char *pk = heads[h].json ? jpre[k] : pre[k];
+            const gram_grammar *g = gs[heads[h].fmt == GRAM_TOOLS_JSON];
             char text[256];
-            snprintf(text, sizeof text, "%s%s", heads[h], pre[k]);
+            snprintf(text, sizeof text, "%s%s", heads[h].head, pk);
             gram_matcher *m;
             gram_matcher_new(g, &m, &st);
             if (!gram_matcher_accept_bytes(m, text, strlen(text))) {
-                /* only the bounded value refuses, past 12 characters */
-                CHECK(h == 0 && strlen(pre[k]) > 12, "%s: prefix %d/%zu refused", name, h, k);
+                /* only the bounded values refuse, past 12 characters */
+                CHECK((h == 0 || h == 3) && strlen(pk) > 12, "%s: prefix %d/%zu refused", name, h, k);
                 gram_matcher_free(m);
                 continue;
             }
@@ -215,7 +228,7 @@ static void agree_raw(const gram_vocab *v, const tok_tokenizer *t, const char *n
             int diff = 0, n_al = 0;
             for (int i = 0; i < nv; i++) { diff += a1[i] != a2[i]; n_al += a1[i]; }
             n_fast++;
-            if (diff && bad++ < 5) CHECK(0, "%s: prefix %d/%zu '%s': fast and full masks differ on %d ids", name, h, k, pre[k], diff);
+            if (diff && bad++ < 5) CHECK(0, "%s: prefix %d/%zu '%s': fast and full masks differ on %d ids", name, h, k, pk, diff);
             CHECK(n_al > 0, "%s: prefix %d/%zu: empty mask", name, h, k);
             for (int j = 0; j < 300; j++) {
                 int id = j & 1 ? rnd(nv) : j;
@@ -232,7 +245,7 @@ static void agree_raw(const gram_vocab *v, const tok_tokenizer *t, const char *n
             gram_matcher_free(m);
         }
     CHECK(bad == 0, "%s: raw text masks: %d disagreements (%d states, %d accept comparisons)", name, bad, n_fast, n_cmp);
-    free(a1); free(a2); gram_free(g);
+    free(a1); free(a2); gram_free(gs[0]); gram_free(gs[1]);
 }
 
 /* An assistant turn with four tool calls (arguments in the schemas' order) rendered by
@@ -329,6 +342,45 @@ static void test_errors(void) {
     gram_free(g);
 }
 
+/* A JSON value inside a call must not hold the strings its parsers cut at: parse_call ends an
+ * XML parameter at the first "</parameter>", parse_output ends the call at "</tool_call>".
+ * Written with "\/" they are the same JSON and pass. */
+static void test_forbidden(void) {
+    static const char *fn_xml = "\n<function=search>\n<parameter=query>\nq\n</parameter>\n<parameter=filters>\n{\"lang\": \"%s\"}"
+                                "\n</parameter>\n<parameter=exact>\ntrue\n</parameter>\n</function>\n</tool_call>";
+    static const char *fn_json = "\n{\"name\": \"search\", \"arguments\": {\"query\": \"q\", \"filters\": {\"lang\": \"%s\"}, "
+                                 "\"exact\": true}}\n</tool_call>";
+    static const struct { const char *s; int ok; } v[] = {
+        { "plain", 1 }, { "a</b>", 1 }, { "</paramete", 1 }, { "<\\/parameter>", 1 }, { "<\\/tool_call>", 1 },
+        { "x</parameter>", 0 }, { "</tool_call>y", 0 }, { "<</parameter>", 0 }, { "</para</parameter>", 0 },
+    };
+    for (int f = 0; f < 2; f++) {
+        gram_grammar *g; lily_status st;
+        if (gram_tool_call(TOOLS, strlen(TOOLS), (gram_tool_format)f, NULL, 0, &g, &st)) { CHECK(0, "%s", st.msg); continue; }
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+            char text[512];
+            snprintf(text, sizeof text, f ? fn_json : fn_xml, v[i].s);
+            CHECK(accepts_text(g, text, strlen(text)) == v[i].ok, "%s call with lang \"%s\": accepted %d, want %d",
+                  f ? "json" : "xml", v[i].s, !v[i].ok, v[i].ok);
+            if (v[i].ok) {
+                json_t *tools = json_loads(TOOLS, 0, NULL);
+                check_calls(text, strlen(text), tools, "search", 1, "call with \"/\" in a JSON value");
+                json_decref(tools);
+            }
+        }
+        gram_free(g);
+    }
+    /* a listed name with "</" is written with "\/" in the JSON form */
+    const char *odd = "[{\"name\":\"a</tool_call>\",\"parameters\":{\"properties\":{\"k</parameter>\":{\"enum\":[\"</tool_call>\"]}}}}]";
+    gram_grammar *g; lily_status st;
+    CHECK(gram_tool_call(odd, strlen(odd), GRAM_TOOLS_JSON, NULL, 0, &g, &st) == LILY_OK, "odd names: %s", st.msg);
+    const char *yes = "\n{\"name\": \"a<\\/tool_call>\", \"arguments\": {\"k<\\/parameter>\": \"<\\/tool_call>\"}}\n</tool_call>";
+    const char *no = "\n{\"name\": \"a</tool_call>\", \"arguments\": {}}\n</tool_call>";
+    CHECK(accepts_text(g, yes, strlen(yes)), "escaped name, key and enum value refused");
+    CHECK(!accepts_text(g, no, strlen(no)), "a name holding </tool_call> accepted as written");
+    gram_free(g);
+}
+
 static void run_vocab(const char *path, const char *name, int n_walks, json_t *tools, int render) {
     tok_tokenizer *t; gram_vocab *v; lily_status st;
     if (tok_load(path, &t, &st)) { CHECK(0, "load %s: %s", path, st.msg); return; }
@@ -354,11 +406,19 @@ int main(void) {
     json_t *tools = json_loads(TOOLS, JSON_PRESERVE_ORDER, NULL);
     CHECK(tools != NULL, "tools JSON");
     test_errors();
+    test_forbidden();
     char dir[] = "/tmp/gram_tools_XXXXXX";
     if (mkdtemp(dir)) {
         char path[256]; lily_status st;
         snprintf(path, sizeof path, "%s/tokenizer.json", dir);
         CHECK(tok_write_synth_json(path, 1000, &st) == LILY_OK, "synth: %s", st.msg);
+        /* pieces that finish a terminator after a partial one ("</" then "parameter>"), so the
+         * masks' fast path is checked where it must step them */
+        json_t *tj = json_load_file(path, 0, NULL), *voc = json_object_get(json_object_get(tj, "model"), "vocab");
+        static const char *extra[] = { "parameter>", "ool_call>", "tool_call>", "ameter>", "aram", "</pa", "x</", "meter>\"" };
+        for (size_t i = 0; i < sizeof extra / sizeof *extra; i++) json_object_set_new(voc, extra[i], json_integer(2000 + (int)i));
+        CHECK(tj && json_dump_file(tj, path, 0) == 0, "extend the synth vocabulary");
+        json_decref(tj);
         run_vocab(path, "synth", 8, tools, 0);
         char cmd[300]; snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         CHECK(system(cmd) == 0, "rm");

@@ -626,18 +626,27 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 /* ---- lifecycle ---- */
 
+/* --host: an IPv4 or IPv6 literal ("localhost" is 127.0.0.1). "::" listens on both families
+ * (IPV6_V6ONLY off), as "0.0.0.0" does on IPv4. */
 lily_code srv_http_bind(const srv_http_opts *o, srv_http **out, int *bound_port, lily_status *st) {
-    struct sockaddr_in a = { 0 };
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)o->port);
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
     const char *host = !strcmp(o->host, "localhost") ? "127.0.0.1" : o->host;
-    if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
-        return lily_err(st, LILY_EINVAL, "--host %s is not an IPv4 address (use e.g. 127.0.0.1 or 0.0.0.0)", o->host);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return lily_err(st, LILY_EIO, "socket: %s", strerror(errno));
-    int one = 1;
+    socklen_t al;
+    if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET; a4->sin_port = htons((uint16_t)o->port); al = sizeof *a4;
+    } else if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6; a6->sin6_port = htons((uint16_t)o->port); al = sizeof *a6;
+    } else
+        return lily_err(st, LILY_EINVAL, "--host %s is not an IP address (use e.g. 127.0.0.1, 0.0.0.0, ::1 or ::)", o->host);
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return lily_err(st, LILY_EIO, "socket for %s: %s", o->host, strerror(errno));
+    int one = 1, zero = 0;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+    if (ss.ss_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (bind(fd, (struct sockaddr *)&ss, al) < 0) {
         int err = errno;
         close(fd);
         if (err == EADDRINUSE)
@@ -650,8 +659,8 @@ lily_code srv_http_bind(const srv_http_opts *o, srv_http **out, int *bound_port,
         close(fd);
         return lily_err(st, LILY_EIO, "listen: %s", strerror(err));
     }
-    socklen_t al = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &al);
+    al = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &al);
     srv_http *h = calloc(1, sizeof *h);
     if (!h) { close(fd); return lily_err(st, LILY_ENOMEM, "out of memory"); }
     h->o = *o;
@@ -664,7 +673,7 @@ lily_code srv_http_bind(const srv_http_opts *o, srv_http **out, int *bound_port,
         free(h);
         return lily_err(st, LILY_ENOMEM, "out of memory");
     }
-    *bound_port = ntohs(a.sin_port);
+    *bound_port = ntohs(ss.ss_family == AF_INET6 ? a6->sin6_port : a4->sin_port);
     *out = h;
     return LILY_OK;
 }

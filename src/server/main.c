@@ -16,7 +16,7 @@ static const char usage[] =
     "  --model-path DIR|ID     checkpoint folder (config.json + *.safetensors), or a Hugging Face\n"
     "                          repo id ORG/NAME, pulled into $LILY_HOME (default ~/.cache/lily)\n"
     "  --tokenizer PATH        tokenizer.json or folder (default: the model folder)\n"
-    "  --host ADDR             IPv4 address to listen on (default 127.0.0.1)\n"
+    "  --host ADDR             IPv4 or IPv6 address to listen on (default 127.0.0.1; :: is every address)\n"
     "  --port N                TCP port (default 8000; 0 = any free port, printed at startup)\n"
     "  --ctx-len N             longest context per request in tokens (default 4096)\n"
     "  --slots N               sessions kept in memory / requests generating at once (default 4)\n"
@@ -251,8 +251,10 @@ int main(int argc, char **argv) {
         tok_free(tok);
         return 1;
     }
-    fprintf(stderr, "lily-server: serving '%s' (%s backend, template %s, ctx %d, %d slots) on http://%s:%d\n", smn,
-            info.backend ? info.backend : "?", chat_template_name(ho.template_kind), ctx_len, slots, ho.host, port);
+    int v6 = strchr(ho.host, ':') != NULL; /* an IPv6 literal is bracketed in a URL */
+    fprintf(stderr, "lily-server: serving '%s' (%s backend, template %s, ctx %d, %d slots) on http://%s%s%s:%d\n", smn,
+            info.backend ? info.backend : "?", chat_template_name(ho.template_kind), ctx_len, slots, v6 ? "[" : "",
+            ho.host, v6 ? "]" : "", port);
     fflush(stderr);
 
     int sig = 0;

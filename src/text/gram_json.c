@@ -136,42 +136,121 @@ void gj_u8_cont(unsigned lead, int j, unsigned *lo, unsigned *hi) {
     else if (lead == 0xf4) *hi = 0x8f;
 }
 
+size_t gj_dump_flags(const gj_ctx *c) { return JSON_COMPACT | JSON_ENCODE_ANY | (c->n_forbid ? JSON_ESCAPE_SLASH : 0); }
+
+/* The automaton of the forbidden strings: states are their proper prefixes (state 0 the
+ * empty one); next[s][b] is the longest state that the text so far ends with after ASCII
+ * byte b, or -1 when it completes a forbidden string. */
+#define FSM_MAX 64
+typedef struct { int n; char pre[FSM_MAX][GJ_FORBID_LEN + 1]; int16_t next[FSM_MAX][128]; } fsm_t;
+
+static int fsm_find(const fsm_t *a, const char *s) {
+    for (int i = 0; i < a->n; i++) if (!strcmp(a->pre[i], s)) return i;
+    return -1;
+}
+
+static int fsm_build(gj_ctx *c, fsm_t *a) {
+    memset(a, 0, sizeof *a);
+    a->n = 1;
+    for (int f = 0; f < c->n_forbid; f++) {
+        size_t m = strlen(c->forbid[f]);
+        if (m < 2 || m > GJ_FORBID_LEN || c->forbid[f][0] != '<' || strchr(c->forbid[f] + 1, '<') || strpbrk(c->forbid[f], "\"\\"))
+            return gj_fail(c, "%s", "bad forbidden string"); /* gj_str_bounded's fast path relies on one leading '<' */
+        for (size_t l = 1; l < m; l++) {
+            char p[GJ_FORBID_LEN + 1]; memcpy(p, c->forbid[f], l); p[l] = 0;
+            if (fsm_find(a, p) >= 0) continue;
+            if (a->n == FSM_MAX) return gj_fail(c, "%s", "too many forbidden strings");
+            memcpy(a->pre[a->n++], p, l + 1);
+        }
+    }
+    for (int s = 0; s < a->n; s++) {
+        size_t l = strlen(a->pre[s]);
+        for (int b = 1; b < 128; b++) {
+            char t[GJ_FORBID_LEN + 2];
+            memcpy(t, a->pre[s], l); t[l] = (char)b; t[l + 1] = 0;
+            int to = 0;
+            for (int f = 0; f < c->n_forbid; f++) {
+                size_t m = strlen(c->forbid[f]);
+                if (l + 1 >= m && !memcmp(t + l + 1 - m, c->forbid[f], m)) to = -1;
+            }
+            for (size_t o = 0; to == 0 && o <= l; o++) { /* the longest suffix that is a state */
+                int k = fsm_find(a, t + o);
+                if (k > 0) to = k;
+            }
+            a->next[s][b] = (int16_t)to;
+        }
+    }
+    return 0;
+}
+
 /* A string is '"' B_0 where B_k is "k characters so far": its alternatives are one
  * character (plain ASCII, an escape, or one of the seven multibyte shapes) then B_k+1, and
  * the closing quote when k >= lo. Unbounded strings loop on their last B. Each B_k is
  * registered (gram_g_str) with the characters it has left, which is what lets the mask
- * copy the tokens of whole plain characters instead of stepping through them. */
+ * copy the tokens of whole plain characters instead of stepping through them.
+ * With forbidden strings each B_k is one rule per automaton state and plain ASCII is split
+ * by the state it leads to; an escape or a multibyte character (bytes no forbidden string
+ * has) returns to state 0. Their bodies are registered as GRAM_STR_NOLT: tokens with a '<'
+ * (which every forbidden string starts with) are stepped, and from a state inside a
+ * forbidden string the bytes that continue it are hot. */
 int gj_str_bounded(gj_ctx *c, int lo, int hi) {
     int is_free = lo == 0 && hi < 0;
     if (is_free && c->str) return c->str - 1;
+    fsm_t *a = NULL;
+    int ns = 1;
+    if (c->n_forbid) {
+        if (!(a = malloc(sizeof *a))) return gj_fail(c, "%s", "out of memory");
+        if (fsm_build(c, a) < 0) { free(a); return -1; }
+        ns = a->n;
+    }
     int top = hi < 0 ? lo : hi;
-    int *B = calloc((size_t)top + 1, sizeof(int));
-    if (!B) return gj_fail(c, "%s", "out of memory");
-    for (int k = 0; k <= top; k++) B[k] = gj_rule(c);
+    int *B = calloc(((size_t)top + 1) * (size_t)ns, sizeof(int));
+    int32_t *grp = calloc((size_t)ns * (size_t)ns, sizeof(int32_t));
+    gram_set *hot = a ? calloc((size_t)ns, sizeof *hot) : NULL;
+    if (!B || !grp || (a && !hot)) { free(B); free(grp); free(hot); free(a); return gj_fail(c, "%s", "out of memory"); }
+    for (int k = 0; k < (top + 1) * ns; k++) B[k] = gj_rule(c);
+    for (int s = 0; a && s < ns; s++) {
+        /* the mask's promise (gram_g_str): a first byte not leading back to state 0 is hot */
+        for (int b = 1; b < 128; b++) if (a->next[s][b] != 0) gram_set_add(&hot[s], (unsigned)b);
+        for (int to = 0; to < ns; to++) { /* plain ASCII from s, grouped by the state it leads to */
+            gram_set set; memset(&set, 0, sizeof set);
+            int any = 0;
+            for (int b = 0x20; b < 0x80; b++)
+                if (b != '"' && b != '\\' && a->next[s][b] == to) { gram_set_add(&set, (unsigned)b); any = 1; }
+            grp[s * ns + to] = any ? gram_g_set(c->g, &set) : -1;
+        }
+    }
     int32_t q = gj_byte_el(c, '"'), bs = gj_byte_el(c, '\\'), esc = gj_ref(gj_esc(c));
     for (int k = 0; k <= top && !c->err; k++) {
-        int nx = k < top ? B[k + 1] : (hi < 0 ? B[k] : -1);
-        if (nx >= 0) {
-            int32_t a[2] = { gj_u8_set(c, 0), gj_ref(nx) };
-            gj_alt(c, B[k], a, 2);
-            int32_t e[3] = { bs, esc, gj_ref(nx) };
-            gj_alt(c, B[k], e, 3);
-            for (int i = 0; i < 7; i++) {
-                int32_t u[6];
-                int n = gj_u8_seq(c, i, u);
-                u[n++] = gj_ref(nx);
-                gj_alt(c, B[k], u, n);
+        int nk = k < top ? k + 1 : (hi < 0 ? k : -1);
+        for (int s = 0; s < ns; s++) {
+            int r = B[k * ns + s];
+            if (nk >= 0) {
+                for (int to = 0; to < ns; to++) {
+                    int32_t set = a ? grp[s * ns + to] : (to == 0 ? gj_u8_set(c, 0) : -1);
+                    if (set < 0) continue;
+                    int32_t e[2] = { set, gj_ref(B[nk * ns + to]) };
+                    gj_alt(c, r, e, 2);
+                }
+                int32_t e[3] = { bs, esc, gj_ref(B[nk * ns]) };
+                gj_alt(c, r, e, 3);
+                for (int i = 0; i < 7; i++) {
+                    int32_t u[6];
+                    int n = gj_u8_seq(c, i, u);
+                    u[n++] = gj_ref(B[nk * ns]);
+                    gj_alt(c, r, u, n);
+                }
             }
+            if (k >= lo) gj_alt(c, r, &q, 1);
+            gram_g_str(c->g, r, hi < 0 ? -1 : hi - k, a ? GRAM_STR_NOLT : 0, a ? &hot[s] : NULL);
         }
-        if (k >= lo) gj_alt(c, B[k], &q, 1);
-        gram_g_str(c->g, B[k], hi < 0 ? -1 : hi - k, 0, NULL);
     }
     int o = gj_rule(c);
     int32_t e[2] = { q, gj_ref(B[0]) };
     gj_alt(c, o, e, 2);
     if (is_free && !c->err) { c->str = o + 1; c->strbody = B[0] + 1; }
-    free(B);
-    return o;
+    free(B); free(grp); free(hot); free(a);
+    return c->err ? -1 : o;
 }
 
 int gj_str_free(gj_ctx *c) { return gj_str_bounded(c, 0, -1); }

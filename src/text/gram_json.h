@@ -21,7 +21,15 @@ typedef struct {
     json_t **memo_node; int *memo_rule; int n_memo, cap_memo;
     int ws, str, strbody, any, esc, num, integer, null_r, bool_r;
     int32_t u8[13]; int u8_ok; /* UTF-8 byte-set elements (gj_u8_set) */
+    /* Byte strings no JSON string may contain as written (before unescaping), e.g. a tool
+     * call's "</parameter>" that its parser cuts at: ASCII, without '"' or '\\', at most
+     * GJ_FORBID_LEN bytes. Literals then escape '/' (JSON_ESCAPE_SLASH), which breaks every
+     * such string that contains "</". Set before the first rule is built. */
+    const char *const *forbid; int n_forbid;
 } gj_ctx;
+#define GJ_FORBID_LEN 15
+/* json_dumps flags for literals under c (see forbid) */
+size_t gj_dump_flags(const gj_ctx *c);
 
 int gj_fail(gj_ctx *c, const char *fmt, const char *a);
 int gj_rule(gj_ctx *c);

@@ -67,8 +67,9 @@ lily_code gram_g_finish(gram_grammar *g, int root, lily_status *st);
  * (any count when rem is -1). Plain: flags 0 (JSON strings), ASCII 0x20-0x7f but '"' and
  * '\\', or well-formed multibyte; GRAM_STR_RAW (raw text), ASCII 0x01-0x7f but '<', or
  * well-formed multibyte, where a final '\n' is not counted (it may start the end of the
- * text). Every other token is stepped. */
+ * text); GRAM_STR_NOLT, JSON-plain but '<'. Every other token is stepped. */
 #define GRAM_STR_RAW 1
+#define GRAM_STR_NOLT 2
 void gram_g_str(gram_grammar *g, int r, int rem, int flags, const gram_set *hot);
 /* lists an added token's content as producible (copied) */
 void gram_g_added(gram_grammar *g, const char *content);

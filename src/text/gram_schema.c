@@ -52,7 +52,7 @@ static int bound(gj_ctx *c, json_t *s, const char *kw, int dflt) {
 }
 
 static int literal(gj_ctx *c, json_t *v) {
-    char *txt = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    char *txt = json_dumps(v, gj_dump_flags(c));
     if (!txt) return gj_fail(c, "%s", "cannot serialize enum/const value");
     int r = gj_lit(c, txt, strlen(txt));
     free(txt);
@@ -206,7 +206,7 @@ static int object_type(gj_ctx *c, json_t *s) {
     const char *k; json_t *v;
     json_object_foreach(props, k, v) {
         json_t *ks = json_string(k);
-        char *txt = ks ? json_dumps(ks, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+        char *txt = ks ? json_dumps(ks, gj_dump_flags(c)) : NULL;
         json_decref(ks);
         if (!txt) { gj_fail(c, "%s", "out of memory"); goto out; }
         keys[i] = gj_lit(c, txt, strlen(txt));

@@ -298,7 +298,7 @@ static int json_fn(tctx *t, const char *name, json_t *params) {
     if (params) args = gj_schema(c, params, params, "");
     else { int32_t e[3] = { gj_byte_el(c, '{'), gj_ref(w), gj_byte_el(c, '}') }; args = gj_rule(c); gj_alt(c, args, e, 3); }
     json_t *js = json_string(name);
-    char *q = js ? json_dumps(js, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    char *q = js ? json_dumps(js, gj_dump_flags(c)) : NULL;
     json_decref(js);
     if (!q) return gj_fail(c, "%s", "out of memory");
     int nm = gj_lit(c, q, strlen(q));
@@ -354,6 +354,7 @@ lily_code gram_tool_call(const char *tools_json, size_t len, gram_tool_format fm
     t->ac = &ac_shared;
     gj_ctx *c = &t->c;
     c->g = g; c->st = st;
+    c->forbid = TERM; c->n_forbid = 2; /* JSON values too: the parsers cut at these */
     int call = gj_rule(c), n_fn = 0;
     const char *bad_tool = NULL;
     for (size_t i = 0; i < json_array_size(tools) && !c->err; i++) {

@@ -15,7 +15,8 @@
  * counts: at a character boundary of a string with r characters left they are exactly
  * the allowed ones among them with count <= r. Tokens that split a character are in the
  * second trie and stepped; a state inside a character walks the full trie. Raw text
- * (tool-call values, GRAM_STR_RAW) has its own plain set and complement trie, and string
+ * (tool-call values, GRAM_STR_RAW) and JSON strings that must not spell a terminator
+ * (GRAM_STR_NOLT: plain but '<') have their own plain sets and complement tries, and string
  * states may name "hot" first bytes whose tokens are stepped: their range of the full
  * trie is cleared and walked.
  *
@@ -50,14 +51,15 @@ struct gram_vocab {
     uint8_t *bytes;
     uint16_t *nchars;     /* character counts of the plain tokens (below) */
     /* [0]: tokens made only of whole plain JSON-string characters; [1]: the same for raw
-     * text (GRAM_STR_RAW, see gram_priv.h) */
-    plainset plain[2];
+     * text (GRAM_STR_RAW, see gram_priv.h); [2]: [0] without '<' (GRAM_STR_NOLT) */
+    plainset plain[3];
     int32_t first_lo[256], first_hi[256]; /* all.ids[lo..hi) start with byte b */
     int32_t first_node[256];              /* all's node for that byte, or -1 */
     uint8_t *is_added;    /* 1 for added tokens: outside the tries, allowed only when listed */
     int32_t *added_ids; int n_added;
     vtrie all, special;   /* every allowed token; the non-plain ones */
     vtrie rawspec;        /* the tokens that are not raw-plain */
+    vtrie ltspec;         /* the tokens that are not plain[2] */
 };
 
 /* The matcher's mask memory. The mask is a function of the stack set alone (for one
@@ -72,13 +74,15 @@ struct gram_scratch {
 };
 
 /* the number of whole plain characters in p[0..n), or -1 if it is not made of them
- * (raw: the raw-text notion of plain, see gram_priv.h, counting a final '\n' as none) */
-static int plain_chars(const uint8_t *p, size_t n, int raw) {
+ * (kind 1: the raw-text notion of plain, see gram_priv.h, counting a final '\n' as none;
+ * kind 2: JSON-plain but '<') */
+static int plain_chars(const uint8_t *p, size_t n, int kind) {
+    int raw = kind == 1;
     int c = 0;
     for (size_t i = 0; i < n; c++) {
         unsigned b = p[i];
         if (b < 0x80) {
-            if (raw ? (b == 0 || b == '<') : (b < 0x20 || b == '"' || b == '\\')) return -1;
+            if (raw ? (b == 0 || b == '<') : (b < 0x20 || b == '"' || b == '\\' || (kind == 2 && b == '<'))) return -1;
             i++;
             continue;
         }
@@ -161,21 +165,22 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     }
     v->off = malloc(sizeof(uint32_t) * ((size_t)n_vocab + 1));
     v->bytes = malloc(total + 1);
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         v->plain[k].mask = calloc((size_t)n_vocab, 1);
         v->plain[k].by_len = malloc(sizeof(int32_t) * (size_t)n_vocab);
     }
     v->nchars = calloc((size_t)n_vocab, sizeof(uint16_t));
-    int32_t *rsids = malloc(sizeof(int32_t) * (size_t)n_vocab);
+    int32_t *rsids = malloc(sizeof(int32_t) * (size_t)n_vocab), *ltids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     v->is_added = calloc((size_t)n_vocab, 1);
     v->added_ids = malloc(sizeof(int32_t) * (size_t)n_vocab);
     int32_t *all = malloc(sizeof(int32_t) * (size_t)n_vocab), *spec = malloc(sizeof(int32_t) * (size_t)n_vocab);
     if (!v->off || !v->bytes || !v->plain[0].mask || !v->plain[0].by_len || !v->plain[1].mask || !v->plain[1].by_len ||
-        !v->nchars || !v->is_added || !v->added_ids || !all || !spec || !rsids) {
-        free(all); free(spec); free(rsids); gram_vocab_free(v);
+        !v->plain[2].mask || !v->plain[2].by_len || !v->nchars || !v->is_added || !v->added_ids || !all || !spec ||
+        !rsids || !ltids) {
+        free(all); free(spec); free(rsids); free(ltids); gram_vocab_free(v);
         return lily_err(st, LILY_ENOMEM, "grammar vocab: out of memory");
     }
-    int na = 0, ns = 0, nl = 0;
+    int na = 0, ns = 0, nl = 0, nt = 0;
     size_t o = 0;
     for (int i = 0; i < n_vocab; i++) {
         v->off[i] = (uint32_t)o;
@@ -185,18 +190,21 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
         memcpy(v->bytes + o, p, ln); o += ln;
         if (tok_is_added(t, i)) { v->is_added[i] = 1; v->added_ids[v->n_added++] = i; continue; }
         int nc = plain_chars((const uint8_t *)p, ln, 0), nr = plain_chars((const uint8_t *)p, ln, 1);
+        int nlt = plain_chars((const uint8_t *)p, ln, 2);
         v->plain[0].mask[i] = nc >= 0;
         v->plain[1].mask[i] = nr >= 0;
+        v->plain[2].mask[i] = nlt >= 0;
         /* the counts agree where both are defined (a JSON-plain token has no '\n') */
         int cnt = nc >= 0 ? nc : nr;
         v->nchars[i] = (uint16_t)(cnt > 65535 ? 65535 : cnt > 0 ? cnt : 0);
         all[na++] = i;
         if (nc < 0) spec[ns++] = i;
         if (nr < 0) rsids[nl++] = i;
+        if (nlt < 0) ltids[nt++] = i;
     }
     v->off[n_vocab] = (uint32_t)o;
     /* counting sort of the plain tokens by character count (counts above 64 share a bucket) */
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         plainset *ps = &v->plain[k];
         int cnt[66] = { 0 };
         for (int i = 0; i < n_vocab; i++) if (ps->mask[i]) cnt[v->nchars[i] > 64 ? 64 : v->nchars[i]]++;
@@ -213,6 +221,7 @@ lily_code gram_vocab_new(const tok_tokenizer *t, int n_vocab, gram_vocab **out, 
     int bad = trie_build(&v->all, v, all, na);
     if (!bad) bad = trie_build(&v->special, v, spec, ns); else free(spec);
     if (!bad) bad = trie_build(&v->rawspec, v, rsids, nl); else free(rsids);
+    if (!bad) bad = trie_build(&v->ltspec, v, ltids, nt); else free(ltids);
     for (int b = 0; b < 256; b++) { v->first_node[b] = -1; v->first_lo[b] = v->first_hi[b] = 0; }
     for (int32_t i = 1; !bad && i < v->all.n; i = v->all.end[i]) { /* the root's children */
         int b = v->all.byte[i];
@@ -231,9 +240,9 @@ int gram_vocab_size(const gram_vocab *v) { return v->n_vocab; }
 void gram_vocab_free(gram_vocab *v) {
     if (!v) return;
     free(v->off); free(v->bytes); free(v->nchars);
-    for (int k = 0; k < 2; k++) { free(v->plain[k].mask); free(v->plain[k].by_len); }
+    for (int k = 0; k < 3; k++) { free(v->plain[k].mask); free(v->plain[k].by_len); }
     free(v->is_added); free(v->added_ids);
-    trie_free(&v->all); trie_free(&v->special); trie_free(&v->rawspec);
+    trie_free(&v->all); trie_free(&v->special); trie_free(&v->rawspec); trie_free(&v->ltspec);
     free(v);
 }
 
@@ -344,15 +353,15 @@ void gram_matcher_mask(const gram_matcher *m, const gram_vocab *v, uint8_t *allo
     s->recording = !hit && !gram_mask_no_fast;
     if (!hit) s->n_ids = 0;
     if (rem >= -1) {
-        int raw = flags & GRAM_STR_RAW;
-        plain_upto(v, &v->plain[raw], rem, allowed);
+        int kind = flags & GRAM_STR_RAW ? 1 : flags & GRAM_STR_NOLT ? 2 : 0;
+        plain_upto(v, &v->plain[kind], rem, allowed);
         /* tokens starting with a hot byte are all stepped: cleared, then their subtree of the
          * full trie walked (after the other walk, which may also set some of them, exactly) */
         for (int b = 0; hot && b < 256; b++)
             if (gram_set_has(hot, (unsigned)b))
                 for (int32_t k = v->first_lo[b]; k < v->first_hi[b]; k++) allowed[v->all.ids[k]] = 0;
         if (hit) { replay(s, allowed); return; }
-        walk(m, raw ? &v->rawspec : &v->special, allowed, s);
+        walk(m, kind == 1 ? &v->rawspec : kind == 2 ? &v->ltspec : &v->special, allowed, s);
         for (int b = 0; hot && b < 256; b++)
             if (gram_set_has(hot, (unsigned)b) && v->first_node[b] >= 0)
                 walk_range(m, &v->all, v->first_node[b], v->all.end[v->first_node[b]], allowed, s);
