@@ -244,6 +244,38 @@ out:
     free(x); free(prob); free(g); free(err); free(freq);
 }
 
+/* Steps on one row with the penalties on: the device counts each chosen token itself, so
+ * the sequence must follow the CPU loop that counts on the host (same seed). */
+static void test_sample_steps(int V, int steps) {
+    float *x = ks_logits(V, 0);
+    int32_t *cnt = calloc((size_t)V, 4);
+    uint8_t *pm = calloc((size_t)V, 1);
+    for (int i = 0; i < V; i += 7) pm[i] = 1;
+    lily_sampling p;
+    lily_sampling_default(&p);
+    p.temperature = 0.7f; p.top_k = 20; p.top_p = 0.9f;
+    p.presence_penalty = 0.5f; p.frequency_penalty = 0.3f; p.repetition_penalty = 1.2f; p.n_logprobs = 3;
+    lily_rng r0, rc;
+    lily_rng_seed(&r0, lily_rng_u64(&rng));
+    rc = r0;
+    lily_token *g = malloc((size_t)steps * sizeof *g);
+    int *err = calloc((size_t)steps, sizeof *err), differ = 0, errs = 0;
+    lily_status st = { 0 };
+    if (lct_sample(x, V, &p, NULL, pm, r0.s, steps, g, err, &st)) { printf("penalty steps: %s\n", st.msg); n_fail++; goto out; }
+    for (int i = 0; i < steps; i++) {
+        lily_token t;
+        lily_sample_logits_ex(x, V, &p, &rc, cnt, pm, &t, NULL);
+        cnt[t.id]++;
+        differ += t.id != g[i].id;
+        errs += err[i];
+    }
+    char what[160];
+    snprintf(what, sizeof what, "GPU sampler, %d steps with penalties counted on the device: %d differ from CPU", steps, differ);
+    report(what, differ == 0 && errs == 0 && r0.s[0] == rc.s[0] && r0.s[1] == rc.s[1] ? 0 : INFINITY, 0);
+out:
+    free(x); free(cnt); free(pm); free(g); free(err);
+}
+
 /* level 0: a few small cases (part of every kernel test run); 1: every size, five cases
  * at the real vocabulary and the draw statistics, sized for the emulator (--sampling
  * --small); 2: the same, larger (on a GPU). */
@@ -260,6 +292,7 @@ static void test_sampling(int level) {
         test_sample_equiv(label, sizes[i], sizes[i] <= 33 ? 60 : level == 1 ? 40 : 400);
     }
     test_sample_equiv("V=248320", 248320, level == 1 ? 5 : 60);
+    test_sample_steps(60, level == 1 ? 60 : 500);
     test_sample_dist("top-k 6, top-p 0.9 (sorted)", 12, 0.8f, 6, 0.9f, 0, level == 1 ? 1000 : 20000);
     test_sample_dist("min-p 0.05 (id order)", 12, 1.3f, 0, 1, 0.05f, level == 1 ? 1000 : 20000);
 }
