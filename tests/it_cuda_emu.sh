@@ -95,6 +95,24 @@ LILY_EMU_ORDER=random LILY_EMU_SEED=$seed "$E/cuda-kernel-test" --small --batch 
 line=$(tail -n 1 "$tmp/kb.log")
 if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small --batch, LILY_EMU_ORDER=random: $line"
 else cat "$tmp/kb.log"; bad "emulated cuda-kernel-test --small --batch --seed $seed (rc=$rc)"; fi
+# the GPU sampler (cu_sample.cu) against the CPU sampler for the same uniform draw: every
+# option at small vocabularies and the real 248,320, and the draw statistics (chi-square)
+t0=$(date +%s.%N)
+"$E/cuda-kernel-test" --sampling --small --seed "$seed" >"$tmp/ks.log" 2>&1; rc=$?
+line=$(tail -n 1 "$tmp/ks.log")
+if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --sampling --small --seed $seed ($(secs "$t0") s): $line"
+else grep -v ' ok$' "$tmp/ks.log"; bad "emulated cuda-kernel-test --sampling --small --seed $seed (rc=$rc)"; fi
+
+# lily_session_generate with every sampling option on the CUDA session (device sampling in the
+# graph loop): reproducible per seed, equal to host sampling and to the CPU backend (tests/test_sample_gen.c)
+if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_sample_gen" >"$tmp/sgb.log" 2>&1; then
+  t0=$(date +%s.%N)
+  LILY_TEST_BACKEND=cuda "$E/tests/test_sample_gen" >"$tmp/sg.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/sg.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda backend" "$tmp/sg.log"; then
+    ok "emulated test_sample_gen on the CUDA backend ($(secs "$t0") s): $line"
+  else grep -v '^ok' "$tmp/sg.log" | tail -20; bad "emulated test_sample_gen on the CUDA backend (rc=$rc)"; fi
+else tail -n 20 "$tmp/sgb.log"; bad "build of the emulated test_sample_gen"; fi
 
 # whole model (a random tiny one): CPU and CUDA logits after a prompt long enough for the
 # tensor-core tiles, greedy steps on both, and the GPU decode loop (CUDA graph replay) giving
@@ -105,7 +123,7 @@ t0=$(date +%s.%N)
 if "$E/lily" synth --out "$tmp/model" --layout mlx4 --preset tiny --seed "$seed" >"$tmp/synth.log" 2>&1; then
   LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model" --prompt 140 --steps 12 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
   line=$(tail -n 1 "$tmp/model.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^3 passed, 0 failed'; then ok "emulated cuda-kernel-test --model (tiny, 140-token prompt, 12 steps, $(secs "$t0") s): $line"
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed'; then ok "emulated cuda-kernel-test --model (tiny, 140-token prompt, 12 steps, $(secs "$t0") s): $line"
   else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model (rc=$rc)"; fi
 else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 

@@ -2,6 +2,8 @@
  *
  *   lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768,tg32x8@1024]
  *              [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE]
+ *   tgNs, tgNs@D: the same decode with sampling on the GPU (T 0.8, top-k 40, top-p 0.95,
+ *   min-p 0.05, penalties, 5 logprobs) instead of the argmax
  *
  * Without --model it times the Qwen3.6-35B-A3B shape; with --model it reads that folder's
  * config.json and, with --load, its weights (otherwise random 4-bit weights are made in GPU
@@ -180,6 +182,12 @@ int main(int argc, char **argv) {
     for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
         int pp, n, nb, d, batched = strchr(t, 'x') != NULL;
         parse_test(t, &pp, &n, &nb, &d);
+        /* tgNs: decode with sampling on the GPU (typical chat settings, 5 logprobs) */
+        int sampled = !pp && strchr(t, 's') != NULL;
+        lily_sampling sp;
+        lily_sampling_default(&sp);
+        sp.temperature = 0.8f; sp.top_k = 40; sp.top_p = 0.95f; sp.min_p = 0.05f;
+        sp.presence_penalty = 0.5f; sp.repetition_penalty = 1.05f; sp.n_logprobs = 5;
         double *ms = calloc((size_t)reps, sizeof *ms);
         for (int r = -warm; r < reps; r++) {
             double x = 0;
@@ -188,7 +196,7 @@ int main(int argc, char **argv) {
             else if (pp) { if (lcuda_time_forward(s, NULL, n, 0, &x, &st)) goto fail; }
             else {
                 if (d && lcuda_time_forward(s, NULL, d, 0, &x, &st)) goto fail;
-                if (lcuda_time_decode(s, d, n, &x, &st)) goto fail;
+                if (lcuda_time_decode(s, d, n, sampled ? &sp : NULL, &x, &st)) goto fail;
             }
             if (r >= 0) ms[r] = x;
         }

@@ -1,6 +1,7 @@
 /* The CUDA backend: weight upload, sessions with device caches, the forward pass as a
  * sequence of kernel launches on the session's stream, snapshots. */
 #include "cuda/cu_model.h"
+#include "cuda/cu_sample.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <math.h>
@@ -270,6 +271,7 @@ void lcuda_session_free(lcuda_session *s) {
     if (!s) return;
     if (s->st) cudaStreamSynchronize(s->st);
     if (s->graph) cudaGraphExecDestroy(s->graph);
+    cu_sampler_free(s->samp);
     float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
                      &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr };

@@ -1,21 +1,26 @@
-/* The decode loop on the GPU: one CUDA graph per token step (forward, argmax, the chosen
- * token written into the next step's input), the host one step behind, reading tokens
- * from pinned mapped memory. Also the event-timed helpers lily-bench uses. */
+/* The decode loop on the GPU: one CUDA graph per token step (forward, argmax or the
+ * sampler of cu_sample.cu, the chosen token written into the next step's input), the host
+ * one step behind, reading tokens from pinned mapped memory. Also the event-timed helpers
+ * lily-bench uses. */
 #include "cuda/cu_model.h"
+#include "cuda/cu_sample.h"
 #include <stdlib.h>
 
-static lily_code build_graph(lcuda_session *s, lily_status *st) {
-    if (s->graph) return LILY_OK;
+/* The decode step's graph: greedy (argmax) into s->graph, or with the sampler into its own. */
+static lily_code build_graph(lcuda_session *s, cu_sampler *smp, lily_status *st) {
+    cudaGraphExec_t *out = smp ? cu_sampler_graph(smp) : &s->graph;
+    if (*out) return LILY_OK;
     cudaGraph_t g;
     LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
     cu_enqueue_forward(s, 1, 1);
-    cu_argmax(s->st, s->lg, s->m->cfg.vocab, s->d_tok);
+    if (smp) cu_sampler_enqueue(smp, s->st, s->lg, s->d_tok, s->d_step);
+    else cu_argmax(s->st, s->lg, s->m->cfg.vocab, s->d_tok);
     cu_step_advance(s->st, s->d_tok, s->d_ids, s->d_pos, s->d_step, s->ring_d, LCU_RING);
     cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (e != cudaSuccess) return cu_fail(st, e, "graph capture of the decode step", __FILE__, __LINE__);
-    e = cudaGraphInstantiate(&s->graph, g, 0);
+    e = cudaGraphInstantiate(out, g, 0);
     cudaGraphDestroy(g);
-    if (e != cudaSuccess) { s->graph = NULL; return cu_fail(st, e, "cudaGraphInstantiate", __FILE__, __LINE__); }
+    if (e != cudaSuccess) { *out = NULL; return cu_fail(st, e, "cudaGraphInstantiate", __FILE__, __LINE__); }
     return LILY_OK;
 }
 
@@ -27,10 +32,11 @@ static lily_code start_steps(lcuda_session *s, int pos, int32_t first, lily_stat
     return LILY_OK;
 }
 
+/* Plain greedy: the argmax graph gives the same token as the sampler, with less work. */
 static int greedy_only(const lily_sampling *p) {
     if (!p) return 1;
     return p->temperature <= 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           (p->repetition_penalty == 1 || p->repetition_penalty == 0) && p->n_logprobs == 0;
+           p->repetition_penalty == 1.0f && p->n_logprobs == 0 && p->n_bias == 0;
 }
 
 static int is_eos(const lily_config *c, int id) {
@@ -38,36 +44,46 @@ static int is_eos(const lily_config *c, int id) {
     return 0;
 }
 
-lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, uint64_t seed,
-                         int max_tokens, lily_token_cb cb, void *user, int *n_out, lily_status *st) {
-    (void)seed;
+lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p,
+                         const lcuda_sample_state *ss, int max_tokens, lily_token_cb cb, void *user, int *n_out,
+                         lily_status *st) {
     if (n_out) *n_out = 0;
-    if (!greedy_only(p)) return lily_err(st, LILY_EUNSUPPORTED, "GPU decode loop samples greedily only");
     if (max_tokens <= 0) return LILY_OK;
     if (pos < 0 || pos + max_tokens > s->m->max_ctx)
         return lily_err(st, LILY_ERANGE, "decoding %d tokens from position %d passes the context of %d", max_tokens, pos, s->m->max_ctx);
-    lily_code rc = build_graph(s, st);
-    if (rc) return rc;
+    cu_sampler *smp = NULL;
+    lily_code rc;
+    if (!greedy_only(p)) {
+        if (!s->samp && (rc = cu_sampler_new(s->m->cfg.vocab, &s->samp, st))) return rc;
+        smp = s->samp;
+        if ((rc = cu_sampler_setup(smp, s->st, p, ss, st))) return rc;
+    }
+    if ((rc = build_graph(s, smp, st))) return rc;
     if ((rc = start_steps(s, pos, first, st))) return rc;
+    cudaGraphExec_t graph = smp ? *cu_sampler_graph(smp) : s->graph;
     volatile int *ring = s->ring_h;
-    int launched = 0, n = 0;
-    LCU_CHECK(cudaGraphLaunch(s->graph, s->st));
+    int launched = 0, n = 0, failed = 0;
+    LCU_CHECK(cudaGraphLaunch(graph, s->st));
     LCU_CHECK(cudaEventRecord(s->ev[0], s->st));
     launched = 1;
     for (int i = 0; i < max_tokens; i++) {
         /* keep the GPU one step ahead: step i+1 reads the token step i wrote on the device */
         if (launched < max_tokens) {
-            LCU_CHECK(cudaGraphLaunch(s->graph, s->st));
+            LCU_CHECK(cudaGraphLaunch(graph, s->st));
             LCU_CHECK(cudaEventRecord(s->ev[launched % 4], s->st));
             launched++;
         }
         LCU_CHECK(cudaEventSynchronize(s->ev[i % 4]));
         lily_token tok;
         memset(&tok, 0, sizeof tok);
-        int slot = i % LCU_RING;
-        tok.id = ring[2 * slot];
-        int lpb = ring[2 * slot + 1];
-        memcpy(&tok.logprob, &lpb, sizeof lpb);
+        if (smp) {
+            if (cu_sampler_read(smp, i, &tok)) { failed = 1; break; }
+        } else {
+            int slot = i % LCU_RING;
+            tok.id = ring[2 * slot];
+            int lpb = ring[2 * slot + 1];
+            memcpy(&tok.logprob, &lpb, sizeof lpb);
+        }
         n++;
         int stop = cb ? cb(user, &tok) : 0;
         if (stop || is_eos(&s->m->cfg, tok.id)) break;
@@ -75,6 +91,7 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
     LCU_CHECK(cudaStreamSynchronize(s->st));
     s->pos = pos + launched;
     if (n_out) *n_out = n;
+    if (failed) return lily_err(st, LILY_EINVAL, "sampler: every token is penalized to -inf");
     return LILY_OK;
 }
 
@@ -123,16 +140,24 @@ out:
     return rc;
 }
 
-lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st) {
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_sampling *p, double *ms, lily_status *st) {
     if (pos < 0 || pos + n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "decoding %d tokens from %d passes the context of %d", n, pos, s->m->max_ctx);
-    lily_code rc = build_graph(s, st);
-    if (rc) return rc;
+    cu_sampler *smp = NULL;
+    lily_code rc;
+    if (!greedy_only(p)) {
+        if (!s->samp && (rc = cu_sampler_new(s->m->cfg.vocab, &s->samp, st))) return rc;
+        smp = s->samp;
+        lcuda_sample_state ss = { NULL, NULL, { 0x9e3779b97f4a7c15ull, 0x6a09e667f3bcc909ull } };
+        if ((rc = cu_sampler_setup(smp, s->st, p, &ss, st))) return rc;
+    }
+    if ((rc = build_graph(s, smp, st))) return rc;
     if ((rc = start_steps(s, pos, 1, st))) return rc;
+    cudaGraphExec_t graph = smp ? *cu_sampler_graph(smp) : s->graph;
     cudaEvent_t a, b;
     LCU_CHECK(cudaEventCreate(&a));
     LCU_CHECK(cudaEventCreate(&b));
     cudaEventRecord(a, s->st);
-    for (int i = 0; i < n; i++) cudaGraphLaunch(s->graph, s->st);
+    for (int i = 0; i < n; i++) cudaGraphLaunch(graph, s->st);
     cudaEventRecord(b, s->st);
     cudaError_t e = cudaEventSynchronize(b);
     if (e == cudaSuccess) e = cudaGetLastError();

@@ -59,6 +59,7 @@ struct lcuda_session {
     int bcap;
     cudaGraphExec_t graph;
     cudaEvent_t ev[4];
+    struct cu_sampler *samp;       /* GPU sampling (cu_sample.cu), made on first use */
 };
 
 /* Tracks a device allocation for lcuda_model_free. */

@@ -1,5 +1,6 @@
 /* The kernel test's entry points (see cuda_test.h): host in, device kernel, host out. */
 #include "cuda/cu_model.h"
+#include "cuda/cu_sample.h"
 extern "C" {
 #include "cuda/cuda_test.h"
 }
@@ -145,5 +146,28 @@ lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st) {
     rc = finish(st, rc);
     if (!rc) rc = dget(out, dout, 8, st);
     dfree(&L);
+    return rc;
+}
+
+lily_code lct_sample(const float *logits, int V, const lily_sampling *p, const int32_t *counts,
+                     const uint8_t *prompt_mask, uint64_t rng[2], int steps, lily_token *out, int *err,
+                     lily_status *st) {
+    cu_sampler *c = NULL;
+    lily_code rc = cu_sampler_new(V, &c, st);
+    if (rc) return rc;
+    dlist L = { {0}, 0 };
+    float *dx = (float *)dput(&L, logits, (size_t)V * 4, st, &rc);
+    int *tok = (int *)dput(&L, NULL, 8, st, &rc), *step = (int *)dput(&L, NULL, 4, st, &rc);
+    lcuda_sample_state ss = { counts, prompt_mask, { rng[0], rng[1] } };
+    if (!rc) rc = cu_sampler_setup(c, 0, p, &ss, st);
+    for (int i = 0; !rc && i < steps; i++) {
+        cu_set_int(0, step, i);
+        cu_sampler_enqueue(c, 0, dx, tok, step);
+        rc = finish(st, rc);
+        if (!rc) err[i] = cu_sampler_read(c, i, &out[i]);
+    }
+    if (!rc) rc = cu_sampler_rng(c, rng, st);
+    dfree(&L);
+    cu_sampler_free(c);
     return rc;
 }

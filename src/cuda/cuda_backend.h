@@ -70,16 +70,29 @@ int lcuda_session_pos(const lcuda_session *s);
 /* Logits [V] of the last token lcuda_generate fed. */
 lily_code lcuda_last_logits(lcuda_session *s, float *out, lily_status *st);
 
-/* Greedy only (temperature 0, no penalties, no logprobs); anything else gives
- * LILY_EUNSUPPORTED and the engine samples on the host. */
+/* Where sampling stands when the device takes over (after the host sampled `first`):
+ * counts [V] of the tokens generated so far (NULL = none), the prompt mask [V] for
+ * repetition_penalty (nonzero = in the prompt; NULL = none), and the lily_rng state
+ * (lily_rng.s) the next draw continues from. */
+typedef struct {
+    const int32_t *counts;
+    const uint8_t *prompt_mask;
+    uint64_t rng[2];
+} lcuda_sample_state;
+
+/* Every lily_sampling option runs on the device (src/cuda/cu_sample.cu): each step chooses
+ * the token lily_sample_logits_ex would (same uniform draw, see docs/cuda.md for the
+ * equivalence rule) and reports logprob and top alternatives. Plain greedy (temperature 0,
+ * no penalties, bias or logprobs) takes the argmax graph. ss may be NULL for greedy. */
 lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p,
-                         uint64_t seed, int max_tokens, lily_token_cb cb, void *user,
+                         const lcuda_sample_state *ss, int max_tokens, lily_token_cb cb, void *user,
                          int *n_out, lily_status *st);
 
 /* For lily-bench: device time in milliseconds (CUDA events) of a T-token forward at pos
- * (ids random when NULL), and of n greedy decode steps from pos (no host sync per step). */
+ * (ids random when NULL), and of n decode steps from pos (no host sync per step), greedy
+ * when p is NULL, else sampling with p on the device. */
 lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int pos, double *ms, lily_status *st);
-lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st);
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_sampling *p, double *ms, lily_status *st);
 /* Runs one T-token forward at pos (T <= the backend's chunk) with an event after every stage
  * and writes a markdown table of the time per stage, largest first. */
 lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st);

@@ -25,8 +25,8 @@ lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int po
     (void)s; (void)ids; (void)T; (void)pos; (void)ms;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
-lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, double *ms, lily_status *st) {
-    (void)s; (void)pos; (void)n; (void)ms;
+lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_sampling *p, double *ms, lily_status *st) {
+    (void)s; (void)pos; (void)n; (void)p; (void)ms;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
 void lcuda_model_free(lcuda_model *m) { (void)m; }
@@ -54,9 +54,9 @@ lily_code lcuda_snapshot_copy(lcuda_session *s, int slot, int to_host, float *co
     (void)s; (void)slot; (void)to_host; (void)conv; (void)S;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
-lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, uint64_t seed, int max_tokens,
-                         lily_token_cb cb, void *user, int *n_out, lily_status *st) {
-    (void)s; (void)pos; (void)first; (void)p; (void)seed; (void)max_tokens; (void)cb; (void)user;
+lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, const lcuda_sample_state *ss,
+                         int max_tokens, lily_token_cb cb, void *user, int *n_out, lily_status *st) {
+    (void)s; (void)pos; (void)first; (void)p; (void)ss; (void)max_tokens; (void)cb; (void)user;
     if (n_out) *n_out = 0;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }

@@ -26,4 +26,11 @@ lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, i
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* out[0] = argmax, out[1] = its log-probability bits. */
 lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st);
+/* `steps` sampling steps of the GPU sampler (cu_sample.cu) on one logits row [V], as the
+ * decode loop runs them: counts [V] (may be NULL) start as given and count each chosen token,
+ * rng (lily_rng.s) is the state the first draw continues from and gets the state after the
+ * last. out[i] = step i's token; err[i] = 1 where the step failed (every token at -inf). */
+lily_code lct_sample(const float *logits, int V, const lily_sampling *p, const int32_t *counts,
+                     const uint8_t *prompt_mask, uint64_t rng[2], int steps, lily_token *out, int *err,
+                     lily_status *st);
 #endif

@@ -5,8 +5,9 @@
 #include "engine/sampler.h"
 #include "cuda/cuda_backend.h"
 #include <stdlib.h>
+#include <string.h>
 
-/* ---- the GPU decode loop (greedy): tokens chosen and fed on the device ---- */
+/* ---- the GPU decode loop: tokens chosen and fed on the device ---- */
 typedef struct {
     lily_token_cb cb;
     void *user;
@@ -23,16 +24,15 @@ static int gpu_gen_cb(void *user, const lily_token *tok) {
     return stop;
 }
 
-static int gpu_greedy(const lily_sampling *p) {
-    return p->temperature <= 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
-           (p->repetition_penalty == 1 || p->repetition_penalty == 0) && p->n_logprobs == 0 && p->n_bias == 0;
-}
-
-static lily_code gpu_generate(lily_session *s, const lily_sampling *p, int max_tokens, lily_token_cb cb, void *user,
-                              int *n_out, lily_status *st) {
+/* The first token is sampled here from the prompt's logits (as the host loop does); every
+ * later one on the device (src/cuda/cu_sample.cu), which continues the same rng stream and
+ * counts, so both paths choose the same tokens from the same logits. */
+static lily_code gpu_generate(lily_session *s, const lily_sampling *p, int32_t *counts, const uint8_t *pmask,
+                              int max_tokens, lily_token_cb cb, void *user, int *n_out, lily_status *st) {
     lily_token tok;
-    lily_code rc = lily_sample_logits(s->logits, s->m->w.cfg.vocab, p, NULL, NULL, &tok, st);
+    lily_code rc = lily_sample_logits_ex(s->logits, s->m->w.cfg.vocab, p, &s->rng, counts, pmask, &tok, st);
     if (rc) return rc;
+    counts[tok.id]++;
     *n_out = 1;
     int stop = cb ? cb(user, &tok) : 0;
     if (stop || lily_model_is_eos(s->m, tok.id) || max_tokens == 1) return LILY_OK;
@@ -42,7 +42,8 @@ static lily_code gpu_generate(lily_session *s, const lily_sampling *p, int max_t
     gpu_gen g = { cb, user, malloc((size_t)steps * sizeof(int32_t)), 0, 0, s->m };
     if (!g.ids) return lily_err(st, LILY_ENOMEM, "out of memory");
     int made = 0, start = s->n;
-    rc = lcuda_generate(s->cuda, start, tok.id, p, p->seed, steps, gpu_gen_cb, &g, &made, st);
+    lcuda_sample_state ss = { counts, pmask, { s->rng.s[0], s->rng.s[1] } };
+    rc = lcuda_generate(s->cuda, start, tok.id, p, &ss, steps, gpu_gen_cb, &g, &made, st);
     /* the device fed `first` and then every token but possibly the last one it made */
     int fed = lcuda_session_pos(s->cuda) - start;
     if (!rc && fed > 0) {
@@ -62,6 +63,13 @@ lily_code lily_session_sample(lily_session *s, const lily_sampling *p, lily_toke
     return lily_sample_logits(s->logits, s->m->w.cfg.vocab, p, &s->rng, NULL, out, st);
 }
 
+/* LILY_CU_HOST_SAMPLING=1 keeps a CUDA session's sampling on the host (one sync per token):
+ * the reference the device path is tested against. */
+static int host_sampling_forced(void) {
+    const char *e = getenv("LILY_CU_HOST_SAMPLING");
+    return e && *e && strcmp(e, "0");
+}
+
 lily_code lily_session_generate(lily_session *s, const lily_sampling *p, int max_tokens,
                                 lily_token_cb cb, void *user, int *n_out, lily_status *st) {
     if (n_out) *n_out = 0;
@@ -71,18 +79,25 @@ lily_code lily_session_generate(lily_session *s, const lily_sampling *p, int max
     if (rc) return rc;
     int V = s->m->w.cfg.vocab;
     int32_t *counts = calloc((size_t)V, sizeof *counts);
-    if (!counts) return lily_err(st, LILY_ENOMEM, "out of memory");
+    /* repetition_penalty covers the prompt (every token the session holds) as well */
+    uint8_t *pmask = p->repetition_penalty != 1.0f ? calloc((size_t)V, 1) : NULL;
+    if (!counts || (p->repetition_penalty != 1.0f && !pmask)) {
+        free(counts); free(pmask);
+        return lily_err(st, LILY_ENOMEM, "out of memory");
+    }
+    for (int i = 0; pmask && i < s->n; i++)
+        if (s->tokens[i] >= 0 && s->tokens[i] < V) pmask[s->tokens[i]] = 1;
     lily_rng_seed(&s->rng, p->seed);
     int n = 0;
-    if (s->cuda && max_tokens > 0 && gpu_greedy(p)) {
-        free(counts);
-        rc = gpu_generate(s, p, max_tokens, cb, user, &n, st);
+    if (s->cuda && max_tokens > 0 && !host_sampling_forced()) {
+        rc = gpu_generate(s, p, counts, pmask, max_tokens, cb, user, &n, st);
+        free(counts); free(pmask);
         if (n_out) *n_out = n;
         return rc;
     }
     while (n < max_tokens) {
         lily_token tok;
-        if ((rc = lily_sample_logits(s->logits, V, p, &s->rng, counts, &tok, st))) break;
+        if ((rc = lily_sample_logits_ex(s->logits, V, p, &s->rng, counts, pmask, &tok, st))) break;
         counts[tok.id]++;
         n++;
         int stop = cb ? cb(user, &tok) : 0;
@@ -91,7 +106,7 @@ lily_code lily_session_generate(lily_session *s, const lily_sampling *p, int max
          * computing it saves one step. */
         if ((rc = engine_forward(s, &tok.id, 1, NULL, st))) break;
     }
-    free(counts);
+    free(counts); free(pmask);
     if (n_out) *n_out = n;
     return rc;
 }

@@ -6,6 +6,7 @@
  *                                               code path at small sizes, for the CPU emulator),
  *                                               then decode batches on random-weight models (not
  *                                               with --small: --small --batch runs only those)
+ *   cuda-kernel-test --sampling [--small]       only the GPU sampler against the CPU sampler
  *   cuda-kernel-test --model DIR [--prompt 1000] [--steps 32]
  *                                               whole model: CPU and CUDA logits after a random
  *                                               prompt, and the greedy tokens of the next steps
@@ -256,6 +257,8 @@ static void test_argmax(int V) {
     free(x);
 }
 
+#include "kt_sample.h"
+
 /* Whole model: CPU and CUDA backends on one random prompt, then greedy steps. */
 /* Decode batches (lcuda_forward_batch) on a random-weight model made on the GPU: n sessions
  * at different positions get one token each in one pass, compared with a twin of each session
@@ -431,9 +434,49 @@ static int test_model(const char *dir, int P, int steps) {
     }
     snprintf(what, sizeof what, "GPU decode loop: %d greedy tokens as the stepwise path%s", expect, expect < steps ? " (to EOS)" : "");
     report(what, same ? 0 : INFINITY, 0);
+    /* every sampling option: the sampler in the graph must choose what the host sampler
+     * chooses from the same session's logits (LILY_CU_HOST_SAMPLING=1); both draw the same
+     * uniforms, so only a draw within ~1e-6 of a cumulative edge could differ */
+    sp.temperature = 0.9f; sp.top_k = 40; sp.top_p = 0.95f; sp.min_p = 0.02f;
+    sp.presence_penalty = 0.3f; sp.frequency_penalty = 0.1f; sp.repetition_penalty = 1.1f;
+    sp.n_logprobs = 5; sp.seed = lily_rng_u64(&rng);
+    lily_token *td = calloc((size_t)steps, sizeof *td), *th = calloc((size_t)steps, sizeof *th);
+    int md = 0, mh = 0;
+    for (int host = 0; host < 2; host++) {
+        struct { lily_token *out; int n; } tc2 = { host ? th : td, 0 };
+        int keep(void *u, const lily_token *t);
+        if (host) setenv("LILY_CU_HOST_SAMPLING", "1", 1);
+        lily_session_reset(sg);
+        if (lily_session_feed(sg, ids, P, NULL, &st) ||
+            lily_session_generate(sg, &sp, steps, keep, &tc2, host ? &mh : &md, &st)) { printf("sampled generate: %s\n", st.msg); return 1; }
+        unsetenv("LILY_CU_HOST_SAMPLING");
+    }
+    int sd = md == mh;
+    double lpe = 0;
+    for (int i = 0; sd && i < md; i++) {
+        sd = td[i].id == th[i].id && td[i].n_top == th[i].n_top;
+        double e = fabs((double)td[i].logprob - th[i].logprob);
+        if (!(e <= lpe)) lpe = e;
+    }
+    if (!sd) {
+        printf("device:");
+        for (int i = 0; i < md; i++) printf(" %d", td[i].id);
+        printf("\nhost:");
+        for (int i = 0; i < mh; i++) printf(" %d", th[i].id);
+        printf("\n");
+    }
+    snprintf(what, sizeof what, "GPU decode loop, sampled: %d tokens as host sampling (logprob err)", md);
+    report(what, sd ? lpe : INFINITY, 1e-4);
+    free(td); free(th);
     free(ids); free(tc); free(tg); free(tl);
     lily_session_free(sc); lily_session_free(sg);
     lily_model_free(mc); lily_model_free(mg);
+    return 0;
+}
+
+int keep(void *u, const lily_token *t) {
+    struct { lily_token *out; int n; } *c = u;
+    c->out[c->n++] = *t;
     return 0;
 }
 
@@ -446,10 +489,11 @@ int collect(void *u, const lily_token *t) {
 int main(int argc, char **argv) {
     uint64_t seed = (uint64_t)time(NULL);
     const char *model = NULL;
-    int P = 1000, steps = 32, small = 0, batch = 0;
+    int P = 1000, steps = 32, small = 0, batch = 0, sampling = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--small")) small = 1;
         if (!strcmp(argv[i], "--batch")) batch = 1;
+        if (!strcmp(argv[i], "--sampling")) sampling = 1;
     }
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[++i], NULL, 10);
@@ -464,8 +508,9 @@ int main(int argc, char **argv) {
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail != 0;
     }
-    if (batch) { /* whole (tiny) models: slow on the emulator, so apart from the kernels */
-        batch_tests(small);
+    if (batch || sampling) { /* whole (tiny) models / the sampler alone: apart from the kernels */
+        if (batch) batch_tests(small);
+        if (sampling) test_sampling(small ? 1 : 2);
         printf("%d passed, %d failed\n", n_pass, n_fail);
         return n_fail != 0;
     }
@@ -537,6 +582,7 @@ int main(int argc, char **argv) {
     test_argmax(248320);
     test_argmax(1);
     test_argmax(1000);
+    test_sampling(small ? 0 : 2);
     lily_pool_free(pool);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail != 0;

@@ -44,7 +44,7 @@ for stage in $stages; do
     "$BIN/cuda-kernel-test" >"$OUT/kernels.log" 2>&1 || fail=1
     grep -E "FAIL|error|passed" "$OUT/kernels.log"
     # the same tokens alone and beside other sessions, and parking to the host and back
-    for t in test_beside test_park test_batch; do
+    for t in test_beside test_park test_batch test_sample_gen; do
       [ -x "$BIN/tests/$t" ] || continue
       LILY_TEST_BACKEND=cuda "$BIN/tests/$t" >"$OUT/$t.log" 2>&1 && echo "$t (cuda): $(tail -1 "$OUT/$t.log")" ||
         { echo "$t (cuda): FAIL"; grep -v '^ok' "$OUT/$t.log" | tail; fail=1; }
