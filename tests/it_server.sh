@@ -111,6 +111,26 @@ sys.exit(0 if ''.join(x['choices'][0]['text'] for x in ev)==json.load(open('$tmp
 t "token-id prompt" [ "$(req k3 /v1/completions '{"prompt":[1,2,3,4],"max_tokens":3}')" = 200 ]
 t "token id outside the vocabulary" [ "$(req k4 /v1/completions '{"prompt":[1,999999],"max_tokens":3}')" = 400 ]
 
+# repetition_penalty covers the prompt's tokens, not only generated ones (lily.h; transformers and
+# vLLM do the same): a prompt of every token id but a random 200 and a penalty of 100 leave the
+# greedy choice to those 200 (without the prompt part the first token is the plain argmax, one of
+# the 1,848 in the prompt about nine times in ten)
+t "repetition_penalty covers the prompt" python3 - "$B" <<'EOF'
+import json, random, sys, urllib.request
+base = sys.argv[1]
+def post(path, body):
+    r = urllib.request.Request(base + path, json.dumps(body).encode(), {"Authorization": "Bearer sekret", "Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(r))
+seed = random.randrange(1 << 30); rng = random.Random(seed)
+Q = rng.sample(range(2048), 200)
+P = [i for i in range(2048) if i not in set(Q)]; rng.shuffle(P)
+qs = {post("/detokenize", {"tokens": [q]})["prompt"] for q in Q}
+got = post("/v1/completions", {"prompt": P, "max_tokens": 6, "temperature": 0, "repetition_penalty": 100, "logprobs": 1})
+toks = got["choices"][0]["logprobs"]["tokens"]
+bad = [t for t in toks if t not in qs]
+if bad or not toks: print("seed", seed, "tokens outside the 200:", bad, "of", toks); sys.exit(1)
+EOF
+
 # ---- stop strings: cut where the plain text first contains them, never emitted --------------
 STOPREQ=$(python3 - "$tmp/k1" <<'EOF'
 import json, sys

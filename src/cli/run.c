@@ -23,7 +23,9 @@ int cli_run(int argc, char **argv) {
     const char *ns = cli_opt(argc, argv, "-n"), *temp = cli_opt(argc, argv, "--temp"), *seed = cli_opt(argc, argv, "--seed");
     const char *backend = cli_opt(argc, argv, "--backend"), *ctx = cli_opt(argc, argv, "--ctx-len");
     if (!model) {
-        fprintf(stderr, "usage: lily run --model DIR [--prompt TEXT] [--raw] [-n N] [--temp T] [--seed N] [--backend cpu|cuda] [--ctx-len N]\n");
+        fprintf(stderr, "usage: lily run --model DIR [--prompt TEXT] [--raw] [-n N] [--temp T] [--seed N] [--top-k K] [--top-p P]\n"
+                        "                [--min-p P] [--repetition-penalty R] [--presence-penalty X] [--frequency-penalty X]\n"
+                        "                [--backend cpu|cuda] [--ctx-len N]\n");
         return 2;
     }
     lily_status st = { 0 };
@@ -68,6 +70,14 @@ int cli_run(int argc, char **argv) {
     lily_sampling_default(&p);
     p.temperature = temp ? (float)atof(temp) : 0.0f;
     p.seed = seed ? strtoull(seed, NULL, 10) : 0;
+    /* the server's names; lily_session_generate refuses values out of range */
+    const char *v;
+    if ((v = cli_opt(argc, argv, "--top-k"))) p.top_k = atoi(v);
+    if ((v = cli_opt(argc, argv, "--top-p"))) p.top_p = (float)atof(v);
+    if ((v = cli_opt(argc, argv, "--min-p"))) p.min_p = (float)atof(v);
+    if ((v = cli_opt(argc, argv, "--repetition-penalty"))) p.repetition_penalty = (float)atof(v);
+    if ((v = cli_opt(argc, argv, "--presence-penalty"))) p.presence_penalty = (float)atof(v);
+    if ((v = cli_opt(argc, argv, "--frequency-penalty"))) p.frequency_penalty = (float)atof(v);
     int made = 0;
     if (lily_session_generate(s, &p, ns ? atoi(ns) : 64, on_token, &r, &made, &st)) { fprintf(stderr, "\nlily run: %s\n", st.msg); goto out; }
     const char *txt; size_t len;

@@ -22,6 +22,9 @@ typedef struct {
     int has_pending;   /* a sampled token waits to be fed with the round's batch */
     int32_t pending;
     uint8_t *allowed;  /* [vocab] token mask for constrained jobs, allocated on first use */
+    uint8_t *pmask;    /* [vocab] the job's prompt tokens, for repetition_penalty (lily.h: over prompt
+                        * and output, as transformers and vLLM apply it); allocated on first use */
+    int pmask_on;
 } slot;
 
 struct srv_sched {
@@ -158,7 +161,8 @@ static void finish_text(srv_job *j, srv_finish f, const lily_token *tok) {
  * allowed exactly when the grammar can end. 0 ok, -1 with st set. */
 static int sample_next(srv_sched *s, slot *sl, srv_job *j, const float *logits, int32_t *counts, lily_token *tok,
                        lily_status *st) {
-    if (lily_sample_logits(logits, s->vocab, &j->samp, &j->rng, counts, tok, st)) return -1;
+    const uint8_t *pm = sl->pmask_on ? sl->pmask : NULL;
+    if (lily_sample_logits_ex(logits, s->vocab, &j->samp, &j->rng, counts, pm, tok, st)) return -1;
     if (!j->gram_on) return 0;
     if (is_stop_token(s, tok->id) ? gram_matcher_can_end(j->gm) : gram_matcher_accept_token(j->gm, s->o.gram_vocab, tok->id))
         return 0;
@@ -169,7 +173,7 @@ static int sample_next(srv_sched *s, slot *sl, srv_job *j, const float *logits, 
     gram_matcher_mask(j->gm, s->o.gram_vocab, sl->allowed);
     if (gram_matcher_can_end(j->gm))
         for (int i = 0; i < s->n_end; i++) sl->allowed[s->end_ids[i]] = 1;
-    if (lily_sample_logits_mask(logits, s->vocab, &j->samp, &j->rng, counts, NULL, sl->allowed, tok, st)) return -1;
+    if (lily_sample_logits_mask(logits, s->vocab, &j->samp, &j->rng, counts, pm, sl->allowed, tok, st)) return -1;
     if (!is_stop_token(s, tok->id) && !gram_matcher_accept_token(j->gm, s->o.gram_vocab, tok->id)) {
         lily_err(st, LILY_EINVAL, "response_format: token %d is in the grammar's mask but not accepted", tok->id);
         return -1;
@@ -436,6 +440,14 @@ static void admit(srv_sched *s) {
         j->gram_on = j->gram && j->gram_after < 0;
         srv_stop_init(&j->stop, j->stops, j->n_stop);
         if (penalized(&j->samp)) memset(sl->counts, 0, sizeof *sl->counts * (size_t)s->vocab);
+        sl->pmask_on = 0;
+        if (j->samp.repetition_penalty != 1.0f && j->samp.repetition_penalty != 0.0f &&
+            (sl->pmask || (sl->pmask = malloc((size_t)s->vocab)))) {
+            memset(sl->pmask, 0, (size_t)s->vocab);
+            for (int i = 0; i < j->n_prompt; i++)
+                if (j->prompt[i] >= 0 && j->prompt[i] < s->vocab) sl->pmask[j->prompt[i]] = 1;
+            sl->pmask_on = 1;
+        }
     }
 }
 
@@ -521,6 +533,7 @@ void srv_sched_stop(srv_sched *s) {
     for (int i = 0; s->slots && i < s->o.n_slots; i++) {
         lily_session_free(s->slots[i].sess);
         free(s->slots[i].counts);
+        free(s->slots[i].pmask);
         free(s->slots[i].allowed);
     }
     free(s->slots);
