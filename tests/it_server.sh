@@ -109,6 +109,7 @@ import json,sys
 ev=[json.loads(e[6:]) for e in open('$tmp/k2').read().split('\n\n') if e.startswith('data: {')]
 sys.exit(0 if ''.join(x['choices'][0]['text'] for x in ev)==json.load(open('$tmp/k1'))['choices'][0]['text'] else 1)"
 t "token-id prompt" [ "$(req k3 /v1/completions '{"prompt":[1,2,3,4],"max_tokens":3}')" = 200 ]
+t "request log: one line per finished request (4 prompt tokens, 3 generated)" grep -qE 'request done: slot [0-9]+, prompt 4 tokens \([0-9]+ cached\), 3 generated, length, first token [0-9.]+ ms' "$tmp/main.log"
 t "token id outside the vocabulary" [ "$(req k4 /v1/completions '{"prompt":[1,999999],"max_tokens":3}')" = 400 ]
 
 # repetition_penalty covers the prompt's tokens, not only generated ones (lily.h; transformers and
@@ -205,6 +206,11 @@ EOF
 )
 req p2 /v1/chat/completions "$TURN2" >/dev/null
 t "a follow-up turn reuses the cached prefix" js "$tmp/p2" 'd["usage"]["prompt_tokens_details"]["cached_tokens"]>=10'
+req p3 /v1/chat/completions "$TURN2" >/dev/null
+t "the same request again (a regenerated answer): the whole prompt from the cache, the same answer" python3 -c "
+import json,sys
+a=json.load(open('$tmp/p2')); b=json.load(open('$tmp/p3'))
+sys.exit(0 if b['usage']['prompt_tokens_details']['cached_tokens']==b['usage']['prompt_tokens'] and a['choices'][0]['message']==b['choices'][0]['message'] else 1)"
 
 # ---- bad input -------------------------------------------------------------------------------------
 bad() { # name status body [param]
@@ -344,7 +350,7 @@ t "mismatched tokenizer: 400 ($code) naming the vocabulary" [ "$code" = 400 ] &&
 
 # ---- IPv6: --host :: answers on both families, ::1 on IPv6 loopback only ---------------------------
 for h in :: ::1; do
-  "$BUILD/lily-server" --model-path "$tmp/model" --port 0 --threads 2 --slots 1 --host "$h" >"$tmp/v6.log" 2>&1 &
+  "$BUILD/lily-server" --model-path "$tmp/model" --port 0 --threads 2 --slots 1 --host "$h" --log-requests 0 >"$tmp/v6.log" 2>&1 &
   v6=$!; pids="$pids $v6"
   for _ in $(seq 200); do grep -q "serving" "$tmp/v6.log" && break; kill -0 $v6 2>/dev/null || break; sleep 0.05; done
   p6=$(grep -o 'http://\[[0-9a-f:]*\]:[0-9]*' "$tmp/v6.log" | sed 's/.*://')
@@ -354,6 +360,7 @@ for h in :: ::1; do
   code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p6/health")
   if [ "$h" = :: ]; then t "--host ::: IPv4 too ($code)" [ "$code" = 200 ]; else t "--host ::1: not on IPv4 ($code)" [ "$code" = 000 ]; fi
   kill $v6; wait $v6 2>/dev/null
+  t "--log-requests 0: no request lines" eval "! grep -q \"request done\" \"$tmp/v6.log\""
 done
 
 # ---- startup errors ---------------------------------------------------------------------------------

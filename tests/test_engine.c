@@ -65,9 +65,23 @@ static void test_model(const char *dir, lily_rng *r) {
     e = rel(lily_session_logits(s2), ref, (size_t)V);
     CHECK(e < 1e-4, "rollback logits rel err %.3e", e);
     /* the same prompt again: nothing new, still the right logits */
-    CHECK(lily_session_prefill(s2, ac, 100, &reused, &st) == LILY_OK && reused >= A, "same prompt: reused %d", reused);
+    CHECK(lily_session_prefill(s2, ac, 100, &reused, &st) == LILY_OK && reused == 100, "same prompt: reused %d (want all 100)", reused);
     e = rel(lily_session_logits(s2), ref, (size_t)V);
     CHECK(e < 1e-4, "same-prompt logits rel err %.3e", e);
+    /* and again after generating from it (a regenerated answer): the end snapshot kept the
+     * logits and state, so nothing is recomputed and the greedy answer repeats */
+    {
+        lily_sampling g; lily_sampling_default(&g);
+        int32_t first[8]; int n1 = 0, n2 = 0;
+        CHECK(lily_session_generate(s2, &g, 8, NULL, NULL, &n1, &st) == LILY_OK, "generate: %s", st.msg);
+        memcpy(first, lily_session_tokens(s2) + 100, sizeof first);
+        CHECK(lily_session_prefill(s2, ac, 100, &reused, &st) == LILY_OK && reused == 100, "regenerate: reused %d (want 100)", reused);
+        e = rel(lily_session_logits(s2), ref, (size_t)V);
+        CHECK(e < 1e-4, "regenerate: logits rel err %.3e", e);
+        CHECK(lily_session_generate(s2, &g, 8, NULL, NULL, &n2, &st) == LILY_OK && n1 == n2 &&
+              !memcmp(first, lily_session_tokens(s2) + 100, (size_t)(n1 > 1 ? n1 - 1 : 0) * sizeof *first),
+              "regenerated greedy answer differs");
+    }
     /* a snapshot of other tokens at a shorter position must not be used: A+C's snapshot
      * at 100 exists; ids[0..99] shares only A with it */
     CHECK(lily_session_prefill(s2, ids, 100, &reused, &st) == LILY_OK && reused == A, "back to A+B: reused %d", reused);

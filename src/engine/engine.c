@@ -99,7 +99,9 @@ void lily_session_free(lily_session *s) {
     if (!s) return;
     if (s->cuda) lcuda_session_free(s->cuda);
     else cpu_cache_free(&s->cache);
-    for (int i = 0; i < LILY_SNAPSHOTS; i++) { free(s->snap[i].conv); free(s->snap[i].S); free(s->snap[i].tokens); }
+    for (int i = 0; i < LILY_SNAPSHOTS; i++) {
+        free(s->snap[i].conv); free(s->snap[i].S); free(s->snap[i].tokens); free(s->snap[i].logits);
+    }
     free(s->tokens);
     free(s->logits);
     free(s);
@@ -195,16 +197,30 @@ lily_code lily_decode_batch(lily_session **ss, const int32_t *ids, int n, lily_s
 static size_t conv_floats(const lily_config *c, const cpu_cache *k) { return (size_t)k->n_lin * cfg_conv_dim(c) * (c->conv_k - 1); }
 static size_t S_floats(const lily_config *c, const cpu_cache *k) { return (size_t)k->n_lin * c->lin_nv * c->lin_dk * c->lin_dv; }
 
+/* the session's logits (after s->n tokens) into snapshot sp, when it has them */
+static void snapshot_logits(lily_session *s, lily_snapshot *sp) {
+    size_t V = (size_t)s->m->w.cfg.vocab;
+    sp->has_logits = 0;
+    if (!s->has_logits || (!sp->logits && !(sp->logits = malloc(V * sizeof(float))))) return;
+    memcpy(sp->logits, s->logits, V * sizeof(float));
+    sp->has_logits = 1;
+}
+
 static void snapshot_take(lily_session *s) {
     const lily_config *c = &s->m->w.cfg;
     lily_snapshot *best = NULL;
     for (int i = 0; i < LILY_SNAPSHOTS; i++) {
         lily_snapshot *sp = &s->snap[i];
-        if (sp->pos == s->n && !memcmp(sp->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens)) { sp->stamp = ++s->clock; return; }
+        if (sp->pos == s->n && !memcmp(sp->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens)) {
+            sp->stamp = ++s->clock;
+            if (!sp->has_logits) snapshot_logits(s, sp);
+            return;
+        }
         if (!best || sp->stamp < best->stamp) best = sp;
     }
     if (!best->tokens && !(best->tokens = malloc((size_t)s->m->max_ctx * sizeof *best->tokens))) return;
     best->pos = 0; /* unusable until filled */
+    best->has_logits = 0;
     if (s->cuda) { /* the state is copied into a device-side slot */
         if (lcuda_snapshot_save(s->cuda, (int)(best - s->snap), NULL)) return;
     } else {
@@ -223,6 +239,7 @@ static void snapshot_take(lily_session *s) {
     memcpy(best->tokens, s->tokens, (size_t)s->n * sizeof *s->tokens);
     best->pos = s->n;
     best->stamp = ++s->clock;
+    snapshot_logits(s, best);
 }
 
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
@@ -241,7 +258,32 @@ lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, co
     if (n < 1) return lily_err(st, LILY_EINVAL, "empty prompt");
     if (n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "prompt of %d tokens exceeds the context length %d", n, s->m->max_ctx);
     int cp = common_prefix(s->tokens, s->n, ids, n);
-    /* Keep at least the last prompt token to recompute, so its logits exist. */
+    /* The same prompt again: a snapshot at its end that kept the logits restores everything
+     * (the attention rows below n match because the session still holds these n tokens),
+     * unless a requested mark has no snapshot yet. */
+    int marks_kept = 1;
+    for (int k = 0; k < n_marks && cp >= n; k++) {
+        int found = marks[k] <= 0 || marks[k] >= n;
+        for (int i = 0; i < LILY_SNAPSHOTS && !found; i++)
+            found = s->snap[i].pos == marks[k] && !memcmp(s->snap[i].tokens, ids, (size_t)marks[k] * sizeof *ids);
+        marks_kept &= found;
+    }
+    for (int i = 0; i < LILY_SNAPSHOTS && cp >= n && marks_kept; i++) {
+        lily_snapshot *sp = &s->snap[i];
+        if (sp->pos != n || !sp->has_logits || memcmp(sp->tokens, ids, (size_t)n * sizeof *ids)) continue;
+        if (s->cuda) { if (lcuda_snapshot_load(s->cuda, i, NULL)) break; }
+        else {
+            memcpy(s->cache.conv, sp->conv, conv_floats(c, &s->cache) * sizeof(float));
+            memcpy(s->cache.S, sp->S, S_floats(c, &s->cache) * sizeof(float));
+        }
+        memcpy(s->logits, sp->logits, (size_t)c->vocab * sizeof(float));
+        s->has_logits = 1;
+        s->n = n;
+        sp->stamp = ++s->clock;
+        if (reused) *reused = n;
+        return LILY_OK;
+    }
+    /* Otherwise keep at least the last prompt token to recompute, so its logits exist. */
     int start;
     if (cp == s->n && cp < n) {
         start = s->n; /* pure extension */

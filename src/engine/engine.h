@@ -13,6 +13,9 @@ typedef struct {
     uint64_t stamp;   /* for least-recently-used replacement */
     float *conv, *S;
     int32_t *tokens;  /* [pos]: the tokens it covers; the KV rows below pos must match too */
+    float *logits;    /* [V] after pos, kept when the session had them: the same prompt again (a
+                       * regenerated answer, a retried request) then recomputes nothing */
+    int has_logits;
 } lily_snapshot;
 
 #define LILY_SNAPSHOTS 4

@@ -141,6 +141,7 @@ lily_code lily_session_unpark(lily_session *s, const lily_parked *p, lily_status
             memcpy(sp->S, p->snap_S[j], ns * sizeof(float));
         }
         sp->pos = p->snap_pos[j];
+        sp->has_logits = 0; /* parking keeps no logits */
         sp->stamp = ++s->clock;
     }
     s->n = p->n;

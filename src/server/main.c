@@ -30,7 +30,9 @@ static const char usage[] =
     "  --max-connections N     simultaneous HTTP connections (default 1024)\n"
     "  --prefill-chunk N       prompt tokens per scheduling step (default 512; 0 = whole prompt)\n"
     "  --cache-mb N            host memory for conversations parked when their slot is reused,\n"
-    "                          so they resume without recomputing (default 2048; 0 = off)\n";
+    "                          so they resume without recomputing (default 2048; 0 = off)\n"
+    "  --log-requests 0|1      one line on stderr per finished request: tokens in, cached, out,\n"
+    "                          finish reason, time to first token, decode rate (default 1)\n";
 
 static const char *opt(int argc, char **argv, const char *name) {
     size_t n = strlen(name);
@@ -57,7 +59,8 @@ static int int_opt(int argc, char **argv, const char *name, long def, long lo, l
 
 static const char *known[] = { "--model-path", "--tokenizer", "--host", "--port", "--ctx-len", "--slots",
                                "--max-queue", "--api-key", "--threads", "--backend", "--served-model-name",
-                               "--template", "--max-body", "--max-connections", "--prefill-chunk", "--cache-mb", NULL };
+                               "--template", "--max-body", "--max-connections", "--prefill-chunk", "--cache-mb",
+                               "--log-requests", NULL };
 
 static int check_args(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
@@ -89,14 +92,15 @@ int main(int argc, char **argv) {
     const char *model_dir = opt(argc, argv, "--model-path");
     if (!model_dir || !*model_dir) { fprintf(stderr, "lily-server: --model-path DIR is required\n%s", usage); return 2; }
     srv_http_opts ho = { 0 };
-    int ctx_len, slots, max_queue, threads, max_body, max_conn, chunk, cache_mb;
+    int ctx_len, slots, max_queue, threads, max_body, max_conn, chunk, cache_mb, log_requests;
     if (int_opt(argc, argv, "--port", 8000, 0, 65535, &ho.port) || int_opt(argc, argv, "--ctx-len", 4096, 16, 1 << 22, &ctx_len) ||
         int_opt(argc, argv, "--slots", 4, 1, SRV_MAX_SLOTS, &slots) || int_opt(argc, argv, "--max-queue", 64, 0, 100000, &max_queue) ||
         int_opt(argc, argv, "--threads", 0, 0, 1024, &threads) ||
         int_opt(argc, argv, "--max-body", 8 << 20, 1024, 1 << 30, &max_body) ||
         int_opt(argc, argv, "--max-connections", 1024, 1, 100000, &max_conn) ||
         int_opt(argc, argv, "--prefill-chunk", 512, 0, 1 << 22, &chunk) ||
-        int_opt(argc, argv, "--cache-mb", 2048, 0, 1 << 24, &cache_mb))
+        int_opt(argc, argv, "--cache-mb", 2048, 0, 1 << 24, &cache_mb) ||
+        int_opt(argc, argv, "--log-requests", 1, 0, 1, &log_requests))
         return 2;
     ho.host = opt(argc, argv, "--host") ? opt(argc, argv, "--host") : "127.0.0.1";
     ho.api_key = opt(argc, argv, "--api-key");
@@ -227,7 +231,7 @@ int main(int argc, char **argv) {
     srv_metrics *metrics = srv_metrics_new();
     srv_sched_opts so = { .model = model, .tok = tok, .n_slots = slots, .max_queue = max_queue,
                           .prefill_chunk = chunk, .metrics = metrics, .gram_vocab = gv,
-                          .park_bytes = (size_t)cache_mb << 20 };
+                          .park_bytes = (size_t)cache_mb << 20, .log_requests = log_requests };
     srv_sched *sched = NULL;
     if ((rc = srv_sched_start(&so, &sched, &st))) {
         if (rc == LILY_ENOMEM || rc == LILY_ERANGE)

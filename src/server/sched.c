@@ -116,8 +116,22 @@ static void publish(srv_job *j, const char *text, size_t len, const lily_token *
     pthread_mutex_unlock(&j->mu);
 }
 
+/* The operator's view of a finished request (--log-requests): prompt tokens and how many came
+ * from a cache, tokens made, why it ended, time to the first token and the decode rate. */
+static void log_job(srv_sched *s, int slot_i, const srv_job *j, srv_finish f, const char *error) {
+    if (!s->o.log_requests) return;
+    const char *why = f == SRV_FINISH_LENGTH ? "length" : f == SRV_FINISH_STOP ? "stop" : f == SRV_FINISH_CANCELLED ? "cancelled"
+                    : f == SRV_FINISH_SHUTDOWN ? "shutdown" : "error";
+    double now = lily_now(), ttft = j->n_gen ? (j->t_first - j->t_submit) * 1e3 : -1;
+    double rate = j->n_gen > 1 && j->t_last > j->t_first ? (j->n_gen - 1) / (j->t_last - j->t_first) : 0;
+    fprintf(stderr, "lily-server: request done: slot %d, prompt %d tokens (%d cached), %d generated, %s%s%s, "
+            "first token %.1f ms, %.1f tok/s, %.3f s in all\n", slot_i, j->n_prompt, j->n_reused, j->n_gen,
+            why, error ? ": " : "", error ? error : "", ttft, rate, now - j->t_submit);
+}
+
 static void release_slot(srv_sched *s, slot *sl, srv_finish f, const char *error) {
     srv_job *j = sl->job;
+    log_job(s, (int)(sl - s->slots), j, f, error);
     publish(j, NULL, 0, NULL, f, error);
     if (f == SRV_FINISH_CANCELLED) srv_metrics_event(s->o.metrics, "cancelled");
     if (f == SRV_FINISH_ERROR) srv_metrics_event(s->o.metrics, "error");
@@ -230,7 +244,7 @@ static void step(srv_sched *s, slot *sl) {
     pthread_mutex_lock(&j->mu);
     int n_gen = ++j->n_gen;
     pthread_mutex_unlock(&j->mu);
-    if (n_gen == 1) srv_metrics_ttft(s->o.metrics, now - j->t_submit);
+    if (n_gen == 1) { srv_metrics_ttft(s->o.metrics, now - j->t_submit); j->t_first = now; }
     else srv_metrics_itl(s->o.metrics, now - j->t_last);
     j->t_last = now;
 

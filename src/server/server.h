@@ -164,7 +164,7 @@ typedef struct srv_job {
     lily_rng rng;
     tok_stream *detok;
     srv_stop stop;
-    double t_last;
+    double t_last, t_first;   /* the latest and the first generated token */
     struct gram_matcher *gm;  /* follows the constrained output */
     int gram_on;              /* the constraint applies to the next token */
 } srv_job;
@@ -180,6 +180,7 @@ typedef struct {
     const struct gram_vocab *gram_vocab; /* token bytes for response_format (NULL: refused) */
     size_t park_bytes;        /* host memory for parked conversations; 0 = none are kept */
     struct srv_metrics *metrics;
+    int log_requests;         /* one stderr line per finished job */
 } srv_sched_opts;
 
 lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st);
