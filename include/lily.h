@@ -141,6 +141,19 @@ size_t lily_parked_bytes(const lily_parked *p);
 /* Position of the parked snapshot i (0 when there is no such snapshot). */
 int lily_parked_snapshot(const lily_parked *p, int i);
 void lily_parked_free(lily_parked *p);
+/* Parked conversations on disk, so they survive a restart (docs/engine.md has the format).
+ * lily_parked_save writes p to `path` through a temporary file in the same folder that is
+ * fsynced and then renamed over `path`: a crash or a full disk never leaves a file at `path`
+ * that is not complete, and on failure (LILY_EIO naming the file and the reason) nothing is
+ * left behind. The file records a fingerprint of the model's shape and weights (m must be the
+ * model the conversation was parked from) and a SHA-256 of its contents.
+ * lily_parked_load checks everything before using it: magic, version, every length against
+ * the file's size before allocating, token ids, the checksum. Errors name the file and the
+ * reason: LILY_EIO (cannot read), LILY_EFORMAT (not such a file, truncated, corrupted),
+ * LILY_EUNSUPPORTED (written for a model of another shape or other weights, or by another
+ * version), LILY_ERANGE (longer than m's context length). */
+lily_code lily_parked_save(const lily_parked *p, const lily_model *m, const char *path, lily_status *st);
+lily_code lily_parked_load(const lily_model *m, const char *path, lily_parked **out, lily_status *st);
 
 /* Logits [vocab] after the last fed token, or NULL before any token. */
 const float *lily_session_logits(lily_session *s);

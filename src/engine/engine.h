@@ -1,6 +1,7 @@
 /* Engine internals shared by engine.c (model, sessions, prefix reuse) and generate.c. */
 #ifndef LILY_ENGINE_H
 #define LILY_ENGINE_H
+#include <stdio.h>
 #include "lily.h"
 #include "cpu/cpu.h"
 #include "loader/weights.h"
@@ -41,6 +42,23 @@ struct lily_session {
     uint64_t clock;
     lily_rng rng;
 };
+
+/* A parked conversation (park.c); park_file.c writes and reads the same fields. */
+struct lily_parked {
+    int n;
+    int32_t *tokens;      /* [n] */
+    float *kv;            /* [n_full][2][n][nkv*hd]: keys then values of each attention layer */
+    float *conv, *S;      /* recurrent state after token n-1 */
+    int n_snap;
+    int snap_pos[LILY_SNAPSHOTS];
+    float *snap_conv[LILY_SNAPSHOTS], *snap_S[LILY_SNAPSHOTS];
+    size_t bytes;
+};
+
+/* Reads a parked-conversation file already opened as f (size bytes, named `name` in errors):
+ * the body of lily_parked_load, on a FILE so the fuzzer can feed it memory. */
+lily_code park_file_read(FILE *f, uint64_t size, const char *name, const lily_model *m, lily_parked **out,
+                         lily_status *st);
 
 /* Runs n tokens through the backend at the session's position; logits as lily_session_feed. */
 lily_code engine_forward(lily_session *s, const int32_t *ids, int n, float *all_logits, lily_status *st);

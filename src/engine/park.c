@@ -14,17 +14,6 @@
 #include "cuda/cuda_backend.h"
 #include "engine/engine.h"
 
-struct lily_parked {
-    int n;
-    int32_t *tokens;      /* [n] */
-    float *kv;            /* [n_full][2][n][nkv*hd]: keys then values of each attention layer */
-    float *conv, *S;      /* recurrent state after token n-1 */
-    int n_snap;
-    int snap_pos[LILY_SNAPSHOTS];
-    float *snap_conv[LILY_SNAPSHOTS], *snap_S[LILY_SNAPSHOTS];
-    size_t bytes;
-};
-
 static int n_full(const lily_config *c) { return cfg_n_full(c); }
 static size_t conv_n(const lily_config *c) { return (size_t)(c->n_layers - cfg_n_full(c)) * cfg_conv_dim(c) * (c->conv_k - 1); }
 static size_t S_n(const lily_config *c) { return (size_t)(c->n_layers - cfg_n_full(c)) * c->lin_nv * c->lin_dk * c->lin_dv; }
