@@ -31,6 +31,8 @@ static const char usage[] =
     "  --prefill-chunk N       prompt tokens per scheduling step (default 512; 0 = whole prompt)\n"
     "  --cache-mb N            host memory for conversations parked when their slot is reused,\n"
     "                          so they resume without recomputing (default 2048; 0 = off)\n"
+    "  --cache-dir DIR         keep parked conversations in DIR across restarts: saved at shutdown\n"
+    "                          (SIGINT/SIGTERM) within --cache-mb, loaded at startup (default: none)\n"
     "  --log-requests 0|1      one line on stderr per finished request: tokens in, cached, out,\n"
     "                          finish reason, time to first token, decode rate (default 1)\n";
 
@@ -60,7 +62,7 @@ static int int_opt(int argc, char **argv, const char *name, long def, long lo, l
 static const char *known[] = { "--model-path", "--tokenizer", "--host", "--port", "--ctx-len", "--slots",
                                "--max-queue", "--api-key", "--threads", "--backend", "--served-model-name",
                                "--template", "--max-body", "--max-connections", "--prefill-chunk", "--cache-mb",
-                               "--log-requests", NULL };
+                               "--log-requests", "--cache-dir", NULL };
 
 static int check_args(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
@@ -102,6 +104,20 @@ int main(int argc, char **argv) {
         int_opt(argc, argv, "--cache-mb", 2048, 0, 1 << 24, &cache_mb) ||
         int_opt(argc, argv, "--log-requests", 1, 0, 1, &log_requests))
         return 2;
+    const char *cache_dir = opt(argc, argv, "--cache-dir");
+    if (cache_dir) {
+        struct stat cb;
+        if (!*cache_dir) { fprintf(stderr, "lily-server: --cache-dir needs a folder\n"); return 2; }
+        if (stat(cache_dir, &cb) && mkdir(cache_dir, 0700)) {
+            fprintf(stderr, "lily-server: --cache-dir: cannot create '%s': %s\n", cache_dir, strerror(errno));
+            return 1;
+        }
+        if (!stat(cache_dir, &cb) && !S_ISDIR(cb.st_mode)) {
+            fprintf(stderr, "lily-server: --cache-dir: '%s' is not a folder\n", cache_dir);
+            return 1;
+        }
+        if (!cache_mb) fprintf(stderr, "lily-server: warning: --cache-dir does nothing with --cache-mb 0\n");
+    }
     ho.host = opt(argc, argv, "--host") ? opt(argc, argv, "--host") : "127.0.0.1";
     ho.api_key = opt(argc, argv, "--api-key");
     if (ho.api_key && !*ho.api_key) { fprintf(stderr, "lily-server: --api-key needs a value\n"); return 2; }
@@ -231,7 +247,8 @@ int main(int argc, char **argv) {
     srv_metrics *metrics = srv_metrics_new();
     srv_sched_opts so = { .model = model, .tok = tok, .n_slots = slots, .max_queue = max_queue,
                           .prefill_chunk = chunk, .metrics = metrics, .gram_vocab = gv,
-                          .park_bytes = (size_t)cache_mb << 20, .log_requests = log_requests };
+                          .park_bytes = (size_t)cache_mb << 20, .log_requests = log_requests,
+                          .cache_dir = cache_dir };
     srv_sched *sched = NULL;
     if ((rc = srv_sched_start(&so, &sched, &st))) {
         if (rc == LILY_ENOMEM || rc == LILY_ERANGE)
@@ -271,6 +288,7 @@ int main(int argc, char **argv) {
     struct timespec grace = { 0, 300 * 1000000L };
     nanosleep(&grace, NULL);
     srv_http_stop(http);
+    srv_sched_save(sched); /* the scheduler thread has stopped: its parked store is ours now */
     srv_sched_stop(sched);
     srv_metrics_free(metrics);
     gram_vocab_free(gv);

@@ -343,20 +343,16 @@ static void parked_publish(srv_sched *s) {
     if (s->o.metrics) srv_metrics_parked(s->o.metrics, s->n_parked, s->parked_bytes);
 }
 
-/* Parks the slot's conversation before its state is overwritten. */
-static void park_slot(srv_sched *s, slot *sl) {
-    if (!s->o.park_bytes || s->park_off || lily_session_len(sl->sess) < 1) return;
-    lily_parked *p = NULL;
-    lily_status st = { 0 };
-    lily_code rc = lily_session_park(sl->sess, &p, &st);
-    if (rc == LILY_EUNSUPPORTED) s->park_off = 1;
-    if (rc) return;
+/* Keeps p (taken over) in the parked store, evicting the least recently used ones to stay
+ * within the budget; a conversation larger than the whole budget is dropped. */
+static void parked_add(srv_sched *s, lily_parked *p, double used) {
     size_t b = lily_parked_bytes(p);
     if (b > s->o.park_bytes) { lily_parked_free(p); return; }
     while (s->n_parked && s->parked_bytes + b > s->o.park_bytes) {
         int old = 0;
         for (int i = 1; i < s->n_parked; i++)
             if (s->parked[i].used < s->parked[old].used) old = i;
+        if (s->parked[old].used > used) { lily_parked_free(p); return; } /* p is the oldest */
         parked_drop(s, old);
     }
     if (s->n_parked == s->cap_parked) {
@@ -367,8 +363,19 @@ static void park_slot(srv_sched *s, slot *sl) {
         s->cap_parked = c;
     }
     s->parked[s->n_parked].p = p;
-    s->parked[s->n_parked++].used = lily_now();
+    s->parked[s->n_parked++].used = used;
     s->parked_bytes += b;
+}
+
+/* Parks the slot's conversation before its state is overwritten. */
+static void park_slot(srv_sched *s, slot *sl, double used) {
+    if (!s->o.park_bytes || s->park_off || lily_session_len(sl->sess) < 1) return;
+    lily_parked *p = NULL;
+    lily_status st = { 0 };
+    lily_code rc = lily_session_park(sl->sess, &p, &st);
+    if (rc == LILY_EUNSUPPORTED) s->park_off = 1;
+    if (rc) return;
+    parked_add(s, p, used);
     srv_metrics_event(s->o.metrics, "parked");
     parked_publish(s);
 }
@@ -387,7 +394,7 @@ static int best_parked(srv_sched *s, const srv_job *j, int have) {
  * unparks a conversation that covers more, parking the slot's state first whenever it
  * would otherwise be lost. */
 static void prepare_slot(srv_sched *s, slot *sl, srv_job *j, int have) {
-    if (have < lily_session_len(sl->sess)) park_slot(s, sl);
+    if (have < lily_session_len(sl->sess)) park_slot(s, sl, lily_now());
     /* searched after parking, which may evict or move entries; the slot's own parked state
      * never beats `have` (its snapshots lie within the common prefix) */
     int best = best_parked(s, j, have);
@@ -497,6 +504,31 @@ static void *sched_main(void *arg) {
     return NULL;
 }
 
+/* ---- --cache-dir: the parked store across restarts (park_dir.c) ---- */
+
+static void load_one(void *u, lily_parked *p, double age) {
+    srv_sched *s = u;
+    parked_add(s, p, lily_now() - age);
+}
+
+static int by_recent(const void *a, const void *b) {
+    double x = ((const struct parked *)a)->used, y = ((const struct parked *)b)->used;
+    return (x < y) - (x > y);
+}
+
+void srv_sched_save(srv_sched *s) {
+    if (!s->o.cache_dir || !s->o.park_bytes || s->started) return;
+    for (int i = 0; i < s->o.n_slots; i++) park_slot(s, &s->slots[i], s->slots[i].last_used);
+    qsort(s->parked, (size_t)s->n_parked, sizeof *s->parked, by_recent);
+    lily_parked **ps = malloc(sizeof *ps * (size_t)(s->n_parked + 1));
+    if (!ps) return;
+    for (int i = 0; i < s->n_parked; i++) ps[i] = s->parked[i].p;
+    int n = srv_park_dir_save(s->o.cache_dir, s->o.model, ps, s->n_parked);
+    fprintf(stderr, "lily-server: --cache-dir: saved %d conversations (%.1f MB) to '%s'\n", n,
+            s->parked_bytes / 1048576.0, s->o.cache_dir);
+    free(ps);
+}
+
 lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st) {
     srv_sched *s = calloc(1, sizeof *s);
     if (!s) return lily_err(st, LILY_ENOMEM, "out of memory");
@@ -521,6 +553,13 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
         if (rc) { srv_sched_stop(s); return rc; }
         s->slots[i].counts = calloc((size_t)s->vocab, sizeof(int32_t));
         if (!s->slots[i].counts) { srv_sched_stop(s); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+    }
+    if (o->cache_dir && o->park_bytes) {
+        int n = srv_park_dir_load(o->cache_dir, o->model, load_one, s);
+        fprintf(stderr, "lily-server: --cache-dir: restored %d conversations (%.1f MB) from '%s'\n", s->n_parked,
+                s->parked_bytes / 1048576.0, o->cache_dir);
+        (void)n;
+        parked_publish(s);
     }
     if (pthread_create(&s->th, NULL, sched_main, s)) {
         srv_sched_stop(s);

@@ -14,6 +14,7 @@
  * - http.c is libmicrohttpd in thread-per-connection mode: a handler may block on its
  *   own job (with short waits that also notice a closed socket) without stalling others.
  * - metrics.c keeps the Prometheus counters; main.c parses options and starts it all.
+ * - park_dir.c keeps parked conversations in a folder across restarts (--cache-dir).
  */
 #ifndef LILY_SERVER_H
 #define LILY_SERVER_H
@@ -181,6 +182,8 @@ typedef struct {
     size_t park_bytes;        /* host memory for parked conversations; 0 = none are kept */
     struct srv_metrics *metrics;
     int log_requests;         /* one stderr line per finished job */
+    const char *cache_dir;    /* parked conversations are loaded from here at start and saved by
+                               * srv_sched_save (NULL: kept in memory only) */
 } srv_sched_opts;
 
 lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st);
@@ -188,6 +191,17 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
  * object stays valid (cancel, counts, submit refusing) until srv_sched_stop. */
 void srv_sched_shutdown(srv_sched *s);
 void srv_sched_stop(srv_sched *s); /* shutdown (if not done) and free */
+/* After srv_sched_shutdown: parks every slot's conversation and writes the parked ones to
+ * o.cache_dir (most recently used first, within park_bytes). Does nothing without a cache_dir. */
+void srv_sched_save(srv_sched *s);
+
+/* park_dir.c: one file per conversation, named by a hash of its tokens (*.lpark).
+ * Load calls add for each file that loads, with its age in seconds; a file that does not
+ * is reported on stderr and skipped, or deleted when it was written for another model or
+ * format version. Save writes ps[0..n) (most recent first) and removes every other *.lpark
+ * file in dir; it returns how many it wrote, reporting failures on stderr. */
+int srv_park_dir_load(const char *dir, const lily_model *m, void (*add)(void *u, lily_parked *p, double age), void *u);
+int srv_park_dir_save(const char *dir, const lily_model *m, lily_parked *const *ps, int n);
 /* New job owning nothing yet; the caller fills the submitter fields. refs = 1. */
 srv_job *srv_job_new(void);
 void srv_job_unref(srv_job *j);

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# --cache-dir on the real server: a conversation survives SIGTERM and a restart. Its next
+# turn is restored from the saved file (cached tokens cover the first prompt up to where the
+# template re-renders its end, as many as without a restart; the unparked counter moves) and answers exactly as a server that never stopped (greedy). At startup a
+# damaged file is reported and skipped, a file of another format version is deleted, and
+# neither stops the server; the next shutdown leaves only current conversations in DIR.
+cd "$(dirname "$0")/.." && . tests/lib.sh
+"$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
+C="$T/cache"
+chat() { curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "{\"messages\":$1,\"max_tokens\":8,\"temperature\":0,\"chat_template_kwargs\":{\"enable_thinking\":false}}"; }
+field() { python3 -c "import json,sys; r=json.load(sys.stdin); print($1)"; }
+metric() { curl -s "http://127.0.0.1:$port/metrics" | awk -v k="$1" '$1==k {print $2}'; }
+stop() { kill -TERM $sp; wait $sp 2>/dev/null; sp=; }
+A='[{"role":"system","content":"You are a careful assistant who answers in full sentences about the history of printing presses and movable type in Europe and Asia."},{"role":"user","content":"Tell me about Gutenberg and the spread of printing across the cities of the Rhine."}]'
+follow() { # A's next turn, given A's first answer
+  python3 -c 'import json,sys; a=json.loads(sys.argv[1]); a.append({"role":"assistant","content":sys.argv[2]}); a.append({"role":"user","content":"And after that?"}); print(json.dumps(a))' "$A" "$1"
+}
+
+serve "$T/m" --slots 1 --cache-mb 64 --cache-dir "$C"
+r=$(chat "$A")
+a1=$(echo "$r" | field 'r["choices"][0]["message"]["content"]')
+p1=$(echo "$r" | field 'r["usage"]["prompt_tokens"]')
+stop
+files=$(ls "$C" | grep -c '\.lpark$')
+grep -q "saved 1 conversations" "$T/err" && [ "$files" = 1 ] && ok "SIGTERM saved the slot's conversation ($(ls "$C"))" \
+  || bad "save at shutdown: $files files; $(cat "$T/err")"
+[ -z "$(ls "$C" | grep tmp)" ] && ok "no temporary file left" || bad "left: $(ls "$C")"
+
+# beside it: a copy with one byte changed, and a copy claiming another format version
+f=$(ls "$C"/*.lpark)
+python3 - "$f" "$C/damaged.lpark" "$C/oldversion.lpark" <<'PY'
+import random, sys
+b = bytearray(open(sys.argv[1], 'rb').read())
+d = bytearray(b); i = random.randrange(100, len(d)); d[i] ^= 1 + random.randrange(255)
+open(sys.argv[2], 'wb').write(d)
+v = bytearray(b); v[8] = 99
+open(sys.argv[3], 'wb').write(v)
+PY
+serve "$T/m" --slots 1 --cache-mb 64 --cache-dir "$C"
+grep -q "skipped a conversation: .*damaged.lpark" "$T/err" && ok "a damaged file is reported and skipped" || bad "damaged: $(cat "$T/err")"
+grep -q "oldversion.lpark.*deleted it" "$T/err" && [ ! -e "$C/oldversion.lpark" ] && ok "a file of another version is deleted" \
+  || bad "other version: $(ls "$C"); $(cat "$T/err")"
+grep -q "restored 1 conversations" "$T/err" && ok "the saved conversation is restored" || bad "restore: $(cat "$T/err")"
+r=$(chat "$(follow "$a1")")
+x=$(echo "$r" | field 'r["choices"][0]["message"]["content"]')
+cached=$(echo "$r" | field 'r["usage"]["prompt_tokens_details"]["cached_tokens"]')
+[ "$cached" -ge $((p1 - 12)) ] && [ "$(metric lily_unparked_total)" = 1 ] \
+  && ok "after the restart the next turn resumes: $cached cached tokens of the first prompt's $p1" \
+  || bad "next turn after restart: cached $cached (first prompt $p1), unparked $(metric lily_unparked_total): $r"
+stop
+[ "$(ls "$C")" = "$(ls "$C" | grep -v damaged)" ] && [ "$(ls "$C" | grep -c '\.lpark$')" = 1 ] \
+  && ok "the next shutdown leaves only the current conversation" || bad "left in DIR: $(ls "$C")"
+
+serve "$T/m" --slots 1 --cache-mb 64 # a server that never stops
+a1b=$(chat "$A" | field 'r["choices"][0]["message"]["content"]')
+r=$(chat "$(follow "$a1b")")
+y=$(echo "$r" | field 'r["choices"][0]["message"]["content"]')
+ycached=$(echo "$r" | field 'r["usage"]["prompt_tokens_details"]["cached_tokens"]')
+[ "$cached" = "$ycached" ] && ok "as many cached tokens as on a server that never stopped ($ycached)" \
+  || bad "cached $cached after the restart, $ycached without one"
+[ "$a1" = "$a1b" ] && [ "$x" = "$y" ] && ok "the restored conversation answers exactly as on a server that never stopped" \
+  || bad "answers differ ($(tail -3 "$T/err")): '$a1' / '$x' vs '$a1b' / '$y'"
+it_done
