@@ -12,6 +12,7 @@ trap 'kill $sp 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$T"' EXIT
 # serve MODEL [lily-server options...]: (re)starts the server; its stderr goes to $T/err
 serve() {
   [ -n "$sp" ] && { kill $sp 2>/dev/null; wait $sp 2>/dev/null; }
+  : >"$T/err" # emptied here: the child's own truncation may come after the first look for the port
   "$B/lily-server" --model-path "$@" --port 0 --threads 2 2>"$T/err" &
   sp=$!
   port=

@@ -13,6 +13,7 @@
  * weights' identity (layout, the count and summed sizes of the safetensors files): a file
  * from another model is refused as such instead of restoring garbage. */
 #include <errno.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,6 +137,12 @@ lily_code lily_parked_save(const lily_parked *p, const lily_model *m, const char
     EVP_MD_CTX_free(o.md);
     if (!o.err && rename(tmp, path)) o.err = errno ? errno : EIO;
     lily_code rc = LILY_OK;
+    if (!o.err) { /* make the rename itself durable; a folder that cannot be synced is no error */
+        char *slash = strrchr(tmp, '/');
+        if (slash) slash[1] = 0;
+        int dfd = open(slash ? tmp : ".", O_RDONLY | O_DIRECTORY);
+        if (dfd >= 0) { fsync(dfd); close(dfd); }
+    }
     if (o.err) {
         unlink(tmp);
         rc = lily_err(st, LILY_EIO, "cannot write '%s': %s (nothing was left behind)", path, strerror(o.err));
