@@ -556,9 +556,10 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
     }
     if (o->cache_dir && o->park_bytes) {
         int n = srv_park_dir_load(o->cache_dir, o->model, load_one, s);
-        fprintf(stderr, "lily-server: --cache-dir: restored %d conversations (%.1f MB) from '%s'\n", s->n_parked,
+        fprintf(stderr, "lily-server: --cache-dir: restored %d conversations (%.1f MB) from '%s'", s->n_parked,
                 s->parked_bytes / 1048576.0, o->cache_dir);
-        (void)n;
+        if (n > s->n_parked) fprintf(stderr, "; %d more did not fit in --cache-mb", n - s->n_parked);
+        fputc('\n', stderr);
         parked_publish(s);
     }
     if (pthread_create(&s->th, NULL, sched_main, s)) {
