@@ -4,6 +4,7 @@
 # template re-renders its end, as many as without a restart; the unparked counter moves) and answers exactly as a server that never stopped (greedy). At startup a
 # damaged file is reported and skipped, a file of another format version is deleted, and
 # neither stops the server; the next shutdown leaves only current conversations in DIR.
+# Saving and loading keep to --cache-mb, the most recently used first.
 cd "$(dirname "$0")/.." && . tests/lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
 C="$T/cache"
@@ -50,6 +51,18 @@ cached=$(echo "$r" | field 'r["usage"]["prompt_tokens_details"]["cached_tokens"]
 stop
 [ "$(ls "$C")" = "$(ls "$C" | grep -v damaged)" ] && [ "$(ls "$C" | grep -c '\.lpark$')" = 1 ] \
   && ok "the next shutdown leaves only the current conversation" || bad "left in DIR: $(ls "$C")"
+
+# the budget: 8 MB holds one of A (~6 MB here) and B (~5 MB); the most recently used is kept
+Bm='[{"role":"user","content":"Something else entirely: list three prime numbers."}]'
+serve "$T/m" --slots 1 --cache-mb 8 --cache-dir "$T/c2"
+chat "$A" >/dev/null
+chat "$Bm" >/dev/null # A is parked, B holds the slot until shutdown
+stop
+kept=$(ls "$T/c2")
+grep -q "saved 1 conversations" "$T/err" && [ "$(echo "$kept" | wc -l)" = 1 ] && [ "$kept" != "$(basename "$f")" ] \
+  && ok "within --cache-mb the most recent conversation is saved, the older one dropped" || bad "budget: kept '$kept' (A is $(basename "$f")); $(cat "$T/err")"
+serve "$T/m" --slots 1 --cache-mb 4 --cache-dir "$T/c2"
+grep -q "restored 0 conversations .*1 more did not fit" "$T/err" && ok "loading keeps to --cache-mb too" || bad "load budget: $(cat "$T/err")"
 
 serve "$T/m" --slots 1 --cache-mb 64 # a server that never stops
 a1b=$(chat "$A" | field 'r["choices"][0]["message"]["content"]')
