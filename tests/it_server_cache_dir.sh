@@ -3,7 +3,8 @@
 # turn is restored from the saved file (cached tokens cover the first prompt up to where the
 # template re-renders its end, as many as without a restart; the unparked counter moves)
 # and answers exactly as a server that never stopped (greedy). At startup a damaged file
-# is reported and skipped, a file of another format version is deleted, and neither stops the server; the next shutdown leaves only current conversations in DIR.
+# is reported and skipped, a file of another format version is deleted, and neither stops
+# the server; the next shutdown leaves only current conversations in DIR.
 # Saving and loading keep to --cache-mb, the most recently used first.
 cd "$(dirname "$0")/.." && . tests/lib.sh
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
