@@ -10,7 +10,7 @@
  * Every size in the payload follows from n, n_snap and the model's shape, so a reader checks
  * the file's size against them before allocating anything. The fingerprint is a SHA-256 of
  * a text naming every config field that shapes the state or changes what it means, plus the
- * weights' identity (layout, the count and summed sizes of the safetensors files): a file
+ * weights' identity (layout; each safetensors file's size and 4 KiB of its data): a file
  * from another model is refused as such instead of restoring garbage. */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,20 +39,42 @@ static pf_shape shape_of(const lily_config *c) {
     return s;
 }
 
+/* The weights' identity, cheaply: each file's size, 4 KiB from its middle and 4 KiB from its end
+ * (tensor data: a checkpoint of the same shape with other weights differs there), read
+ * from the mapping the loader already holds. */
+static void weights_digest(const lily_model *m, char hex[65]) {
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char d[32] = { 0 };
+    unsigned int len = 0;
+    if (md && EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
+        for (int i = 0; i < m->w.files.n_files; i++) {
+            const st_file *f = &m->w.files.files[i];
+            uint64_t size = f->size;
+            EVP_DigestUpdate(md, &size, sizeof size);
+            if (!f->map) continue;
+            size_t k = f->size < 4096 ? f->size : 4096;
+            EVP_DigestUpdate(md, (const char *)f->map + (f->size - k) / 2, k);
+            EVP_DigestUpdate(md, (const char *)f->map + f->size - k, k);
+        }
+        EVP_DigestFinal_ex(md, d, &len);
+    }
+    EVP_MD_CTX_free(md);
+    for (int i = 0; i < 32; i++) sprintf(hex + 2 * i, "%02x", d[i]);
+}
+
 static void fingerprint(const lily_model *m, unsigned char out[32]) {
     const lily_config *c = &m->w.cfg;
-    char full[LILY_MAX_LAYERS + 1], txt[1024];
+    char full[LILY_MAX_LAYERS + 1], txt[1024], wd[65];
     for (int i = 0; i < c->n_layers && i < LILY_MAX_LAYERS; i++) full[i] = c->full_attn[i] ? '1' : '0';
     full[c->n_layers < LILY_MAX_LAYERS ? c->n_layers : LILY_MAX_LAYERS] = 0;
-    unsigned long long wsize = 0;
-    for (int i = 0; i < m->w.files.n_files; i++) wsize += m->w.files.files[i].size;
+    weights_digest(m, wd);
     int n = snprintf(txt, sizeof txt,
                      "layers=%d full=%s hidden=%d vocab=%d heads=%d kv=%d hd=%d rot=%d theta=%.17g bf16freq=%d gate=%d "
-                     "lin=%d,%d,%d,%d convk=%d moe=%d,%d,%d,%d eps=%.17g tie=%d q=%d,%d layout=%s files=%d bytes=%llu",
+                     "lin=%d,%d,%d,%d convk=%d moe=%d,%d,%d,%d eps=%.17g tie=%d q=%d,%d layout=%s files=%d weights=%s",
                      c->n_layers, full, c->hidden, c->vocab, c->n_heads, c->n_kv_heads, c->head_dim, c->rot_dim,
                      c->rope_theta, c->rope_bf16_freq, c->attn_output_gate, c->lin_nk, c->lin_nv, c->lin_dk, c->lin_dv,
                      c->conv_k, c->n_experts, c->top_k, c->moe_inter, c->shared_inter, c->eps, c->tie_embeddings,
-                     c->q_bits, c->q_group, m->w.layout ? m->w.layout : "", m->w.files.n_files, wsize);
+                     c->q_bits, c->q_group, m->w.layout ? m->w.layout : "", m->w.files.n_files, wd);
     unsigned int len = 0;
     EVP_Digest(txt, (size_t)(n < (int)sizeof txt ? n : (int)sizeof txt - 1), out, &len, EVP_sha256(), NULL);
 }
