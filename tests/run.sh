@@ -22,12 +22,15 @@ for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   n=$(basename "$t"); echo "== $n"
   "$t" >"$tmp/$n.out" 2>&1; rc=$?
+  [ $rc = 0 ] || { echo "-- failed checks:"; grep -E '^(FAIL|not ok)' "$tmp/$n.out" | head -n 30; echo "-- last lines:"; }
   tail -n 40 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"
 done
 for s in tests/it_*.sh; do
   [ -f "$s" ] || continue
   n=$(basename "$s" .sh); echo "== $n"
   BUILD=$BUILD bash "$s" >"$tmp/$n.out" 2>&1; rc=$?
+  # a failure's own lines first: the tail alone may not reach them
+  [ $rc = 0 ] || { echo "-- failed checks:"; grep -E '^(FAIL|not ok)' "$tmp/$n.out" | head -n 30; echo "-- last lines:"; }
   tail -n 40 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"
 done
 for fz in "$BUILD"/fuzz/fuzz_*; do
