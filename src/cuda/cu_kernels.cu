@@ -435,6 +435,146 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     else k_mvq<8, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 
+/* ---- the same for 2-8 input rows (decode batches): LPR lanes per weight row, each lane's
+ * 16 (4-bit) or 32 (8-bit) bytes of codes converted to floats once and used against all
+ * NB staged input rows, so the weights are read once for the batch at the single-row
+ * kernel's access pattern. Shared memory: the T <= NB rows (swizzled as in k_mvq, optionally
+ * silu(X) * X2) and each row's sums per 32 columns (the bias term), (cols + cols / 32) x NB
+ * floats; rows T..NB-1 are neither staged nor computed. Y row t of matrix i at a.y[i] +
+ * t * a.ldy[i]. Same conditions as k_mvq (cu_mvq_ok). ---- */
+template <int LPR, int NB>
+__global__ void __launch_bounds__(256) k_mvqb(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx, int T) {
+    extern __shared__ float4 xs[];
+    int mi = 0;
+    while (mi + 1 < a.n && (int)blockIdx.x >= a.blk0[mi + 1]) mi++;
+    const dmat &m = a.m[mi];
+    int nch = m.cols / 32;
+    float *sxs = (float *)(xs + (size_t)NB * nch * 8); /* [NB][nch] */
+    for (int i = threadIdx.x; i < T * nch * 8; i += blockDim.x) {
+        int t = i / (nch * 8), k = i % (nch * 8), c = k / 8, j = k % 8;
+        const float *p = X + (size_t)t * ldx + c * 32 + j * 4;
+        float4 v = make_float4(p[0], p[1], p[2], p[3]);
+        if (X2) {
+            const float *p2 = X2 + (size_t)t * ldx + c * 32 + j * 4;
+            v.x = silu_f(v.x) * p2[0]; v.y = silu_f(v.y) * p2[1]; v.z = silu_f(v.z) * p2[2]; v.w = silu_f(v.w) * p2[3];
+        }
+        xs[((size_t)t * nch + c) * 8 + ((j + c) & 7)] = v;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < T * nch; i += blockDim.x) {
+        const float4 *xr = xs + (size_t)i * 8;
+        int c = i % nch;
+        float s = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float4 u = xr[(j + c) & 7];
+            s += (u.x + u.y) + (u.z + u.w);
+        }
+        sxs[i] = s;
+    }
+    __syncthreads();
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
+    int r = ((blockIdx.x - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * (32 / LPR) + grp;
+    int rr = min(r, m.rows - 1);
+    const char *sp = (const char *)m.s, *bp = (const char *)m.b, *wb = (const char *)m.w;
+    int ng = m.cols / m.group, cpg = m.group / 32;
+    float acc[NB];
+#pragma unroll
+    for (int t = 0; t < NB; t++) acc[t] = 0.f;
+    for (int c = sub; c < nch; c += LPR) {
+        float w[32];
+        if (m.bits == 4) {
+            uint4 q = __ldg((const uint4 *)wb + (size_t)rr * nch + c);
+            uint32_t wv[4] = { q.x, q.y, q.z, q.w };
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+#pragma unroll
+                for (int n = 0; n < 8; n++) w[8 * k + n] = (float)((wv[k] >> (4 * n)) & 15u);
+        } else {
+            const uint4 *wr = (const uint4 *)wb + (size_t)rr * nch * 2;
+            uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
+            uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+#pragma unroll
+                for (int n = 0; n < 4; n++) w[4 * k + n] = (float)((wv[k] >> (8 * n)) & 255u);
+        }
+        size_t gi = (size_t)rr * ng + c / cpg;
+        float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
+#pragma unroll
+        for (int t = 0; t < NB; t++) {
+            if (t >= T) break;
+            const float4 *xr = xs + ((size_t)t * nch + c) * 8;
+            float sq = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float4 u = xr[(j + c) & 7];
+                sq += w[4 * j] * u.x + w[4 * j + 1] * u.y + w[4 * j + 2] * u.z + w[4 * j + 3] * u.w;
+            }
+            acc[t] += sc * sq + bi * sxs[t * nch + c];
+        }
+    }
+    float *y = a.y[mi];
+#pragma unroll
+    for (int t = 0; t < NB; t++) {
+        if (t >= T) break;
+        float v = acc[t];
+#pragma unroll
+        for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (r < m.rows && sub == 0) y[(size_t)t * a.ldy[mi] + r] = v;
+    }
+}
+
+/* Dynamic shared memory one k_mvqb block may take: two blocks fit an H100/H200 SM (227 KB). */
+#define MVQB_SMEM (112 * 1024)
+
+template <int LPR, int NB>
+static void mvqb_launch(cudaStream_t s, dim3 g, size_t sm, const mvq_args &a, const float *X, const float *X2, int ldx, int T) {
+    static int attr_set; /* above the default 48 KB of dynamic shared memory */
+    if (!attr_set) { cudaFuncSetAttribute(k_mvqb<LPR, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQB_SMEM); attr_set = 1; }
+    k_mvqb<LPR, NB><<<g, 256, sm, s>>>(a, X, X2, ldx, T);
+}
+
+void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T,
+                    float *const *Y, const int *ldy) {
+    int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8;
+    size_t row_bytes = (size_t)(cols + nch) * sizeof(float);
+    int nbmax = 8;
+    while (nbmax > 1 && nbmax * row_bytes > MVQB_SMEM) nbmax /= 2;
+    int rpb = 8 * (32 / lpr); /* eight warps, one row a lane group */
+    for (int t0 = 0; t0 < T; t0 += nbmax) {
+        int tn = T - t0 < nbmax ? T - t0 : nbmax;
+        const float *x = X + (size_t)t0 * ldx, *x2 = X2 ? X2 + (size_t)t0 * ldx : NULL;
+        float *y[MVQ_MAX];
+        for (int i = 0; i < n; i++) y[i] = Y[i] + (size_t)t0 * ldy[i];
+        if (tn == 1) { cu_matvec_group(s, n, W, x, x2, ldx, y, NULL, NULL, 1, 1); continue; }
+        mvq_args a;
+        memset(&a, 0, sizeof a);
+        a.n = n;
+        int nb = 0;
+        for (int i = 0; i < n; i++) {
+            a.m[i] = *W[i];
+            a.y[i] = y[i];
+            a.ldy[i] = ldy[i];
+            a.blk0[i] = nb;
+            nb += (W[i]->rows + rpb - 1) / rpb;
+        }
+        a.blk0[n] = nb;
+        int NBr = tn <= 2 ? 2 : tn <= 4 ? 4 : 8;
+        dim3 g(nb, 1);
+        size_t sm = (size_t)NBr * row_bytes;
+        if (lpr == 32 && NBr == 2) mvqb_launch<32, 2>(s, g, sm, a, x, x2, ldx, tn);
+        else if (lpr == 32 && NBr == 4) mvqb_launch<32, 4>(s, g, sm, a, x, x2, ldx, tn);
+        else if (lpr == 32) mvqb_launch<32, 8>(s, g, sm, a, x, x2, ldx, tn);
+        else if (lpr == 16 && NBr == 2) mvqb_launch<16, 2>(s, g, sm, a, x, x2, ldx, tn);
+        else if (lpr == 16 && NBr == 4) mvqb_launch<16, 4>(s, g, sm, a, x, x2, ldx, tn);
+        else if (lpr == 16) mvqb_launch<16, 8>(s, g, sm, a, x, x2, ldx, tn);
+        else if (NBr == 2) mvqb_launch<8, 2>(s, g, sm, a, x, x2, ldx, tn);
+        else if (NBr == 4) mvqb_launch<8, 4>(s, g, sm, a, x, x2, ldx, tn);
+        else mvqb_launch<8, 8>(s, g, sm, a, x, x2, ldx, tn);
+    }
+}
+
 static int mv4_ok(const dmat *W) { return cu_mvq_ok(W); }
 static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, float *Y, int ldy, const int *eidx, int xdiv, int nslots) {
     const dmat *w[1] = { W };
@@ -445,6 +585,7 @@ static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, f
 
 static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
     if (T == 1 && mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, NULL, 1, 1); return; }
+    if (T >= 2 && mv4_ok(W)) { cu_matvec_rows(s, 1, &W, X, NULL, ldx, T, &Y, &ldy); return; }
     dim3 g((W->rows + 7) / 8, 1);
     if (T <= 1) k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
     else if (T <= 2) k_mv<2><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
