@@ -379,7 +379,7 @@ static void PM(lcuda_session *s, const char *lab) {
 /* Matrix-vector products of matrices reading the same row: one launch when they all have
  * the fast quantized form, else one matmul each. */
 static void proj_group(lcuda_session *s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
-    int ok = T <= 8 && n <= MVQ_MAX, ld[MVQ_MAX];
+    int ok = (T == 1 || (T <= 8 && cu_mvqb_enabled())) && n <= MVQ_MAX, ld[MVQ_MAX];
     for (int i = 0; i < n && ok; i++) {
         ok = cu_mvq_ok(W[i]) && W[i]->cols == W[0]->cols;
         ld[i] = W[i]->rows;
@@ -517,7 +517,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
     }
     const float *SD = NULL;
     if (SI) {
-        if (T <= 8 && cu_mvq_ok(&L->sh_down)) {
+        if ((T == 1 || (T <= 8 && cu_mvqb_enabled())) && cu_mvq_ok(&L->sh_down)) {
             const dmat *W[1] = { &L->sh_down };
             float *Y[1] = { s->SD };
             int ld[1] = { H };

@@ -552,6 +552,15 @@ static void mvqb_nb(int nb, int bits, cudaStream_t s, dim3 g, size_t sm, const m
     }
 }
 
+int cu_mvqb_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("LILY_MVQB");
+        on = !(e && atoi(e) == 0);
+    }
+    return on;
+}
+
 void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T,
                     float *const *Y, const int *ldy) {
     int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8;
@@ -613,7 +622,7 @@ static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, f
 
 static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
     if (T == 1 && mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, NULL, 1, 1); return; }
-    if (T >= 2 && mv4_ok(W)) { cu_matvec_rows(s, 1, &W, X, NULL, ldx, T, &Y, &ldy); return; }
+    if (T >= 2 && mv4_ok(W) && cu_mvqb_enabled()) { cu_matvec_rows(s, 1, &W, X, NULL, ldx, T, &Y, &ldy); return; }
     dim3 g((W->rows + 7) / 8, 1);
     if (T <= 1) k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
     else if (T <= 2) k_mv<2><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
