@@ -109,13 +109,14 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
 }
 
 /* The matrix-vector kernel for T input rows (decode batches, cu_matvec_rows): n matrices
- * reading the same T rows in one launch, optionally through the fused SwiGLU input. */
+ * reading the same T rows in one launch, optionally through the fused SwiGLU input; bits 0:
+ * 4- and 8-bit matrices alternating (one launch per code width). */
 static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, int cols, int T, int swiglu) {
     void *hold[4][3];
     lw_mat W[4];
     float *ref[4], *Y[4];
     for (int i = 0; i < n; i++) {
-        W[i] = mk_mat(LW_Q, bits, 64, rows[i], cols, hold[i]);
+        W[i] = mk_mat(LW_Q, bits ? bits : 4 + 4 * (i % 2), 64, rows[i], cols, hold[i]);
         ref[i] = malloc((size_t)T * rows[i] * 4);
         Y[i] = malloc((size_t)T * rows[i] * 4);
         for (size_t k = 0; k < (size_t)T * rows[i]; k++) Y[i][k] = NAN;
@@ -126,7 +127,7 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
     for (int i = 0; i < n; i++) cpu_matmul(pool, &W[i], xin, T, ref[i]);
     lily_status st = { 0 };
     char what[160];
-    snprintf(what, sizeof what, "matvec rows q%d n=%d %dx%d T=%d%s", bits, n, rows[0], cols, T, swiglu ? " swiglu" : "");
+    snprintf(what, sizeof what, "matvec rows q%s n=%d %dx%d T=%d%s", bits == 8 ? "8" : bits == 4 ? "4" : "4+8", n, rows[0], cols, T, swiglu ? " swiglu" : "");
     if (lct_matvec_rows(W, n, X, X2, T, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
     else {
         double worst = 0;
@@ -594,6 +595,7 @@ int main(int argc, char **argv) {
         int rows[2] = { 19, 40 };
         test_matvec_rows(pool, 4, 2, rows, 4096, 8, 0);
         test_matvec_rows(pool, 4, 1, rows, 12288, 3, 1);
+        test_matvec_rows(pool, 0, 2, rows, 1024, 6, 0);
     }
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
     if (small) {
