@@ -575,7 +575,7 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
         const char *e = getenv("LILY_MVQB_RW");
         env_rw = e && atoi(e) == 1 ? 1 : 4;
     }
-    for (int i = 1; i < n; i++)
+    for (int i = 1; i < n && T > 1; i++) /* (k_mvq, for one row, takes mixed widths) */
         if (W[i]->bits != W[0]->bits) {
             for (int k = 0; k < n; k++) cu_matvec_rows(s, 1, &W[k], X, X2, ldx, T, &Y[k], &ldy[k]);
             return;
