@@ -379,9 +379,12 @@ static void PM(lcuda_session *s, const char *lab) {
 /* Matrix-vector products of matrices reading the same row: one launch when they all have
  * the fast quantized form, else one matmul each. */
 static void proj_group(lcuda_session *s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
-    int ok = T == 1 && n <= MVQ_MAX;
-    for (int i = 0; i < n && ok; i++) ok = cu_mvq_ok(W[i]) && W[i]->cols == W[0]->cols;
-    if (ok) { cu_matvec_group(s->st, n, W, X, NULL, ldx, Y, NULL, NULL, 1, 1); return; }
+    int ok = (T == 1 || (T <= 8 && cu_mvqb_enabled())) && n <= MVQ_MAX, ld[MVQ_MAX];
+    for (int i = 0; i < n && ok; i++) {
+        ok = cu_mvq_ok(W[i]) && W[i]->cols == W[0]->cols;
+        ld[i] = W[i]->rows;
+    }
+    if (ok) { cu_matvec_rows(s->st, n, W, X, NULL, ldx, T, Y, ld); return; }
     for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
 }
 
@@ -514,10 +517,11 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
     }
     const float *SD = NULL;
     if (SI) {
-        if (T == 1 && cu_mvq_ok(&L->sh_down)) {
+        if ((T == 1 || (T <= 8 && cu_mvqb_enabled())) && cu_mvq_ok(&L->sh_down)) {
             const dmat *W[1] = { &L->sh_down };
             float *Y[1] = { s->SD };
-            cu_matvec_group(q, 1, W, s->sg, s->su, SI, Y, NULL, NULL, 1, 1);
+            int ld[1] = { H };
+            cu_matvec_rows(q, 1, W, s->sg, s->su, SI, T, Y, ld);
         } else {
             cu_swiglu(q, s->sg, s->su, s->sg, (long long)T * SI);
             cu_matmul(q, &L->sh_down, s->sg, SI, T, s->SD, H);

@@ -76,6 +76,13 @@ int cu_mvq_ok(const dmat *W);
  * eidx[j], input row j / xdiv, output row j of each Y[i] (stride ldy[i]). */
 void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
                      float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots);
+/* The same for T input rows (decode batches; any T, 2-8 in one pass when cols <= 6144):
+ * Y[i] + t * ldy[i] = W[i] x_t for t < T, x_t = X + t * ldx (silu(X) * X2 when X2). */
+void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T,
+                    float *const *Y, const int *ldy);
+/* Whether the forward pass uses cu_matvec_rows for 2-8 rows (default; LILY_MVQB=0: the older
+ * k_mv with 4-byte loads, one launch per matrix, for measuring the difference). */
+int cu_mvqb_enabled(void);
 void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
                        int ldx, int maxcount, float *Y, int ldy);
 /* The FP16 tensor-core GEMM for 4-bit weights (cu_gemm.cu): can it take W and X? (4-bit,

@@ -435,6 +435,183 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     else k_mvq<8, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 
+/* ---- the same for 2-8 input rows (decode batches). The single-row kernel's pattern (LPR
+ * lanes per weight row, 16 bytes of codes a lane a step, the input staged in shared memory,
+ * swizzled) with the codes of RW weight rows a lane group dequantized once and multiplied
+ * with all T <= NB staged rows: the weights are read once for the batch, and each float4 of
+ * input read from shared memory serves RW weight rows (with one row a lane, the staged input,
+ * NB x 4 bytes per weight, would be read per weight: shared-memory bound at NB = 8).
+ * Shared memory: T rows of cols floats (optionally silu(X) * X2); rows T..NB-1 are neither
+ * staged nor computed. Y row t of matrix i at a.y[i] + t * a.ldy[i]. Same conditions as
+ * k_mvq (cu_mvq_ok). ---- */
+template <int BITS, int NB, int RW>
+__device__ __forceinline__ void mvqb_chunk(const uint32_t (&wv)[RW][BITS], const float (&sc)[RW], const float (&bi)[RW],
+                                           const float4 *xs, int nch, int c, int T, float (&acc)[RW][NB]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float4 xv[NB];
+#pragma unroll
+        for (int t = 0; t < NB; t++)
+            xv[t] = t < T ? xs[((size_t)t * nch + c) * 8 + ((j + c) & 7)] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int k = 0; k < RW; k++) {
+            uint32_t v = BITS == 4 ? wv[k][j >> 1] >> (16 * (j & 1)) : wv[k][j];
+            const uint32_t mask = BITS == 4 ? 15u : 255u;
+            float w0 = sc[k] * (float)(v & mask) + bi[k], w1 = sc[k] * (float)((v >> BITS) & mask) + bi[k];
+            float w2 = sc[k] * (float)((v >> (2 * BITS)) & mask) + bi[k], w3 = sc[k] * (float)((v >> (3 * BITS)) & mask) + bi[k];
+#pragma unroll
+            for (int t = 0; t < NB; t++)
+                if (t < T) acc[k][t] += w0 * xv[t].x + w1 * xv[t].y + w2 * xv[t].z + w3 * xv[t].w;
+        }
+    }
+}
+
+template <int LPR, int NB, int RW, int BITS>
+__global__ void __launch_bounds__(256, 2) k_mvqb(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx, int T) {
+    extern __shared__ float4 xs[];
+    int mi = 0;
+    while (mi + 1 < a.n && (int)blockIdx.x >= a.blk0[mi + 1]) mi++;
+    const dmat &m = a.m[mi];
+    int nch = m.cols / 32;
+    for (int i = threadIdx.x; i < T * nch * 8; i += blockDim.x) {
+        int t = i / (nch * 8), k = i % (nch * 8), c = k / 8, j = k % 8;
+        const float *p = X + (size_t)t * ldx + c * 32 + j * 4;
+        float4 v = make_float4(p[0], p[1], p[2], p[3]);
+        if (X2) {
+            const float *p2 = X2 + (size_t)t * ldx + c * 32 + j * 4;
+            v.x = silu_f(v.x) * p2[0]; v.y = silu_f(v.y) * p2[1]; v.z = silu_f(v.z) * p2[2]; v.w = silu_f(v.w) * p2[3];
+        }
+        xs[((size_t)t * nch + c) * 8 + ((j + c) & 7)] = v;
+    }
+    __syncthreads();
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
+    int rb = (((blockIdx.x - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * (32 / LPR) + grp) * RW;
+    int rr[RW];
+#pragma unroll
+    for (int k = 0; k < RW; k++) rr[k] = min(rb + k, m.rows - 1);
+    const char *sp = (const char *)m.s, *bp = (const char *)m.b, *wb = (const char *)m.w;
+    int ng = m.cols / m.group, cpg = m.group / 32;
+    float acc[RW][NB];
+#pragma unroll
+    for (int k = 0; k < RW; k++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) acc[k][t] = 0.f;
+    for (int c = sub; c < nch; c += LPR) {
+        uint32_t wv[RW][BITS];
+        float sc[RW], bi[RW];
+#pragma unroll
+        for (int k = 0; k < RW; k++) {
+            if (BITS == 4) {
+                uint4 q = __ldg((const uint4 *)wb + (size_t)rr[k] * nch + c);
+                wv[k][0] = q.x; wv[k][1] = q.y; wv[k][2] = q.z; wv[k][3] = q.w;
+            } else {
+                const uint4 *wr = (const uint4 *)wb + (size_t)rr[k] * nch * 2;
+                uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
+                wv[k][0] = q0.x; wv[k][1] = q0.y; wv[k][2] = q0.z; wv[k][3] = q0.w;
+                wv[k][BITS / 2] = q1.x; wv[k][BITS / 2 + 1] = q1.y; wv[k][BITS / 2 + 2] = q1.z; wv[k][BITS - 1] = q1.w;
+            }
+            size_t gi = (size_t)rr[k] * ng + c / cpg;
+            sc[k] = ld_sb(sp, m.sbt, gi);
+            bi[k] = ld_sb(bp, m.sbt, gi);
+        }
+        mvqb_chunk<BITS, NB, RW>(wv, sc, bi, xs, nch, c, T, acc);
+    }
+    float *y = a.y[mi];
+#pragma unroll
+    for (int k = 0; k < RW; k++)
+#pragma unroll
+        for (int t = 0; t < NB; t++) {
+            if (t >= T) break;
+            float v = acc[k][t];
+#pragma unroll
+            for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (rb + k < m.rows && sub == 0) y[(size_t)t * a.ldy[mi] + rb + k] = v;
+        }
+}
+
+/* Dynamic shared memory one k_mvqb block may take: two blocks fit an H100/H200 SM (227 KB). */
+#define MVQB_SMEM (112 * 1024)
+
+template <int LPR, int NB, int RW, int BITS>
+static void mvqb_launch(cudaStream_t s, dim3 g, size_t sm, const mvq_args &a, const float *X, const float *X2, int ldx, int T) {
+    static int attr_set; /* above the default 48 KB of dynamic shared memory */
+    if (!attr_set) { cudaFuncSetAttribute(k_mvqb<LPR, NB, RW, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQB_SMEM); attr_set = 1; }
+    k_mvqb<LPR, NB, RW, BITS><<<g, 256, sm, s>>>(a, X, X2, ldx, T);
+}
+
+template <int LPR, int RW>
+static void mvqb_nb(int nb, int bits, cudaStream_t s, dim3 g, size_t sm, const mvq_args &a, const float *X, const float *X2, int ldx, int T) {
+    if (bits == 8) {
+        if (nb == 2) mvqb_launch<LPR, 2, RW, 8>(s, g, sm, a, X, X2, ldx, T);
+        else if (nb == 4) mvqb_launch<LPR, 4, RW, 8>(s, g, sm, a, X, X2, ldx, T);
+        else mvqb_launch<LPR, 8, RW, 8>(s, g, sm, a, X, X2, ldx, T);
+    } else {
+        if (nb == 2) mvqb_launch<LPR, 2, RW, 4>(s, g, sm, a, X, X2, ldx, T);
+        else if (nb == 4) mvqb_launch<LPR, 4, RW, 4>(s, g, sm, a, X, X2, ldx, T);
+        else mvqb_launch<LPR, 8, RW, 4>(s, g, sm, a, X, X2, ldx, T);
+    }
+}
+
+int cu_mvqb_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("LILY_MVQB");
+        on = !(e && atoi(e) == 0);
+    }
+    return on;
+}
+
+void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T,
+                    float *const *Y, const int *ldy) {
+    int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8;
+    size_t row_bytes = (size_t)cols * sizeof(float);
+    int nbmax = 8;
+    while (nbmax > 1 && nbmax * row_bytes > MVQB_SMEM) nbmax /= 2;
+    /* weight rows a lane group: 4 with 32 lanes a row (2 with 16, 1 with 8), so a block covers
+     * 32 rows and a float4 read from shared memory serves that many rows. LILY_MVQB_RW=1 makes
+     * it one row a lane group (for measuring). The matrices of one launch share the code width. */
+    static int env_rw = -1;
+    if (env_rw < 0) {
+        const char *e = getenv("LILY_MVQB_RW");
+        env_rw = e && atoi(e) == 1 ? 1 : 4;
+    }
+    for (int i = 1; i < n && T > 1; i++) /* (k_mvq, for one row, takes mixed widths) */
+        if (W[i]->bits != W[0]->bits) {
+            for (int k = 0; k < n; k++) cu_matvec_rows(s, 1, &W[k], X, X2, ldx, T, &Y[k], &ldy[k]);
+            return;
+        }
+    int bits = W[0]->bits;
+    int rw_max = lpr == 32 ? 4 : lpr == 16 ? 2 : 1, rw = env_rw < rw_max ? env_rw : rw_max;
+    int rpb = 8 * (32 / lpr) * rw; /* eight warps */
+    for (int t0 = 0; t0 < T; t0 += nbmax) {
+        int tn = T - t0 < nbmax ? T - t0 : nbmax;
+        const float *x = X + (size_t)t0 * ldx, *x2 = X2 ? X2 + (size_t)t0 * ldx : NULL;
+        float *y[MVQ_MAX];
+        for (int i = 0; i < n; i++) y[i] = Y[i] + (size_t)t0 * ldy[i];
+        if (tn == 1) { cu_matvec_group(s, n, W, x, x2, ldx, y, NULL, NULL, 1, 1); continue; }
+        mvq_args a;
+        memset(&a, 0, sizeof a);
+        a.n = n;
+        int nb = 0;
+        for (int i = 0; i < n; i++) {
+            a.m[i] = *W[i];
+            a.y[i] = y[i];
+            a.ldy[i] = ldy[i];
+            a.blk0[i] = nb;
+            nb += (W[i]->rows + rpb - 1) / rpb;
+        }
+        a.blk0[n] = nb;
+        int NBr = tn <= 2 ? 2 : tn <= 4 ? 4 : 8;
+        dim3 g(nb, 1);
+        size_t sm = (size_t)NBr * row_bytes;
+        if (lpr == 32 && rw == 4) mvqb_nb<32, 4>(NBr, bits, s, g, sm, a, x, x2, ldx, tn);
+        else if (lpr == 32) mvqb_nb<32, 1>(NBr, bits, s, g, sm, a, x, x2, ldx, tn);
+        else if (lpr == 16 && rw == 2) mvqb_nb<16, 2>(NBr, bits, s, g, sm, a, x, x2, ldx, tn);
+        else if (lpr == 16) mvqb_nb<16, 1>(NBr, bits, s, g, sm, a, x, x2, ldx, tn);
+        else mvqb_nb<8, 1>(NBr, bits, s, g, sm, a, x, x2, ldx, tn);
+    }
+}
+
 static int mv4_ok(const dmat *W) { return cu_mvq_ok(W); }
 static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, float *Y, int ldy, const int *eidx, int xdiv, int nslots) {
     const dmat *w[1] = { W };
@@ -445,6 +622,7 @@ static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, f
 
 static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
     if (T == 1 && mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, NULL, 1, 1); return; }
+    if (T >= 2 && mv4_ok(W) && cu_mvqb_enabled()) { cu_matvec_rows(s, 1, &W, X, NULL, ldx, T, &Y, &ldy); return; }
     dim3 g((W->rows + 7) / 8, 1);
     if (T <= 1) k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
     else if (T <= 2) k_mv<2><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);

@@ -79,6 +79,33 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
     return rc;
 }
 
+lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y,
+                          lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d[MVQ_MAX];
+    const dmat *dp[MVQ_MAX];
+    float *dy[MVQ_MAX];
+    int ld[MVQ_MAX];
+    lily_code rc = n >= 1 && n <= MVQ_MAX ? LILY_OK : lily_err(st, LILY_EINVAL, "1 to %d matrices", MVQ_MAX);
+    for (int i = 0; i < n && !rc; i++) {
+        rc = cu_upload_mats(m, &W[i], 1, &d[i], st);
+        if (!rc && !cu_mvq_ok(&d[i])) rc = lily_err(st, LILY_EUNSUPPORTED, "the matrix-vector kernel does not take this matrix");
+        dp[i] = &d[i];
+        ld[i] = W[i].rows;
+    }
+    dlist L = { {0}, 0 };
+    int cols = W[0].cols;
+    float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
+    float *dx2 = X2 ? (float *)dput(&L, X2, (size_t)T * cols * 4, st, &rc) : NULL;
+    for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
+    if (!rc) cu_matvec_rows(0, n, dp, dx, dx2, cols, T, dy, ld);
+    rc = finish(st, rc);
+    for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 /* The delta rule through the recurrent kernel, or the chunked kernels when chunked. */
 static lily_code gdn_run(int chunked, int T, int nk, int nv, int dk, int dv, const float *u, const float *g,
                          const float *beta, float *S, float *o, lily_status *st) {

@@ -13,6 +13,11 @@
  * otherwise Y is [T][rows]. X is [T][cols]. */
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st);
+/* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of
+ * equal cols (4/8-bit), X [T][cols], X2 NULL or [T][cols] (then the input is silu(X) * X2),
+ * Y[i] [T][W[i].rows]. */
+lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y,
+                          lily_status *st);
 /* Recurrent delta rule for all heads: u [T][2*nk*dk + nv*dv] (q already normalized and
  * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,

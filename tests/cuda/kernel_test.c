@@ -108,6 +108,42 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
     for (int i = 0; i < 3; i++) free(hold[i]);
 }
 
+/* The matrix-vector kernel for T input rows (decode batches, cu_matvec_rows): n matrices
+ * reading the same T rows in one launch, optionally through the fused SwiGLU input; bits 0:
+ * 4- and 8-bit matrices alternating (one launch per code width). */
+static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, int cols, int T, int swiglu) {
+    void *hold[4][3];
+    lw_mat W[4];
+    float *ref[4], *Y[4];
+    for (int i = 0; i < n; i++) {
+        W[i] = mk_mat(LW_Q, bits ? bits : 4 + 4 * (i % 2), 64, rows[i], cols, hold[i]);
+        ref[i] = malloc((size_t)T * rows[i] * 4);
+        Y[i] = malloc((size_t)T * rows[i] * 4);
+        for (size_t k = 0; k < (size_t)T * rows[i]; k++) Y[i][k] = NAN;
+    }
+    float *X = rnd((size_t)T * cols, 1.0f), *X2 = swiglu ? rnd((size_t)T * cols, 1.0f) : NULL;
+    float *xin = malloc((size_t)T * cols * 4);
+    for (size_t k = 0; k < (size_t)T * cols; k++) xin[k] = swiglu ? X[k] / (1.0f + expf(-X[k])) * X2[k] : X[k];
+    for (int i = 0; i < n; i++) cpu_matmul(pool, &W[i], xin, T, ref[i]);
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "matvec rows q%s n=%d %dx%d T=%d%s", bits == 8 ? "8" : bits == 4 ? "4" : "4+8", n, rows[0], cols, T, swiglu ? " swiglu" : "");
+    if (lct_matvec_rows(W, n, X, X2, T, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            double r = rel(Y[i], ref[i], (size_t)T * rows[i]);
+            if (!(r <= worst)) worst = r;
+        }
+        report(what, worst, 1e-5);
+    }
+    for (int i = 0; i < n; i++) {
+        free(ref[i]); free(Y[i]);
+        for (int k = 0; k < 3; k++) free(hold[i][k]);
+    }
+    free(X); free(X2); free(xin);
+}
+
 /* Experts: E matrices, T tokens each routed to K distinct experts. */
 static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, int T, int K) {
     void **hold = calloc((size_t)E * 3, sizeof *hold);
@@ -546,6 +582,21 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_Q, 4, 64, small ? 192 : 8192, small ? 256 : 2048, small ? 140 : 512);
     test_matmul(pool, LW_Q, 4, 32, 100, 128, 130);
     test_matmul(pool, LW_Q, 4, 64, 65, 192, 1);
+    /* decode batches: 2-8 rows through the fast quantized kernel (via cu_matmul's matrix-vector
+     * variant above, and grouped here), at the real widths' columns, odd row counts */
+    test_matmul(pool, LW_Q, 4, 64, 37, 2048, 2);
+    test_matmul(pool, LW_Q, 4, 64, 67, 512, 5);
+    test_matmul(pool, LW_Q, 8, 64, 33, 2048, 8);
+    for (int T = 2; T <= 8; T++) {
+        int rows[4] = { 37 + 2 * T, 5, 101, 64 + T };
+        test_matvec_rows(pool, T % 3 == 0 ? 8 : 4, 1 + T % 4, rows, T % 2 ? 2048 : 512, T, T % 2 == 0);
+    }
+    { /* several passes: 4096 columns take 4 rows a pass, 12288 two (then one through k_mvq) */
+        int rows[2] = { 19, 40 };
+        test_matvec_rows(pool, 4, 2, rows, 4096, 8, 0);
+        test_matvec_rows(pool, 4, 1, rows, 12288, 3, 1);
+        test_matvec_rows(pool, 0, 2, rows, 1024, 6, 0);
+    }
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
     if (small) {
         test_experts(pool, 4, 16, 64, 1024, 1, 4);

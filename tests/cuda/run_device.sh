@@ -3,7 +3,8 @@
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
 #   stages: build fixtures check kernels model bench batch optin   (default: build check kernels model bench batch)
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
-#          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh)
+#          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
+#          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=1 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
 #   optin: the kernels that are off until verified on a GPU (LILY_CU_GEMM, LILY_CU_GDN_CHUNK):
 #          check and model with them on, then pp512/pp2048 with them off and on
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
@@ -67,6 +68,11 @@ for stage in $stages; do
     done ;;
   batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)
     "$BIN/lily-bench" --tests tg32x1@1024,tg32x2@1024,tg32x4@1024,tg32x8@1024,tg32x16@1024 --reps ${REPS:-5} -o md 2>&1 | tee "$OUT/batch.md"
+    # the 2-8-row matrix-vector kernel (k_mvqb) against one row a lane group and against the older k_mv
+    for v in "LILY_MVQB_RW=1" "LILY_MVQB=0"; do
+      echo "## $v" | tee -a "$OUT/batch.md"
+      env $v "$BIN/lily-bench" --tests tg32x2@1024,tg32x4@1024,tg32x8@1024 --reps ${REPS:-5} -o md 2>&1 | tee -a "$OUT/batch.md"
+    done
     [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
     for n in 1 4 8; do bash bench/server_concurrency.sh "$BIN/lily-server" /tmp/lily-m4 $n --backend cuda 2>&1 | tee -a "$OUT/batch.md"; done ;;
   bench)
