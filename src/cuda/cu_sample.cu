@@ -63,19 +63,19 @@ __device__ __forceinline__ ull s_key(double z) {
 }
 
 /* a better than b: larger value, lower id on ties; id < 0 is nothing */
-__device__ __forceinline__ bool s_better_d(double a, int ai, double b, int bi) {
+__device__ __forceinline__ bool s_better(double a, int ai, double b, int bi) {
     return ai >= 0 && (bi < 0 || a > b || (a == b && ai < bi));
 }
-__device__ __forceinline__ bool s_better_f(float a, int ai, float b, int bi) {
+__device__ __forceinline__ bool s_better(float a, int ai, float b, int bi) {
     return a > b || (a == b && ai < bi);
 }
 
-/* Block-wide argmax of (v, id); every thread gets the result. */
-__device__ void blk_argmax_d(double &v, int &id, double *sv, int *si) {
+/* Block-wide argmax of (v, id) (double or float); every thread gets the result. */
+template <typename T> __device__ void blk_argmax(T &v, int &id, T *sv, int *si) {
     for (int o = 16; o; o >>= 1) {
-        double ov = __shfl_xor_sync(0xffffffffu, v, o);
+        T ov = __shfl_xor_sync(0xffffffffu, v, o);
         int oi = __shfl_xor_sync(0xffffffffu, id, o);
-        if (s_better_d(ov, oi, v, id)) { v = ov; id = oi; }
+        if (s_better(ov, oi, v, id)) { v = ov; id = oi; }
     }
     int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
     __syncthreads();
@@ -83,39 +83,16 @@ __device__ void blk_argmax_d(double &v, int &id, double *sv, int *si) {
     __syncthreads();
     v = sv[0]; id = si[0];
     for (int i = 1; i < nw; i++)
-        if (s_better_d(sv[i], si[i], v, id)) { v = sv[i]; id = si[i]; }
+        if (s_better(sv[i], si[i], v, id)) { v = sv[i]; id = si[i]; }
 }
-__device__ void blk_argmax_f(float &v, int &id, float *sv, int *si) {
-    for (int o = 16; o; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        int oi = __shfl_xor_sync(0xffffffffu, id, o);
-        if (s_better_f(ov, oi, v, id)) { v = ov; id = oi; }
-    }
-    int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
-    __syncthreads();
-    if (lane == 0) { sv[w] = v; si[w] = id; }
-    __syncthreads();
-    v = sv[0]; id = si[0];
-    for (int i = 1; i < nw; i++)
-        if (s_better_f(sv[i], si[i], v, id)) { v = sv[i]; id = si[i]; }
-}
-__device__ ull blk_sum_u(ull v, ull *sh) {
+/* Block-wide sum (unsigned 64-bit or double); every thread gets the result. */
+template <typename T> __device__ T blk_sum(T v, T *sh) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
-    ull r = 0;
-    for (int i = 0; i < nw; i++) r += sh[i];
-    return r;
-}
-__device__ double blk_sum_d(double v, double *sh) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    double r = 0;
+    T r = 0;
     for (int i = 0; i < nw; i++) r += sh[i];
     return r;
 }
@@ -136,10 +113,10 @@ __device__ void s_maxes(const samp_par *P, double *zmax, int *arg, float *rmax, 
     int id = -1;
     float r = -INFINITY;
     for (int b = threadIdx.x; b < P->G; b += blockDim.x) {
-        if (s_better_d(P->p_zmax[b], P->p_arg[b], v, id)) { v = P->p_zmax[b]; id = P->p_arg[b]; }
+        if (s_better(P->p_zmax[b], P->p_arg[b], v, id)) { v = P->p_zmax[b]; id = P->p_arg[b]; }
         r = fmaxf(r, P->p_rmax[b]);
     }
-    blk_argmax_d(v, id, sv, si);
+    blk_argmax(v, id, sv, si);
     *zmax = v; *arg = id;
     *rmax = blk_max_f(r, sf);
 }
@@ -199,9 +176,9 @@ __global__ void __launch_bounds__(SB) k_samp_z(const samp_par *P, const float *l
         if (isfinite(x)) { rmax = fmaxf(rmax, x); xv[k] = x; }
         double z = s_z(P, logits, i);
         P->z[i] = z;
-        if (s_better_d(z, i, bz, bid)) { bz = z; bid = i; }
+        if (s_better(z, i, bz, bid)) { bz = z; bid = i; }
     }
-    blk_argmax_d(bz, bid, sv, si);
+    blk_argmax(bz, bid, sv, si);
     rmax = blk_max_f(rmax, sf);
     if (threadIdx.x == 0) { P->p_zmax[blockIdx.x] = bz; P->p_arg[blockIdx.x] = bid; P->p_rmax[blockIdx.x] = rmax; }
     /* this block's n best raw logits (non-finite as -inf, lower id first on ties) */
@@ -212,9 +189,9 @@ __global__ void __launch_bounds__(SB) k_samp_z(const samp_par *P, const float *l
         int id = NOID;
         for (int k = 0; k < SPT; k++) {
             int i = base + k * SB + threadIdx.x;
-            if (i < V && !(taken >> k & 1u) && s_better_f(xv[k], i, v, id)) { v = xv[k]; id = i; }
+            if (i < V && !(taken >> k & 1u) && s_better(xv[k], i, v, id)) { v = xv[k]; id = i; }
         }
-        blk_argmax_f(v, id, sf, sfi);
+        blk_argmax(v, id, sf, sfi);
         if (id != NOID && id >= base && (id - base) % SB == (int)threadIdx.x) taken |= 1u << ((id - base) / SB);
         if (threadIdx.x == 0) { P->p_topv[blockIdx.x * n + j] = v; P->p_topi[blockIdx.x * n + j] = id; }
     }
@@ -238,7 +215,7 @@ __global__ void __launch_bounds__(SB) k_samp_mass(const samp_par *P, const float
         int i = base + k * SB + threadIdx.x;
         if (i < V && isfinite(logits[i])) e += (double)expf((float)((double)logits[i] - (double)rmax));
     }
-    e = blk_sum_d(e, sv);
+    e = blk_sum(e, sv);
     if (threadIdx.x == 0) P->p_lse[blockIdx.x] = e;
     if (P->mode == M_GREEDY || zmax == -INFINITY) return;
     double thr = P->lmp == -INFINITY ? -INFINITY : zmax + P->lmp;
@@ -250,7 +227,7 @@ __global__ void __launch_bounds__(SB) k_samp_mass(const samp_par *P, const float
             double z = P->z[i];
             if (z > -INFINITY && z >= thr) m += s_q(z, zmax);
         }
-        m = blk_sum_u(m, su);
+        m = blk_sum(m, su);
         if (threadIdx.x == 0) P->p_mass[blockIdx.x] = m;
         return;
     }
@@ -268,7 +245,7 @@ __global__ void __launch_bounds__(SB) k_samp_mass(const samp_par *P, const float
         atomicAdd(&hm[b], q);
         m += q;
     }
-    m = blk_sum_u(m, su);
+    m = blk_sum(m, su);
     for (int b = threadIdx.x; b < NB; b += SB)
         if (hc[b]) { atomicAdd(&P->hc[b], hc[b]); atomicAdd(&P->hm[b], hm[b]); }
     if (threadIdx.x == 0) atomicAdd(P->tot_all, m);
@@ -339,7 +316,7 @@ __device__ ull r_total(const samp_par *P, int N, const rset &S, int what, ull *s
         double z = P->cz[j];
         if (r_in(S, s_key(z), (unsigned)P->cid[j], z)) m += what ? P->cq[j] : 1;
     }
-    return blk_sum_u(m, su);
+    return blk_sum(m, su);
 }
 
 /* MSB radix selection over the set in key order. mode 0: the token of rank `target`; 1: the
@@ -464,7 +441,7 @@ __global__ void __launch_bounds__(FB) k_samp_finish(const samp_par *P, const flo
     s_maxes(P, &zmax, &arg, &rmax, sv, si, sf);
     double rs = 0;
     for (int b = threadIdx.x; b < P->G; b += blockDim.x) rs += P->p_lse[b];
-    rs = blk_sum_d(rs, sv); /* a fixed order: the same every run */
+    rs = blk_sum(rs, sv); /* a fixed order: the same every run */
     if (threadIdx.x == 0) {
         lz_sh = rmax + log(rs);
         u_sh = P->mode != M_GREEDY ? s_uniform(P->rng) : 0;
@@ -528,9 +505,9 @@ __global__ void __launch_bounds__(FB) k_samp_finish(const samp_par *P, const flo
         float v = -INFINITY;
         int id = NOID, at = -1;
         for (int c = threadIdx.x; c < nc; c += blockDim.x)
-            if (P->p_topi[c] != NOID && s_better_f(P->p_topv[c], P->p_topi[c], v, id)) { v = P->p_topv[c]; id = P->p_topi[c]; at = c; }
+            if (P->p_topi[c] != NOID && s_better(P->p_topv[c], P->p_topi[c], v, id)) { v = P->p_topv[c]; id = P->p_topi[c]; at = c; }
         int mine = id;
-        blk_argmax_f(v, id, sf, sfi);
+        blk_argmax(v, id, sf, sfi);
         if (at >= 0 && mine == id) P->p_topi[at] = NOID;
         if (threadIdx.x == 0) { top_v[j] = v; top_i[j] = id; }
         __syncthreads();
