@@ -45,6 +45,9 @@ void mm_rows_c(const mm_args *a, int r0, int r1);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MM_HAVE_AVX2 1
 void mm_rows_avx2(const mm_args *a, int r0, int r1);
+/* sum of exp(x[i] - m) over the finite x[i] (m >= every finite x): the sampler's log-partition.
+ * A polynomial exp (relative error < 3e-7 a term) summed in double, 8 lanes at a time. */
+double sum_exp_avx2(const float *x, int n, float m);
 #endif
 
 /* 8-lane helpers for the fast sequence kernels (fast_gdn.c, fast_attn.c): dot products sum

@@ -8,6 +8,7 @@
 #include "cpu/fast.h"
 #ifdef MM_HAVE_AVX2
 #include <immintrin.h>
+#include <math.h>
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define AI static inline __attribute__((always_inline))
@@ -192,6 +193,46 @@ TGT static void micro_any(const float *w, size_t ldw, const float *X, int n, flo
     default: LILY_ASSERT(0);
     }
 #undef M
+}
+
+/* exp(d) for d <= 0 (0 below -87.3, where expf underflows to denormals anyway): 2^k * p(f)
+ * with k = round(d log2 e) and p a degree-6 fit of 2^f on [-0.5, 0.5]. */
+TGT AI __m256 exp_neg8(__m256 d) {
+    __m256 t = _mm256_mul_ps(d, _mm256_set1_ps(1.44269504088896341f));
+    __m256 k = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(t, k);
+    __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23);
+    __m256 r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+    return _mm256_and_ps(r, _mm256_cmp_ps(d, _mm256_set1_ps(-87.3f), _CMP_GE_OQ));
+}
+
+TGT double sum_exp_avx2(const float *x, int n, float m) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    __m256 vm = _mm256_set1_ps(m), big = _mm256_set1_ps(3.402823466e38f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        /* finite lanes only: |v| <= FLT_MAX is false for inf and NaN */
+        __m256 fin = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), big, _CMP_LE_OQ);
+        __m256 e = _mm256_and_ps(exp_neg8(_mm256_sub_ps(_mm256_and_ps(v, fin), vm)), fin);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double l[4], h[4];
+    _mm256_storeu_pd(l, lo); _mm256_storeu_pd(h, hi);
+    double s = ((l[0] + h[0]) + (l[1] + h[1])) + ((l[2] + h[2]) + (l[3] + h[3]));
+    for (; i < n; i++) {
+        float v = x[i];
+        if (v - v == 0) s += (double)expf(v - m);
+    }
+    return s;
 }
 
 TGT void mm_rows_avx2(const mm_args *a, int r0, int r1) {
