@@ -205,10 +205,10 @@ static void rand_text(char *b, size_t cap) {
     }
 }
 
-static const char *str_at(json_t *o, const char *path) { /* "a.0.b" */
-    char buf[128];
+static const char *str_at(json_t *o, const char *path) { /* "a.0.b"; the hammer threads call it too */
+    char buf[128], *save = NULL;
     snprintf(buf, sizeof buf, "%s", path);
-    for (char *tok = strtok(buf, "."); tok && o; tok = strtok(NULL, "."))
+    for (char *tok = strtok_r(buf, ".", &save); tok && o; tok = strtok_r(NULL, ".", &save))
         o = (*tok >= '0' && *tok <= '9') ? json_array_get(o, (size_t)atoi(tok)) : json_object_get(o, tok);
     return json_string_value(o) ?: "\x01";
 }
