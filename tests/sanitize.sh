@@ -16,7 +16,7 @@ for t in "$B"/tests/test_*; do
 done
 # servers are stopped with a signal, so leaks are not checked there
 export ASAN_OPTIONS=log_path=$logs/asan:detect_leaks=0
-for s in it_server it_server_tools it_server_anthropic it_server_responses it_server_park it_server_tokenize it_chat it_convert it_pull; do
+for s in it_server it_server_tools it_server_anthropic it_server_responses it_server_park it_server_cache_dir it_server_tokenize it_chat it_convert it_pull; do
   if BUILD=$B bash tests/$s.sh >"$logs/$s.out" 2>&1; then pass=$((pass+1)); echo "ok   $s: $(tail -n 1 "$logs/$s.out")"
   else fail=$((fail+1)); failing="$failing $s"; grep -v '^ok' "$logs/$s.out" | tail -n 20; echo "FAIL $s"; fi
 done
