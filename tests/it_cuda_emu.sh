@@ -45,74 +45,57 @@ for d in ../shared/fixtures/tiny tests/fixtures/tinyq; do
   else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the opt-in kernels (rc=$rc)"; fi
 done
 
+# emu_unit NAME MARKER [DETAIL]: tests/NAME.c built for the emulator and run on its CUDA backend;
+# the last line must say it passed and the output must name MARKER (the backend really used);
+# DETAIL, a grep -o pattern, adds a line of its output to the report
+emu_unit() {
+  local n=$1 marker=$2 detail=${3:-} log="$tmp/$1.log" t0 rc line
+  if ! MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/$n" >"$tmp/$n.build" 2>&1; then
+    tail -n 20 "$tmp/$n.build"; bad "build of the emulated $n"; return
+  fi
+  t0=$(date +%s.%N)
+  LILY_TEST_BACKEND=cuda "$E/tests/$n" >"$log" 2>&1; rc=$?
+  line=$(tail -n 1 "$log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "$marker" "$log"; then
+    ok "emulated $n on the CUDA backend ($(secs "$t0") s): $line${detail:+; $(grep -o "$detail" "$log")}"
+  else grep -v '^ok' "$log" | tail -20; bad "emulated $n on the CUDA backend (rc=$rc)"; fi
+}
+
+# kernel_test DESC [VAR=value ...] -- ARGS: one run of the emulated cuda-kernel-test
+kernel_test() {
+  local desc=$1 envs=() t0 rc line; shift
+  while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+  t0=$(date +%s.%N)
+  env "${envs[@]}" "$E/cuda-kernel-test" "$@" >"$tmp/kt.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/kt.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test $desc ($(secs "$t0") s): $line"
+  else grep -v ' ok$' "$tmp/kt.log"; bad "emulated cuda-kernel-test $desc (rc=$rc)"; fi
+}
+
 # parked conversations on the CUDA backend: state to the host and back, bit-exact (tests/test_park.c)
-if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_park" >"$tmp/pb.log" 2>&1; then
-  LILY_TEST_BACKEND=cuda "$E/tests/test_park" >"$tmp/park.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/park.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda" "$tmp/park.log"; then
-    ok "emulated test_park on the CUDA backend: $line"
-  else grep -v '^ok' "$tmp/park.log" | tail -20; bad "emulated test_park on the CUDA backend (rc=$rc)"; fi
-else tail -n 20 "$tmp/pb.log"; bad "build of the emulated test_park"; fi
-
-# the same tokens alone and beside other sessions' work (tests/test_beside.c), on the CUDA backend
-if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_beside" >"$tmp/bb.log" 2>&1; then
-  LILY_TEST_BACKEND=cuda "$E/tests/test_beside" >"$tmp/beside.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/beside.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda backend" "$tmp/beside.log"; then
-    ok "emulated test_beside on the CUDA backend: $line"
-  else grep -v '^ok' "$tmp/beside.log" | tail -20; bad "emulated test_beside on the CUDA backend (rc=$rc)"; fi
-else tail -n 20 "$tmp/bb.log"; bad "build of the emulated test_beside"; fi
-
+emu_unit test_park cuda
+# the same tokens alone and beside other sessions' work (tests/test_beside.c)
+emu_unit test_beside "cuda backend"
 # decode batches (tests/test_batch.c): sessions at different positions, one past a snapshot
 # rollback, one token each in one pass on the emulated GPU, equal to each session fed alone
 # and to the CPU's batch; then each continues alone (feeds, the decode loop, a rollback, parking)
-if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_batch" >"$tmp/tb.log" 2>&1; then
-  t0=$(date +%s.%N)
-  LILY_TEST_BACKEND=cuda "$E/tests/test_batch" >"$tmp/batch.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/batch.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda backend" "$tmp/batch.log"; then
-    ok "emulated test_batch on the CUDA backend ($(secs "$t0") s): $line; $(grep -o 'largest rel err.*' "$tmp/batch.log")"
-  else grep -v '^ok' "$tmp/batch.log" | tail -20; bad "emulated test_batch on the CUDA backend (rc=$rc)"; fi
-else tail -n 20 "$tmp/tb.log"; bad "build of the emulated test_batch"; fi
+emu_unit test_batch "cuda backend" 'largest rel err.*'
 
 # every kernel against the CPU reference on fresh random inputs (the seed is printed)
 seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
-t0=$(date +%s.%N)
-"$E/cuda-kernel-test" --small --seed "$seed" >"$tmp/kt.log" 2>&1; rc=$?
-line=$(tail -n 1 "$tmp/kt.log")
-if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small --seed $seed ($(secs "$t0") s): $line"
-else grep -v ' ok$' "$tmp/kt.log"; bad "emulated cuda-kernel-test --small --seed $seed (rc=$rc)"; fi
-
+kernel_test "--small --seed $seed" -- --small --seed "$seed"
 # the same in a random order of blocks, warps and lanes: results must not depend on it
-LILY_EMU_ORDER=random LILY_EMU_SEED=$seed "$E/cuda-kernel-test" --small --seed "$seed" >"$tmp/kt.log" 2>&1; rc=$?
-line=$(tail -n 1 "$tmp/kt.log")
-if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small, LILY_EMU_ORDER=random: $line"
-else grep -v ' ok$' "$tmp/kt.log"; bad "emulated cuda-kernel-test --small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed (rc=$rc)"; fi
-
+kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" -- --small --seed "$seed"
 # decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
 # alone; in a random order of blocks, warps and lanes (the rows are a grid dimension)
-LILY_EMU_ORDER=random LILY_EMU_SEED=$seed "$E/cuda-kernel-test" --small --batch --seed "$seed" >"$tmp/kb.log" 2>&1; rc=$?
-line=$(tail -n 1 "$tmp/kb.log")
-if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --small --batch, LILY_EMU_ORDER=random: $line"
-else cat "$tmp/kb.log"; bad "emulated cuda-kernel-test --small --batch --seed $seed (rc=$rc)"; fi
+kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
 # the GPU sampler (cu_sample.cu) against the CPU sampler for the same uniform draw: every
 # option at small vocabularies and the real 248,320, and the draw statistics (chi-square)
-t0=$(date +%s.%N)
-"$E/cuda-kernel-test" --sampling --small --seed "$seed" >"$tmp/ks.log" 2>&1; rc=$?
-line=$(tail -n 1 "$tmp/ks.log")
-if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test --sampling --small --seed $seed ($(secs "$t0") s): $line"
-else grep -v ' ok$' "$tmp/ks.log"; bad "emulated cuda-kernel-test --sampling --small --seed $seed (rc=$rc)"; fi
+kernel_test "--sampling --small --seed $seed" -- --sampling --small --seed "$seed"
 
 # lily_session_generate with every sampling option on the CUDA session (device sampling in the
 # graph loop): reproducible per seed, equal to host sampling and to the CPU backend (tests/test_sample_gen.c)
-if MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/test_sample_gen" >"$tmp/sgb.log" 2>&1; then
-  t0=$(date +%s.%N)
-  LILY_TEST_BACKEND=cuda "$E/tests/test_sample_gen" >"$tmp/sg.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/sg.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && grep -q "cuda backend" "$tmp/sg.log"; then
-    ok "emulated test_sample_gen on the CUDA backend ($(secs "$t0") s): $line"
-  else grep -v '^ok' "$tmp/sg.log" | tail -20; bad "emulated test_sample_gen on the CUDA backend (rc=$rc)"; fi
-else tail -n 20 "$tmp/sgb.log"; bad "build of the emulated test_sample_gen"; fi
+emu_unit test_sample_gen "cuda backend"
 
 # whole model (a random tiny one): CPU and CUDA logits after a prompt long enough for the
 # tensor-core tiles, greedy steps on both, and the GPU decode loop (CUDA graph replay) giving

@@ -242,6 +242,28 @@ static void snapshot_take(lily_session *s) {
     snapshot_logits(s, best);
 }
 
+/* the snapshot covering exactly ids[0..pos), or NULL */
+static lily_snapshot *snapshot_find(lily_session *s, const int32_t *ids, int pos) {
+    for (int i = 0; i < LILY_SNAPSHOTS; i++)
+        if (s->snap[i].pos == pos && !memcmp(s->snap[i].tokens, ids, (size_t)pos * sizeof *ids)) return &s->snap[i];
+    return NULL;
+}
+
+/* The session's recurrent state back to snapshot sp (the attention rows below sp->pos must
+ * already match): 0, or -1 when the device copy failed and nothing changed. */
+static int snapshot_restore(lily_session *s, lily_snapshot *sp) {
+    const lily_config *c = &s->m->w.cfg;
+    if (s->cuda) {
+        if (lcuda_snapshot_load(s->cuda, (int)(sp - s->snap), NULL)) return -1;
+    } else {
+        memcpy(s->cache.conv, sp->conv, conv_floats(c, &s->cache) * sizeof(float));
+        memcpy(s->cache.S, sp->S, S_floats(c, &s->cache) * sizeof(float));
+    }
+    sp->stamp = ++s->clock;
+    s->n = sp->pos;
+    return 0;
+}
+
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     int i = 0;
     while (i < na && i < nb && a[i] == b[i]) i++;
@@ -262,24 +284,12 @@ lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, co
      * (the attention rows below n match because the session still holds these n tokens),
      * unless a requested mark has no snapshot yet. */
     int marks_kept = 1;
-    for (int k = 0; k < n_marks && cp >= n; k++) {
-        int found = marks[k] <= 0 || marks[k] >= n;
-        for (int i = 0; i < LILY_SNAPSHOTS && !found; i++)
-            found = s->snap[i].pos == marks[k] && !memcmp(s->snap[i].tokens, ids, (size_t)marks[k] * sizeof *ids);
-        marks_kept &= found;
-    }
-    for (int i = 0; i < LILY_SNAPSHOTS && cp >= n && marks_kept; i++) {
-        lily_snapshot *sp = &s->snap[i];
-        if (sp->pos != n || !sp->has_logits || memcmp(sp->tokens, ids, (size_t)n * sizeof *ids)) continue;
-        if (s->cuda) { if (lcuda_snapshot_load(s->cuda, i, NULL)) break; }
-        else {
-            memcpy(s->cache.conv, sp->conv, conv_floats(c, &s->cache) * sizeof(float));
-            memcpy(s->cache.S, sp->S, S_floats(c, &s->cache) * sizeof(float));
-        }
-        memcpy(s->logits, sp->logits, (size_t)c->vocab * sizeof(float));
+    for (int k = 0; k < n_marks && cp >= n; k++)
+        marks_kept &= marks[k] <= 0 || marks[k] >= n || snapshot_find(s, ids, marks[k]) != NULL;
+    lily_snapshot *end = cp >= n && marks_kept ? snapshot_find(s, ids, n) : NULL;
+    if (end && end->has_logits && !snapshot_restore(s, end)) {
+        memcpy(s->logits, end->logits, (size_t)c->vocab * sizeof(float));
         s->has_logits = 1;
-        s->n = n;
-        sp->stamp = ++s->clock;
         if (reused) *reused = n;
         return LILY_OK;
     }
@@ -298,18 +308,7 @@ lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, co
                 !memcmp(sp->tokens, ids, (size_t)sp->pos * sizeof *ids))
                 best = sp;
         }
-        if (best && s->cuda && lcuda_snapshot_load(s->cuda, (int)(best - s->snap), NULL)) best = NULL;
-        if (best && s->cuda) {
-            best->stamp = ++s->clock;
-            s->n = best->pos;
-        } else if (best) {
-            memcpy(s->cache.conv, best->conv, conv_floats(c, &s->cache) * sizeof(float));
-            memcpy(s->cache.S, best->S, S_floats(c, &s->cache) * sizeof(float));
-            best->stamp = ++s->clock;
-            s->n = best->pos;
-        } else {
-            lily_session_reset(s);
-        }
+        if (!best || snapshot_restore(s, best)) lily_session_reset(s);
         start = s->n;
     }
     if (reused) *reused = start;
