@@ -472,7 +472,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
     cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
     PM(s, "moe top-k");
     const int *pos = NULL;
-    if (T * K <= 32) { /* decode: one matrix-vector pass per (token, expert) slot */
+    if (T <= 8) { /* decode (and batches of up to 8 rows): one matrix-vector pass per (token, expert) slot */
         const dmat *W[2] = { &L->gate, &L->up };
         float *Y[2] = { s->hg, s->hu };
         int ld[2] = { I, I };
@@ -496,7 +496,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
         PM(s, "moe sort");
         dsort so = { s->cnt, s->off, s->src, s->spos, NULL };
         int bt = cu_moe_tile_rows(T * K, E), mt = cu_moe_max_tiles(T * K, E, bt);
-        if (T >= CU_TC_MIN_T && E <= 1024 && cu_gemm_q4_enabled() && cu_gemm_q4_ok(&L->gate, s->t, H) && cu_gemm_q4_ok(&L->up, s->t, H) &&
+        if (E <= 1024 && cu_gemm_q4_enabled() && cu_gemm_q4_ok(&L->gate, s->t, H) && cu_gemm_q4_ok(&L->up, s->t, H) &&
             cu_gemm_q4_ok(&L->down, s->hg, I)) { /* FP16 tensor cores over the (expert, tile) map */
             cu_moe_tiles(q, s->cnt, E, bt, s->tiles, mt);
             so.tiles = s->tiles;

@@ -87,7 +87,7 @@ void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, in
                        int ldx, int maxcount, float *Y, int ldy);
 /* The FP16 tensor-core GEMM for 4-bit weights (cu_gemm.cu): can it take W and X? (4-bit,
  * cols % 64 == 0, group % 32 == 0, X rows 16-byte aligned.) _enabled: whether the forward
- * pass uses it (LILY_CU_GEMM=1, until it is verified on a GPU; see docs/cuda.md). */
+ * pass uses it for T > 8 (default; LILY_CU_GEMM=0 for the older tiles, to measure against). */
 int cu_gemm_q4_ok(const dmat *W, const float *X, int ldx);
 int cu_gemm_q4_enabled(void);
 void cu_gemm_q4(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
@@ -116,8 +116,8 @@ int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const
                     const float *beta, float *S, float *o, const float *z, const float *gw, float eps);
 /* The same recurrence in the chunked (WY) form for prefill (cu_gdn_chunk.cu); scratch holds
  * cu_gdn_chunk_scratch_floats(T, ...) floats. 0 (nothing launched) for shapes it does not take
- * (dk or dv > 128). _enabled: whether the forward pass uses it (LILY_CU_GDN_CHUNK=1, until it
- * is verified on a GPU). */
+ * (dk or dv > 128). _enabled: whether the forward pass uses it (LILY_CU_GDN_CHUNK=1; off by
+ * default, see cu_gdn_chunk.cu). */
 int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                    const float *beta, float *S, float *o, float *scratch);
 size_t cu_gdn_chunk_scratch_floats(int T, int nv, int dk, int dv);

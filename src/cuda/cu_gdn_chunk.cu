@@ -212,8 +212,11 @@ int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const 
     return 1;
 }
 
-/* Not yet run on a GPU (written when no device time was left): opt-in until the kernel test
- * has passed there. */
+/* Opt-in (LILY_CU_GDN_CHUNK=1). It passed the kernel test and lily check on the H200
+ * (2026-11-30) but was no faster there than the recurrent kernel (pp512's delta rule 47.9 ms
+ * either way: its SIMT products read shared memory with 32-way bank conflicts), and fed by
+ * the FP16 GEMM's b/a projections it drifts on tests/fixtures/tinyq after the prefill
+ * (continuation rel err 3e-2, recurrent 1e-3): see docs/cuda.md. */
 int cu_gdn_chunk_enabled(void) {
     static int on = -1;
     if (on < 0) {

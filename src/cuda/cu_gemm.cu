@@ -152,13 +152,13 @@ int cu_gemm_q4_ok(const dmat *W, const float *X, int ldx) {
            ldx % 4 == 0 && ((uintptr_t)X & 15) == 0;
 }
 
-/* Not yet measured or checked on a GPU (written when no device time was left): the
- * forward pass uses it only with LILY_CU_GEMM=1 until it has passed the kernel test there. */
+/* On by default since it passed the kernel test and lily check on the H200 (bench/RESULTS.md,
+ * 2026-11-30); LILY_CU_GEMM=0 falls back to the TF32/SIMT tiles, for measuring. */
 int cu_gemm_q4_enabled(void) {
     static int on = -1;
     if (on < 0) {
         const char *v = getenv("LILY_CU_GEMM");
-        on = v && *v == '1';
+        on = !(v && *v == '0');
     }
     return on;
 }

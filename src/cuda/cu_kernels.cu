@@ -12,6 +12,21 @@ using namespace nvcuda;
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+/* Code J of a word as the float 1 + q/16 (4-bit) or 1 + q/256 (8-bit): the code is moved
+ * into the top of the mantissa of 1.0, a shift and an and-or instead of an int-to-float
+ * conversion, which runs at a quarter of the FMA rate and bounded the matrix-vector kernels.
+ * Exact; the caller folds the 1 into the group bias: sum q x = 16 (sum f x - sum x). */
+template <int J>
+__device__ __forceinline__ float q4_f1(uint32_t v) {
+    uint32_t t = J <= 4 ? v << (19 - 4 * J) : v >> (4 * J - 19);
+    return __uint_as_float((t & 0x00780000u) | 0x3F800000u);
+}
+template <int J>
+__device__ __forceinline__ float q8_f1(uint32_t v) {
+    uint32_t t = J <= 1 ? v << (15 - 8 * J) : v >> (8 * J - 15);
+    return __uint_as_float((t & 0x007F8000u) | 0x3F800000u);
+}
 __device__ __forceinline__ float sigm_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float ld_sb(const char *p, int t, size_t i) {
@@ -336,21 +351,25 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
             float4 xv[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
-            float sx = 0;
+            float sx = 0; /* (a pass of chunk sums into shared memory, once a block, measured slower:
+                           * its second barrier costs more than these adds in the small launches) */
 #pragma unroll
             for (int j = 0; j < 8; j++) sx += (xv[j].x + xv[j].y) + (xv[j].z + xv[j].w);
 #pragma unroll
             for (int k = 0; k < RW; k++) {
                 uint32_t wv[4] = { q[k].x, q[k].y, q[k].z, q[k].w };
-                float sq = 0;
+                float sf = 0; /* sum (1 + q/16) x */
 #pragma unroll
                 for (int w = 0; w < 4; w++) {
                     float4 u = xv[2 * w], t = xv[2 * w + 1];
                     uint32_t v = wv[w];
-                    sq += (float)(v & 15u) * u.x + (float)((v >> 4) & 15u) * u.y + (float)((v >> 8) & 15u) * u.z + (float)((v >> 12) & 15u) * u.w
-                        + (float)((v >> 16) & 15u) * t.x + (float)((v >> 20) & 15u) * t.y + (float)((v >> 24) & 15u) * t.z + (float)(v >> 28) * t.w;
+                    sf = fmaf(q4_f1<0>(v), u.x, sf); sf = fmaf(q4_f1<1>(v), u.y, sf);
+                    sf = fmaf(q4_f1<2>(v), u.z, sf); sf = fmaf(q4_f1<3>(v), u.w, sf);
+                    sf = fmaf(q4_f1<4>(v), t.x, sf); sf = fmaf(q4_f1<5>(v), t.y, sf);
+                    sf = fmaf(q4_f1<6>(v), t.z, sf); sf = fmaf(q4_f1<7>(v), t.w, sf);
                 }
-                acc[k] += sc[k] * sq + bi[k] * sx;
+                float s16 = 16.f * sc[k];
+                acc[k] += s16 * sf + (bi[k] - s16) * sx;
             }
         }
     } else {
@@ -368,13 +387,15 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
                 size_t gi = (size_t)rr[k] * ng + c / cpg;
                 float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
                 uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
-                float sq = 0;
+                float sf = 0; /* sum (1 + q/256) x */
 #pragma unroll
                 for (int w = 0; w < 8; w++) {
                     uint32_t v = wv[w];
-                    sq += (float)(v & 255u) * xv[w].x + (float)((v >> 8) & 255u) * xv[w].y + (float)((v >> 16) & 255u) * xv[w].z + (float)(v >> 24) * xv[w].w;
+                    sf = fmaf(q8_f1<0>(v), xv[w].x, sf); sf = fmaf(q8_f1<1>(v), xv[w].y, sf);
+                    sf = fmaf(q8_f1<2>(v), xv[w].z, sf); sf = fmaf(q8_f1<3>(v), xv[w].w, sf);
                 }
-                acc[k] += sc * sq + bi * sx;
+                float s256 = 256.f * sc;
+                acc[k] += s256 * sf + (bi - s256) * sx;
             }
         }
     }
@@ -385,6 +406,12 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
         for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (rb + k < m.rows && sub == 0) y[rb + k] = v;
     }
+}
+
+template <int LPR, int RW>
+static void mvq_launch(cudaStream_t s, dim3 g, int bt, size_t sm, const mvq_args &a, const float *X, const float *X2, int ldx,
+                       const int *eidx, int xdiv) {
+    k_mvq<LPR, RW><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 
 int cu_mvq_ok(const dmat *W) {
@@ -427,12 +454,12 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     dim3 g(nb, nslots);
     size_t sm = (size_t)cols * sizeof(float);
     int bt = warps * WARP;
-    if (lpr == 32 && rw == 4) k_mvq<32, 4><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 32 && rw == 2) k_mvq<32, 2><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 32) k_mvq<32, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16 && rw == 2) k_mvq<16, 2><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16) k_mvq<16, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else k_mvq<8, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    if (lpr == 32 && rw == 4) mvq_launch<32, 4>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32 && rw == 2) mvq_launch<32, 2>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32) mvq_launch<32, 1>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16 && rw == 2) mvq_launch<16, 2>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16) mvq_launch<16, 1>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
+    else mvq_launch<8, 1>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
 }
 
 /* ---- the same for 2-8 input rows (decode batches). The single-row kernel's pattern (LPR
@@ -455,10 +482,24 @@ __device__ __forceinline__ void mvqb_chunk(const uint32_t (&wv)[RW][BITS], const
             xv[t] = t < T ? xs[((size_t)t * nch + c) * 8 + ((j + c) & 7)] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int k = 0; k < RW; k++) {
-            uint32_t v = BITS == 4 ? wv[k][j >> 1] >> (16 * (j & 1)) : wv[k][j];
-            const uint32_t mask = BITS == 4 ? 15u : 255u;
-            float w0 = sc[k] * (float)(v & mask) + bi[k], w1 = sc[k] * (float)((v >> BITS) & mask) + bi[k];
-            float w2 = sc[k] * (float)((v >> (2 * BITS)) & mask) + bi[k], w3 = sc[k] * (float)((v >> (3 * BITS)) & mask) + bi[k];
+            /* w = sc q + bi = (16 sc) (1 + q/16) + (bi - 16 sc), without an int-to-float conversion */
+            float w0, w1, w2, w3;
+            if (BITS == 4) {
+                uint32_t v = wv[k][j >> 1];
+                float s1 = 16.f * sc[k], b1 = bi[k] - s1;
+                if (j & 1) {
+                    w0 = fmaf(q4_f1<4>(v), s1, b1); w1 = fmaf(q4_f1<5>(v), s1, b1);
+                    w2 = fmaf(q4_f1<6>(v), s1, b1); w3 = fmaf(q4_f1<7>(v), s1, b1);
+                } else {
+                    w0 = fmaf(q4_f1<0>(v), s1, b1); w1 = fmaf(q4_f1<1>(v), s1, b1);
+                    w2 = fmaf(q4_f1<2>(v), s1, b1); w3 = fmaf(q4_f1<3>(v), s1, b1);
+                }
+            } else {
+                uint32_t v = wv[k][j];
+                float s1 = 256.f * sc[k], b1 = bi[k] - s1;
+                w0 = fmaf(q8_f1<0>(v), s1, b1); w1 = fmaf(q8_f1<1>(v), s1, b1);
+                w2 = fmaf(q8_f1<2>(v), s1, b1); w3 = fmaf(q8_f1<3>(v), s1, b1);
+            }
 #pragma unroll
             for (int t = 0; t < NB; t++)
                 if (t < T) acc[k][t] += w0 * xv[t].x + w1 * xv[t].y + w2 * xv[t].z + w3 * xv[t].w;
@@ -567,13 +608,14 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
     size_t row_bytes = (size_t)cols * sizeof(float);
     int nbmax = 8;
     while (nbmax > 1 && nbmax * row_bytes > MVQB_SMEM) nbmax /= 2;
-    /* weight rows a lane group: 4 with 32 lanes a row (2 with 16, 1 with 8), so a block covers
-     * 32 rows and a float4 read from shared memory serves that many rows. LILY_MVQB_RW=1 makes
-     * it one row a lane group (for measuring). The matrices of one launch share the code width. */
+    /* one weight row a lane group: measured faster on the H200 than 4 (x2 and x4 batches: 327 and
+     * 447 tok/s against 269 and 389, bench/RESULTS.md 2026-11-30), where the input float4 read
+     * from shared memory would serve 4 rows. LILY_MVQB_RW=4 for measuring. The matrices of one
+     * launch share the code width. */
     static int env_rw = -1;
     if (env_rw < 0) {
         const char *e = getenv("LILY_MVQB_RW");
-        env_rw = e && atoi(e) == 1 ? 1 : 4;
+        env_rw = e && atoi(e) == 4 ? 4 : 1;
     }
     for (int i = 1; i < n && T > 1; i++) /* (k_mvq, for one row, takes mixed widths) */
         if (W[i]->bits != W[0]->bits) {
@@ -642,7 +684,9 @@ void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *
 }
 
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    if (T >= CU_TC_MIN_T && cu_gemm_q4_enabled() && cu_gemm_q4_ok(W, X, ldx)) cu_gemm_q4(s, W, X, ldx, T, Y, ldy);
+    /* past the matrix-vector's 8 rows the tensor-core GEMM: at 16 rows it already reads each
+     * weight once where the TF32/SIMT tiles re-read it per 64-token tile with 4-byte loads */
+    if (T > 8 && cu_gemm_q4_enabled() && cu_gemm_q4_ok(W, X, ldx)) cu_gemm_q4(s, W, X, ldx, T, Y, ldy);
     else cu_matmul_variant(s, T <= 8 ? 0 : T < CU_TC_MIN_T ? 1 : 2, W, X, ldx, T, Y, ldy);
 }
 

@@ -582,6 +582,7 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_Q, 4, 64, small ? 192 : 8192, small ? 256 : 2048, small ? 140 : 512);
     test_matmul(pool, LW_Q, 4, 32, 100, 128, 130);
     test_matmul(pool, LW_Q, 4, 64, 65, 192, 1);
+    test_matmul(pool, LW_Q, 4, 64, 4, 128, 100); /* DeltaNet b and a (nv rows) at prefill: one partial row block */
     /* decode batches: 2-8 rows through the fast quantized kernel (via cu_matmul's matrix-vector
      * variant above, and grouped here), at the real widths' columns, odd row counts */
     test_matmul(pool, LW_Q, 4, 64, 37, 2048, 2);

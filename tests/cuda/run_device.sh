@@ -4,7 +4,7 @@
 #   stages: build fixtures check kernels model bench batch optin   (default: build check kernels model bench batch)
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
-#          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=1 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
+#          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
 #   optin: the kernels that are off until verified on a GPU (LILY_CU_GEMM, LILY_CU_GDN_CHUNK):
 #          check and model with them on, then pp512/pp2048 with them off and on
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
@@ -42,8 +42,12 @@ for stage in $stages; do
       done
     done ;;
   kernels)
-    "$BIN/cuda-kernel-test" >"$OUT/kernels.log" 2>&1 || fail=1
-    grep -E "FAIL|error|passed" "$OUT/kernels.log"
+    # the unit tests open ../shared/fixtures/tiny, which does not travel to the GPU machine: $FIX does
+    [ -d ../shared/fixtures ] || { mkdir -p ../shared && ln -s "$(cd "$FIX" && pwd)" ../shared/fixtures; }
+    for a in "" --batch --sampling; do
+      "$BIN/cuda-kernel-test" $a >"$OUT/kernels$a.log" 2>&1 || fail=1
+      echo "cuda-kernel-test $a: $(grep -E "FAIL|error" "$OUT/kernels$a.log" | head -20)$(tail -1 "$OUT/kernels$a.log")"
+    done
     # the same tokens alone and beside other sessions, and parking to the host and back
     for t in test_beside test_park test_batch test_sample_gen; do
       [ -x "$BIN/tests/$t" ] || continue
@@ -69,7 +73,7 @@ for stage in $stages; do
   batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)
     "$BIN/lily-bench" --tests tg32x1@1024,tg32x2@1024,tg32x4@1024,tg32x8@1024,tg32x16@1024 --reps ${REPS:-5} -o md 2>&1 | tee "$OUT/batch.md"
     # the 2-8-row matrix-vector kernel (k_mvqb) against one row a lane group and against the older k_mv
-    for v in "LILY_MVQB_RW=1" "LILY_MVQB=0"; do
+    for v in "LILY_MVQB_RW=4" "LILY_MVQB=0"; do
       echo "## $v" | tee -a "$OUT/batch.md"
       env $v "$BIN/lily-bench" --tests tg32x2@1024,tg32x4@1024,tg32x8@1024 --reps ${REPS:-5} -o md 2>&1 | tee -a "$OUT/batch.md"
     done
