@@ -417,8 +417,9 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         cu_gdn_prep(q, s->u, T, cd, c->lin_nk, c->lin_dk, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta);
     }
     PM(s, "gdn conv+norm+gates");
-    if (T >= 64 && cu_gdn_chunk_enabled() &&
-        cu_gdn_chunked(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->gdn_scr)) {
+    if ((T >= 64 && cu_gdn_chunk_enabled() &&
+         cu_gdn_chunked(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->gdn_scr)) ||
+        (T > 1 && cu_gdn_staged(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o))) {
         cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
     } else if (!cu_gdn_rec_norm(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->zb, L->gnorm, (float)c->eps)) {
         cu_gdn_rec(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o);

@@ -121,6 +121,13 @@ int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const
 int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                    const float *beta, float *S, float *o, float *scratch);
 size_t cu_gdn_chunk_scratch_floats(int T, int nv, int dk, int dv);
+/* The recurrence for prefill (cu_gdn_staged.cu): k_gdn_rec128's arithmetic, a block per 32
+ * columns of a head and 32 steps staged in shared memory at a time; the gated norm is left to
+ * cu_gated_norm. 0 (nothing launched) unless dk == 128, dv % 32 == 0 and u's rows are
+ * 16-byte aligned. */
+int cu_gdn_staged_ok(int dk, int dv, int cd);
+int cu_gdn_staged(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
+                  const float *beta, float *S, float *o);
 int cu_gdn_chunk_enabled(void);
 /* Decode form of conv + SiLU + q/k L2 norm + g/beta, one launch (T = 1). */
 void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,

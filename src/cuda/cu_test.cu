@@ -106,8 +106,9 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
     return rc;
 }
 
-/* The delta rule through the recurrent kernel, or the chunked kernels when chunked. */
-static lily_code gdn_run(int chunked, int T, int nk, int nv, int dk, int dv, const float *u, const float *g,
+/* The delta rule through the recurrent kernel (mode 0), the chunked kernels (1) or the staged
+ * prefill kernel (2). */
+static lily_code gdn_run(int mode, int T, int nk, int nv, int dk, int dv, const float *u, const float *g,
                          const float *beta, float *S, float *o, lily_status *st) {
     int cd = 2 * nk * dk + nv * dv;
     dlist L = { {0}, 0 };
@@ -115,10 +116,12 @@ static lily_code gdn_run(int chunked, int T, int nk, int nv, int dk, int dv, con
     float *du = (float *)dput(&L, u, (size_t)T * cd * 4, st, &rc), *dg = (float *)dput(&L, g, (size_t)T * nv * 4, st, &rc);
     float *db = (float *)dput(&L, beta, (size_t)T * nv * 4, st, &rc), *dS = (float *)dput(&L, S, (size_t)nv * dk * dv * 4, st, &rc);
     float *dout = (float *)dput(&L, NULL, (size_t)T * nv * dv * 4, st, &rc);
-    float *scr = chunked ? (float *)dput(&L, NULL, cu_gdn_chunk_scratch_floats(T, nv, dk, dv) * 4, st, &rc) : NULL;
-    if (!rc && !chunked) cu_gdn_rec(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout);
-    if (!rc && chunked && !cu_gdn_chunked(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout, scr))
+    float *scr = mode == 1 ? (float *)dput(&L, NULL, cu_gdn_chunk_scratch_floats(T, nv, dk, dv) * 4, st, &rc) : NULL;
+    if (!rc && mode == 0) cu_gdn_rec(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout);
+    if (!rc && mode == 1 && !cu_gdn_chunked(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout, scr))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the chunked delta rule does not take this shape");
+    if (!rc && mode == 2 && !cu_gdn_staged(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout))
+        rc = lily_err(st, LILY_EUNSUPPORTED, "the staged delta rule does not take this shape");
     rc = finish(st, rc);
     if (!rc) rc = dget(o, dout, (size_t)T * nv * dv * 4, st);
     if (!rc) rc = dget(S, dS, (size_t)nv * dk * dv * 4, st);
@@ -134,6 +137,11 @@ lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const f
 lily_code lct_gdn_chunked(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                           float *S, float *o, lily_status *st) {
     return gdn_run(1, T, nk, nv, dk, dv, u, g, beta, S, o, st);
+}
+
+lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
+                         float *S, float *o, lily_status *st) {
+    return gdn_run(2, T, nk, nv, dk, dv, u, g, beta, S, o, st);
 }
 
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,

@@ -22,9 +22,12 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
  * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                   float *S, float *o, lily_status *st);
-/* The same through the chunked kernels (cu_gdn_chunked). */
+/* The same through the chunked kernels (cu_gdn_chunked), and the staged prefill kernel
+ * (cu_gdn_staged: dk 128, dv a multiple of 32; LILY_EUNSUPPORTED otherwise). */
 lily_code lct_gdn_chunked(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                           float *S, float *o, lily_status *st);
+lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
+                         float *S, float *o, lily_status *st);
 /* y = rmsnorm(x (+ add)) * w for T rows of n; x_out gets x after the add (may be NULL). */
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,
                       float *x_out, lily_status *st);
