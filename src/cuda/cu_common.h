@@ -14,6 +14,18 @@ extern "C" {
 #include "util/util.h"
 }
 
+/* First statement of every kernel. Programmatic dependent launch (Hopper): in the decode
+ * graph a kernel may be scheduled while its predecessor still runs (cu_decode.cu turns the
+ * kernel-to-kernel edges programmatic), hiding the ~450 launch gaps of a token; so a kernel
+ * first waits until its predecessor has finished and its writes are visible (before it
+ * reads or writes anything), then lets its own successor be scheduled. Outside such a
+ * graph both are no-ops; the emulator and older GPUs compile them away. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define CU_PDL() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define CU_PDL() do { } while (0)
+#endif
+
 /* A weight matrix on the device; experts of one tensor group sit at fixed strides. */
 typedef struct {
     int type;            /* lw_type: LW_F32, LW_BF16, LW_F16, LW_Q */

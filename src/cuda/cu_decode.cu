@@ -5,6 +5,48 @@
 #include "cuda/cu_model.h"
 #include "cuda/cu_sample.h"
 #include <stdlib.h>
+#include <string.h>
+
+/* Turns each kernel-to-kernel edge of g whose kernel has that one predecessor into a
+ * programmatic one (CU_PDL in cu_common.h): the successor is scheduled while the
+ * predecessor runs and waits for it in its first statement. Off with LILY_CU_PDL=0 or below
+ * compute capability 9.0. An edge that cannot be changed is left as it was. */
+static void graph_pdl(cudaGraph_t g) {
+#ifdef __CUDACC_EMU__ /* the emulator's graphs replay launches in order: nothing to overlap */
+    (void)g;
+#else
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("LILY_CU_PDL");
+        int dev = 0, major = 0;
+        on = !(e && *e == '0') && cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    }
+    size_t n = 0;
+    if (!on || cudaGraphGetEdges(g, NULL, NULL, NULL, &n) != cudaSuccess || n == 0) return;
+    cudaGraphNode_t *from = (cudaGraphNode_t *)malloc(n * sizeof *from), *to = (cudaGraphNode_t *)malloc(n * sizeof *to);
+    cudaGraphEdgeData *ed = (cudaGraphEdgeData *)malloc(n * sizeof *ed);
+    if (from && to && ed && cudaGraphGetEdges(g, from, to, ed, &n) == cudaSuccess) {
+        for (size_t i = 0; i < n; i++) {
+            size_t nin = 0;
+            for (size_t k = 0; k < n; k++) nin += to[k] == to[i];
+            cudaGraphNodeType a, b;
+            if (nin != 1 || ed[i].type != cudaGraphDependencyTypeDefault || cudaGraphNodeGetType(from[i], &a) != cudaSuccess ||
+                cudaGraphNodeGetType(to[i], &b) != cudaSuccess || a != cudaGraphNodeTypeKernel || b != cudaGraphNodeTypeKernel)
+                continue;
+            cudaGraphEdgeData pe;
+            memset(&pe, 0, sizeof pe);
+            pe.from_port = cudaGraphKernelNodePortProgrammatic;
+            pe.type = cudaGraphDependencyTypeProgrammatic;
+            if (cudaGraphRemoveDependencies(g, &from[i], &to[i], &ed[i], 1) != cudaSuccess) continue;
+            if (cudaGraphAddDependencies(g, &from[i], &to[i], &pe, 1) != cudaSuccess)
+                cudaGraphAddDependencies(g, &from[i], &to[i], &ed[i], 1);
+        }
+    }
+    cudaGetLastError();
+    free(from); free(to); free(ed);
+#endif
+}
 
 /* The decode step's graph: greedy (argmax) into s->graph, or with the sampler into its own. */
 static lily_code build_graph(lcuda_session *s, cu_sampler *smp, lily_status *st) {
@@ -18,6 +60,7 @@ static lily_code build_graph(lcuda_session *s, cu_sampler *smp, lily_status *st)
     cu_step_advance(s->st, s->d_tok, s->d_ids, s->d_pos, s->d_step, s->ring_d, LCU_RING);
     cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (e != cudaSuccess) return cu_fail(st, e, "graph capture of the decode step", __FILE__, __LINE__);
+    graph_pdl(g);
     e = cudaGraphInstantiate(out, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess) { *out = NULL; return cu_fail(st, e, "cudaGraphInstantiate", __FILE__, __LINE__); }

@@ -33,6 +33,7 @@ __device__ static void chunk_g(const float *g, int nv, int h, int t0, int C, flo
 __global__ void k_gdn_chunk_prep(int T, int nk, int nv, int dk, int dv, const float *__restrict__ u, int cd,
                                  const float *__restrict__ g, const float *__restrict__ beta, float *__restrict__ U,
                                  float *__restrict__ W) {
+    CU_PDL();
     extern __shared__ float sm[];
     float *sK = sm;                 /* [GC][dk] */
     float *sV = sK + GC * dk;       /* [GC][dv], beta_j v_j */
@@ -92,6 +93,7 @@ __global__ void k_gdn_chunk_prep(int T, int nk, int nv, int dk, int dv, const fl
 __global__ void k_gdn_chunk_state(int T, int nk, int nv, int dk, int dv, const float *__restrict__ u, int cd,
                                   const float *__restrict__ g, float *__restrict__ S, float *__restrict__ U,
                                   const float *__restrict__ W, float *__restrict__ o) {
+    CU_PDL();
     extern __shared__ float sm[];
     float *sS = sm;                 /* [dk][dv] */
     float *sW = sS + dk * dv;       /* [GC][dk]: W, later e^(G_last-G_m) k_m */
@@ -148,6 +150,7 @@ __global__ void k_gdn_chunk_state(int T, int nk, int nv, int dk, int dv, const f
 
 __global__ void k_gdn_chunk_out(int T, int nk, int nv, int dk, int dv, const float *__restrict__ u, int cd,
                                 const float *__restrict__ g, const float *__restrict__ Vn, float *__restrict__ o) {
+    CU_PDL();
     extern __shared__ float sm[];
     float *sQ = sm;                 /* [GC][dk] */
     float *sK = sQ + GC * dk;       /* [GC][dk] */

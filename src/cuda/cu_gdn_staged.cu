@@ -19,6 +19,7 @@
 __global__ void __launch_bounds__(4 * GS_J) k_gdn_staged(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
                                                         const float *__restrict__ g, const float *__restrict__ beta,
                                                         float *__restrict__ S, float *__restrict__ o) {
+    CU_PDL();
     __shared__ float4 qk[GS_T][2 * 4 * GS_P]; /* per step: q quarters, then k quarters */
     __shared__ float vs[GS_T][GS_J], ds[GS_T], bs[GS_T];
     const int dk = 128;

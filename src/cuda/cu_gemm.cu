@@ -37,10 +37,13 @@ __device__ __forceinline__ __half2 q_h2(float a, float b) {
     return __floats2half2_rn(a, b);
 }
 
-/* BT tokens x 64 rows per block, 4 warps: warp w computes rows 16w..16w+15 for all BT tokens. */
-template <int BT>
+/* BT tokens x 64 rows per block, 4 warps: warp w computes rows 16w..16w+15 for all BT tokens.
+ * BITS 4 or 8 (the 8-bit router and shared-expert gate): a thread's 32 codes a step are one
+ * or two 16-byte loads. */
+template <int BT, int BITS>
 __global__ void __launch_bounds__(QTHREADS) k_gemm_q4(dmat m, const float *__restrict__ X, int ldx, int T,
                                                       float *__restrict__ Y, int ldy, dsort so, int xdiv) {
+    CU_PDL();
     __shared__ __align__(32) __half Ws[QR * QLD];
     __shared__ __align__(32) __half Xs[BT * QLD];
     __shared__ __align__(32) float Cs[BT * QCL];
@@ -79,14 +82,17 @@ __global__ void __launch_bounds__(QTHREADS) k_gemm_q4(dmat m, const float *__res
         }
     }
 
-    uint4 wq = make_uint4(0, 0, 0, 0);
+    uint4 wq[BITS / 4];
+#pragma unroll
+    for (int i = 0; i < BITS / 4; i++) wq[i] = make_uint4(0, 0, 0, 0);
     float wsc = 0.f, wbi = 0.f;
     float4 xv[XL];
 #define Q_LOAD(k0)                                                                               \
     do {                                                                                         \
         if (wok) {                                                                               \
             size_t el_ = (size_t)(r0 + wr) * m.cols + (k0) + wc;                                 \
-            wq = *(const uint4 *)(wb + el_ / 2);                                                 \
+            _Pragma("unroll") for (int i_ = 0; i_ < BITS / 4; i_++)                              \
+                wq[i_] = ((const uint4 *)(wb + el_ * BITS / 8))[i_];                             \
             size_t gi_ = (size_t)(r0 + wr) * ng + ((k0) + wc) / m.group;                         \
             wsc = q_ld_sb(sp, m.sbt, gi_);                                                       \
             wbi = q_ld_sb(bp, m.sbt, gi_);                                                       \
@@ -101,14 +107,20 @@ __global__ void __launch_bounds__(QTHREADS) k_gemm_q4(dmat m, const float *__res
     Q_LOAD(0);
     for (int k0 = 0; k0 < m.cols; k0 += QK) {
         { /* dequantize this step's codes and convert its inputs into shared memory */
-            uint32_t q4[4] = { wq.x, wq.y, wq.z, wq.w }, hb[16];
+            uint32_t qw[BITS], hb[16];
 #pragma unroll
-            for (int w = 0; w < 4; w++)
+            for (int i = 0; i < BITS / 4; i++) {
+                qw[4 * i] = wq[i].x; qw[4 * i + 1] = wq[i].y; qw[4 * i + 2] = wq[i].z; qw[4 * i + 3] = wq[i].w;
+            }
+            const int per = 32 / BITS; /* codes a word */
+            const uint32_t mask = (1u << BITS) - 1;
 #pragma unroll
-                for (int j = 0; j < 8; j += 2) {
-                    __half2 h = q_h2(wsc * (float)((q4[w] >> (4 * j)) & 15u) + wbi,
-                                     wsc * (float)((q4[w] >> (4 * j + 4)) & 15u) + wbi);
-                    hb[w * 4 + j / 2] = wok ? *(uint32_t *)&h : 0u;
+            for (int w = 0; w < BITS; w++)
+#pragma unroll
+                for (int j = 0; j < per; j += 2) {
+                    __half2 h = q_h2(wsc * (float)((qw[w] >> (BITS * j)) & mask) + wbi,
+                                     wsc * (float)((qw[w] >> (BITS * j + BITS)) & mask) + wbi);
+                    hb[w * (per / 2) + j / 2] = wok ? *(uint32_t *)&h : 0u;
                 }
             uint4 *dst = (uint4 *)(Ws + wr * QLD + wc);
 #pragma unroll
@@ -148,7 +160,7 @@ __global__ void __launch_bounds__(QTHREADS) k_gemm_q4(dmat m, const float *__res
 }
 
 int cu_gemm_q4_ok(const dmat *W, const float *X, int ldx) {
-    return W->type == LW_Q && W->bits == 4 && W->cols % QK == 0 && W->group % 32 == 0 && W->group > 0 &&
+    return W->type == LW_Q && (W->bits == 4 || W->bits == 8) && W->cols % QK == 0 && W->group % 32 == 0 && W->group > 0 &&
            ldx % 4 == 0 && ((uintptr_t)X & 15) == 0;
 }
 
@@ -166,7 +178,8 @@ int cu_gemm_q4_enabled(void) {
 void cu_gemm_q4(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     dim3 g((W->rows + QR - 1) / QR, (T + 63) / 64, 1);
-    k_gemm_q4<64><<<g, QTHREADS, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+    if (W->bits == 8) k_gemm_q4<64, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+    else k_gemm_q4<64, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
 }
 
 int cu_moe_tile_rows(int rows_total, int E) {
@@ -178,6 +191,7 @@ int cu_moe_max_tiles(int rows_total, int E, int bt) { return (rows_total + bt - 
 
 /* tiles[i] = expert << 16 | tile index within the expert, in expert order; -1 past the end. */
 __global__ void k_moe_tiles(const int *count, int E, int bt, int *tiles, int max_tiles) {
+    CU_PDL();
     __shared__ int start[1025];
     for (int e = threadIdx.x; e < E; e += blockDim.x) start[e] = (count[e] + bt - 1) / bt;
     __syncthreads();
@@ -199,7 +213,11 @@ void cu_moe_tiles(cudaStream_t s, const int *count, int E, int bt, int *tiles, i
 void cu_gemm_q4_grouped(cudaStream_t s, const dmat *W, const dsort *so, int bt, int max_tiles, int xdiv,
                         const float *X, int ldx, float *Y, int ldy) {
     dim3 g((W->rows + QR - 1) / QR, max_tiles, 1);
-    if (bt == 16) k_gemm_q4<16><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
-    else if (bt == 32) k_gemm_q4<32><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
-    else k_gemm_q4<64><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+    if (W->bits == 8) { /* (experts are 4-bit in the checkpoints; kept for completeness) */
+        if (bt == 16) k_gemm_q4<16, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+        else if (bt == 32) k_gemm_q4<32, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+        else k_gemm_q4<64, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+    } else if (bt == 16) k_gemm_q4<16, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+    else if (bt == 32) k_gemm_q4<32, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+    else k_gemm_q4<64, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
 }

@@ -116,6 +116,7 @@ lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *
 template <int NT>
 __global__ void __launch_bounds__(256) k_mv(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
                                             int ldy, const int *eidx, int xdiv) {
+    CU_PDL();
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int r = blockIdx.x * 8 + warp;
     if (r >= m.rows) return;
@@ -164,6 +165,7 @@ __global__ void __launch_bounds__(256) k_mv(dmat m, const float *__restrict__ X,
 #define TLD (TBK + 4)
 __global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restrict__ X, int ldx, int T,
                                                   float *__restrict__ Y, int ldy, dsort so, int xdiv) {
+    CU_PDL();
     __shared__ __align__(32) float Ws[TBM * TLD];
     __shared__ __align__(32) float Xs[TBN * TLD];
     __shared__ __align__(32) float Cs[TBN * (TBM + 4)];
@@ -235,6 +237,7 @@ __global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restric
 /* The same tile in plain fp32 FMA: exact to fp32, for small batches (the fixtures). */
 __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict__ X, int ldx, int T,
                                                   float *__restrict__ Y, int ldy, dsort so, int xdiv) {
+    CU_PDL();
     __shared__ float Ws[TBK][TBM + 4];
     __shared__ float Xs[TBK][TBN + 4];
     int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
@@ -306,6 +309,31 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
     while (mi + 1 < a.n && (int)blockIdx.x >= a.blk0[mi + 1]) mi++;
     const dmat &m = a.m[mi];
     int nch = m.cols / 32, slot = blockIdx.y, e = 0;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
+    int rb = (((blockIdx.x - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp) * RW;
+    int rr[RW];
+#pragma unroll
+    for (int k = 0; k < RW; k++) rr[k] = min(rb + k, m.rows - 1);
+    int ng = m.cols / m.group, cpg = m.group / 32;
+    /* A dense matrix's first chunk of codes and its group constants are loaded before the
+     * wait on the predecessor (CU_PDL): they are weights, never written, so in the decode
+     * graph their latency overlaps the previous kernel. (An expert's index comes from that
+     * kernel.) */
+    const bool pre = !eidx && m.bits == 4 && sub < nch;
+    uint4 q0[RW];
+    float sc0[RW], bi0[RW];
+#pragma unroll
+    for (int k = 0; k < RW; k++) { q0[k] = make_uint4(0, 0, 0, 0); sc0[k] = bi0[k] = 0.f; }
+    if (pre) {
+#pragma unroll
+        for (int k = 0; k < RW; k++) {
+            q0[k] = __ldg((const uint4 *)m.w + (size_t)rr[k] * nch + sub);
+            size_t gi = (size_t)rr[k] * ng + sub / cpg;
+            sc0[k] = ld_sb((const char *)m.s, m.sbt, gi);
+            bi0[k] = ld_sb((const char *)m.b, m.sbt, gi);
+        }
+    }
+    CU_PDL();
     const float *x = X, *x2 = X2;
     float *y = a.y[mi];
     if (eidx) {
@@ -325,17 +353,15 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
         xs[c * 8 + ((j + c) & 7)] = v;
     }
     __syncthreads();
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
-    int rb = (((blockIdx.x - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp) * RW;
-    int rr[RW];
-#pragma unroll
-    for (int k = 0; k < RW; k++) rr[k] = min(rb + k, m.rows - 1);
     const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
     const char *wb = (const char *)m.w + (long long)e * m.ew;
-    int ng = m.cols / m.group, cpg = m.group / 32;
     float acc[RW];
 #pragma unroll
     for (int k = 0; k < RW; k++) acc[k] = 0.f;
+    /* (Codes to floats by moving them into the mantissa of 1.0 (q4_f1), instead of the
+     * int-to-float conversions: the kernels' own times fell (lm_head 0.29 -> 0.23 ms) but the
+     * decode graph went from 307 to 298 tok/s on the same H200, so this one kept the
+     * conversions; k_mvqb, which dequantizes once for up to 8 rows, uses the trick.) */
     if (m.bits == 4) {
 #pragma unroll(RW == 1 ? 2 : 1)
         for (int c = sub; c < nch; c += LPR) {
@@ -343,6 +369,12 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
             float sc[RW], bi[RW];
 #pragma unroll
             for (int k = 0; k < RW; k++) {
+                if (pre && c == sub) {
+                    q[k] = q0[k];
+                    sc[k] = sc0[k];
+                    bi[k] = bi0[k];
+                    continue;
+                }
                 q[k] = __ldg((const uint4 *)wb + (size_t)rr[k] * nch + c);
                 size_t gi = (size_t)rr[k] * ng + c / cpg;
                 sc[k] = ld_sb(sp, m.sbt, gi);
@@ -351,25 +383,21 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
             float4 xv[8];
 #pragma unroll
             for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
-            float sx = 0; /* (a pass of chunk sums into shared memory, once a block, measured slower:
-                           * its second barrier costs more than these adds in the small launches) */
+            float sx = 0;
 #pragma unroll
             for (int j = 0; j < 8; j++) sx += (xv[j].x + xv[j].y) + (xv[j].z + xv[j].w);
 #pragma unroll
             for (int k = 0; k < RW; k++) {
                 uint32_t wv[4] = { q[k].x, q[k].y, q[k].z, q[k].w };
-                float sf = 0; /* sum (1 + q/16) x */
+                float sq = 0;
 #pragma unroll
                 for (int w = 0; w < 4; w++) {
                     float4 u = xv[2 * w], t = xv[2 * w + 1];
                     uint32_t v = wv[w];
-                    sf = fmaf(q4_f1<0>(v), u.x, sf); sf = fmaf(q4_f1<1>(v), u.y, sf);
-                    sf = fmaf(q4_f1<2>(v), u.z, sf); sf = fmaf(q4_f1<3>(v), u.w, sf);
-                    sf = fmaf(q4_f1<4>(v), t.x, sf); sf = fmaf(q4_f1<5>(v), t.y, sf);
-                    sf = fmaf(q4_f1<6>(v), t.z, sf); sf = fmaf(q4_f1<7>(v), t.w, sf);
+                    sq += (float)(v & 15u) * u.x + (float)((v >> 4) & 15u) * u.y + (float)((v >> 8) & 15u) * u.z + (float)((v >> 12) & 15u) * u.w
+                        + (float)((v >> 16) & 15u) * t.x + (float)((v >> 20) & 15u) * t.y + (float)((v >> 24) & 15u) * t.z + (float)(v >> 28) * t.w;
                 }
-                float s16 = 16.f * sc[k];
-                acc[k] += s16 * sf + (bi[k] - s16) * sx;
+                acc[k] += sc[k] * sq + bi[k] * sx;
             }
         }
     } else {
@@ -387,15 +415,13 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
                 size_t gi = (size_t)rr[k] * ng + c / cpg;
                 float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
                 uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
-                float sf = 0; /* sum (1 + q/256) x */
+                float sq = 0;
 #pragma unroll
                 for (int w = 0; w < 8; w++) {
                     uint32_t v = wv[w];
-                    sf = fmaf(q8_f1<0>(v), xv[w].x, sf); sf = fmaf(q8_f1<1>(v), xv[w].y, sf);
-                    sf = fmaf(q8_f1<2>(v), xv[w].z, sf); sf = fmaf(q8_f1<3>(v), xv[w].w, sf);
+                    sq += (float)(v & 255u) * xv[w].x + (float)((v >> 8) & 255u) * xv[w].y + (float)((v >> 16) & 255u) * xv[w].z + (float)(v >> 24) * xv[w].w;
                 }
-                float s256 = 256.f * sc;
-                acc[k] += s256 * sf + (bi - s256) * sx;
+                acc[k] += sc * sq + bi * sx;
             }
         }
     }
@@ -406,12 +432,6 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
         for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (rb + k < m.rows && sub == 0) y[rb + k] = v;
     }
-}
-
-template <int LPR, int RW>
-static void mvq_launch(cudaStream_t s, dim3 g, int bt, size_t sm, const mvq_args &a, const float *X, const float *X2, int ldx,
-                       const int *eidx, int xdiv) {
-    k_mvq<LPR, RW><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 
 int cu_mvq_ok(const dmat *W) {
@@ -454,12 +474,12 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     dim3 g(nb, nslots);
     size_t sm = (size_t)cols * sizeof(float);
     int bt = warps * WARP;
-    if (lpr == 32 && rw == 4) mvq_launch<32, 4>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 32 && rw == 2) mvq_launch<32, 2>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 32) mvq_launch<32, 1>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16 && rw == 2) mvq_launch<16, 2>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16) mvq_launch<16, 1>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
-    else mvq_launch<8, 1>(s, g, bt, sm, a, X, X2, ldx, eidx, xdiv);
+    if (lpr == 32 && rw == 4) k_mvq<32, 4><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32 && rw == 2) k_mvq<32, 2><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32) k_mvq<32, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16 && rw == 2) k_mvq<16, 2><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16) k_mvq<16, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    else k_mvq<8, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 
 /* ---- the same for 2-8 input rows (decode batches). The single-row kernel's pattern (LPR
@@ -509,6 +529,7 @@ __device__ __forceinline__ void mvqb_chunk(const uint32_t (&wv)[RW][BITS], const
 
 template <int LPR, int NB, int RW, int BITS>
 __global__ void __launch_bounds__(256, 2) k_mvqb(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx, int T) {
+    CU_PDL();
     extern __shared__ float4 xs[];
     int mi = 0;
     while (mi + 1 < a.n && (int)blockIdx.x >= a.blk0[mi + 1]) mi++;
@@ -706,6 +727,7 @@ void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, in
 
 /* ---- embedding, norms ---- */
 __global__ void k_embed(dmat m, const int *ids, float *x) {
+    CU_PDL();
     int t = blockIdx.x, id = ids[t];
     for (int c = threadIdx.x * 8; c < m.cols; c += blockDim.x * 8) {
         float w8[8];
@@ -718,6 +740,7 @@ void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x) {
 }
 
 __global__ void k_rmsnorm(float *x, const float *add, const float *w, int n, float eps, float *y) {
+    CU_PDL();
     __shared__ float sh[32];
     float *xr = x + (size_t)blockIdx.x * n;
     const float *ar = add ? add + (size_t)blockIdx.x * n : NULL;
@@ -741,6 +764,7 @@ void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int 
  * state's entry n + K - 1. (A thread a channel walking the T tokens in order waited on one
  * load a token: 5 ms of a 512-token prefill.) The state is rewritten after, by k_conv_state. */
 __global__ void k_conv(const float *mixed, const float *state, const float *w, int cd, int K, float *u) {
+    CU_PDL();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (ch >= cd) return;
     float s = 0;
@@ -753,6 +777,7 @@ __global__ void k_conv(const float *mixed, const float *state, const float *w, i
 }
 /* The last K - 1 inputs become the state (from the old state when T < K - 1). */
 __global__ void k_conv_state(const float *mixed, float *state, int cd, int K, int T) {
+    CU_PDL();
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= cd) return;
     float h[8];
@@ -768,6 +793,7 @@ void cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, i
 }
 
 __global__ void k_l2norm_heads(float *u, int cd, int nk, int dk) {
+    CU_PDL();
     __shared__ float sh[32];
     int t = blockIdx.x, hh = blockIdx.y;
     float *v = u + (size_t)t * cd + (size_t)hh * dk;
@@ -779,6 +805,7 @@ __global__ void k_l2norm_heads(float *u, int cd, int nk, int dk) {
 }
 __global__ void k_gbeta(const float *bb, const float *aa, const float *A_log, const float *dt_bias, int n, int nv,
                         float *g, float *beta) {
+    CU_PDL();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     int h = i % nv;
@@ -799,6 +826,7 @@ void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const 
 __global__ void k_gdn_prep1(const float *mixed, float *state, const float *w, int K, int nk, int dk, int vd,
                             const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
                             float *u, float *g, float *beta, cu_rows R) {
+    CU_PDL();
     __shared__ float sh[32];
     int b = blockIdx.x, kd = nk * dk, nvb = (vd + 127) / 128;
     if (R.pos) { /* decode batch: row blockIdx.y, its session's conv state */
@@ -860,6 +888,7 @@ void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mix
 __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int dv, const float *u, int cd, const float *g,
                                                      const float *beta, float *S, float *o, const float *z,
                                                      const float *gw, float eps, cu_rows R) {
+    CU_PDL();
     __shared__ float qkb[2][256], red[16]; /* q | k of a step, double-buffered */
     const int dk = 128;
     if (R.pos) { /* decode batch (T = 1): row blockIdx.y, its session's S */
@@ -915,6 +944,7 @@ __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int d
 }
 __global__ void k_gdn_rec_gen(int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                               const float *beta, float *S, float *o, cu_rows R) {
+    CU_PDL();
     extern __shared__ float qk[]; /* q[dk], k[dk] */
     if (R.pos) { /* decode batch (T = 1): row blockIdx.y, its session's S */
         int row = blockIdx.y;
@@ -967,6 +997,7 @@ int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int
 }
 
 __global__ void k_gated_norm(float *o, const float *z, const float *gw, int nv, int dv, float eps) {
+    CU_PDL();
     __shared__ float sh[32];
     int t = blockIdx.x / nv, h = blockIdx.x % nv;
     float *oh = o + (size_t)t * nv * dv + (size_t)h * dv;
@@ -985,6 +1016,7 @@ void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, in
 __global__ void k_qk_prep(const float *qg, float *q, const float *k, const float *v, const float *qn,
                           const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
                           const int *pos, float *kc, float *vc, cu_rows R) {
+    CU_PDL();
     extern __shared__ float buf[];
     __shared__ float sh[32];
     int t = blockIdx.x, h = blockIdx.y, p = R.pos ? R.pos[t] : *pos + t;
@@ -1042,6 +1074,7 @@ void cu_qk_prep_rows(cudaStream_t s, const cu_rows *R, int n, const float *qg, f
 #define ATT_MAXR 16
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const float *kc, const float *vc, int nh, int nkv,
                                                            int hd, const int *pos, int splits, float *part, cu_rows rows) {
+    CU_PDL();
     int th = blockIdx.x, t = th / nh, h = th % nh, kvh = h / (nh / nkv);
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, R = hd / WARP;
     int n = (rows.pos ? rows.pos[t] : *pos + t) + 1;
@@ -1078,6 +1111,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const
     for (int i = 0; i < ATT_MAXR; i++) if (i < R) pp[2 + lane + WARP * i] = acc[i];
 }
 __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o) {
+    CU_PDL();
     __shared__ float wsh[1024];
     __shared__ float Lsh;
     int th = blockIdx.x, t = th / nh, h = th % nh;
@@ -1106,6 +1140,7 @@ __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd,
 template <int HG, int R>
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
                                                                int nkv, const int *pos, int splits, float *part, cu_rows rows) {
+    CU_PDL();
     const int hd = R * WARP;
     int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -1196,6 +1231,7 @@ void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, 
 /* ---- MoE ---- */
 /* One warp per token: softmax over E, then K rounds of argmax (lowest index on ties). */
 __global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel, float *wt) {
+    CU_PDL();
     extern __shared__ float pr[]; /* [warps][E] */
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int t = blockIdx.x * (blockDim.x / WARP) + warp;
@@ -1238,6 +1274,7 @@ void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, in
 /* Counting sort of the n = T*K slots by expert. The order inside an expert follows the
  * atomics, which changes no row's value: every row is computed on its own. */
 __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
+    CU_PDL();
     extern __shared__ int cnt[]; /* [E] counts, then [E] cursors */
     int *cur = cnt + E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
@@ -1265,6 +1302,7 @@ void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *
 }
 
 __global__ void k_swiglu(const float *g, const float *u, float *h, long long n) {
+    CU_PDL();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) h[i] = silu_f(g[i]) * u[i];
 }
@@ -1275,6 +1313,7 @@ void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long lo
 __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ D, const int *__restrict__ pos,
                               const float *__restrict__ wt, int K, int H, const float *__restrict__ SD,
                               const float *__restrict__ sr, const float *__restrict__ nw, float eps, float *__restrict__ tout) {
+    CU_PDL();
     __shared__ float sh[32];
     int t = blockIdx.x;
     float gs = SD ? sigm_f(sr[t]) : 0.f, ss = 0;
@@ -1303,6 +1342,7 @@ void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, co
 
 /* ---- token choice ---- */
 __global__ void k_argmax(const float *x, int V, int *out) {
+    CU_PDL();
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ float sh[32];
@@ -1339,11 +1379,13 @@ void cu_argmax(cudaStream_t s, const float *logits, int V, int *out) {
     k_argmax<<<1, 1024, 0, s>>>(logits, V, out);
 }
 
-__global__ void k_set_int(int *p, int v) { *p = v; }
+__global__ void k_set_int(int *p, int v) {
+    CU_PDL(); *p = v; }
 void cu_set_int(cudaStream_t s, int *p, int v) { k_set_int<<<1, 1, 0, s>>>(p, v); }
 const void *cu_probe_kernel(void) { return (const void *)k_set_int; }
 
 __global__ void k_step_advance(const int *tok, int *ids, int *pos, int *step, int *ring, int ring_n) {
+    CU_PDL();
     int slot = *step % ring_n;
     ids[0] = tok[0];
     ring[2 * slot] = tok[0];

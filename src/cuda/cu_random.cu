@@ -10,11 +10,13 @@ __device__ __forceinline__ uint32_t hash32(uint64_t x) {
     return (uint32_t)x;
 }
 __global__ void k_fill_u32(uint32_t *p, size_t n, uint64_t seed) {
+    CU_PDL();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         p[i] = hash32(seed * 0x9e3779b97f4a7c15ull + i);
 }
 /* bf16 values uniform in [lo, hi) */
 __global__ void k_fill_bf16(uint16_t *p, size_t n, uint64_t seed, float lo, float hi) {
+    CU_PDL();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float u = (hash32(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
         float v = lo + (hi - lo) * u;
@@ -22,6 +24,7 @@ __global__ void k_fill_bf16(uint16_t *p, size_t n, uint64_t seed, float lo, floa
     }
 }
 __global__ void k_fill_f32(float *p, size_t n, uint64_t seed, float lo, float hi) {
+    CU_PDL();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float u = (hash32(seed * 0x9e3779b97f4a7c15ull + i) >> 8) * (1.0f / 16777216.0f);
         p[i] = lo + (hi - lo) * u;

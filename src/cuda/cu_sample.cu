@@ -156,6 +156,7 @@ __device__ int w_cross(const T *a, int n, ull t, int ge, ull *before) {
 /* ---------------- the grid passes ---------------- */
 
 __global__ void __launch_bounds__(SB) k_samp_z(const samp_par *P, const float *logits) {
+    CU_PDL();
     __shared__ double sv[32];
     __shared__ int si[32];
     __shared__ float sf[32];
@@ -198,6 +199,7 @@ __global__ void __launch_bounds__(SB) k_samp_z(const samp_par *P, const float *l
 }
 
 __global__ void __launch_bounds__(SB) k_samp_mass(const samp_par *P, const float *logits) {
+    CU_PDL();
     __shared__ double sv[32];
     __shared__ int si[32];
     __shared__ float sf[32];
@@ -253,7 +255,8 @@ __global__ void __launch_bounds__(SB) k_samp_mass(const samp_par *P, const float
 
 /* The last histogram bin the candidates need: with top-k, where k tokens are reached (all of
  * the top-k set, whose mass top-p is relative to); otherwise where top-p's mass is. */
-__global__ void k_samp_plan(const samp_par *P) { /* one warp */
+__global__ void k_samp_plan(const samp_par *P) {
+    CU_PDL(); /* one warp */
     if (P->mode != M_SORTED) return;
     ull before, need = P->top_p < 1 ? (ull)ceil(P->top_p * (double)*P->tot_all) : 0;
     int b = P->top_k ? w_cross(P->hc, NB, (ull)P->top_k, 1, &before) : w_cross(P->hm, NB, need, 1, &before);
@@ -261,6 +264,7 @@ __global__ void k_samp_plan(const samp_par *P) { /* one warp */
 }
 
 __global__ void __launch_bounds__(SB) k_samp_gather(const samp_par *P) {
+    CU_PDL();
     __shared__ double sv[32];
     __shared__ int si[32];
     __shared__ float sf[32];
@@ -425,6 +429,7 @@ __device__ __forceinline__ double s_uniform(ull *rng) { /* lily_rng_uniform: xor
 }
 
 __global__ void __launch_bounds__(FB) k_samp_finish(const samp_par *P, const float *logits, int *tok, const int *step) {
+    CU_PDL();
     __shared__ double sv[32];
     __shared__ int si[32];
     __shared__ float sf[32];

@@ -92,13 +92,13 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
     lw_mat W = mk_mat(t, bits, group, rows, cols, hold);
     float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * rows * 4), *Y = malloc((size_t)T * rows * 4);
     cpu_matmul(pool, &W, X, T, ref);
-    int nv = t == LW_Q && bits == 4 && cols % 64 == 0 ? 4 : 3; /* the FP16 GEMM takes 4-bit, cols % 64 */
+    int nv = t == LW_Q && cols % 64 == 0 ? 4 : 3; /* the FP16 GEMM takes 4- and 8-bit, cols % 64 */
     for (int vi = 0; vi < nv; vi++) {
         int v = vi == 3 ? 5 : vi;
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "matmul %s %s %dx%d T=%d",
-                 v == 5 ? "gemm-q4-fp16" : v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv", tname(t, bits), rows, cols, T);
+                 v == 5 ? "gemm-fp16" : v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv", tname(t, bits), rows, cols, T);
         for (size_t i = 0; i < (size_t)T * rows; i++) Y[i] = NAN;
         if (lct_matmul(&W, 1, X, T, v, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
         /* TF32 and FP16 tensor cores: 10-bit mantissas */
@@ -164,7 +164,7 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
     float *ref = malloc((size_t)T * K * rows * 4), *Y = malloc((size_t)T * K * rows * 4);
     for (int i = 0; i < T * K; i++) cpu_matmul(pool, &W[sel[i]], X + (size_t)(i / K) * cols, 1, ref + (size_t)i * rows);
     for (int v = 3; v < 7; v++) {
-        if (v == 5 || (v == 6 && (bits != 4 || cols % 64))) continue; /* 6: the FP16 grouped GEMM */
+        if (v == 5 || (v == 6 && cols % 64)) continue; /* 6: the FP16 grouped GEMM */
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "experts %s q%d E=%d %dx%d T=%d K=%d", v == 3 ? "slots" : v == 4 ? "grouped" : "grouped-fp16",
@@ -612,6 +612,7 @@ int main(int argc, char **argv) {
     }
     test_experts(pool, 4, 7, 96, 192, 70, 3);
     test_experts(pool, 8, 5, 33, 64, 1, 2);
+    test_experts(pool, 8, 5, 33, 128, 40, 2); /* 8-bit through the grouped FP16 GEMM */
     test_experts(pool, 4, 9, 70, 512, 2, 3);
     if (small) {
         test_experts(pool, 4, 64, 128, 128, 128, 8); /* 16 tokens an expert: 16-token tiles */
@@ -627,6 +628,7 @@ int main(int argc, char **argv) {
     test_gdn(9, 1, 3, 40, 24);
     test_gdn(small ? 128 : 512, small ? 2 : 16, small ? 4 : 32, 128, 128); /* full chunks (eight: the 35B-A3B heads) */
     test_gdn(130, 2, 4, 128, 128);   /* a partial last chunk */
+    if (!small) test_gdn(1000, 16, 32, 128, 128); /* a whole 1,000-token prompt at the real heads */
     test_rmsnorm(2048, 5);
     test_rmsnorm(129, 3);
     test_router(1, 256, 8);

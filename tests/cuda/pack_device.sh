@@ -11,6 +11,8 @@ make -s -j"$(nproc)" CUDA=1 CUDA_ARCH=sm_90a BUILD="$B" "$B/lily" "$B/lily-serve
 S=$(mktemp -d)
 mkdir -p "$S/bin/tests" "$S/lib" .fixtures
 cp "$B/lily" "$B/lily-server" "$B/lily-bench" "$B/cuda-kernel-test" "$S/bin/"
+# EXTRA: more files for bin/ (say, another commit's lily-bench, to compare on the same GPU)
+[ -n "${EXTRA:-}" ] && cp $EXTRA "$S/bin/"
 cp "$B"/tests/test_beside "$B"/tests/test_park "$B"/tests/test_batch "$B"/tests/test_sample_gen "$S/bin/tests/"
 strip "$S"/bin/* "$S"/bin/tests/* 2>/dev/null || true
 # every library but the C runtime's own, which the device has in a matching or newer version
