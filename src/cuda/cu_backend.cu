@@ -464,10 +464,20 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter;
-    {
+    if (T <= 8) {
         const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
         float *Y[4] = { s->rl, s->sg, s->su, s->sr };
         proj_group(s, SI ? 4 : 1, W, s->t, H, T, Y);
+    } else { /* the router and the shared expert's gate decide (which experts, how much of the
+              * shared one): exact fp32 tiles, so routing does not turn on the tensor cores'
+              * 10-bit mantissas (a near-tie in tests/fixtures/tinyq flipped an expert) */
+        cu_matmul_variant(q, 1, &L->router, s->t, H, T, s->rl, E);
+        if (SI) {
+            const dmat *W[2] = { &L->sh_gate, &L->sh_up };
+            float *Y[2] = { s->sg, s->su };
+            proj_group(s, 2, W, s->t, H, T, Y);
+            cu_matmul_variant(q, 1, &L->sh_router, s->t, H, T, s->sr, 1);
+        }
     }
     PM(s, "moe router|shared gate|up|gate");
     cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
