@@ -471,12 +471,12 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
     } else { /* the router and the shared expert's gate decide (which experts, how much of the
               * shared one): exact fp32 tiles, so routing does not turn on the tensor cores'
               * 10-bit mantissas (a near-tie in tests/fixtures/tinyq flipped an expert) */
-        cu_matmul_variant(q, 1, &L->router, s->t, H, T, s->rl, E);
+        cu_matmul_exact(q, &L->router, s->t, H, T, s->rl, E);
         if (SI) {
             const dmat *W[2] = { &L->sh_gate, &L->sh_up };
             float *Y[2] = { s->sg, s->su };
             proj_group(s, 2, W, s->t, H, T, Y);
-            cu_matmul_variant(q, 1, &L->sh_router, s->t, H, T, s->sr, 1);
+            cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1);
         }
     }
     PM(s, "moe router|shared gate|up|gate");

@@ -71,9 +71,13 @@ lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *
 /* ---- launchers (all asynchronous on `s`) ---- */
 /* Y[T][rows] = X[T][ldx..] . W^T; picks the matrix-vector kernel for small T. */
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
-/* Batches of at least this many rows run on the tensor cores (TF32); smaller ones in fp32. */
+/* The same in fp32 whatever T (the router and the shared expert's gate, whose outputs are
+ * decisions): matrix-vector, a warp a token for <= 8 weight rows, or fp32 tiles. */
+void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
+/* With the GEMM off (LILY_CU_GEMM=0), batches of at least this many rows run on the TF32 tiles. */
 #define CU_TC_MIN_T 128
-/* Forces one kernel: 0 = matrix-vector, 1 = tiled fp32, 2 = tiled TF32 tensor cores. For the kernel test. */
+/* Forces one kernel: 0 = matrix-vector, 1 = tiled fp32, 2 = tiled TF32 tensor cores, 7 = a warp a
+ * token (few weight rows). For the kernel test and cu_matmul_exact. */
 void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
 /* Expert rows: slot i uses expert eidx[i] and input row i / xdiv; Y row i. */
 void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float *X, int xdiv,

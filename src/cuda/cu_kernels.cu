@@ -693,7 +693,32 @@ static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, in
     else k_mv<8><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
 }
 
+/* A matrix of a few rows (the shared expert's gate: one) for many tokens, in fp32: a warp a
+ * token, the lanes over 8-column pieces. (The 64 x 64 tiles computed 63 rows of padding.) */
+__global__ void k_mm_rows(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y, int ldy) {
+    CU_PDL();
+    int t = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (t >= T) return;
+    const float *x = X + (size_t)t * ldx;
+    for (int r = 0; r < m.rows; r++) {
+        float acc = 0;
+        for (int c = lane * 8; c < m.cols; c += WARP * 8) {
+            float w[8];
+            load8(m, 0, r, c, w);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (c + j < m.cols) acc += w[j] * x[c + j];
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) Y[(size_t)t * ldy + r] = acc;
+    }
+}
+
 void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    if (variant == 7) {
+        k_mm_rows<<<(T + 7) / 8, 256, 0, s>>>(*W, X, ldx, T, Y, ldy);
+        return;
+    }
     if (variant == 0) {
         for (int t = 0; t < T; t += 8) mv_launch(s, W, X + (size_t)t * ldx, ldx, T - t < 8 ? T - t : 8, Y + (size_t)t * ldy, ldy);
         return;
@@ -702,6 +727,10 @@ void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *
     dim3 g((W->rows + TBM - 1) / TBM, (T + TBN - 1) / TBN, 1);
     if (variant == 1) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
     else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+}
+
+void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    cu_matmul_variant(s, T <= 8 ? 0 : W->rows <= 8 ? 7 : 1, W, X, ldx, T, Y, ldy);
 }
 
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {

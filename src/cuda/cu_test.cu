@@ -47,10 +47,10 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
     float *dys = (variant == 4 || variant == 6) ? (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc) : NULL;
     int bt = cu_moe_tile_rows(T * K, E), mt = cu_moe_max_tiles(T * K, E, bt);
     int *tiles = variant == 6 ? (int *)dput(&L, NULL, (size_t)mt * 4, st, &rc) : NULL;
-    if (!rc && variant >= 5 && !cu_gemm_q4_ok(&d, dx, cols))
+    if (!rc && (variant == 5 || variant == 6) && !cu_gemm_q4_ok(&d, dx, cols))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the FP16 GEMM does not take this matrix");
     if (!rc) {
-        if (variant <= 2) cu_matmul_variant(0, variant, &d, dx, cols, T, dy, rows);
+        if (variant <= 2 || variant == 7) cu_matmul_variant(0, variant, &d, dx, cols, T, dy, rows);
         else if (variant == 5) cu_gemm_q4(0, &d, dx, cols, T, dy, rows);
         else if (variant == 3) cu_matmul_slots(0, &d, ds, dx, K, cols, T * K, dy, rows);
         else {
