@@ -6,8 +6,8 @@
  * Why this shape: at prefill the cost is reading and dequantizing weights, not the
  * multiply. A block owns 64 weight rows; each 64-column step is one quantization group per
  * row, 2 KB of codes for the block, one 16-byte load per thread, dequantized once into shared
- * memory and reused by every token of the block's tile. The next two steps' codes and
- * inputs are in flight in registers while the tensor cores work on this one.
+ * memory and reused by every token of the block's tile. The next step's codes and inputs
+ * are loaded into registers while the tensor cores work on this one.
  *
  * Grouped mode (the MoE experts after cu_moe_sort): an expert gets T*K/E tokens on average
  * (16 at 512 tokens), so the token tile is chosen small and blocks walk a tile map of
@@ -82,84 +82,72 @@ __global__ void __launch_bounds__(QTHREADS) k_gemm_q4(dmat m, const float *__res
         }
     }
 
-    /* Two steps in flight: the codes, group constants and inputs of steps k and k + 64 are
-     * in registers while step k is dequantized and multiplied (with one, a block waited a
-     * full load latency every step: the grouped expert GEMMs read 1.1 TB/s). Buffer b of
-     * the pair serves steps 2i + b; indices are constants after unrolling, so registers. */
-    uint4 wq[2][BITS / 4];
-    float wsc[2] = { 0.f, 0.f }, wbi[2] = { 0.f, 0.f };
-    float4 xv[2][XL];
+    uint4 wq[BITS / 4];
 #pragma unroll
-    for (int b = 0; b < 2; b++)
-#pragma unroll
-        for (int i = 0; i < BITS / 4; i++) wq[b][i] = make_uint4(0, 0, 0, 0);
-#define Q_LOAD(b, k0)                                                                              \
-    do {                                                                                           \
-        if (wok) {                                                                                 \
-            size_t el_ = (size_t)(r0 + wr) * m.cols + (k0) + wc;                                   \
-            _Pragma("unroll") for (int i_ = 0; i_ < BITS / 4; i_++)                                \
-                wq[b][i_] = ((const uint4 *)(wb + el_ * BITS / 8))[i_];                            \
-            size_t gi_ = (size_t)(r0 + wr) * ng + ((k0) + wc) / m.group;                           \
-            wsc[b] = q_ld_sb(sp, m.sbt, gi_);                                                      \
-            wbi[b] = q_ld_sb(bp, m.sbt, gi_);                                                      \
-        }                                                                                          \
-        _Pragma("unroll") for (int i_ = 0; i_ < XL; i_++)                                          \
-            xv[b][i_] = xrow[i_] ? *(const float4 *)(xrow[i_] + (k0) + xc) : make_float4(0, 0, 0, 0); \
+    for (int i = 0; i < BITS / 4; i++) wq[i] = make_uint4(0, 0, 0, 0);
+    float wsc = 0.f, wbi = 0.f;
+    float4 xv[XL];
+#define Q_LOAD(k0)                                                                               \
+    do {                                                                                         \
+        if (wok) {                                                                               \
+            size_t el_ = (size_t)(r0 + wr) * m.cols + (k0) + wc;                                 \
+            _Pragma("unroll") for (int i_ = 0; i_ < BITS / 4; i_++)                              \
+                wq[i_] = ((const uint4 *)(wb + el_ * BITS / 8))[i_];                             \
+            size_t gi_ = (size_t)(r0 + wr) * ng + ((k0) + wc) / m.group;                         \
+            wsc = q_ld_sb(sp, m.sbt, gi_);                                                       \
+            wbi = q_ld_sb(bp, m.sbt, gi_);                                                       \
+        }                                                                                        \
+        _Pragma("unroll") for (int i_ = 0; i_ < XL; i_++)                                        \
+            xv[i_] = xrow[i_] ? *(const float4 *)(xrow[i_] + (k0) + xc) : make_float4(0, 0, 0, 0); \
     } while (0)
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[BT / 16];
 #pragma unroll
     for (int i = 0; i < BT / 16; i++) wmma::fill_fragment(acc[i], 0.0f);
-    Q_LOAD(0, 0);
-    if (QK < m.cols) Q_LOAD(1, QK);
-    for (int kp = 0; kp < m.cols; kp += 2 * QK) {
+    Q_LOAD(0);
+    for (int k0 = 0; k0 < m.cols; k0 += QK) {
+        { /* dequantize this step's codes and convert its inputs into shared memory */
+            uint32_t qw[BITS], hb[16];
 #pragma unroll
-        for (int b = 0; b < 2; b++) {
-            const int k0 = kp + b * QK;
-            if (k0 >= m.cols) break;
-            { /* dequantize this step's codes and convert its inputs into shared memory */
-                uint32_t qw[BITS], hb[16];
-#pragma unroll
-                for (int i = 0; i < BITS / 4; i++) {
-                    qw[4 * i] = wq[b][i].x; qw[4 * i + 1] = wq[b][i].y; qw[4 * i + 2] = wq[b][i].z; qw[4 * i + 3] = wq[b][i].w;
-                }
-                const int per = 32 / BITS; /* codes a word */
-                const uint32_t mask = (1u << BITS) - 1;
-#pragma unroll
-                for (int w = 0; w < BITS; w++)
-#pragma unroll
-                    for (int j = 0; j < per; j += 2) {
-                        __half2 h = q_h2(wsc[b] * (float)((qw[w] >> (BITS * j)) & mask) + wbi[b],
-                                         wsc[b] * (float)((qw[w] >> (BITS * j + BITS)) & mask) + wbi[b]);
-                        hb[w * (per / 2) + j / 2] = wok ? *(uint32_t *)&h : 0u;
-                    }
-                uint4 *dst = (uint4 *)(Ws + wr * QLD + wc);
-#pragma unroll
-                for (int j = 0; j < 4; j++) dst[j] = make_uint4(hb[4 * j], hb[4 * j + 1], hb[4 * j + 2], hb[4 * j + 3]);
-#pragma unroll
-                for (int i = 0; i < XL; i++) {
-                    __half2 a = q_h2(xv[b][i].x, xv[b][i].y), c2 = q_h2(xv[b][i].z, xv[b][i].w);
-                    uint2 v;
-                    v.x = *(uint32_t *)&a;
-                    v.y = *(uint32_t *)&c2;
-                    *(uint2 *)(Xs + (xt0 + 8 * i) * QLD + xc) = v;
-                }
+            for (int i = 0; i < BITS / 4; i++) {
+                qw[4 * i] = wq[i].x; qw[4 * i + 1] = wq[i].y; qw[4 * i + 2] = wq[i].z; qw[4 * i + 3] = wq[i].w;
             }
-            __syncthreads();
-            if (k0 + 2 * QK < m.cols) Q_LOAD(b, k0 + 2 * QK);
+            const int per = 32 / BITS; /* codes a word */
+            const uint32_t mask = (1u << BITS) - 1;
 #pragma unroll
-            for (int kk = 0; kk < QK; kk += 16) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-                wmma::load_matrix_sync(fb, Ws + (warp * 16) * QLD + kk, QLD);
+            for (int w = 0; w < BITS; w++)
 #pragma unroll
-                for (int i = 0; i < BT / 16; i++) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-                    wmma::load_matrix_sync(fa, Xs + (i * 16) * QLD + kk, QLD);
-                    wmma::mma_sync(acc[i], fa, fb, acc[i]);
+                for (int j = 0; j < per; j += 2) {
+                    __half2 h = q_h2(wsc * (float)((qw[w] >> (BITS * j)) & mask) + wbi,
+                                     wsc * (float)((qw[w] >> (BITS * j + BITS)) & mask) + wbi);
+                    hb[w * (per / 2) + j / 2] = wok ? *(uint32_t *)&h : 0u;
                 }
+            uint4 *dst = (uint4 *)(Ws + wr * QLD + wc);
+#pragma unroll
+            for (int j = 0; j < 4; j++) dst[j] = make_uint4(hb[4 * j], hb[4 * j + 1], hb[4 * j + 2], hb[4 * j + 3]);
+#pragma unroll
+            for (int i = 0; i < XL; i++) {
+                __half2 a = q_h2(xv[i].x, xv[i].y), b = q_h2(xv[i].z, xv[i].w);
+                uint2 v;
+                v.x = *(uint32_t *)&a;
+                v.y = *(uint32_t *)&b;
+                *(uint2 *)(Xs + (xt0 + 8 * i) * QLD + xc) = v;
             }
-            __syncthreads();
         }
+        __syncthreads();
+        if (k0 + QK < m.cols) Q_LOAD(k0 + QK);
+#pragma unroll
+        for (int kk = 0; kk < QK; kk += 16) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+            wmma::load_matrix_sync(fb, Ws + (warp * 16) * QLD + kk, QLD);
+#pragma unroll
+            for (int i = 0; i < BT / 16; i++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+                wmma::load_matrix_sync(fa, Xs + (i * 16) * QLD + kk, QLD);
+                wmma::mma_sync(acc[i], fa, fb, acc[i]);
+            }
+        }
+        __syncthreads();
     }
 #undef Q_LOAD
 #pragma unroll
