@@ -40,4 +40,13 @@ static inline float __low2float(__half2 h) { return __half2float(h.x); }
 static inline float __high2float(__half2 h) { return __half2float(h.y); }
 static inline __half __low2half(__half2 h) { return h.x; }
 static inline __half __high2half(__half2 h) { return h.y; }
+/* half2 arithmetic: each lane computed exactly (in double) and rounded once, as the GPU does
+ * (through float: a second rounding only where double's result is not a float already) */
+static inline __half2 __hsub2(__half2 a, __half2 b) {
+    return __floats2half2_rn((float)((double)__low2float(a) - __low2float(b)), (float)((double)__high2float(a) - __high2float(b)));
+}
+static inline __half2 __hfma2(__half2 a, __half2 b, __half2 c) {
+    return __floats2half2_rn((float)((double)__low2float(a) * __low2float(b) + __low2float(c)),
+                             (float)((double)__high2float(a) * __high2float(b) + __high2float(c)));
+}
 #endif

@@ -255,6 +255,13 @@ static inline long long __double_as_longlong(double d) { long long u; memcpy(&u,
 static inline double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
 static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+/* byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xffu) << (8 * i);
+    return r;
+}
 static inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
 static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
