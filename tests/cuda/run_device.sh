@@ -1,12 +1,11 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench batch optin   (default: build check kernels model bench batch)
+#   stages: build fixtures check kernels model bench batch variants   (default: build check kernels model bench batch)
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
-#   optin: the kernels that are off until verified on a GPU (LILY_CU_GEMM, LILY_CU_GDN_CHUNK):
-#          check and model with them on, then pp512/pp2048 with them off and on
+#   variants: check and pp512/pp2048 with LILY_CU_GEMM=0 and with LILY_CU_GDN_CHUNK=1, tg128 with LILY_CU_PDL=0
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
 #   FIX   folder with the fixtures tiny, tiny-mlx4 (default ../shared/fixtures); tests/fixtures is read too
 #   OUT   where logs go (default /tmp/lily-device)
@@ -58,18 +57,16 @@ for stage in $stages; do
     "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1 || { tail "$OUT/synth.log"; fail=1; }
     "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model.log" 2>&1 || fail=1
     cat "$OUT/model.log" ;;
-  optin)
-    for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
-      LILY_CU_GEMM=1 LILY_CU_GDN_CHUNK=1 "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" \
-        >"$OUT/optin_check.log" 2>&1 && echo "optin check $d: PASS" || { echo "optin check $d: FAIL"; cat "$OUT/optin_check.log"; fail=1; }
+  variants) # the paths kept for measuring: the older tiles (LILY_CU_GEMM=0), the chunked delta rule
+            # (LILY_CU_GDN_CHUNK=1, opt-in), the decode graph without programmatic launch (LILY_CU_PDL=0)
+    for v in LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=1; do
+      for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
+        env $v "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&
+          echo "$v check $d: PASS" || { echo "$v check $d: FAIL"; cat "$OUT/var_check.log"; fail=1; }
+      done
+      echo "## $v"; env $v "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done
-    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
-    LILY_CU_GEMM=1 LILY_CU_GDN_CHUNK=1 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/optin_model.log" 2>&1 || fail=1
-    cat "$OUT/optin_model.log"
-    for on in 0 1; do
-      echo "LILY_CU_GEMM=$on LILY_CU_GDN_CHUNK=$on:"
-      LILY_CU_GEMM=$on LILY_CU_GDN_CHUNK=$on "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/optin_bench.md"
-    done ;;
+    echo "## LILY_CU_PDL=0"; LILY_CU_PDL=0 "$BIN/lily-bench" --tests tg128 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md" ;;
   batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)
     "$BIN/lily-bench" --tests tg32x1@1024,tg32x2@1024,tg32x4@1024,tg32x8@1024,tg32x16@1024 --reps ${REPS:-5} -o md 2>&1 | tee "$OUT/batch.md"
     # the 2-8-row matrix-vector kernel (k_mvqb) against one row a lane group and against the older k_mv
