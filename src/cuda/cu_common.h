@@ -182,7 +182,8 @@ void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long lo
 void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
                     const float *SD, const float *sr, const float *nw, float eps, float *tout);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
-void cu_argmax(cudaStream_t s, const float *logits, int V, int *out);
+#define CU_ARGMAX_PARTS 64
+void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part /* [3 * CU_ARGMAX_PARTS] scratch */);
 void cu_set_int(cudaStream_t s, int *p, int v);
 /* A kernel of this build, to ask the runtime whether the GPU can run it. */
 const void *cu_probe_kernel(void);

@@ -56,7 +56,7 @@ static lily_code build_graph(lcuda_session *s, cu_sampler *smp, lily_status *st)
     LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
     cu_enqueue_forward(s, 1, 1);
     if (smp) cu_sampler_enqueue(smp, s->st, s->lg, s->d_tok, s->d_step);
-    else cu_argmax(s->st, s->lg, s->m->cfg.vocab, s->d_tok);
+    else cu_argmax(s->st, s->lg, s->m->cfg.vocab, s->d_tok, s->part); /* (attention is done with part by then) */
     cu_step_advance(s->st, s->d_tok, s->d_ids, s->d_pos, s->d_step, s->ring_d, LCU_RING);
     cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (e != cudaSuccess) return cu_fail(st, e, "graph capture of the decode step", __FILE__, __LINE__);

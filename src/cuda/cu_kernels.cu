@@ -1370,14 +1370,19 @@ void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, co
 }
 
 /* ---- token choice ---- */
-__global__ void k_argmax(const float *x, int V, int *out) {
+/* Greedy token and its log-probability in two launches: CU_ARGMAX_PARTS blocks each take a
+ * contiguous range (its max, the lowest index holding it, and the sum of exp(v - max) over the
+ * range), then one warp combines them. (One block of 1,024 threads walking the 248k logits
+ * twice took ~70 us a token: the sampler's grid passes were faster than plain greedy.) NaN
+ * counts as -inf; ties go to the lowest index. */
+__global__ void k_argmax_part(const float *x, int V, float *part) {
     CU_PDL();
-    __shared__ float sv[32];
+    __shared__ float sv[32], sh[32];
     __shared__ int si[32];
-    __shared__ float sh[32];
+    int per = (V + gridDim.x - 1) / gridDim.x, i0 = blockIdx.x * per, i1 = min(V, i0 + per);
     float bv = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
         float v = x[i];
         if (v != v) v = -INFINITY;
         if (bi == 0x7fffffff || v > bv) { bv = v; bi = i; }
@@ -1394,18 +1399,45 @@ __global__ void k_argmax(const float *x, int V, int *out) {
     for (int i = 1; i < (int)(blockDim.x / WARP); i++)
         if (sv[i] > bv || (sv[i] == bv && si[i] < bi)) { bv = sv[i]; bi = si[i]; }
     float sum = 0;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
         float v = x[i];
         if (v == v && bv != -INFINITY) sum += expf(v - bv);
     }
     sum = block_sum(sum, sh);
     if (threadIdx.x == 0) {
+        part[3 * blockIdx.x] = bv;
+        part[3 * blockIdx.x + 1] = __int_as_float(bi);
+        part[3 * blockIdx.x + 2] = sum;
+    }
+}
+__global__ void k_argmax_fin(const float *part, int np, int *out) {
+    CU_PDL();
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < np; i += WARP) {
+        float v = part[3 * i];
+        int k = __float_as_int(part[3 * i + 1]);
+        if (k != 0x7fffffff && (bi == 0x7fffffff || v > bv || (v == bv && k < bi))) { bv = v; bi = k; }
+    }
+    for (int o = 16; o; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+    }
+    float sum = 0;
+    for (int i = threadIdx.x; i < np; i += WARP) {
+        float v = part[3 * i];
+        if (v != -INFINITY && bv != -INFINITY) sum += part[3 * i + 2] * expf(v - bv);
+    }
+    sum = warp_sum(sum);
+    if (threadIdx.x == 0) {
         out[0] = bi == 0x7fffffff ? 0 : bi;
         out[1] = __float_as_int(-logf(sum));
     }
 }
-void cu_argmax(cudaStream_t s, const float *logits, int V, int *out) {
-    k_argmax<<<1, 1024, 0, s>>>(logits, V, out);
+void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part) {
+    k_argmax_part<<<CU_ARGMAX_PARTS, 256, 0, s>>>(logits, V, part);
+    k_argmax_fin<<<1, WARP, 0, s>>>(part, CU_ARGMAX_PARTS, out);
 }
 
 __global__ void k_set_int(int *p, int v) {
