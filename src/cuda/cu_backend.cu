@@ -276,7 +276,8 @@ void lcuda_session_free(lcuda_session *s) {
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
                      &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr };
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
-    int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles };
+    int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles,
+                   (int **)&s->fcount };
     for (size_t i = 0; i < sizeof il / sizeof *il; i++) cudaFree(*il[i]);
     for (int i = 0; i < LCU_SNAPSHOTS; i++) { cudaFree(s->snap_conv[i]); cudaFree(s->snap_S[i]); }
     if (s->ring_h) cudaFreeHost(s->ring_h);
@@ -321,11 +322,14 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
     {
         struct { int **p; size_t n; } ii[] = { { &s->d_ids, T }, { &s->d_pos, 1 }, { &s->d_tok, 2 }, { &s->d_step, 1 }, { &s->sel, T * K },
                                                 { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K },
-                                                { &s->tiles, (size_t)cu_moe_max_tiles((int)(T * K), (int)E, 16) } };
+                                                { &s->tiles, (size_t)cu_moe_max_tiles((int)(T * K), (int)E, 16) },
+                                                { (int **)&s->fcount, 1 } };
         for (size_t i = 0; i < sizeof ii / sizeof *ii; i++) {
             e = cudaMalloc((void **)ii[i].p, ii[i].n * sizeof(int));
             if (e != cudaSuccess) goto oom;
         }
+        e = cudaMemset(s->fcount, 0, sizeof(unsigned));
+        if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaMemset", __FILE__, __LINE__); goto fail; }
     }
     e = cudaHostAlloc((void **)&s->ring_h, LCU_RING * 2 * sizeof(int), cudaHostAllocMapped);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaHostAlloc", __FILE__, __LINE__); goto fail; }
@@ -460,11 +464,31 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
 }
 
 /* MoE; leaves x += moe(t) and, with nw, t = rmsnorm(x) * nw for the next layer. */
-static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
+/* Decode's MoE in two launches fewer: the router group's launch also adds the mixer's output
+ * to the residual and normalizes (mvq_fuse.add), and picks the top-k (mvq_fuse.sel). It needs
+ * the group's four matrices on the matrix-vector kernel and the E logits to fit its staged input. */
+static int moe_fused(const lcuda_session *s, const cu_layer *L, int T) {
+    const lily_config *c = &s->m->cfg;
+    if (T != 1 || !cu_fuse_enabled() || c->n_experts > c->hidden) return 0;
+    const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
+    for (int i = 0; i < (c->shared_inter ? 4 : 1); i++)
+        if (!cu_mvq_ok(W[i]) || W[i]->cols != c->hidden) return 0;
+    return 1;
+}
+
+/* add: the mixer's output when moe_fused (the residual add and norm not done yet), else NULL. */
+static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, const float *add) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter;
-    if (T <= 8) {
+    if (add) {
+        const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
+        float *Y[4] = { s->rl, s->sg, s->su, s->sr };
+        int ld[4] = { E, SI, SI, 1 };
+        mvq_fuse fu = { add, L->ln2, (float)c->eps, s->t, E, K, s->sel, s->wt, s->fcount };
+        cu_matvec_group(q, SI ? 4 : 1, W, s->x, NULL, H, Y, ld, NULL, 1, 1, &fu);
+        PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
+    } else if (T <= 8) {
         const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
         float *Y[4] = { s->rl, s->sg, s->su, s->sr };
         proj_group(s, SI ? 4 : 1, W, s->t, H, T, Y);
@@ -479,21 +503,23 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
             cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1);
         }
     }
-    PM(s, "moe router|shared gate|up|gate");
-    cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
-    PM(s, "moe top-k");
+    if (!add) {
+        PM(s, "moe router|shared gate|up|gate");
+        cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
+        PM(s, "moe top-k");
+    }
     const int *pos = NULL;
     if (T <= 8) { /* decode (and batches of up to 8 rows): one matrix-vector pass per (token, expert) slot */
         const dmat *W[2] = { &L->gate, &L->up };
         float *Y[2] = { s->hg, s->hu };
         int ld[2] = { I, I };
         if (cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down)) {
-            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K);
+            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K, NULL);
             PM(s, "moe experts gate|up");
             const dmat *Wd[1] = { &L->down };
             float *Yd[1] = { s->D };
             int ldd[1] = { H };
-            cu_matvec_group(q, 1, Wd, s->hg, s->hu, I, Yd, ldd, s->sel, 1, T * K);
+            cu_matvec_group(q, 1, Wd, s->hg, s->hu, I, Yd, ldd, s->sel, 1, T * K, NULL);
             PM(s, "moe experts swiglu+down");
         } else {
             cu_matmul_slots(q, &L->gate, s->sel, s->t, K, H, T * K, s->hg, I);
@@ -540,7 +566,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw) {
         PM(s, "moe shared swiglu+down");
         SD = s->SD;
     }
-    cu_moe_combine(q, s->x, s->D, pos, s->wt, T, K, H, SD, s->sr, nw, (float)c->eps, s->t);
+    cu_moe_combine(q, s->x, add, s->D, pos, s->wt, T, K, H, SD, s->sr, nw, (float)c->eps, s->t);
     PM(s, "moe combine + next norm");
 }
 
@@ -558,10 +584,13 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
         const cu_layer *L = &m->L[l];
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);
-        cu_rmsnorm(s->st, s->x, s->y, L->ln2, H, T, eps, s->t);
-        PM(s, "residual + norm");
+        const int fused = moe_fused(s, L, T);
+        if (!fused) {
+            cu_rmsnorm(s->st, s->x, s->y, L->ln2, H, T, eps, s->t);
+            PM(s, "residual + norm");
+        }
         /* the combine leaves the next layer's normed input, or the final norm's */
-        moe(s, L, T, l + 1 < c->n_layers ? m->L[l + 1].ln1 : m->norm);
+        moe(s, L, T, l + 1 < c->n_layers ? m->L[l + 1].ln1 : m->norm, fused ? s->y : NULL);
     }
     if (!logits) return;
     if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);

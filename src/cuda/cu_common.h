@@ -37,12 +37,28 @@ typedef struct {
 } dmat;
 
 #define MVQ_MAX 4
+/* Decode (one input row) fusions of the router group's launch, so the layer's MoE needs two
+ * launches fewer (cu_matvec_group with a fuse; off with LILY_CU_FUSE=0):
+ *   add != NULL: the staged input is rmsnorm(X + add) * nw (the post-mixer residual and norm;
+ *     block 0 writes it to tout; X itself is not written: the combine adds `add` again);
+ *   sel != NULL: the block that finishes matrix 0 last (count, a zeroed int, tells) picks the
+ *     top K of its E outputs (the router's logits) into sel/wt, as cu_router_topk. */
+typedef struct {
+    const float *add, *nw;
+    float eps;
+    float *tout;
+    int E, K;
+    int *sel;
+    float *wt;
+    unsigned *count;
+} mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
     float *y[MVQ_MAX];
     int ldy[MVQ_MAX];
     int blk0[MVQ_MAX + 1];
     int n;
+    mvq_fuse f;
 } mvq_args;
 
 /* Per-expert counts and offsets after the on-GPU sort of (token, slot) pairs by expert. */
@@ -91,7 +107,9 @@ int cu_mvq_ok(const dmat *W);
  * Y[i] = W[i] x, with x = silu(X) * X2 when X2. Slot mode when eidx: slot j uses expert
  * eidx[j], input row j / xdiv, output row j of each Y[i] (stride ldy[i]). */
 void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
-                     float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots);
+                     float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots, const mvq_fuse *fu);
+/* Whether decode uses the fused router group (mvq_fuse; default, LILY_CU_FUSE=0 for measuring). */
+int cu_fuse_enabled(void);
 /* The same for T input rows (decode batches; any T, 2-8 in one pass when cols <= 6144):
  * Y[i] + t * ldy[i] = W[i] x_t for t < T, x_t = X + t * ldx (silu(X) * X2 when X2). */
 void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T,
@@ -177,10 +195,11 @@ size_t cu_attention_part_floats(int T, int nh, int hd, int splits);
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt);
 void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos);
 void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long long n);
-/* x[t] += sum_k wt[t,k] D[row(t,k)] (+ sigmoid(sr[t]) SD[t] when SD). row = pos ? pos[t*K+k] : t*K+k.
- * With nw: tout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, fused). */
-void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
-                    const float *SD, const float *sr, const float *nw, float eps, float *tout);
+/* x[t] = (x[t] (+ add[t])) + sum_k wt[t,k] D[row(t,k)] (+ sigmoid(sr[t]) SD[t] when SD).
+ * row = pos ? pos[t*K+k] : t*K+k. add: the mixer's output when the residual add was left to here
+ * (mvq_fuse). With nw: tout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, fused). */
+void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
+                    int H, const float *SD, const float *sr, const float *nw, float eps, float *tout);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part /* [3 * CU_ARGMAX_PARTS] scratch */);

@@ -300,6 +300,8 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
  * of codes at a time; the input row is staged in shared memory (swizzled so the lanes'
  * float4 reads hit distinct banks), optionally as silu(X) * X2 (SwiGLU fused into the
  * down projection). Needs 4- or 8-bit codes, cols % 32 == 0, group % 32 == 0. ---- */
+__device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, float *wt);
+
 template <int LPR, int RW>
 __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
                                              const int *eidx, int xdiv) {
@@ -342,15 +344,40 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
         if (X2) x2 = X2 + (size_t)(slot / xdiv) * ldx;
         y += (size_t)slot * a.ldy[mi];
     }
-    for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
-        int c = i / 8, j = i % 8;
-        const float *p = x + c * 32 + j * 4;
-        float4 v = make_float4(p[0], p[1], p[2], p[3]);
-        if (X2) {
-            const float *p2 = x2 + c * 32 + j * 4;
-            v.x = silu_f(v.x) * p2[0]; v.y = silu_f(v.y) * p2[1]; v.z = silu_f(v.z) * p2[2]; v.w = silu_f(v.w) * p2[3];
+    if (a.f.add) { /* the residual add and the norm, fused (mvq_fuse) */
+        __shared__ float red[32];
+        float ss = 0;
+        for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
+            int c = i / 8, j = i % 8;
+            const float *p = x + c * 32 + j * 4, *ad = a.f.add + c * 32 + j * 4;
+            float4 v = make_float4(p[0] + ad[0], p[1] + ad[1], p[2] + ad[2], p[3] + ad[3]);
+            ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
+            xs[c * 8 + ((j + c) & 7)] = v;
         }
-        xs[c * 8 + ((j + c) & 7)] = v;
+        ss = block_sum(ss, red);
+        const float r = 1.0f / sqrtf(ss / m.cols + a.f.eps);
+        for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) { /* the same elements as this thread staged */
+            int c = i / 8, j = i % 8;
+            const float *w = a.f.nw + c * 32 + j * 4;
+            float4 v = xs[c * 8 + ((j + c) & 7)];
+            v.x = v.x * r * w[0]; v.y = v.y * r * w[1]; v.z = v.z * r * w[2]; v.w = v.w * r * w[3];
+            xs[c * 8 + ((j + c) & 7)] = v;
+            if (blockIdx.x == 0 && blockIdx.y == 0) {
+                float *o = a.f.tout + c * 32 + j * 4;
+                o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
+            int c = i / 8, j = i % 8;
+            const float *p = x + c * 32 + j * 4;
+            float4 v = make_float4(p[0], p[1], p[2], p[3]);
+            if (X2) {
+                const float *p2 = x2 + c * 32 + j * 4;
+                v.x = silu_f(v.x) * p2[0]; v.y = silu_f(v.y) * p2[1]; v.z = silu_f(v.z) * p2[2]; v.w = silu_f(v.w) * p2[3];
+            }
+            xs[c * 8 + ((j + c) & 7)] = v;
+        }
     }
     __syncthreads();
     const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
@@ -432,6 +459,18 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
         for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (rb + k < m.rows && sub == 0) y[rb + k] = v;
     }
+    if (a.f.sel && mi == 0) { /* the router's top-k by the block that finishes matrix 0 last (mvq_fuse) */
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(a.f.count, 1u) == (unsigned)(a.blk0[1] - a.blk0[0] - 1);
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            if (threadIdx.x < WARP) route_warp(a.y[0], a.f.E, a.f.K, (float *)xs, a.f.sel, a.f.wt);
+            if (threadIdx.x == 0) *a.f.count = 0;
+        }
+    }
 }
 
 int cu_mvq_ok(const dmat *W) {
@@ -439,10 +478,11 @@ int cu_mvq_ok(const dmat *W) {
 }
 
 void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
-                     float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots) {
+                     float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots, const mvq_fuse *fu) {
     mvq_args a;
     memset(&a, 0, sizeof a);
     a.n = n;
+    if (fu) a.f = *fu;
     int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8, nb = 0;
     /* rows per lane group: as many as keep at least two blocks per multiprocessor busy */
     int rows = 0;
@@ -614,6 +654,15 @@ static void mvqb_nb(int nb, int bits, cudaStream_t s, dim3 g, size_t sm, const m
     }
 }
 
+int cu_fuse_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("LILY_CU_FUSE");
+        on = !(e && atoi(e) == 0);
+    }
+    return on;
+}
+
 int cu_mvqb_enabled(void) {
     static int on = -1;
     if (on < 0) {
@@ -651,7 +700,7 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
         const float *x = X + (size_t)t0 * ldx, *x2 = X2 ? X2 + (size_t)t0 * ldx : NULL;
         float *y[MVQ_MAX];
         for (int i = 0; i < n; i++) y[i] = Y[i] + (size_t)t0 * ldy[i];
-        if (tn == 1) { cu_matvec_group(s, n, W, x, x2, ldx, y, NULL, NULL, 1, 1); continue; }
+        if (tn == 1) { cu_matvec_group(s, n, W, x, x2, ldx, y, NULL, NULL, 1, 1, NULL); continue; }
         mvq_args a;
         memset(&a, 0, sizeof a);
         a.n = n;
@@ -680,7 +729,7 @@ static void mv4_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, f
     const dmat *w[1] = { W };
     float *y[1] = { Y };
     int l[1] = { ldy };
-    cu_matvec_group(s, 1, w, X, NULL, ldx, y, l, eidx, xdiv, nslots);
+    cu_matvec_group(s, 1, w, X, NULL, ldx, y, l, eidx, xdiv, nslots, NULL);
 }
 
 static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
@@ -1259,19 +1308,16 @@ void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, 
 
 /* ---- MoE ---- */
 /* One warp per token: softmax over E, then K rounds of argmax (lowest index on ties). */
-__global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel, float *wt) {
-    CU_PDL();
-    extern __shared__ float pr[]; /* [warps][E] */
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int t = blockIdx.x * (blockDim.x / WARP) + warp;
-    if (t >= T) return;
-    float *p = pr + (size_t)warp * E;
-    const float *lg = logits + (size_t)t * E;
+/* One warp: softmax of a token's E router logits into p (shared), then K rounds of argmax
+ * (lowest id on ties) into sel/wt, the weights renormalized over the K. Logits are read
+ * past L1 (__ldcg): in k_mvq's fused form other blocks wrote them in this launch. */
+__device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, float *wt) {
+    int lane = threadIdx.x % WARP;
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, lg[e]);
+    for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, __ldcg(lg + e));
     mx = warp_max(mx);
     float sum = 0;
-    for (int e = lane; e < E; e += WARP) { float v = expf(lg[e] - mx); p[e] = v; sum += v; }
+    for (int e = lane; e < E; e += WARP) { float v = expf(__ldcg(lg + e) - mx); p[e] = v; sum += v; }
     sum = warp_sum(sum);
     for (int e = lane; e < E; e += WARP) p[e] = p[e] / sum;
     __syncwarp();
@@ -1287,13 +1333,21 @@ __global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel
             if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
         }
         if (bi >= E) bi = 0; /* only NaN logits (a defect upstream) leave no choice: stay in range */
-        if (lane == 0) { sel[t * K + j] = bi; wt[t * K + j] = bv; }
+        if (lane == 0) { sel[j] = bi; wt[j] = bv; }
         tot += bv;
         __syncwarp();
         if (lane == 0) p[bi] = -2.0f; /* taken */
         __syncwarp();
     }
-    for (int j = lane; j < K; j += WARP) wt[t * K + j] = wt[t * K + j] / tot;
+    for (int j = lane; j < K; j += WARP) wt[j] = wt[j] / tot;
+}
+__global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel, float *wt) {
+    CU_PDL();
+    extern __shared__ float pr[]; /* [warps][E] */
+    int warp = threadIdx.x / WARP;
+    int t = blockIdx.x * (blockDim.x / WARP) + warp;
+    if (t >= T) return;
+    route_warp(logits + (size_t)t * E, E, K, pr + (size_t)warp * E, sel + (size_t)t * K, wt + (size_t)t * K);
 }
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt) {
     int wpb = 4;
@@ -1339,7 +1393,7 @@ void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long lo
     k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(g, u, h, n);
 }
 
-__global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ D, const int *__restrict__ pos,
+__global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ D, const int *__restrict__ pos,
                               const float *__restrict__ wt, int K, int H, const float *__restrict__ SD,
                               const float *__restrict__ sr, const float *__restrict__ nw, float eps, float *__restrict__ tout) {
     CU_PDL();
@@ -1355,7 +1409,7 @@ __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ D
             y += wt[slot] * D[(size_t)row * H + i];
         }
         if (SD) y += gs * SD[(size_t)t * H + i];
-        float v = xr[i] + y;
+        float v = (add ? xr[i] + add[(size_t)t * H + i] : xr[i]) + y; /* (x + add) first, as the unfused norm did */
         xr[i] = v;
         ss += v * v;
     }
@@ -1364,9 +1418,9 @@ __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ D
     float r = 1.0f / sqrtf(ss / H + eps);
     for (int i = threadIdx.x; i < H; i += blockDim.x) tout[(size_t)t * H + i] = xr[i] * r * nw[i];
 }
-void cu_moe_combine(cudaStream_t s, float *x, const float *D, const int *pos, const float *wt, int T, int K, int H,
-                    const float *SD, const float *sr, const float *nw, float eps, float *tout) {
-    k_moe_combine<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, D, pos, wt, K, H, SD, sr, nw, eps, tout);
+void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
+                    int H, const float *SD, const float *sr, const float *nw, float eps, float *tout) {
+    k_moe_combine<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
 }
 
 /* ---- token choice ---- */

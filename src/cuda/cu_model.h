@@ -47,6 +47,7 @@ struct lcuda_session {
     float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
+    unsigned *fcount;              /* [1] the fused router group's block counter (mvq_fuse), 0 between launches */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;

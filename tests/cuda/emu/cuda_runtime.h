@@ -215,6 +215,7 @@ template <class T> static inline T __ldg(const T *p) { return *p; }
 /* Atomics: the fibers of a launch share one OS thread and switch only at barriers, so a
  * plain read-modify-write is atomic. */
 template <class T> static inline T atomicAdd(T *p, T v) { T o = *p; *p = o + v; return o; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
 template <class T> static inline T atomicSub(T *p, T v) { T o = *p; *p = o - v; return o; }
 template <class T> static inline T atomicMax(T *p, T v) { T o = *p; if (v > o) *p = v; return o; }
 template <class T> static inline T atomicMin(T *p, T v) { T o = *p; if (v < o) *p = v; return o; }
