@@ -5,7 +5,8 @@
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
-#   variants: check and pp512/pp2048 with LILY_CU_GEMM=0 and with LILY_CU_GDN_CHUNK=1, tg128 with LILY_CU_PDL=0
+#   variants: check and pp512/pp2048 with LILY_CU_GEMM=0 and with LILY_CU_GDN_CHUNK=1; tg128 and tg128s
+#             with LILY_CU_PDL=0, with LILY_CU_FUSE=0, and as they are
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
 #   FIX   folder with the fixtures tiny, tiny-mlx4 (default ../shared/fixtures); tests/fixtures is read too
 #   OUT   where logs go (default /tmp/lily-device)
@@ -66,7 +67,9 @@ for stage in $stages; do
       done
       echo "## $v"; env $v "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done
-    echo "## LILY_CU_PDL=0"; LILY_CU_PDL=0 "$BIN/lily-bench" --tests tg128 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md" ;;
+    for v in LILY_CU_PDL=0 LILY_CU_FUSE=0 X=default; do
+      echo "## $v"; env $v "$BIN/lily-bench" --tests tg128,tg128s --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
+    done ;;
   batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)
     "$BIN/lily-bench" --tests tg32x1@1024,tg32x2@1024,tg32x4@1024,tg32x8@1024,tg32x16@1024 --reps ${REPS:-5} -o md 2>&1 | tee "$OUT/batch.md"
     # the 2-8-row matrix-vector kernel (k_mvqb) against one row a lane group and against the older k_mv
