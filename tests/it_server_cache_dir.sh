@@ -65,6 +65,27 @@ grep -q "saved 1 conversations" "$T/err" && [ "$(echo "$kept" | wc -l)" = 1 ] &&
 serve "$T/m" --slots 1 --cache-mb 4 --cache-dir "$T/c2"
 grep -q "restored 0 conversations .*1 more did not fit" "$T/err" && ok "loading keeps to --cache-mb too" || bad "load budget: $(cat "$T/err")"
 
+# a crash: with --cache-sync-ms the folder catches up once the server is idle, so SIGKILL loses nothing
+serve "$T/m" --slots 1 --cache-mb 64 --cache-dir "$T/c3" --cache-sync-ms 200
+r3=$(chat "$A")
+a3=$(echo "$r3" | field 'r["choices"][0]["message"]["content"]')
+for _ in $(seq 100); do grep -q "synced 1 conversations" "$T/err" && break; sleep 0.1; done
+kill -KILL $sp; wait $sp 2>/dev/null; sp=
+[ "$(ls "$T/c3" | grep -c '\.lpark$')" = 1 ] && [ -z "$(ls "$T/c3" | grep tmp)" ] \
+  && ok "idle for --cache-sync-ms: the slot's conversation is in the folder before a SIGKILL" \
+  || bad "sync before the kill: $(ls "$T/c3"); $(cat "$T/err")"
+serve "$T/m" --slots 1 --cache-mb 64 --cache-dir "$T/c3" --cache-sync-ms 200
+r=$(chat "$(follow "$a3")")
+c3=$(echo "$r" | field 'r["usage"]["prompt_tokens_details"]["cached_tokens"]')
+grep -q "restored 1 conversations" "$T/err" && [ "$c3" -ge $((p1 - 12)) ] && [ "$(metric lily_unparked_total)" = 1 ] \
+  && ok "after SIGKILL and a restart the next turn resumes: $c3 cached tokens" \
+  || bad "after the kill: cached $c3 (first prompt $p1), unparked $(metric lily_unparked_total); $(cat "$T/err")"
+# the first turn's file gives way to the second's at the next sync (names follow the tokens)
+for _ in $(seq 100); do [ "$(grep -c "synced 1 conversations" "$T/err")" -ge 1 ] && break; sleep 0.1; done
+n3=$(ls "$T/c3" | grep -c '\.lpark$')
+stop
+[ "$n3" = 1 ] && ok "each sync leaves only the current conversation" || bad "after the second sync: $(ls "$T/c3")"
+
 serve "$T/m" --slots 1 --cache-mb 64 # a server that never stops
 a1b=$(chat "$A" | field 'r["choices"][0]["message"]["content"]')
 r=$(chat "$(follow "$a1b")")

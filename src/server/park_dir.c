@@ -1,7 +1,9 @@
 /* Parked conversations in a folder (--cache-dir), so a restarted server resumes them
  * without recomputing their prefixes. Files are complete or absent (lily_parked_save
- * writes through a temporary file); this keeps the folder holding exactly the current set. */
+ * writes through a temporary file) and named by a hash of their tokens, so a sync writes
+ * only conversations the folder lacks and leaves it holding exactly the current set. */
 #include <dirent.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <openssl/evp.h>
 #include <stdio.h>
@@ -21,16 +23,6 @@ static int ends_with(const char *s, const char *t) {
 
 /* a crashed save's temporary file: garbage by definition */
 static int is_tmp(const char *name) { return strstr(name, EXT ".tmp-") != NULL; }
-
-static void file_name(const lily_parked *p, char out[64]) {
-    int n;
-    const int32_t *t = lily_parked_tokens(p, &n);
-    unsigned char md[32];
-    unsigned int len = 0;
-    EVP_Digest(t, (size_t)n * sizeof *t, md, &len, EVP_sha256(), NULL);
-    for (int i = 0; i < 16; i++) sprintf(out + 2 * i, "%02x", md[i]);
-    strcpy(out + 32, EXT);
-}
 
 int srv_park_dir_load(const char *dir, const lily_model *m, void (*add)(void *u, lily_parked *p, double age), void *u) {
     DIR *d = opendir(dir);
@@ -67,35 +59,48 @@ int srv_park_dir_load(const char *dir, const lily_model *m, void (*add)(void *u,
     return n;
 }
 
-int srv_park_dir_save(const char *dir, const lily_model *m, lily_parked *const *ps, int n) {
-    char (*names)[64] = calloc((size_t)n + 1, sizeof *names);
-    if (!names) { fprintf(stderr, "lily-server: --cache-dir: out of memory\n"); return 0; }
+void srv_park_name(const int32_t *t, int n, char out[64]) {
+    unsigned char md[32];
+    unsigned int len = 0;
+    EVP_Digest(t, (size_t)n * sizeof *t, md, &len, EVP_sha256(), NULL);
+    for (int i = 0; i < 16; i++) sprintf(out + 2 * i, "%02x", md[i]);
+    strcpy(out + 32, EXT);
+}
+
+int srv_park_dir_sync(const char *dir, const lily_model *m, const srv_park_entry *es, int n, int (*stop)(void *), void *u) {
     char path[4096];
-    int saved = 0;
-    /* the least recent first, so file times keep the order for the next start */
+    int saved = 0, stopped = 0;
+    /* the least recent first: a file written (or touched) later is more recent at the next start */
     for (int i = n - 1; i >= 0; i--) {
-        file_name(ps[i], names[i]);
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        lily_status st = { 0 };
-        if (lily_parked_save(ps[i], m, path, &st)) {
-            fprintf(stderr, "lily-server: --cache-dir: %s\n", st.msg);
-            names[i][0] = 0;
-        } else {
+        snprintf(path, sizeof path, "%s/%s", dir, es[i].name);
+        if (!access(path, F_OK)) { /* the same tokens: the same conversation, already there */
+            utimensat(AT_FDCWD, path, NULL, 0);
             saved++;
+            continue;
         }
+        if (stopped || (stop && stop(u))) { stopped = 1; continue; }
+        lily_parked *p = es[i].p, *own = NULL;
+        lily_status st = { 0 };
+        if (!p && es[i].sess && lily_session_park(es[i].sess, &own, &st)) {
+            fprintf(stderr, "lily-server: --cache-dir: %s\n", st.msg);
+            continue;
+        }
+        if (!p) p = own;
+        if (p && lily_parked_save(p, m, path, &st)) fprintf(stderr, "lily-server: --cache-dir: %s\n", st.msg);
+        else if (p) saved++;
+        lily_parked_free(own);
     }
-    /* conversations no longer parked (resumed and saved under their new tokens, evicted,
+    /* conversations no longer held (resumed and saved under their new tokens, evicted,
      * unreadable) leave the folder */
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
         if (e->d_name[0] == '.' || (!ends_with(e->d_name, EXT) && !is_tmp(e->d_name))) continue;
         int keep = 0;
-        for (int i = 0; i < n && !keep; i++) keep = !strcmp(names[i], e->d_name);
+        for (int i = 0; i < n && !keep; i++) keep = !strcmp(es[i].name, e->d_name);
         if (keep) continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         unlink(path);
     }
     if (d) closedir(d);
-    free(names);
     return saved;
 }

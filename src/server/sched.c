@@ -47,6 +47,8 @@ struct srv_sched {
     int n_parked, cap_parked;
     size_t parked_bytes;
     int park_off;             /* the backend cannot park: stop trying */
+    int dirty;                /* conversations changed since the folder (--cache-dir) was synced */
+    double changed;           /* when, lily_now() */
 };
 
 srv_job *srv_job_new(void) {
@@ -139,6 +141,8 @@ static void release_slot(srv_sched *s, slot *sl, srv_finish f, const char *error
     sl->job = NULL;
     sl->last_used = lily_now();
     s->n_active--;
+    s->dirty = 1;
+    s->changed = sl->last_used;
     pthread_mutex_unlock(&s->mu);
     srv_job_unref(j);
 }
@@ -472,6 +476,8 @@ static void admit(srv_sched *s) {
     }
 }
 
+static void checkpoint(srv_sched *s);
+
 static void *sched_main(void *arg) {
     srv_sched *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -479,6 +485,23 @@ static void *sched_main(void *arg) {
         admit(s);
         if (s->quit) break;
         if (s->n_active == 0) {
+            if (s->dirty && s->o.cache_dir && s->o.park_bytes && s->o.cache_save_s > 0) {
+                double due = s->changed + s->o.cache_save_s, now = lily_now();
+                if (now >= due) { /* idle long enough: the folder catches up (requests wait meanwhile) */
+                    s->dirty = 0;
+                    pthread_mutex_unlock(&s->mu);
+                    checkpoint(s);
+                    pthread_mutex_lock(&s->mu);
+                    continue;
+                }
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                double w = due - now, at = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + w;
+                ts.tv_sec = (time_t)at;
+                ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+                pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+                continue;
+            }
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
@@ -511,22 +534,68 @@ static void load_one(void *u, lily_parked *p, double age) {
     parked_add(s, p, lily_now() - age);
 }
 
-static int by_recent(const void *a, const void *b) {
-    double x = ((const struct parked *)a)->used, y = ((const struct parked *)b)->used;
+/* The folder's set: every slot's conversation (parked only if the folder lacks it) and every
+ * parked one, most recently used first. */
+static int by_recent_entry(const void *a, const void *b) {
+    double x = ((const double *)a)[0], y = ((const double *)b)[0];
     return (x < y) - (x > y);
+}
+static int job_waiting(void *u) {
+    srv_sched *s = u;
+    pthread_mutex_lock(&s->mu);
+    int w = s->q_head != NULL || s->quit;
+    pthread_mutex_unlock(&s->mu);
+    return w;
+}
+static int sync_dir(srv_sched *s, int (*stop)(void *)) {
+    int n = 0, cap = s->n_parked + s->o.n_slots;
+    struct ent { double used; srv_park_entry e; } *es = calloc((size_t)cap + 1, sizeof *es);
+    if (!es) return 0;
+    for (int i = 0; i < s->o.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        int len = lily_session_len(sl->sess);
+        if (len < 1 || s->park_off) continue;
+        es[n].used = sl->last_used;
+        es[n].e.sess = sl->sess;
+        srv_park_name(lily_session_tokens(sl->sess), len, es[n].e.name);
+        n++;
+    }
+    for (int i = 0; i < s->n_parked; i++) {
+        int tn;
+        const int32_t *t = lily_parked_tokens(s->parked[i].p, &tn);
+        es[n].used = s->parked[i].used;
+        es[n].e.p = s->parked[i].p;
+        srv_park_name(t, tn, es[n].e.name);
+        n++;
+    }
+    qsort(es, (size_t)n, sizeof *es, by_recent_entry);
+    srv_park_entry *list = malloc(sizeof *list * (size_t)(n + 1));
+    int saved = 0;
+    if (list) {
+        for (int i = 0; i < n; i++) list[i] = es[i].e;
+        saved = srv_park_dir_sync(s->o.cache_dir, s->o.model, list, n, stop, s);
+    }
+    free(list);
+    free(es);
+    return saved;
+}
+
+/* On the scheduler thread, idle: a crash or SIGKILL from now on loses nothing finished. */
+static void checkpoint(srv_sched *s) {
+    double t0 = lily_now();
+    int n = sync_dir(s, job_waiting);
+    if (s->o.log_requests)
+        fprintf(stderr, "lily-server: --cache-dir: synced %d conversations to '%s' in %.0f ms\n", n, s->o.cache_dir,
+                (lily_now() - t0) * 1e3);
 }
 
 void srv_sched_save(srv_sched *s) {
     if (!s->o.cache_dir || !s->o.park_bytes || s->started) return;
     for (int i = 0; i < s->o.n_slots; i++) park_slot(s, &s->slots[i], s->slots[i].last_used);
-    qsort(s->parked, (size_t)s->n_parked, sizeof *s->parked, by_recent);
-    lily_parked **ps = malloc(sizeof *ps * (size_t)(s->n_parked + 1));
-    if (!ps) return;
-    for (int i = 0; i < s->n_parked; i++) ps[i] = s->parked[i].p;
-    int n = srv_park_dir_save(s->o.cache_dir, s->o.model, ps, s->n_parked);
+    for (int i = 0; i < s->o.n_slots; i++) lily_session_reset(s->slots[i].sess); /* parked: kept once */
+    int n = sync_dir(s, NULL);
     fprintf(stderr, "lily-server: --cache-dir: saved %d conversations (%.1f MB) to '%s'\n", n,
             s->parked_bytes / 1048576.0, s->o.cache_dir);
-    free(ps);
 }
 
 lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st) {

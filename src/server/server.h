@@ -184,6 +184,8 @@ typedef struct {
     int log_requests;         /* one stderr line per finished job */
     const char *cache_dir;    /* parked conversations are loaded from here at start and saved by
                                * srv_sched_save (NULL: kept in memory only) */
+    double cache_save_s;      /* with cache_dir: after this long idle with changes, the slots' and the
+                               * parked conversations are synced to it (0: only at shutdown) */
 } srv_sched_opts;
 
 lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st);
@@ -201,7 +203,19 @@ void srv_sched_save(srv_sched *s);
  * format version. Save writes ps[0..n) (most recent first) and removes every other *.lpark
  * file in dir; it returns how many it wrote, reporting failures on stderr. */
 int srv_park_dir_load(const char *dir, const lily_model *m, void (*add)(void *u, lily_parked *p, double age), void *u);
-int srv_park_dir_save(const char *dir, const lily_model *m, lily_parked *const *ps, int n);
+/* One conversation to keep in the folder: a parked one (p), or a live session's (sess,
+ * parked only when the folder lacks it); name from srv_park_name of its tokens. */
+typedef struct {
+    lily_parked *p;
+    lily_session *sess;
+    char name[64];
+} srv_park_entry;
+void srv_park_name(const int32_t *t, int n, char out[64]);
+/* Makes dir hold exactly es[0..n) (most recently used first): writes those it lacks, touches
+ * the others in order, deletes the rest. stop (may be NULL) is asked before each write; once
+ * it says so, no more are written (the rest of the set is still kept). Returns how many of
+ * es the folder holds. */
+int srv_park_dir_sync(const char *dir, const lily_model *m, const srv_park_entry *es, int n, int (*stop)(void *), void *u);
 /* New job owning nothing yet; the caller fills the submitter fields. refs = 1. */
 srv_job *srv_job_new(void);
 void srv_job_unref(srv_job *j);
