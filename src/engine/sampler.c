@@ -262,13 +262,24 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
         return LILY_OK;
     }
 
-    /* total mass over every token (top-p without top-k is relative to it) */
-    double total = 0;
-    if (top_p && !top_k)
-        for (int i = 0; i < vocab; i++) total += W(pen_logit(&pc, i) * inv_t - zmax);
+    /* total mass over every token (top-p without top-k is relative to it), and the mass by
+     * distance below zmax in 1/32 steps (to 64, then the rest), which sets the window */
+#define HB 2048
+    double total = 0, *hist = NULL, win_thr = -INFINITY;
+    if (top_p && !top_k) {
+        hist = calloc(HB + 1, sizeof *hist);
+        if (!hist) return lily_err(st, LILY_ENOMEM, "sampler: out of memory");
+        for (int i = 0; i < vocab; i++) {
+            double d = zmax - pen_logit(&pc, i) * inv_t;
+            if (!(d < INFINITY)) continue; /* -inf logits weigh nothing */
+            double w = W(-d);
+            total += w;
+            hist[d < 64 ? (int)(d * 32) : HB] += w;
+        }
+    }
 
     cand *c = malloc(sizeof *c * (size_t)(top_k ? top_k : vocab));
-    if (!c) return lily_err(st, LILY_ENOMEM, "sampler: out of memory");
+    if (!c) { free(hist); return lily_err(st, LILY_ENOMEM, "sampler: out of memory"); }
     int n = 0;
     if (top_k) { /* one pass with a min-heap of the k best (worst at the root) */
         for (int i = 0; i < vocab; i++) {
@@ -293,17 +304,25 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
                 c[k] = x;
             }
         }
-    } else for (double window = 2;; window *= 2) { /* top-p alone: a window that holds the nucleus */
-        double thr = window > 1e6 ? -INFINITY : zmax - window;
+    } else { /* top-p alone: one gather of a window that holds the nucleus, from the histogram
+              * (one bucket wider than needed; should its rounding still cut the nucleus short,
+              * the walk below sees it and everything is gathered) */
+        double need = p->top_p * total, m = 0;
+        win_thr = -INFINITY;
+        for (int b = 0; b < HB; b++) {
+            m += hist[b];
+            if (m >= need) { win_thr = b + 2 < HB ? zmax - (b + 2) / 32.0 : -INFINITY; break; }
+        }
+        if (win_thr < minp_thr) win_thr = minp_thr; /* min-p drops the rest anyway */
+    }
+    free(hist);
+gather:
+    if (!top_k) {
         n = 0;
         for (int i = 0; i < vocab; i++) {
             double z = pen_logit(&pc, i) * inv_t;
-            if (z >= thr && z > -INFINITY) { c[n].z = z; c[n].id = i; n++; }
+            if (z >= win_thr && z > -INFINITY) { c[n].z = z; c[n].id = i; n++; }
         }
-        if (thr == -INFINITY || thr <= minp_thr) break;
-        double m = 0; /* the window must carry top_p of the mass */
-        for (int i = 0; i < n; i++) m += W(c[i].z - zmax);
-        if (m >= p->top_p * total) break;
     }
     if (top_k) qsort(c, (size_t)n, sizeof *c, cand_cmp);
     else sort_window(c, n);
@@ -314,10 +333,14 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
             for (int i = 0; i < n; i++) total += W(c[i].z - zmax);
         }
         double acc = 0, need = p->top_p * total;
-        int keep = n;
-        for (int i = 0; i < n; i++) {
+        int keep = n, reached = 0;
+        for (int i = 0; i < n && !reached; i++) {
             acc += W(c[i].z - zmax);
-            if (acc >= need) { keep = i + 1; break; }
+            if (acc >= need) { keep = i + 1; reached = 1; }
+        }
+        if (!reached && !top_k && win_thr > minp_thr && win_thr > -INFINITY) {
+            win_thr = minp_thr; /* the window fell short of the nucleus: take all that min-p keeps */
+            goto gather;
         }
         n = keep;
     }
