@@ -481,25 +481,22 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter;
+    /* the router group: matrices reading the layer's normed input */
+    const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
+    float *RY[4] = { s->rl, s->sg, s->su, s->sr };
     if (add) {
-        const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
-        float *Y[4] = { s->rl, s->sg, s->su, s->sr };
         int ld[4] = { E, SI, SI, 1 };
         mvq_fuse fu = { add, L->ln2, (float)c->eps, s->t, E, K, s->sel, s->wt, s->fcount };
-        cu_matvec_group(q, SI ? 4 : 1, W, s->x, NULL, H, Y, ld, NULL, 1, 1, &fu);
+        cu_matvec_group(q, SI ? 4 : 1, RW, s->x, NULL, H, RY, ld, NULL, 1, 1, &fu);
         PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
     } else if (T <= 8) {
-        const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
-        float *Y[4] = { s->rl, s->sg, s->su, s->sr };
-        proj_group(s, SI ? 4 : 1, W, s->t, H, T, Y);
+        proj_group(s, SI ? 4 : 1, RW, s->t, H, T, RY);
     } else { /* the router and the shared expert's gate decide (which experts, how much of the
               * shared one): exact fp32 tiles, so routing does not turn on the tensor cores'
               * 10-bit mantissas (a near-tie in tests/fixtures/tinyq flipped an expert) */
         cu_matmul_exact(q, &L->router, s->t, H, T, s->rl, E);
         if (SI) {
-            const dmat *W[2] = { &L->sh_gate, &L->sh_up };
-            float *Y[2] = { s->sg, s->su };
-            proj_group(s, 2, W, s->t, H, T, Y);
+            proj_group(s, 2, RW + 1, s->t, H, T, RY + 1); /* shared gate and up */
             cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1);
         }
     }

@@ -26,6 +26,10 @@ extern "C" {
 #define CU_PDL() do { } while (0)
 #endif
 
+/* An on/off switch from the environment, read once into *cache (start it at -1): unset or
+ * empty gives def, a value starting with '0' off, any other on. (LILY_CU_GEMM, LILY_MVQB, ...) */
+int cu_env_flag(int *cache, const char *name, int def);
+
 /* A weight matrix on the device; experts of one tensor group sit at fixed strides. */
 typedef struct {
     int type;            /* lw_type: LW_F32, LW_BF16, LW_F16, LW_Q */
@@ -119,8 +123,8 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
 int cu_mvqb_enabled(void);
 void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
                        int ldx, int maxcount, float *Y, int ldy);
-/* The FP16 tensor-core GEMM for 4-bit weights (cu_gemm.cu): can it take W and X? (4-bit,
- * cols % 64 == 0, group % 32 == 0, X rows 16-byte aligned.) _enabled: whether the forward
+/* The FP16 tensor-core GEMM for 4- and 8-bit weights (cu_gemm.cu): can it take W and X?
+ * (4- or 8-bit, cols % 64 == 0, group % 32 == 0, X rows 16-byte aligned.) _enabled: whether the forward
  * pass uses it for T > 8 (default; LILY_CU_GEMM=0 for the older tiles, to measure against). */
 int cu_gemm_q4_ok(const dmat *W, const float *X, int ldx);
 int cu_gemm_q4_enabled(void);

@@ -15,11 +15,10 @@ static void graph_pdl(cudaGraph_t g) {
 #ifdef __CUDACC_EMU__ /* the emulator's graphs replay launches in order: nothing to overlap */
     (void)g;
 #else
-    static int on = -1;
+    static int env = -1, on = -1;
     if (on < 0) {
-        const char *e = getenv("LILY_CU_PDL");
         int dev = 0, major = 0;
-        on = !(e && *e == '0') && cudaGetDevice(&dev) == cudaSuccess &&
+        on = cu_env_flag(&env, "LILY_CU_PDL", 1) && cudaGetDevice(&dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
     }
     size_t n = 0;

@@ -14,7 +14,6 @@
  * u rows hold q (already normalized and scaled), k, v as the recurrent kernel reads them. */
 #include "cuda/cu_common.h"
 #include <math.h>
-#include <stdlib.h>
 
 #define GC 64 /* chunk */
 #define GLD (GC + 1)
@@ -217,14 +216,11 @@ int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const 
 
 /* Opt-in (LILY_CU_GDN_CHUNK=1). It passed the kernel test and lily check on the H200
  * (2026-11-30) but was no faster there than the recurrent kernel (pp512's delta rule 47.9 ms
- * either way: its SIMT products read shared memory with 32-way bank conflicts), and fed by
- * the FP16 GEMM's b/a projections it drifts on tests/fixtures/tinyq after the prefill
- * (continuation rel err 3e-2, recurrent 1e-3): see docs/cuda.md. */
+ * either way: its SIMT products read shared memory with 32-way bank conflicts); the staged
+ * recurrence (cu_gdn_staged.cu) replaced both at prefill. (On the emulator, with the FP16
+ * GEMM's inputs, it once drifted on tests/fixtures/tinyq's continuation, rel err 3e-2; with
+ * the router and shared-expert gate in fp32 it gives 1.1e-3.) */
 int cu_gdn_chunk_enabled(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("LILY_CU_GDN_CHUNK");
-        on = v && *v == '1';
-    }
-    return on;
+    return cu_env_flag(&on, "LILY_CU_GDN_CHUNK", 0);
 }

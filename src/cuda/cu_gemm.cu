@@ -16,7 +16,6 @@
 #include "cuda/cu_common.h"
 #include <cuda_fp16.h>
 #include <mma.h>
-#include <stdlib.h>
 using namespace nvcuda;
 
 #define QR 64        /* weight rows per block */
@@ -38,8 +37,8 @@ __device__ __forceinline__ __half2 q_h2(float a, float b) {
 }
 
 /* BT tokens x 64 rows per block, 4 warps: warp w computes rows 16w..16w+15 for all BT tokens.
- * BITS 4 or 8 (the 8-bit router and shared-expert gate): a thread's 32 codes a step are one
- * or two 16-byte loads. */
+ * BITS 4 or 8 (8-bit projections; the router and the shared-expert gate stay on fp32, see
+ * cu_matmul_exact): a thread's 32 codes a step are one or two 16-byte loads. */
 template <int BT, int BITS>
 __global__ void __launch_bounds__(QTHREADS) k_gemm_q4(dmat m, const float *__restrict__ X, int ldx, int T,
                                                       float *__restrict__ Y, int ldy, dsort so, int xdiv) {
@@ -187,11 +186,7 @@ int cu_gemm_q4_ok(const dmat *W, const float *X, int ldx) {
  * 2026-11-30); LILY_CU_GEMM=0 falls back to the TF32/SIMT tiles, for measuring. */
 int cu_gemm_q4_enabled(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("LILY_CU_GEMM");
-        on = !(v && *v == '0');
-    }
-    return on;
+    return cu_env_flag(&on, "LILY_CU_GEMM", 1);
 }
 
 void cu_gemm_q4(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {

@@ -654,22 +654,22 @@ static void mvqb_nb(int nb, int bits, cudaStream_t s, dim3 g, size_t sm, const m
     }
 }
 
+int cu_env_flag(int *cache, const char *name, int def) {
+    if (*cache < 0) {
+        const char *v = getenv(name);
+        *cache = v && *v ? *v != '0' : def;
+    }
+    return *cache;
+}
+
 int cu_fuse_enabled(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("LILY_CU_FUSE");
-        on = !(e && atoi(e) == 0);
-    }
-    return on;
+    return cu_env_flag(&on, "LILY_CU_FUSE", 1);
 }
 
 int cu_mvqb_enabled(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("LILY_MVQB");
-        on = !(e && atoi(e) == 0);
-    }
-    return on;
+    return cu_env_flag(&on, "LILY_MVQB", 1);
 }
 
 void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T,
@@ -841,16 +841,15 @@ void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int 
 /* Causal depthwise conv + SiLU, one thread a (token, channel): input n < 0 is the carried
  * state's entry n + K - 1. (A thread a channel walking the T tokens in order waited on one
  * load a token: 5 ms of a 512-token prefill.) The state is rewritten after, by k_conv_state. */
+__device__ __forceinline__ float conv_in(const float *mixed, const float *state, int cd, int K, int ch, int n) {
+    return n >= 0 ? mixed[(size_t)n * cd + ch] : state[(size_t)ch * (K - 1) + n + K - 1];
+}
 __global__ void k_conv(const float *mixed, const float *state, const float *w, int cd, int K, float *u) {
     CU_PDL();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
     if (ch >= cd) return;
     float s = 0;
-    for (int j = 0; j < K; j++) {
-        int n = t - (K - 1) + j;
-        float in = n >= 0 ? mixed[(size_t)n * cd + ch] : state[(size_t)ch * (K - 1) + n + K - 1];
-        s += w[(size_t)ch * K + j] * in;
-    }
+    for (int j = 0; j < K; j++) s += w[(size_t)ch * K + j] * conv_in(mixed, state, cd, K, ch, t - (K - 1) + j);
     u[(size_t)t * cd + ch] = silu_f(s);
 }
 /* The last K - 1 inputs become the state (from the old state when T < K - 1). */
@@ -859,10 +858,7 @@ __global__ void k_conv_state(const float *mixed, float *state, int cd, int K, in
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= cd) return;
     float h[8];
-    for (int j = 0; j < K - 1; j++) {
-        int n = T - (K - 1) + j;
-        h[j] = n >= 0 ? mixed[(size_t)n * cd + ch] : state[(size_t)ch * (K - 1) + n + K - 1];
-    }
+    for (int j = 0; j < K - 1; j++) h[j] = conv_in(mixed, state, cd, K, ch, T - (K - 1) + j);
     for (int j = 0; j < K - 1; j++) state[(size_t)ch * (K - 1) + j] = h[j];
 }
 void cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u) {
