@@ -86,6 +86,13 @@ int srv_peer_closed(int fd) {
     return 0;
 }
 
+void srv_abstime(double after_s, struct timespec *ts) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    long long ns = ts->tv_nsec + (long long)(after_s * 1e9);
+    ts->tv_sec += (time_t)(ns / 1000000000LL);
+    ts->tv_nsec = (long)(ns % 1000000000LL);
+}
+
 /* Waits on the job until `ready` holds (0), the client leaves (-1) or, when max_s > 0,
  * max_s seconds pass (1). Called with j->mu held. */
 int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg, double max_s) {
@@ -93,9 +100,7 @@ int srv_wait_job(srv_job *j, int fd, int (*ready)(srv_job *, void *), void *arg,
     while (!ready(j, arg)) {
         if (max_s > 0 && lily_now() - t0 >= max_s) return 1;
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        srv_abstime(0.05, &ts);
         pthread_cond_timedwait(&j->cv, &j->mu, &ts);
         if (!ready(j, arg) && srv_peer_closed(fd)) return -1;
     }

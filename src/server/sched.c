@@ -495,10 +495,7 @@ static void *sched_main(void *arg) {
                     continue;
                 }
                 struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                double w = due - now, at = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + w;
-                ts.tv_sec = (time_t)at;
-                ts.tv_nsec = (long)((at - (double)ts.tv_sec) * 1e9);
+                srv_abstime(due - now, &ts);
                 pthread_cond_timedwait(&s->cv, &s->mu, &ts);
                 continue;
             }
@@ -537,7 +534,7 @@ static void load_one(void *u, lily_parked *p, double age) {
 /* The folder's set: every slot's conversation (parked only if the folder lacks it) and every
  * parked one, most recently used first. */
 static int by_recent_entry(const void *a, const void *b) {
-    double x = ((const double *)a)[0], y = ((const double *)b)[0];
+    double x = ((const srv_park_entry *)a)->used, y = ((const srv_park_entry *)b)->used;
     return (x < y) - (x > y);
 }
 static int job_waiting(void *u) {
@@ -549,33 +546,27 @@ static int job_waiting(void *u) {
 }
 static int sync_dir(srv_sched *s, int (*stop)(void *)) {
     int n = 0, cap = s->n_parked + s->o.n_slots;
-    struct ent { double used; srv_park_entry e; } *es = calloc((size_t)cap + 1, sizeof *es);
+    srv_park_entry *es = calloc((size_t)cap + 1, sizeof *es);
     if (!es) return 0;
     for (int i = 0; i < s->o.n_slots; i++) {
         slot *sl = &s->slots[i];
         int len = lily_session_len(sl->sess);
         if (len < 1 || s->park_off) continue;
         es[n].used = sl->last_used;
-        es[n].e.sess = sl->sess;
-        srv_park_name(lily_session_tokens(sl->sess), len, es[n].e.name);
+        es[n].sess = sl->sess;
+        srv_park_name(lily_session_tokens(sl->sess), len, es[n].name);
         n++;
     }
     for (int i = 0; i < s->n_parked; i++) {
         int tn;
         const int32_t *t = lily_parked_tokens(s->parked[i].p, &tn);
         es[n].used = s->parked[i].used;
-        es[n].e.p = s->parked[i].p;
-        srv_park_name(t, tn, es[n].e.name);
+        es[n].p = s->parked[i].p;
+        srv_park_name(t, tn, es[n].name);
         n++;
     }
     qsort(es, (size_t)n, sizeof *es, by_recent_entry);
-    srv_park_entry *list = malloc(sizeof *list * (size_t)(n + 1));
-    int saved = 0;
-    if (list) {
-        for (int i = 0; i < n; i++) list[i] = es[i].e;
-        saved = srv_park_dir_sync(s->o.cache_dir, s->o.model, list, n, stop, s);
-    }
-    free(list);
+    int saved = srv_park_dir_sync(s->o.cache_dir, s->o.model, es, n, stop, s);
     free(es);
     return saved;
 }

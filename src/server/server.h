@@ -189,6 +189,9 @@ typedef struct {
 } srv_sched_opts;
 
 lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status *st);
+/* The CLOCK_REALTIME time after_s seconds from now, for pthread_cond_timedwait. */
+struct timespec;
+void srv_abstime(double after_s, struct timespec *ts);
 /* Stops the scheduler thread; every unfinished job ends with SRV_FINISH_SHUTDOWN. The
  * object stays valid (cancel, counts, submit refusing) until srv_sched_stop. */
 void srv_sched_shutdown(srv_sched *s);
@@ -209,6 +212,7 @@ typedef struct {
     lily_parked *p;
     lily_session *sess;
     char name[64];
+    double used;              /* lily_now() of its last use: orders the set (sync ignores it) */
 } srv_park_entry;
 void srv_park_name(const int32_t *t, int n, char out[64]);
 /* Makes dir hold exactly es[0..n) (most recently used first): writes those it lacks, touches
