@@ -407,6 +407,28 @@ static void test_json_strings(void) {
     }
 }
 
+/* Hangul syllables under NFC, expected bytes from the Unicode algorithm (found by the
+ * differential test: utf8proc 2.8 folds U+11A7 into a preceding LV syllable). */
+static void test_nfc_hangul(void) {
+    static const char *const cases[][2] = {
+        { "\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA7", "\xEA\xB0\x80\xE1\x86\xA7" },             /* L V T-base */
+        { "\xEA\xB0\x80\xE1\x86\xA7x", "\xEA\xB0\x80\xE1\x86\xA7x" },                         /* LV T-base */
+        { "\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8", "\xEA\xB0\x81" },                           /* L V T -> LVT */
+        { "\xEA\xB0\x80\xE1\x86\xA8", "\xEA\xB0\x81" },                                         /* LV T -> LVT */
+        { "\xEA\xB0\x80\xE1\x86\xA7\xCC\x81\xE1\x86\xA8", "\xEA\xB0\x80\xE1\x86\xA7\xCC\x81\xE1\x86\xA8" },
+        { "a\xE1\x86\xA7\xCC\x81", "a\xE1\x86\xA7\xCC\x81" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t nl = 0; int oom = 0;
+        const char *in = cases[i][0], *want = cases[i][1];
+        char *o = tok_normalize(TOK_NORM_NFC, in, strlen(in), &nl, &oom);
+        const char *got = o ? o : in;
+        size_t gl = o ? nl : strlen(in);
+        CHECK(!oom && gl == strlen(want) && !memcmp(got, want, gl), "NFC hangul case %zu", i);
+        free(o);
+    }
+}
+
 /* Rendered chat prompts (HF-generated ids, specials parsed). */
 static void test_chat_golden(tok_tokenizer *t) {
     json_t *g = json_load_file(DATA "/golden/chat/qwen3-chat-ids.json", 0, NULL);
@@ -541,6 +563,7 @@ int main(void) {
     if (v) { test_llama_vectors(v, "qwen35"); tok_free(v); }
     test_real_qwen35();
     test_json_strings();
+    test_nfc_hangul();
     test_fast_json(DATA "/qwen3/tokenizer.json", JSON_COMPACT, 0);
     test_fast_json(DATA "/qwen3/tokenizer.json", JSON_INDENT(2) | JSON_ENSURE_ASCII, 1);
     test_pcre_fallback(&rng);

@@ -276,8 +276,13 @@ static const uint32_t norm_unknown[][2] = {
     { 0x1E2EC, 0x1E2EF }, { 0x1E4EC, 0x1E4EF },
 };
 
+/* U+11A7 is the trailing-consonant base: no syllable composes with it (trailing jamo
+ * start at U+11A8), but utf8proc 2.8 folds it into a preceding LV syllable and loses it.
+ * It is a starter with no decomposition, so copying it as is and splitting there is
+ * exactly what NFC does with it. */
 static int is_norm_unknown(uint32_t cp) {
     if (cp < 0x7FD) return 0;
+    if (cp == 0x11A7) return 1;
     for (size_t i = 0; i < sizeof norm_unknown / sizeof norm_unknown[0]; i++)
         if (cp >= norm_unknown[i][0] && cp <= norm_unknown[i][1]) return 1;
     return 0;
