@@ -73,6 +73,11 @@ compare small-lstrip fuzz/corpus/tokenizer_json/small.json fuzz/corpus/tokenizer
 compare gpt2-bytelevel-regex fuzz/corpus/tokenizer_json/gpt2.json fuzz/corpus/tokenizer_json/gpt2.json "$tmp/old.hex" --special
 compare added-ids-rederived "$tmp/gapids.json" "$tmp/gapids.json" "$tmp/cases.hex" --special
 
+# NFC's hard cases, all of them rather than by chance: canonical composition pairs and
+# conjoining Hangul jamo (utf8proc and the library's tables part there)
+python3 tests/tok/nfc_cases.py > "$tmp/nfc.hex"
+compare nfc-pairs "$SRC" "$SRC" "$tmp/nfc.hex" --special
+
 # decoding random ids (many split UTF-8 sequences), with and without skipping specials
 $ORACLE genids "$((SEED+2))" "$N" 151669 > "$tmp/ids.txt"
 for skip in 0 1; do

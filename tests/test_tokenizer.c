@@ -407,8 +407,9 @@ static void test_json_strings(void) {
     }
 }
 
-/* Hangul syllables under NFC, expected bytes from the Unicode algorithm (found by the
- * differential test: utf8proc 2.8 folds U+11A7 into a preceding LV syllable). */
+/* NFC where utf8proc 2.8 and the reference part: Hangul (expected bytes from the Unicode
+ * algorithm; utf8proc folds U+11A7 into a preceding LV syllable and loses it) and a
+ * composition newer than the reference's tables. */
 static void test_nfc_hangul(void) {
     static const char *const cases[][2] = {
         { "\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA7", "\xEA\xB0\x80\xE1\x86\xA7" },             /* L V T-base */
@@ -417,6 +418,9 @@ static void test_nfc_hangul(void) {
         { "\xEA\xB0\x80\xE1\x86\xA8", "\xEA\xB0\x81" },                                         /* LV T -> LVT */
         { "\xEA\xB0\x80\xE1\x86\xA7\xCC\x81\xE1\x86\xA8", "\xEA\xB0\x80\xE1\x86\xA7\xCC\x81\xE1\x86\xA8" },
         { "a\xE1\x86\xA7\xCC\x81", "a\xE1\x86\xA7\xCC\x81" },
+        /* Dives Akuru O (Unicode 13): the reference's tables do not compose it */
+        { "\xF0\x91\xA4\xB5\xF0\x91\xA4\xB0", "\xF0\x91\xA4\xB5\xF0\x91\xA4\xB0" },
+        { "\xF0\x91\xA4\xB8", "\xF0\x91\xA4\xB8" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         size_t nl = 0; int oom = 0;

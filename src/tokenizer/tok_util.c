@@ -262,14 +262,16 @@ static int nfc_safe(uint32_t cp) {
 
 /* Marks whose normalization data (combining class, compositions) the reference's NFC does
  * not have yet (its tables predate Unicode 11), found by probing it with every code point
- * that has such data in utf8proc. It leaves them alone, as if unassigned: they block
- * reordering and composition, so the text is normalized piecewise around them. */
+ * that has such data in utf8proc, and U+11930/U+11938 (a composition pair of Unicode 13
+ * that single code points do not show), found by every canonical pair from Python's tables.
+ * It leaves them alone, as if unassigned: they block reordering and composition, so the
+ * text is normalized piecewise around them. */
 static const uint32_t norm_unknown[][2] = {
     { 0x7FD, 0x7FD }, { 0x898, 0x89F }, { 0x8CA, 0x8D3 }, { 0x9FE, 0x9FE }, { 0xC3C, 0xC3C },
     { 0xD3B, 0xD3C }, { 0xEBA, 0xEBA }, { 0x1715, 0x1715 }, { 0x1ABF, 0x1ACE }, { 0x1DF6, 0x1DFA },
     { 0xA82C, 0xA82C }, { 0x10D24, 0x10D27 }, { 0x10EAB, 0x10EAC }, { 0x10EFD, 0x10EFF },
     { 0x10F46, 0x10F50 }, { 0x10F82, 0x10F85 }, { 0x11070, 0x11070 }, { 0x1133B, 0x1133B },
-    { 0x1145E, 0x1145E }, { 0x11839, 0x1183A }, { 0x1193D, 0x1193E }, { 0x11943, 0x11943 },
+    { 0x1145E, 0x1145E }, { 0x11839, 0x1183A }, { 0x11930, 0x11930 }, { 0x11938, 0x11938 }, { 0x1193D, 0x1193E }, { 0x11943, 0x11943 },
     { 0x119E0, 0x119E0 }, { 0x11A34, 0x11A34 }, { 0x11A47, 0x11A47 }, { 0x11A99, 0x11A99 },
     { 0x11D42, 0x11D42 }, { 0x11D44, 0x11D45 }, { 0x11D97, 0x11D97 }, { 0x11F41, 0x11F42 },
     { 0x16FF0, 0x16FF1 }, { 0x1E08F, 0x1E08F }, { 0x1E130, 0x1E136 }, { 0x1E2AE, 0x1E2AE },
