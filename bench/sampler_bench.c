@@ -12,6 +12,9 @@ int main(void) {
     int V = 248320;
     float *lg = malloc(sizeof *lg * (size_t)V);
     int32_t *counts = calloc((size_t)V, sizeof *counts);
+    lily_rng cr; /* 300 generated tokens so far, for the penalty case */
+    lily_rng_seed(&cr, 7);
+    for (int k = 0; k < 300; k++) counts[lily_rng_u64(&cr) % (uint64_t)V]++;
     lily_rng r;
     lily_rng_seed(&r, 1);
     static const struct { const char *name; float t; int k; float p, pres; int lp; } cs[] = {

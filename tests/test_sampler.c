@@ -523,6 +523,98 @@ static void test_sum_exp(void) {
 #endif
 }
 
+/* The skipping scans against the plain ones (lily_sampler_scan_all): every mode, with
+ * penalties over sparse counts and prompt tokens, logit bias, allowed masks, logprobs,
+ * non-finite logits and ties; the same token, logprob and alternatives bit for bit. */
+static void test_skip_scans(void) {
+    enum { V = 4099 }; /* not a multiple of 8: the vector scans' tails */
+    static float lg[V];
+    static int32_t counts[V];
+    static uint8_t pm[V], allowed[V];
+    int bad = 0, cases = 0;
+    for (int rep = 0; rep < 400; rep++) {
+        float scale = rep % 3 == 0 ? 0.05f : rep % 3 == 1 ? 1.0f : 6.0f;
+        rand_logits(lg, V, scale);
+        if (rep % 4 == 1)
+            for (int i = 0; i < V; i++) lg[i] = roundf(lg[i] * 4) / 4 + (i % 9 == 0 ? -0.0f : 0.0f);
+        if (rep % 5 == 2)
+            for (int k = 0; k < 6; k++) {
+                static const float odd[] = { NAN, INFINITY, -INFINITY };
+                lg[lily_rng_u64(&trng) % V] = odd[k % 3];
+            }
+        memset(counts, 0, sizeof counts);
+        memset(pm, 0, sizeof pm);
+        int nseen = (int)(lily_rng_u64(&trng) % 40);
+        for (int k = 0; k < nseen; k++) {
+            int id = (int)(lily_rng_u64(&trng) % V);
+            if (k % 2) counts[id] += 1 + (int)(lily_rng_u64(&trng) % 3);
+            else pm[id] = 1;
+        }
+        if (rep % 7 == 3) counts[V - 1] = 2; /* in the scalar tail */
+        int use_mask = rep % 6 == 5;
+        for (int i = 0; i < V; i++) allowed[i] = lily_rng_u64(&trng) % 3 != 0;
+        int32_t bid[3];
+        float bval[3];
+        for (int k = 0; k < 3; k++) { bid[k] = (int32_t)(lily_rng_u64(&trng) % V); bval[k] = (float)(lily_rng_normal(&trng) * 5); }
+        lily_sampling p;
+        lily_sampling_default(&p);
+        int mode = rep % 8;
+        p.temperature = mode == 0 ? 0.0f : 0.2f + (float)lily_rng_uniform(&trng) * 1.5f;
+        if (mode == 1 || mode == 3 || mode == 6) p.top_k = 1 + (int)(lily_rng_u64(&trng) % 60);
+        if (mode == 2 || mode == 3) p.top_p = 0.5f + 0.49f * (float)lily_rng_uniform(&trng);
+        if (mode == 4) p.min_p = (float)lily_rng_uniform(&trng) * 0.3f;
+        if (rep % 3 == 0) p.presence_penalty = (float)(lily_rng_uniform(&trng) * 4 - 2);
+        if (rep % 3 == 1) p.frequency_penalty = (float)(lily_rng_uniform(&trng) * 4 - 2);
+        if (rep % 4 == 2) p.repetition_penalty = 0.5f + (float)lily_rng_uniform(&trng) * 1.5f;
+        if (rep % 5 == 4) { p.n_bias = 3; p.bias_ids = bid; p.bias_values = bval; }
+        p.n_logprobs = (int)(lily_rng_u64(&trng) % 21);
+        uint64_t seed = lily_rng_u64(&trng);
+        lily_token t[2];
+        lily_code rc[2];
+        for (int all = 0; all < 2; all++) {
+            lily_sampler_scan_all = all;
+            lily_rng r;
+            lily_rng_seed(&r, seed);
+            lily_status st;
+            rc[all] = lily_sample_logits_mask(lg, V, &p, &r, counts, pm, use_mask ? allowed : NULL, &t[all], &st);
+        }
+        lily_sampler_scan_all = 0;
+        cases++;
+        int same = rc[0] == rc[1] && (rc[0] || (t[0].id == t[1].id && !memcmp(&t[0].logprob, &t[1].logprob, sizeof(float)) &&
+                                               t[0].n_top == t[1].n_top &&
+                                               !memcmp(t[0].top_ids, t[1].top_ids, sizeof(int32_t) * (size_t)t[0].n_top) &&
+                                               !memcmp(t[0].top_logprobs, t[1].top_logprobs, sizeof(float) * (size_t)t[0].n_top)));
+        if (!same && bad++ < 5)
+            fprintf(stderr, "skip scans differ, rep %d (mode %d): rc %d/%d id %d/%d\n", rep, mode, rc[0], rc[1], t[0].id, t[1].id);
+    }
+    CHECK(bad == 0, "%d of %d draws differ between the skipping and the plain scans", bad, cases);
+#ifdef MM_HAVE_AVX2
+    if (!cpu_mm_avx2_available()) return;
+    int hbad = 0; /* the vector helpers alone, against their scalar definitions */
+    for (int rep = 0; rep < 2000; rep++) {
+        int n = 1 + (int)(lily_rng_u64(&trng) % 70), i0 = (int)(lily_rng_u64(&trng) % (unsigned)n);
+        for (int i = 0; i < n; i++) {
+            uint64_t k = lily_rng_u64(&trng) % 16;
+            lg[i] = k == 0 ? NAN : k == 1 ? INFINITY : k == 2 ? -INFINITY : k == 3 ? -0.0f : roundf((float)lily_rng_normal(&trng) * 4) / 4;
+            counts[i] = lily_rng_u64(&trng) % 23 == 0;
+            pm[i] = lily_rng_u64(&trng) % 29 == 0;
+        }
+        float thr = rep % 3 ? lg[lily_rng_u64(&trng) % (unsigned)n] : (float)lily_rng_normal(&trng);
+        if (thr != thr) thr = 0;
+        const int32_t *cc = rep % 2 ? counts : NULL;
+        const uint8_t *pp = rep % 4 >= 2 ? pm : NULL;
+        int want = n;
+        for (int i = i0; i < n && want == n; i++)
+            if (lg[i] > thr || (cc && cc[i]) || (pp && pp[i])) want = i;
+        float mx = -INFINITY;
+        for (int i = 0; i < n; i++)
+            if (isfinite(lg[i]) && lg[i] > mx) mx = lg[i];
+        hbad += next_above_avx2(lg, cc, pp, i0, n, thr) != want || max_finite_avx2(lg, n) != mx;
+    }
+    CHECK(hbad == 0, "next_above_avx2 / max_finite_avx2 disagree with their scalar loops %d times", hbad);
+#endif
+}
+
 int main(void) {
     uint64_t seed = t_seed("test_sampler");
     lily_rng_seed(&trng, seed);
@@ -536,5 +628,6 @@ int main(void) {
     test_mask();
     test_bias();
     test_sum_exp();
+    test_skip_scans();
     return T_DONE();
 }

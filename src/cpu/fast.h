@@ -48,6 +48,12 @@ void mm_rows_avx2(const mm_args *a, int r0, int r1);
 /* sum of exp(x[i] - m) over the finite x[i] (m >= every finite x): the sampler's log-partition.
  * A polynomial exp (relative error < 3e-7 a term) summed in double, 8 lanes at a time. */
 double sum_exp_avx2(const float *x, int n, float m);
+/* The sampler's scans, exact (the same answers as the scalar loops in sampler.c): the
+ * largest finite x[i] (-inf when none), and the first i in [i, n) where x[i] > thr or
+ * counts[i] != 0 or pm[i] != 0 (counts and pm may be NULL), n when none; NaN is never
+ * above. */
+float max_finite_avx2(const float *x, int n);
+int next_above_avx2(const float *x, const int32_t *counts, const uint8_t *pm, int i, int n, float thr);
 #endif
 
 /* 8-lane helpers for the fast sequence kernels (fast_gdn.c, fast_attn.c): dot products sum

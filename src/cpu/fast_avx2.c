@@ -9,6 +9,7 @@
 #ifdef MM_HAVE_AVX2
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define AI static inline __attribute__((always_inline))
@@ -233,6 +234,45 @@ TGT double sum_exp_avx2(const float *x, int n, float m) {
         if (v - v == 0) s += (double)expf(v - m);
     }
     return s;
+}
+
+/* |v| <= FLT_MAX: false for inf and NaN */
+TGT AI __m256 finite8(__m256 v) {
+    return _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v), _mm256_set1_ps(3.402823466e38f), _CMP_LE_OQ);
+}
+TGT float max_finite_avx2(const float *x, int n) {
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m = ninf;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        m = _mm256_max_ps(m, _mm256_blendv_ps(ninf, v, finite8(v)));
+    }
+    float l[8], r = -INFINITY;
+    _mm256_storeu_ps(l, m);
+    for (int j = 0; j < 8; j++) r = l[j] > r ? l[j] : r;
+    for (; i < n; i++)
+        if (x[i] - x[i] == 0 && x[i] > r) r = x[i];
+    return r;
+}
+TGT int next_above_avx2(const float *x, const int32_t *counts, const uint8_t *pm, int i, int n, float thr) {
+    const __m256 t = _mm256_set1_ps(thr);
+    for (; i + 8 <= n; i += 8) {
+        unsigned m = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), t, _CMP_GT_OQ));
+        if (counts) {
+            __m256i c = _mm256_loadu_si256((const __m256i *)(counts + i));
+            m |= ~(unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(c, _mm256_setzero_si256()))) & 0xffu;
+        }
+        if (pm) {
+            uint64_t b;
+            memcpy(&b, pm + i, 8);
+            for (int j = 0; j < 8; j++) m |= (unsigned)(((b >> (8 * j)) & 0xffu) != 0) << j;
+        }
+        if (m) return i + __builtin_ctz(m);
+    }
+    for (; i < n; i++)
+        if (x[i] > thr || (counts && counts[i]) || (pm && pm[i])) return i;
+    return n;
 }
 
 TGT void mm_rows_avx2(const mm_args *a, int r0, int r1) {

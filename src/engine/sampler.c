@@ -67,6 +67,43 @@ static inline double pen_logit(const pen_ctx *c, int i) {
     return z;
 }
 
+/* The scans over the row skip, eight at a time, what cannot change their answer: a token
+ * that no penalty touches has z = x, so one whose logit is not above the running best
+ * (the max, the greedy choice, the top-k heap's worst) is passed over exactly as the
+ * scalar loop would pass it. Penalized tokens (counts or prompt mask set) always stop the
+ * skip; a disallowed token only lowers z, so the bound still holds. */
+int lily_sampler_scan_all;
+
+static float row_max_finite(const float *x, int n) {
+#ifdef MM_HAVE_AVX2
+    if (!lily_sampler_scan_all && cpu_mm_avx2_available()) return max_finite_avx2(x, n);
+#endif
+    float r = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i]) && x[i] > r) r = x[i];
+    return r;
+}
+
+/* The first i in [i, n) that may beat thr (see above), n when none. */
+static int next_above(const pen_ctx *c, int i, int n, float thr) {
+    const int32_t *cnt = c->penalize ? c->counts : NULL;
+    const uint8_t *pm = c->penalize ? c->prompt_mask : NULL;
+    if (lily_sampler_scan_all) return i;
+#ifdef MM_HAVE_AVX2
+    if (cpu_mm_avx2_available()) return next_above_avx2(c->logits, cnt, pm, i, n, thr);
+#endif
+    for (; i < n; i++)
+        if (c->logits[i] > thr || (cnt && cnt[i]) || (pm && pm[i])) return i;
+    return n;
+}
+
+/* The largest float not above d (d not NaN). */
+static float float_below(double d) {
+    float f = (float)d;
+    if ((double)f > d) f = nextafterf(f, -INFINITY);
+    return f;
+}
+
 /* Relative weight exp(d) of a scaled logit d = z - zmax <= 0. Single precision: the
  * weights need ~7 digits, and expf is several times faster than exp over a 250k row. */
 #define W(d) ((double)expf((float)(d)))
@@ -122,7 +159,9 @@ static void sort_window(cand *c, int n) {
 static void fill_logprobs(const float *logits, int vocab, int n, double logz, lily_token *out) {
     if (n > vocab) n = vocab;
     out->n_top = 0;
+    const pen_ctx raw = { logits, NULL, NULL, NULL, NULL, 0 };
     for (int i = 0; i < vocab && n > 0; i++) {
+        if (out->n_top == n && (i = next_above(&raw, i, vocab, out->top_logprobs[n - 1])) >= vocab) break;
         float x = isfinite(logits[i]) ? logits[i] : -INFINITY;
         int k = out->n_top;
         /* insertion: strictly greater moves up, so earlier (lower) ids win ties */
@@ -168,9 +207,7 @@ lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sam
     memset(out, 0, sizeof *out);
 
     /* log-partition of the unmodified distribution, for logprobs */
-    double rmax = -INFINITY;
-    for (int i = 0; i < vocab; i++)
-        if (isfinite(logits[i]) && logits[i] > rmax) rmax = logits[i];
+    double rmax = row_max_finite(logits, vocab);
     if (rmax == -INFINITY) return lily_err(st, LILY_EINVAL, "sampler: logits row has no finite value");
     double rs = 0;
 #ifdef MM_HAVE_AVX2
@@ -212,9 +249,11 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
         double best = -INFINITY;
         int32_t id = -1;
         if (!pc.penalize && !allowed && row == logits) { /* the first maximum of the raw row */
-            for (id = 0; !(logits[id] == rmax); id++) {}
+            float below = nextafterf((float)rmax, -INFINITY);
+            for (id = next_above(&pc, 0, vocab, below); !(logits[id] == rmax); id = next_above(&pc, id + 1, vocab, below)) {}
             best = rmax;
         } else for (int i = 0; i < vocab; i++) {
+            if (id >= 0 && (i = next_above(&pc, i, vocab, float_below(best))) >= vocab) break;
             double z = pen_logit(&pc, i);
             if (id < 0 || z > best) { best = z; id = i; }
         }
@@ -228,7 +267,7 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
 
     double inv_t = 1.0 / p->temperature;
     double zmax = -INFINITY;
-    for (int i = 0; i < vocab; i++) {
+    for (int i = 0; (i = next_above(&pc, i, vocab, float_below(zmax))) < vocab; i++) {
         double z = pen_logit(&pc, i);
         if (z > zmax) zmax = z;
     }
@@ -282,7 +321,9 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
     if (!c) { free(hist); return lily_err(st, LILY_ENOMEM, "sampler: out of memory"); }
     int n = 0;
     if (top_k) { /* one pass with a min-heap of the k best (worst at the root) */
+        float thr = -INFINITY; /* once the heap is full: logits at most this cannot beat its worst */
         for (int i = 0; i < vocab; i++) {
+            if (n == top_k && (i = next_above(&pc, i, vocab, thr)) >= vocab) break;
             double z = pen_logit(&pc, i) * inv_t;
             if (z == -INFINITY) continue;
             cand x = { z, i };
@@ -302,6 +343,10 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
                     k = w;
                 }
                 c[k] = x;
+            }
+            if (n == top_k) { /* z = x inv_t for an untouched token; rounding is monotonic */
+                thr = float_below(c[0].z / inv_t);
+                while (thr > -INFINITY && (double)thr * inv_t > c[0].z) thr = nextafterf(thr, -INFINITY);
             }
         }
     } else { /* top-p alone: one gather of a window that holds the nucleus, from the histogram

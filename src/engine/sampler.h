@@ -50,6 +50,10 @@ lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sam
                                   const uint8_t *prompt_mask, const uint8_t *allowed,
                                   lily_token *out, lily_status *st);
 
+/* Tests only: nonzero makes the row scans visit every token (the plain loops the skipping
+ * ones must agree with, bit for bit). */
+extern int lily_sampler_scan_all;
+
 /* Validates p (the same checks lily_sample_logits makes). */
 lily_code lily_sampling_check(const lily_sampling *p, lily_status *st);
 
