@@ -81,6 +81,16 @@ t "greedy identical" python3 -c "import json,sys; a=json.load(open('$tmp/c1')); 
 SEEDED='{"messages":[{"role":"user","content":"Pick a word."}],"max_tokens":12,"temperature":1.0,"top_p":0.9,"seed":1234}'
 req s1 /v1/chat/completions "$SEEDED" >/dev/null; req s2 /v1/chat/completions "$SEEDED" >/dev/null
 t "seeded sampling repeats" python3 -c "import json,sys; a=json.load(open('$tmp/s1')); b=json.load(open('$tmp/s2')); sys.exit(0 if a['choices'][0]['message']==b['choices'][0]['message'] else 1)"
+# seeded draws made beside other streams (the scheduler draws the slots' tokens in parallel)
+# equal the same requests answered alone: four at once, penalties and top-k among them
+sbody() { echo "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell a story $1.\"}],\"max_tokens\":24,\"temperature\":1.1,\"top_p\":0.95,\"top_k\":$((10 + $1)),\"presence_penalty\":0.7,\"frequency_penalty\":0.3,\"seed\":$((900 + $1))}"; }
+for k in 1 2 3 4; do req alone$k /v1/chat/completions "$(sbody $k)" >/dev/null; done
+cpids=""; for k in 1 2 3 4; do req conc$k /v1/chat/completions "$(sbody $k)" >/dev/null & cpids="$cpids $!"; done; wait $cpids
+t "seeded streams drawn beside each other equal them alone" python3 -c "
+import json, sys
+for k in range(1, 5):
+    a = json.load(open('$tmp/alone%d' % k)); b = json.load(open('$tmp/conc%d' % k))
+    if a['choices'][0]['message'] != b['choices'][0]['message'] or a['usage']['completion_tokens'] != b['usage']['completion_tokens']: sys.exit(1)"
 STREAM=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['stream']=True; d['stream_options']={'include_usage':True}; print(json.dumps(d))" "$CHAT")
 t "stream 200" [ "$(req st1 /v1/chat/completions "$STREAM" -N)" = 200 ]
 t "stream framing and [DONE]" sse "$tmp/st1" 'frame and done and len(c)>=3'

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "engine/sampler.h"
 #include "server/server.h"
 #include "text/grammar.h"
@@ -25,6 +26,12 @@ typedef struct {
     uint8_t *pmask;    /* [vocab] the job's prompt tokens, for repetition_penalty (lily.h: over prompt
                         * and output, as transformers and vLLM apply it); allocated on first use */
     int pmask_on;
+    /* this round's draw, made beside the other slots' before the steps (draw_round) */
+    int drawn;
+    const float *draw_logits;
+    lily_token draw_tok;
+    int draw_rc;
+    lily_status draw_st;
 } slot;
 
 struct srv_sched {
@@ -49,6 +56,7 @@ struct srv_sched {
     int park_off;             /* the backend cannot park: stop trying */
     int dirty;                /* conversations changed since the folder (--cache-dir) was synced */
     double changed;           /* when, lily_now() */
+    lily_pool *pool;          /* draws the slots' tokens in parallel (NULL with one slot) */
 };
 
 srv_job *srv_job_new(void) {
@@ -204,6 +212,8 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb);
 static void step(srv_sched *s, slot *sl) {
     srv_job *j = sl->job;
     lily_status st = { 0 };
+    int drawn = sl->drawn;
+    sl->drawn = 0;
     if (atomic_load((_Atomic int *)&j->cancel)) { release_slot(s, sl, SRV_FINISH_CANCELLED, NULL); return; }
     if (j->state == 1) {
         int upto = s->o.prefill_chunk > 0 && j->n_prompt - j->n_fed > s->o.prefill_chunk ? j->n_fed + s->o.prefill_chunk
@@ -236,10 +246,20 @@ static void step(srv_sched *s, slot *sl) {
         if (upto == j->n_prompt) j->state = 2;
         return;
     }
-    const float *logits = lily_session_logits(sl->sess);
+    const float *logits;
     lily_token tok;
     int32_t *counts = penalized(&j->samp) ? sl->counts : NULL;
-    if (!logits || sample_next(s, sl, j, logits, counts, &tok, &st)) {
+    int bad;
+    if (drawn) {
+        logits = sl->draw_logits;
+        tok = sl->draw_tok;
+        st = sl->draw_st;
+        bad = sl->draw_rc != 0;
+    } else {
+        logits = lily_session_logits(sl->sess);
+        bad = !logits || sample_next(s, sl, j, logits, counts, &tok, &st);
+    }
+    if (bad) {
         release_slot(s, sl, SRV_FINISH_ERROR, logits ? st.msg : "no logits after prefill");
         return;
     }
@@ -286,6 +306,39 @@ static void step(srv_sched *s, slot *sl) {
     free(out);
     sl->pending = tok.id; /* fed by feed_round together with every other slot's token */
     sl->has_pending = 1;
+}
+
+/* Draws the next token of every slot that is generating, on the pool's threads: with
+ * many streams, sampling on the host is a share of each round (~0.2 ms a row in Qwen's
+ * default mode, 248K logits). Each draw touches only its own job (rng, grammar matcher)
+ * and slot (counts, masks), and the vocabulary tables are read-only, so the tokens are
+ * those of one-by-one draws. The logits are fetched first, here, one session at a time;
+ * step() then uses the draw, or draws itself where none was made. */
+typedef struct { srv_sched *s; slot **sl; } draw_ctx;
+
+static void draw_task(void *p, int i) {
+    draw_ctx *c = p;
+    slot *sl = c->sl[i];
+    srv_job *j = sl->job;
+    int32_t *counts = penalized(&j->samp) ? sl->counts : NULL;
+    memset(&sl->draw_st, 0, sizeof sl->draw_st);
+    sl->draw_rc = sample_next(c->s, sl, j, sl->draw_logits, counts, &sl->draw_tok, &sl->draw_st);
+}
+
+static void draw_round(srv_sched *s) {
+    slot *ready[SRV_MAX_SLOTS];
+    int n = 0;
+    for (int i = 0; s->pool && i < s->o.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        srv_job *j = sl->job;
+        if (!j || j->state != 2 || atomic_load((_Atomic int *)&j->cancel)) continue;
+        if (!(sl->draw_logits = lily_session_logits(sl->sess))) continue; /* step() reports it */
+        ready[n++] = sl;
+    }
+    if (n < 2) return;
+    draw_ctx c = { s, ready };
+    lily_pool_run(s->pool, n, draw_task, &c);
+    for (int i = 0; i < n; i++) ready[i]->drawn = 1;
 }
 
 /* Feeds every slot's sampled token in one batched pass (the weights are read once per
@@ -503,6 +556,7 @@ static void *sched_main(void *arg) {
             continue;
         }
         pthread_mutex_unlock(&s->mu);
+        draw_round(s);
         for (int i = 0; i < s->o.n_slots; i++)
             if (s->slots[i].job) step(s, &s->slots[i]);
         feed_round(s);
@@ -614,6 +668,10 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
         s->slots[i].counts = calloc((size_t)s->vocab, sizeof(int32_t));
         if (!s->slots[i].counts) { srv_sched_stop(s); return lily_err(st, LILY_ENOMEM, "out of memory"); }
     }
+    if (o->n_slots > 1) { /* at most a thread a slot; without it the draws are made one by one */
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        s->pool = lily_pool_new(nc > 0 && nc < o->n_slots ? (int)nc : o->n_slots);
+    }
     if (o->cache_dir && o->park_bytes) {
         int n = srv_park_dir_load(o->cache_dir, o->model, load_one, s);
         fprintf(stderr, "lily-server: --cache-dir: restored %d conversations (%.1f MB) from '%s'", s->n_parked,
@@ -651,6 +709,7 @@ void srv_sched_stop(srv_sched *s) {
         free(s->slots[i].allowed);
     }
     free(s->slots);
+    lily_pool_free(s->pool);
     while (s->n_parked) parked_drop(s, s->n_parked - 1);
     free(s->parked);
     pthread_mutex_destroy(&s->mu);
