@@ -494,10 +494,11 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
     } else { /* the router and the shared expert's gate decide (which experts, how much of the
               * shared one): exact fp32 tiles, so routing does not turn on the tensor cores'
               * 10-bit mantissas (a near-tie in tests/fixtures/tinyq flipped an expert) */
-        cu_matmul_exact(q, &L->router, s->t, H, T, s->rl, E);
+        /* s->D (the experts' down outputs, [T*K][H]) is free until the experts run */
+        cu_matmul_exact(q, &L->router, s->t, H, T, s->rl, E, s->D, (size_t)T * K * H);
         if (SI) {
             proj_group(s, 2, RW + 1, s->t, H, T, RY + 1); /* shared gate and up */
-            cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1);
+            cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1, NULL, 0);
         }
     }
     if (!add) {

@@ -92,8 +92,12 @@ lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *
 /* Y[T][rows] = X[T][ldx..] . W^T; picks the matrix-vector kernel for small T. */
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
 /* The same in fp32 whatever T (the router and the shared expert's gate, whose outputs are
- * decisions): matrix-vector, a warp a token for <= 8 weight rows, or fp32 tiles. */
-void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
+ * decisions): matrix-vector, a warp a token for <= 8 weight rows, or fp32 tiles, split along
+ * the columns when the tiles alone are too few blocks (partials in scr, [S][T][ldy], S <= 8,
+ * as many as scr_floats holds). */
+void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
+                     size_t scr_floats);
+int cu_splitk_enabled(void);
 /* With the GEMM off (LILY_CU_GEMM=0), batches of at least this many rows run on the TF32 tiles. */
 #define CU_TC_MIN_T 128
 /* Forces one kernel: 0 = matrix-vector, 1 = tiled fp32, 2 = tiled TF32 tensor cores, 7 = a warp a

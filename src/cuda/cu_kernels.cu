@@ -234,9 +234,12 @@ __global__ void __launch_bounds__(256) k_mm_tiled(dmat m, const float *__restric
     }
 }
 
-/* The same tile in plain fp32 FMA: exact to fp32, for small batches (the fixtures). */
+/* The same tile in plain fp32 FMA: exact to fp32, for small batches (the fixtures) and the
+ * router. Split-K (kslice < cols, dense only): block z sums columns [z kslice, (z+1) kslice)
+ * into its own partial, Y + z pstride, which k_sum_splits adds up in split order. */
 __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict__ X, int ldx, int T,
-                                                  float *__restrict__ Y, int ldy, dsort so, int xdiv) {
+                                                  float *__restrict__ Y, int ldy, dsort so, int xdiv, int kslice,
+                                                  size_t pstride) {
     CU_PDL();
     __shared__ float Ws[TBK][TBM + 4];
     __shared__ float Xs[TBK][TBN + 4];
@@ -249,6 +252,12 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
     }
     int r0 = blockIdx.x * TBM, t0 = blockIdx.y * TBN;
     if (t0 >= n) return;
+    int kbeg = 0, kend = m.cols;
+    if (!so.count && kslice < m.cols) {
+        kbeg = blockIdx.z * kslice;
+        kend = min(kbeg + kslice, m.cols);
+        Y += (size_t)blockIdx.z * pstride;
+    }
     /* this thread's loads: weight row lr, input row lt, columns seg..seg+7 */
     int lr = tid / 4, seg = (tid % 4) * 8;
     int lt = tid / 4;
@@ -259,14 +268,14 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
         xrow = X + (size_t)xr * ldx;
     }
     float acc[4][4] = {};
-    for (int k0 = 0; k0 < m.cols; k0 += TBK) {
+    for (int k0 = kbeg; k0 < kend; k0 += TBK) {
         float w8[8];
-        if (r0 + lr < m.rows && k0 + seg < m.cols) load8(m, e, r0 + lr, k0 + seg, w8);
+        if (r0 + lr < m.rows && k0 + seg < kend) load8(m, e, r0 + lr, k0 + seg, w8);
         else for (int j = 0; j < 8; j++) w8[j] = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) Ws[seg + j][lr] = w8[j];
 #pragma unroll
-        for (int j = 0; j < 8; j++) Xs[seg + j][lt] = (xrow && k0 + seg + j < m.cols) ? xrow[k0 + seg + j] : 0.f;
+        for (int j = 0; j < 8; j++) Xs[seg + j][lt] = (xrow && k0 + seg + j < kend) ? xrow[k0 + seg + j] : 0.f;
         __syncthreads();
 #pragma unroll 8
         for (int k = 0; k < TBK; k++) {
@@ -774,12 +783,48 @@ void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *
     }
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     dim3 g((W->rows + TBM - 1) / TBM, (T + TBN - 1) / TBN, 1);
-    if (variant == 1) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+    if (variant == 1) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0, W->cols, 0);
     else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
 }
 
-void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    cu_matmul_variant(s, T <= 8 ? 0 : W->rows <= 8 ? 7 : 1, W, X, ldx, T, Y, ldy);
+/* Y[t][r] = sum over splits, in split order (deterministic, unlike atomics). */
+__global__ void k_sum_splits(const float *P, int S, size_t pstride, int T, int rows, float *Y, int ldy) {
+    CU_PDL();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * rows) return;
+    size_t o = (i / rows) * ldy + i % rows;
+    float v = P[o];
+    for (int z = 1; z < S; z++) v += P[(size_t)z * pstride + o];
+    Y[o] = v;
+}
+
+/* The router at prefill is 256 rows: 64x64 fp32 tiles give 32 blocks at 512 tokens on 132
+ * SMs (~6 ms of pp512 over 40 layers, bench/RESULTS.md). Splitting the 2048 columns into up
+ * to 8 slices gives ~256 blocks; the slices' partials go to `scr` and are added in a second
+ * launch. Still fp32 throughout (each output is a sum of slice sums instead of one running
+ * sum: a different rounding, as the CPU's 8-lane order is). */
+void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
+                     size_t scr_floats) {
+    if (T <= 8 || W->rows <= 8) { cu_matmul_variant(s, T <= 8 ? 0 : 7, W, X, ldx, T, Y, ldy); return; }
+    int gx = (W->rows + TBM - 1) / TBM, gy = (T + TBN - 1) / TBN, tiles = gx * gy;
+    int S = tiles >= 128 || !cu_splitk_enabled() ? 1 : 256 / tiles;
+    size_t pstride = (size_t)T * ldy;
+    if (S > 8) S = 8;
+    if (S > W->cols / TBK) S = W->cols / TBK;
+    while (S > 1 && (size_t)S * pstride > scr_floats) S--;
+    if (S <= 1) { cu_matmul_variant(s, 1, W, X, ldx, T, Y, ldy); return; }
+    int kslice = ((W->cols + S - 1) / S + TBK - 1) / TBK * TBK;
+    S = (W->cols + kslice - 1) / kslice;
+    dsort none = { NULL, NULL, NULL, NULL, NULL };
+    k_mm_simt<<<dim3(gx, gy, S), 256, 0, s>>>(*W, X, ldx, T, scr, ldy, none, 0, kslice, pstride);
+    size_t n = (size_t)T * W->rows;
+    k_sum_splits<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(scr, S, pstride, T, W->rows, Y, ldy);
+}
+
+/* On by default; LILY_CU_SPLITK=0 runs the router's tiles unsplit, for measuring. */
+int cu_splitk_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_SPLITK", 1);
 }
 
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
@@ -799,7 +844,7 @@ void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float
 void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
                        int ldx, int maxcount, float *Y, int ldy) {
     dim3 g((W->rows + TBM - 1) / TBM, (maxcount + TBN - 1) / TBN, E);
-    if (maxcount < CU_TC_MIN_T) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
+    if (maxcount < CU_TC_MIN_T) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv, W->cols, 0);
     else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
 }
 

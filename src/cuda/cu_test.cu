@@ -51,6 +51,11 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
         rc = lily_err(st, LILY_EUNSUPPORTED, "the FP16 GEMM does not take this matrix");
     if (!rc) {
         if (variant <= 2 || variant == 7) cu_matmul_variant(0, variant, &d, dx, cols, T, dy, rows);
+        else if (variant == 8) {
+            size_t nscr = (size_t)8 * T * rows;
+            float *scr = (float *)dput(&L, NULL, nscr * 4, st, &rc);
+            if (!rc) cu_matmul_exact(0, &d, dx, cols, T, dy, rows, scr, nscr);
+        }
         else if (variant == 5) cu_gemm_q4(0, &d, dx, cols, T, dy, rows);
         else if (variant == 3) cu_matmul_slots(0, &d, ds, dx, K, cols, T * K, dy, rows);
         else {

@@ -93,16 +93,20 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
     float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * rows * 4), *Y = malloc((size_t)T * rows * 4);
     cpu_matmul(pool, &W, X, T, ref);
     int nv = t == LW_Q && cols % 64 == 0 ? 4 : 3; /* the FP16 GEMM takes 4- and 8-bit, cols % 64 */
-    for (int vi = 0; vi < nv + (rows <= 8); vi++) { /* and a warp a token for few rows */
-        int v = vi == nv ? 7 : vi == 3 ? 5 : vi;
+    int extra[2], ne = 0;
+    if (rows <= 8) extra[ne++] = 7;          /* a warp a token for few rows */
+    if (T > 8 && rows > 8) extra[ne++] = 8;  /* the exact router's split tiles */
+    for (int vi = 0; vi < nv + ne; vi++) {
+        int v = vi >= nv ? extra[vi - nv] : vi == 3 ? 5 : vi;
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "matmul %s %s %dx%d T=%d",
-                 v == 7 ? "rows-fp32" : v == 5 ? "gemm-fp16" : v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv", tname(t, bits), rows, cols, T);
+                 v == 8 ? "exact-splitk" : v == 7 ? "rows-fp32" : v == 5 ? "gemm-fp16" : v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv",
+                 tname(t, bits), rows, cols, T);
         for (size_t i = 0; i < (size_t)T * rows; i++) Y[i] = NAN;
         if (lct_matmul(&W, 1, X, T, v, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
         /* TF32 and FP16 tensor cores: 10-bit mantissas */
-        report(what, rel(Y, ref, (size_t)T * rows), v >= 2 && v != 7 ? 3e-3 : 1e-5);
+        report(what, rel(Y, ref, (size_t)T * rows), v >= 2 && v < 7 ? 3e-3 : 1e-5);
     }
     free(X); free(ref); free(Y);
     for (int i = 0; i < 3; i++) free(hold[i]);
@@ -570,6 +574,7 @@ int main(int argc, char **argv) {
         test_matmul(pool, LW_Q, 4, 64, 8192, 2048, 77);
         test_matmul(pool, LW_Q, 8, 64, 256, 2048, 1);
         test_matmul(pool, LW_Q, 8, 64, 256, 2048, 130);
+        test_matmul(pool, LW_Q, 8, 64, 256, 2048, 512); /* the router at pp512: split tiles */
         test_matmul(pool, LW_BF16, 0, 0, 4096, 2048, 5);
         test_matmul(pool, LW_BF16, 0, 0, 1000, 2048, 200);
     }
@@ -580,6 +585,7 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 9);
     test_matmul(pool, LW_Q, 8, 32, 65, 160, 67);
     test_matmul(pool, LW_BF16, 0, 0, 33, 100, 7);
+    test_matmul(pool, LW_BF16, 0, 0, 70, 100, 40); /* split tiles of 64 and 36 columns */
     test_matmul(pool, LW_F16, 0, 0, 70, 36, 65);
     test_matmul(pool, LW_F32, 0, 0, 129, 13, 3);
     test_matmul(pool, LW_F32, 0, 0, 1, 1000, 70);
