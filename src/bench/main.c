@@ -88,6 +88,8 @@ static int parse_test(const char *t, int *pp, int *n, int *nb, int *d) {
 /* nb sessions, each d tokens in, decoding n rounds together; host-clock milliseconds. */
 static lily_code time_batch(lcuda_session **ss, int nb, int n, int d, int vocab, float *logits, double *ms, lily_status *st) {
     int pos[64];
+    float *rows[64]; /* as lily_decode_batch: each session's row to its own (page-locked) buffer */
+    for (int i = 0; i < nb; i++) rows[i] = logits + (size_t)i * vocab;
     int32_t ids[64];
     uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)d;
     for (int i = 0; i < nb; i++) {
@@ -99,7 +101,7 @@ static lily_code time_batch(lcuda_session **ss, int nb, int n, int d, int vocab,
     double t0 = lily_now();
     for (int r = 0; r < n; r++) {
         for (int i = 0; i < nb; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; ids[i] = (int32_t)(x % (uint64_t)vocab); }
-        lily_code rc = lcuda_forward_batch(ss, ids, pos, nb, logits, st);
+        lily_code rc = lcuda_forward_batch(ss, ids, pos, nb, rows, st);
         if (rc) return rc;
         for (int i = 0; i < nb; i++) pos[i]++;
     }
@@ -155,7 +157,7 @@ int main(int argc, char **argv) {
     bs[0] = s;
     for (int i = 1; i < max_nb; i++)
         if (lcuda_session_new(m, &bs[i], &st)) { fprintf(stderr, "lily-bench: session %d: %s\n", i + 1, st.msg); return 1; }
-    float *blg = max_nb > 1 || strchr(tests, 'x') ? malloc((size_t)max_nb * cfg.vocab * sizeof(float)) : NULL;
+    float *blg = max_nb > 1 || strchr(tests, 'x') ? lcuda_host_alloc((size_t)max_nb * cfg.vocab * sizeof(float)) : NULL;
     if (flag(argc, argv, "--profile")) { /* where the time goes, stage by stage (events between launches, no graph) */
         static char rep[16384];
         int Ts[3] = { 1, 1, 512 }, Ps[3] = { 0, max_ctx > 4200 ? 4096 : 0, 0 };
@@ -236,7 +238,7 @@ int main(int argc, char **argv) {
     if (!strcmp(fmt, "json")) fprintf(out, "\n]\n");
     if (out != stdout) fclose(out);
     for (int i = 0; i < max_nb; i++) lcuda_session_free(bs[i]);
-    free(blg);
+    lcuda_host_free(blg);
     lcuda_model_free(m);
     return rc;
 }

@@ -33,16 +33,17 @@ static lily_code meta_grow(lcuda_session *s, int n, lily_status *st) {
     return LILY_OK;
 }
 
-static lily_code one_by_one(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *logits, lily_status *st) {
-    size_t V = (size_t)ss[0]->m->cfg.vocab;
+static lily_code one_by_one(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits,
+                            lily_status *st) {
     for (int i = 0; i < n; i++) {
-        lily_code rc = lcuda_forward(ss[i], &ids[i], 1, pos[i], logits + i * V, 0, st);
+        lily_code rc = lcuda_forward(ss[i], &ids[i], 1, pos[i], logits[i], 0, st);
         if (rc) return rc;
     }
     return LILY_OK;
 }
 
-lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *logits, lily_status *st) {
+lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits,
+                              lily_status *st) {
     if (n < 1) return lily_err(st, LILY_EINVAL, "empty decode batch");
     lcuda_model *m = ss[0]->m;
     for (int i = 0; i < n; i++) {
@@ -84,9 +85,26 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
     cu_enqueue_forward(c, n, 2);
     c->rows = NULL;
     LCU_CHECK(cudaGetLastError());
-    LCU_CHECK(cudaMemcpyAsync(logits, c->lg, (size_t)n * m->cfg.vocab * sizeof(float), cudaMemcpyDeviceToHost, c->st));
+    /* each row straight to its session's buffer (page-locked in lily's sessions: no staging
+     * copy, no [n][V] host array to fill and copy out again) */
+    size_t V = (size_t)m->cfg.vocab;
+    for (int i = 0; i < n; i++)
+        LCU_CHECK(cudaMemcpyAsync(logits[i], c->lg + i * V, V * sizeof(float), cudaMemcpyDeviceToHost, c->st));
     /* the staging table and ids are reused by the next batch: wait until this one has read them */
     LCU_CHECK(cudaStreamSynchronize(c->st));
     for (int i = 0; i < n; i++) ss[i]->pos = pos[i] + 1;
     return LILY_OK;
+}
+
+void *lcuda_host_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+void lcuda_host_free(void *p) {
+    if (p) cudaFreeHost(p);
 }

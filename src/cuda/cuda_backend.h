@@ -49,11 +49,18 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
                         int all_logits, lily_status *st);
 
 /* A decode batch: session ss[i] is fed ids[i] at position pos[i] (like lcuda_forward with
- * T = 1), all n in one pass that reads the weights once; logits [n][V] to host memory. The
- * sessions must be distinct and of one model. Each session's state ends exactly as if fed
- * alone. Batches the backend does not take in one pass (more rows than its chunk) are fed
- * one session at a time. */
-lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *logits, lily_status *st);
+ * T = 1), all n in one pass that reads the weights once; row i's logits [V] to host memory at
+ * logits[i] (best page-locked: lcuda_host_alloc). The sessions must be distinct and of one
+ * model. Each session's state ends exactly as if fed alone. Batches the backend does not take
+ * in one pass (more rows than its chunk) are fed one session at a time. */
+lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits,
+                              lily_status *st);
+
+/* Page-locked host memory (cudaHostAlloc), which device-to-host copies fill at the link's
+ * full speed instead of through a staging copy; NULL when it cannot be had (no GPU, built
+ * without CUDA): the caller then uses malloc. Freed with lcuda_host_free. */
+void *lcuda_host_alloc(size_t bytes);
+void lcuda_host_free(void *p);
 
 lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st);
 lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st);

@@ -40,10 +40,13 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
     (void)s; (void)ids; (void)T; (void)pos; (void)logits; (void)all_logits;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
-lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *logits, lily_status *st) {
+lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits,
+                              lily_status *st) {
     (void)ss; (void)ids; (void)pos; (void)n; (void)logits;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
+void *lcuda_host_alloc(size_t bytes) { (void)bytes; return NULL; }
+void lcuda_host_free(void *p) { (void)p; }
 lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st) { (void)s; (void)slot; return lily_err(st, LILY_EDEVICE, NO_GPU); }
 lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st) { (void)s; (void)slot; return lily_err(st, LILY_EDEVICE, NO_GPU); }
 lily_code lcuda_state_copy(lcuda_session *s, int to_host, int n, float *kv, float *conv, float *S, lily_status *st) {

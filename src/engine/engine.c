@@ -88,7 +88,10 @@ lily_code lily_session_new(lily_model *m, lily_session **out, lily_status *st) {
                                : cpu_cache_new(&m->w.cfg, m->max_ctx, &s->cache, st);
     if (rc) { free(s); return rc; }
     s->tokens = malloc((size_t)m->max_ctx * sizeof *s->tokens);
-    s->logits = malloc((size_t)m->w.cfg.vocab * sizeof *s->logits);
+    /* the GPU copies logits here after every feed and decode batch: page-locked memory takes
+     * them at full speed (pageable memory goes through a staging copy) */
+    if (m->use_cuda) s->logits_pinned = (s->logits = lcuda_host_alloc((size_t)m->w.cfg.vocab * sizeof *s->logits)) != NULL;
+    if (!s->logits) s->logits = malloc((size_t)m->w.cfg.vocab * sizeof *s->logits);
     if (!s->tokens || !s->logits) { lily_session_free(s); return lily_err(st, LILY_ENOMEM, "out of memory"); }
     lily_rng_seed(&s->rng, 0);
     *out = s;
@@ -103,7 +106,8 @@ void lily_session_free(lily_session *s) {
         free(s->snap[i].conv); free(s->snap[i].S); free(s->snap[i].tokens); free(s->snap[i].logits);
     }
     free(s->tokens);
-    free(s->logits);
+    if (s->logits_pinned) lcuda_host_free(s->logits);
+    else free(s->logits);
     free(s);
 }
 
@@ -168,28 +172,31 @@ lily_code lily_decode_batch(lily_session **ss, const int32_t *ids, int n, lily_s
     }
     if (n == 1) return engine_forward(ss[0], &ids[0], 1, NULL, st);
     int V = m->w.cfg.vocab;
-    cpu_cache **k = malloc((size_t)n * sizeof *k);
     int *pos = malloc((size_t)n * sizeof *pos);
-    float *lg = malloc((size_t)n * V * sizeof *lg);
-    if (!k || !pos || !lg) { free(k); free(pos); free(lg); return lily_err(st, LILY_ENOMEM, "out of memory"); }
-    for (int i = 0; i < n; i++) { k[i] = &ss[i]->cache; pos[i] = ss[i]->n; }
-    if (m->use_cuda) { /* one pass on the GPU (cu_batch.cu) */
+    if (!pos) return lily_err(st, LILY_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) pos[i] = ss[i]->n;
+    if (m->use_cuda) { /* one pass on the GPU (cu_batch.cu), each row's logits into its session */
         lcuda_session **cs = malloc((size_t)n * sizeof *cs);
-        lily_code rc = cs ? LILY_OK : lily_err(st, LILY_ENOMEM, "out of memory");
-        for (int i = 0; i < n && cs; i++) cs[i] = ss[i]->cuda;
-        if (!rc) rc = lcuda_forward_batch(cs, ids, pos, n, lg, st);
-        free(cs);
-        if (rc) { free(k); free(pos); free(lg); return rc; }
+        float **rows = malloc((size_t)n * sizeof *rows);
+        lily_code rc = cs && rows ? LILY_OK : lily_err(st, LILY_ENOMEM, "out of memory");
+        for (int i = 0; i < n && !rc; i++) { cs[i] = ss[i]->cuda; rows[i] = ss[i]->logits; }
+        if (!rc) rc = lcuda_forward_batch(cs, ids, pos, n, rows, st);
+        free(cs); free(rows); free(pos);
+        if (rc) return rc;
     } else {
+        cpu_cache **k = malloc((size_t)n * sizeof *k);
+        float *lg = malloc((size_t)n * V * sizeof *lg);
+        if (!k || !lg) { free(k); free(pos); free(lg); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+        for (int i = 0; i < n; i++) k[i] = &ss[i]->cache;
         cpu_forward_batch(&m->w, k, pos, m->pool, ids, n, lg);
+        for (int i = 0; i < n; i++) memcpy(ss[i]->logits, lg + (size_t)i * V, (size_t)V * sizeof *lg);
+        free(k); free(pos); free(lg);
     }
     for (int i = 0; i < n; i++) {
         lily_session *s = ss[i];
-        memcpy(s->logits, lg + (size_t)i * V, (size_t)V * sizeof *lg);
         s->tokens[s->n++] = ids[i];
         s->has_logits = 1;
     }
-    free(k); free(pos); free(lg);
     return LILY_OK;
 }
 

@@ -36,7 +36,8 @@ struct lily_session {
     void *cuda;       /* backend session state when the model runs on the GPU */
     int32_t *tokens;  /* [max_ctx] consumed tokens */
     int n;
-    float *logits;    /* [V] after the last fed token */
+    float *logits;    /* [V] after the last fed token; page-locked on the GPU backend when it can */
+    int logits_pinned;
     int has_logits;
     lily_snapshot snap[LILY_SNAPSHOTS];
     uint64_t clock;

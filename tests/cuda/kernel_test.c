@@ -344,8 +344,10 @@ static int batch_once(const char *name, const lily_config *c, int max_ctx, int n
         if (step == 0) for (int i = 0; i < n; i++) order[k++] = i;
         else for (int i = n - 1; i >= 1; i--) order[k++] = i; /* reversed, the first left out */
         for (int j = 0; j < k; j++) { ss[j] = a[order[j]]; p[j] = pos[order[j]]; t[j] = (int32_t)(lily_rng_u64(&rng) % (uint64_t)V); }
+        float *rows[16]; /* each row to its own place, as lily_decode_batch gives each session's */
+        for (int j = 0; j < k; j++) rows[j] = la + (size_t)j * V;
         for (int j = 0; j < k * V; j++) la[j] = NAN;
-        rc = lcuda_forward_batch(ss, t, p, k, la, &st);
+        rc = lcuda_forward_batch(ss, t, p, k, rows, &st);
         for (int j = 0; j < k && !rc; j++) {
             int i = order[j];
             rc = lcuda_forward(b[i], &t[j], 1, pos[i], lb, 0, &st);
