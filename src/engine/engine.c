@@ -182,7 +182,10 @@ lily_code lily_decode_batch(lily_session **ss, const int32_t *ids, int n, lily_s
         for (int i = 0; i < n && !rc; i++) { cs[i] = ss[i]->cuda; rows[i] = ss[i]->logits; }
         if (!rc) rc = lcuda_forward_batch(cs, ids, pos, n, rows, st);
         free(cs); free(rows); free(pos);
-        if (rc) return rc;
+        if (rc) { /* rows may be half copied: no session keeps logits it cannot vouch for */
+            for (int i = 0; i < n; i++) ss[i]->has_logits = 0;
+            return rc;
+        }
     } else {
         cpu_cache **k = malloc((size_t)n * sizeof *k);
         float *lg = malloc((size_t)n * V * sizeof *lg);
