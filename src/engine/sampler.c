@@ -364,7 +364,12 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
 gather:
     if (!top_k) {
         n = 0;
-        for (int i = 0; i < vocab; i++) {
+        float gthr = -INFINITY; /* untouched logits at most this scale below the window */
+        if (win_thr > -INFINITY) {
+            gthr = float_below(win_thr / inv_t);
+            while (gthr > -INFINITY && (double)gthr * inv_t >= win_thr) gthr = nextafterf(gthr, -INFINITY);
+        }
+        for (int i = 0; (i = next_above(&pc, i, vocab, gthr)) < vocab; i++) {
             double z = pen_logit(&pc, i) * inv_t;
             if (z >= win_thr && z > -INFINITY) { c[n].z = z; c[n].id = i; n++; }
         }
