@@ -236,6 +236,56 @@ static void attention(const lily_config *c, const lily_layer *L, int fi, const f
 }
 
 /* ---- sparse MoE ---- */
+/* The MoE's row work besides the matmuls, on the pool (at a 512-token chunk it is tens of
+ * MB of copies and two million expf a layer: serial, it would bound prefill on many cores).
+ * Every element is computed as the serial loop would: gather copies rows, swiglu is
+ * elementwise, and combine sums each token's experts in the same (sorted slot) order. */
+typedef struct {
+    int T, K, H, I, SI, TK;
+    const float *x, *de, *tw, *sd, *sr;
+    const int *slot;   /* [T*K] token t's j-th choice -> its row in the expert-sorted order */
+    float *xe, *ge, *ue, *sg, *su, *y;
+} moe_rows;
+
+enum { MOE_ROWS_PER_TASK = 8, MOE_ELEMS_PER_TASK = 16384 };
+
+static void moe_gather_task(void *p, int i) {
+    const moe_rows *r = p;
+    for (int t = i * MOE_ROWS_PER_TASK; t < r->T && t < (i + 1) * MOE_ROWS_PER_TASK; t++)
+        for (int j = 0; j < r->K; j++)
+            memcpy(r->xe + (size_t)r->slot[t * r->K + j] * r->H, r->x + (size_t)t * r->H, (size_t)r->H * sizeof(float));
+}
+
+static void moe_swiglu_task(void *p, int i) {
+    const moe_rows *r = p;
+    size_t ne = (size_t)r->TK * r->I, ns = (size_t)r->T * r->SI, a = (size_t)i * MOE_ELEMS_PER_TASK, b = a + MOE_ELEMS_PER_TASK;
+    for (size_t k = a; k < b && k < ne; k++) r->ge[k] = silu(r->ge[k]) * r->ue[k];
+    for (size_t k = a > ne ? a - ne : 0; k + ne < b && k < ns; k++) r->sg[k] = silu(r->sg[k]) * r->su[k];
+}
+
+static void moe_combine_task(void *p, int i) {
+    const moe_rows *r = p;
+    for (int t = i * MOE_ROWS_PER_TASK; t < r->T && t < (i + 1) * MOE_ROWS_PER_TASK; t++) {
+        int m[64];
+        for (int j = 0; j < r->K; j++) { /* this token's rows in ascending order, as the serial loop met them */
+            int v = r->slot[t * r->K + j], k = j;
+            while (k > 0 && m[k - 1] > v) { m[k] = m[k - 1]; k--; }
+            m[k] = v;
+        }
+        float *yt = r->y + (size_t)t * r->H;
+        for (int j = 0; j < r->K; j++) {
+            const float *d = r->de + (size_t)m[j] * r->H;
+            float w = r->tw[m[j]];
+            for (int h = 0; h < r->H; h++) yt[h] += w * d[h];
+        }
+        if (r->SI) {
+            float gsc = sigm(r->sr[t]);
+            const float *d = r->sd + (size_t)t * r->H;
+            for (int h = 0; h < r->H; h++) yt[h] += gsc * d[h];
+        }
+    }
+}
+
 static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, const float *x, int T, float *y) {
     int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter;
     float *logits = xmalloc((size_t)T * E * sizeof(float));
@@ -275,15 +325,19 @@ static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, cons
     for (int e = 0; e <= E; e++) off[e] = 0;
     for (int i = 0; i < TK; i++) off[sel[i] + 1]++;
     for (int e = 0; e < E; e++) off[e + 1] += off[e];
-    int *fillp = xmalloc((size_t)E * sizeof(int));
+    int *fillp = xmalloc((size_t)E * sizeof(int)), *slot = xmalloc((size_t)TK * sizeof(int));
     for (int e = 0; e < E; e++) fillp[e] = off[e];
     for (int t = 0; t < T; t++)
         for (int j = 0; j < K; j++) {
             int e = sel[t * K + j], m = fillp[e]++;
             tok[m] = t; tw[m] = wt[t * K + j];
-            memcpy(xe + (size_t)m * H, x + (size_t)t * H, (size_t)H * sizeof(float));
+            slot[t * K + j] = m;
         }
     free(fillp);
+    LILY_ASSERT(K <= 64);
+    moe_rows mr = { T, K, H, I, SI, TK, x, de, tw, NULL, NULL, slot, xe, ge, ue, NULL, NULL, y };
+    int row_tasks = (T + MOE_ROWS_PER_TASK - 1) / MOE_ROWS_PER_TASK;
+    lily_pool_run(pool, row_tasks, moe_gather_task, &mr);
     float *sg = NULL, *su = NULL, *sr = NULL, *sd = NULL;
     int nj = 0;
     for (int e = 0; e < E; e++) {
@@ -300,27 +354,20 @@ static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, cons
         jobs[nj++] = (cpu_mm_job){ &L->sh_router, x, T, sr };
     }
     cpu_matmul_many(pool, jobs, nj);
-    for (size_t i = 0; i < (size_t)TK * I; i++) ge[i] = silu(ge[i]) * ue[i];
+    mr.sg = sg; mr.su = su;
+    size_t nel = (size_t)TK * I + (SI ? (size_t)T * SI : 0);
+    lily_pool_run(pool, (int)((nel + MOE_ELEMS_PER_TASK - 1) / MOE_ELEMS_PER_TASK), moe_swiglu_task, &mr);
     nj = 0;
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (n) jobs[nj++] = (cpu_mm_job){ &L->down[e], ge + (size_t)off[e] * I, n, de + (size_t)off[e] * H };
     }
-    if (SI) {
-        for (size_t i = 0; i < (size_t)T * SI; i++) sg[i] = silu(sg[i]) * su[i];
-        jobs[nj++] = (cpu_mm_job){ &L->sh_down, sg, T, sd };
-    }
+    if (SI) jobs[nj++] = (cpu_mm_job){ &L->sh_down, sg, T, sd };
     cpu_matmul_many(pool, jobs, nj);
-    for (int m = 0; m < TK; m++)
-        for (int i = 0; i < H; i++) y[(size_t)tok[m] * H + i] += tw[m] * de[(size_t)m * H + i];
-    if (SI) {
-        for (int t = 0; t < T; t++) {
-            float gsc = sigm(sr[t]);
-            for (int i = 0; i < H; i++) y[(size_t)t * H + i] += gsc * sd[(size_t)t * H + i];
-        }
-        free(sg); free(su); free(sr); free(sd);
-    }
-    free(jobs); free(off);
+    mr.sd = sd; mr.sr = sr;
+    lily_pool_run(pool, row_tasks, moe_combine_task, &mr);
+    if (SI) { free(sg); free(su); free(sr); free(sd); }
+    free(jobs); free(off); free(slot);
     free(logits); free(sel); free(wt); free(xe); free(ge); free(ue); free(de); free(tok); free(tw);
 }
 
