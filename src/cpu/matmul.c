@@ -69,40 +69,54 @@ static void many_task(void *p, int i) {
 }
 
 /* Permuted X and group sums for a quantized W, shared with an earlier job that has the
- * same input and code layout (gate and up projections read the same X). */
-static void prepare_q(job_state *s, const job_state *prev, int nprev, const cpu_mm_job *job) {
+ * same input and code layout (gate and up projections read the same X): returns the job
+ * whose buffers s uses (-1: its own, allocated here and filled by fill_q). */
+static int prepare_q(job_state *s, const job_state *prev, int nprev, const cpu_mm_job *job) {
     const lw_mat *W = job->W;
     for (int i = 0; i < nprev; i++) {
         const lw_mat *P = prev[i].a.W;
         if (prev[i].src == job->X && prev[i].a.T == job->T && P->type == LW_Q && P->bits == W->bits &&
-            P->group == W->group && P->cols == W->cols) {
-            s->a.X = prev[i].a.X;
-            s->a.xsum = prev[i].a.xsum;
-            return;
-        }
+            P->group == W->group && P->cols == W->cols)
+            return i;
     }
     int T = job->T, n = W->cols, ng = n / W->group;
     s->own = malloc(((size_t)T * n + (size_t)T * ng) * sizeof(float));
     LILY_ASSERT(s->own);
-    mm_permute(W, job->X, T, s->own);
-    float *xs = s->own + (size_t)T * n;
+    s->a.X = s->own;
+    s->a.xsum = s->own + (size_t)T * n;
+    return -1;
+}
+
+static void fill_q(const job_state *s) {
+    const lw_mat *W = s->a.W;
+    int T = s->a.T, n = W->cols, ng = n / W->group;
+    float *xs = (float *)s->a.xsum;
+    mm_permute(W, s->src, T, (float *)s->a.X);
     for (int t = 0; t < T; t++)
         for (int g = 0; g < ng; g++) {
-            const float *x = job->X + (size_t)t * n + (size_t)g * W->group;
+            const float *x = s->src + (size_t)t * n + (size_t)g * W->group;
             float sum = 0;
             for (int e = 0; e < W->group; e++) sum += x[e];
             xs[(size_t)t * ng + g] = sum;
         }
-    s->a.X = s->own;
-    s->a.xsum = xs;
+}
+
+typedef struct { job_state *j; const int *own; } fill_ctx;
+
+static void fill_task(void *p, int i) {
+    fill_ctx *c = p;
+    fill_q(&c->j[c->own[i]]);
 }
 
 /* Runs the jobs `fn` supports in one region; returns how many it left for the caller. */
 static void run_fast(lily_pool *pool, const cpu_mm_job *jobs, int n, mm_rows_fn fn, int *left) {
     job_state stack[64];
+    int ostack[64];
     job_state *st = n <= 64 ? stack : malloc((size_t)n * sizeof *st);
-    LILY_ASSERT(st);
-    int m = 0, tasks = 0;
+    int *own = n <= 64 ? ostack : malloc((size_t)n * sizeof *own);
+    LILY_ASSERT(st && own);
+    int m = 0, tasks = 0, nown = 0;
+    size_t fill_floats = 0;
     for (int i = 0; i < n; i++) {
         const cpu_mm_job *j = &jobs[i];
         left[i] = 0;
@@ -113,15 +127,26 @@ static void run_fast(lily_pool *pool, const cpu_mm_job *jobs, int n, mm_rows_fn 
         s->a = (mm_args){ j->W, j->T, j->W->rows, j->W->cols, j->X, NULL, j->Y };
         s->src = j->X;
         s->fn = fn;
-        if (j->W->type == LW_Q) prepare_q(s, st, m - 1, j);
+        if (j->W->type == LW_Q) {
+            int from = prepare_q(s, st, m - 1, j);
+            if (from >= 0) { s->a.X = st[from].a.X; s->a.xsum = st[from].a.xsum; }
+            else { own[nown++] = m - 1; fill_floats += (size_t)j->T * j->W->cols; }
+        }
         s->rows_per = task_rows(j->W->cols);
         s->first_task = tasks;
         tasks += (j->W->rows + s->rows_per - 1) / s->rows_per;
     }
+    /* The inputs' permutation and group sums: on the pool when there is enough of it (the
+     * MoE's experts at prefill: every routed token's row once more), else right here, where
+     * a hand-off would cost more than it saves (decode). Same values either way. */
+    fill_ctx fc = { st, own };
+    if (fill_floats >= 65536 && nown > 1) lily_pool_run(pool, nown, fill_task, &fc);
+    else for (int i = 0; i < nown; i++) fill_q(&st[own[i]]);
     many_ctx c = { st, m };
     lily_pool_run(pool, tasks, many_task, &c);
     for (int i = 0; i < m; i++) free(st[i].own);
     if (st != stack) free(st);
+    if (own != ostack) free(own);
 }
 
 int cpu_matmul_kind(lily_pool *pool, const cpu_mm_job *jobs, int n, cpu_mm_kind kind) {
