@@ -75,20 +75,29 @@ static int check_calls(const char *text, size_t n, json_t *tools, const char *on
 }
 
 /* Walks: random allowed tokens, then, more and more often, tokens that continue one of
- * the closing strings (longest overlap with the text's end first) so walks finish. */
+ * the closing strings (longest overlap with the text's end first) so walks finish. Only
+ * closers the grammar would take whole from here count: inside a free-text parameter a
+ * walk otherwise kept starting "}\n</tool_call>" (which the value may not contain) and
+ * could run out of steps (CI seed 33773388002). */
 static const char *const CLOSERS[] = { "\n</parameter>\n", "</function>\n</tool_call>", "}\n</tool_call>", "\"", "}", "]", NULL };
 
-static int pick(const gram_vocab *v, const tok_tokenizer *t, const uint8_t *al, int32_t *cand, int nc,
+static int pick(const gram_grammar *g, const tok_tokenizer *t, const uint8_t *al, int32_t *cand, int nc,
                 const char *out, size_t on, int closing) {
     if (!closing) return cand[rnd(nc)];
     int best = -1, n_best = 0, best_ov = -1;
-    (void)v;
     for (int c = 0; CLOSERS[c]; c++) {
         size_t cl = strlen(CLOSERS[c]), ov = 0;
         for (size_t o = cl - 1; o > 0; o--)
             if (o <= on && !memcmp(out + on - o, CLOSERS[c], o)) { ov = o; break; }
         const char *want = CLOSERS[c] + ov;
         size_t wl = cl - ov;
+        gram_matcher *m2;
+        lily_status st;
+        if (gram_matcher_new(g, &m2, &st) == LILY_OK) {
+            int whole = gram_matcher_accept_bytes(m2, out, on) && gram_matcher_accept_bytes(m2, want, wl);
+            gram_matcher_free(m2);
+            if (!whole) continue;
+        }
         for (int k = 0; k < nc; k++) {
             size_t pl; const char *p = tok_piece(t, cand[k], &pl);
             if (!p || pl > wl || memcmp(p, want, pl)) continue;
@@ -113,7 +122,7 @@ static void walks(const gram_vocab *v, const tok_tokenizer *t, json_t *tools, gr
         gram_matcher_new(g, &m, &st);
         size_t on = 0;
         int done = 0, calls = 0;
-        for (int step = 0; step < 600 && !done; step++) {
+        for (int step = 0; step < 1000 && !done; step++) {
             gram_matcher_mask(m, v, al);
             if (nv <= 4000) { /* small vocabulary: every mask (fast paths, replayed states) against the full walk */
                 uint8_t full[4000];
@@ -133,7 +142,7 @@ static void walks(const gram_vocab *v, const tok_tokenizer *t, json_t *tools, gr
                 if (gram_matcher_accept_token(m2, v, id) != al[id]) agree_bad++;
                 gram_matcher_free(m2);
             }
-            int id = pick(v, t, al, cand, nc, out, on, rnd(100) < step * 2);
+            int id = pick(g, t, al, cand, nc, out, on, rnd(100) < step * 2);
             size_t pl; const char *p = tok_piece(t, id, &pl);
             if (on + pl >= 65536) break;
             CHECK(gram_matcher_accept_token(m, v, id) == 1, "%s: allowed token %d refused", what, id);
@@ -147,6 +156,9 @@ static void walks(const gram_vocab *v, const tok_tokenizer *t, json_t *tools, gr
             check_calls(out, on, tools, only, multi ? calls : 1, label);
             if (getenv("GRAM_VERBOSE")) printf("--- %s:\n<tool_call>%.*s\n", label, (int)on, out);
             CHECK(multi || gram_matcher_must_end(m), "%s: single call but more may follow", label);
+        } else { /* where it was when the budget ran out (a check below may fail on it) */
+            size_t from = on > 160 ? on - 160 : 0;
+            printf("%s walk %d: not ended after %zu bytes: ...%.*s\n", what, w, on, (int)(on - from), out + from);
         }
         gram_matcher_free(m);
     }
