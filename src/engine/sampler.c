@@ -104,6 +104,15 @@ static float float_below(double d) {
     return f;
 }
 
+/* A logit bound for a scaled threshold: every untouched logit x <= the result has
+ * x * inv_t < z (rounding is monotonic), so next_above may skip it; -inf for z = -inf. */
+static float scaled_below(double z, double inv_t) {
+    if (z == -INFINITY) return -INFINITY;
+    float f = float_below(z / inv_t);
+    while (f > -INFINITY && (double)f * inv_t >= z) f = nextafterf(f, -INFINITY);
+    return f;
+}
+
 /* Relative weight exp(d) of a scaled logit d = z - zmax <= 0. Single precision: the
  * weights need ~7 digits, and expf is several times faster than exp over a 250k row. */
 #define W(d) ((double)expf((float)(d)))
@@ -344,10 +353,7 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
                 }
                 c[k] = x;
             }
-            if (n == top_k) { /* z = x inv_t for an untouched token; rounding is monotonic */
-                thr = float_below(c[0].z / inv_t);
-                while (thr > -INFINITY && (double)thr * inv_t > c[0].z) thr = nextafterf(thr, -INFINITY);
-            }
+            if (n == top_k) thr = scaled_below(c[0].z, inv_t); /* beating the worst takes z > c[0].z */
         }
     } else { /* top-p alone: one gather of a window that holds the nucleus, from the histogram
               * (one bucket wider than needed; should its rounding still cut the nucleus short,
@@ -364,11 +370,7 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
 gather:
     if (!top_k) {
         n = 0;
-        float gthr = -INFINITY; /* untouched logits at most this scale below the window */
-        if (win_thr > -INFINITY) {
-            gthr = float_below(win_thr / inv_t);
-            while (gthr > -INFINITY && (double)gthr * inv_t >= win_thr) gthr = nextafterf(gthr, -INFINITY);
-        }
+        float gthr = scaled_below(win_thr, inv_t);
         for (int i = 0; (i = next_above(&pc, i, vocab, gthr)) < vocab; i++) {
             double z = pen_logit(&pc, i) * inv_t;
             if (z >= win_thr && z > -INFINITY) { c[n].z = z; c[n].id = i; n++; }
