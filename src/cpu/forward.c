@@ -319,7 +319,7 @@ static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, cons
     int TK = T * K, SI = c->shared_inter;
     float *xe = xmalloc((size_t)TK * H * sizeof(float)), *ge = xmalloc((size_t)TK * I * sizeof(float));
     float *ue = xmalloc((size_t)TK * I * sizeof(float)), *de = xmalloc((size_t)TK * H * sizeof(float));
-    int *tok = xmalloc((size_t)TK * sizeof(int)), *off = xmalloc((size_t)(E + 1) * sizeof(int));
+    int *off = xmalloc((size_t)(E + 1) * sizeof(int));
     float *tw = xmalloc((size_t)TK * sizeof(float));
     cpu_mm_job *jobs = xmalloc((size_t)(2 * E + 3) * sizeof *jobs);
     for (int e = 0; e <= E; e++) off[e] = 0;
@@ -330,7 +330,7 @@ static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, cons
     for (int t = 0; t < T; t++)
         for (int j = 0; j < K; j++) {
             int e = sel[t * K + j], m = fillp[e]++;
-            tok[m] = t; tw[m] = wt[t * K + j];
+            tw[m] = wt[t * K + j];
             slot[t * K + j] = m;
         }
     free(fillp);
@@ -368,7 +368,7 @@ static void moe(const lily_config *c, const lily_layer *L, lily_pool *pool, cons
     lily_pool_run(pool, row_tasks, moe_combine_task, &mr);
     if (SI) { free(sg); free(su); free(sr); free(sd); }
     free(jobs); free(off); free(slot);
-    free(logits); free(sel); free(wt); free(xe); free(ge); free(ue); free(de); free(tok); free(tw);
+    free(logits); free(sel); free(wt); free(xe); free(ge); free(ue); free(de); free(tw);
 }
 
 /* The layer stack over T rows; batch = each row is its own session's next token. */
