@@ -69,22 +69,25 @@ static void many_task(void *p, int i) {
 }
 
 /* Permuted X and group sums for a quantized W, shared with an earlier job that has the
- * same input and code layout (gate and up projections read the same X): returns the job
- * whose buffers s uses (-1: its own, allocated here and filled by fill_q). */
+ * same input and code layout (gate and up projections read the same X): returns 1 when s
+ * got buffers of its own (allocated here, filled by fill_q), 0 when it shares. */
 static int prepare_q(job_state *s, const job_state *prev, int nprev, const cpu_mm_job *job) {
     const lw_mat *W = job->W;
     for (int i = 0; i < nprev; i++) {
         const lw_mat *P = prev[i].a.W;
         if (prev[i].src == job->X && prev[i].a.T == job->T && P->type == LW_Q && P->bits == W->bits &&
-            P->group == W->group && P->cols == W->cols)
-            return i;
+            P->group == W->group && P->cols == W->cols) {
+            s->a.X = prev[i].a.X;
+            s->a.xsum = prev[i].a.xsum;
+            return 0;
+        }
     }
     int T = job->T, n = W->cols, ng = n / W->group;
     s->own = malloc(((size_t)T * n + (size_t)T * ng) * sizeof(float));
     LILY_ASSERT(s->own);
     s->a.X = s->own;
     s->a.xsum = s->own + (size_t)T * n;
-    return -1;
+    return 1;
 }
 
 static void fill_q(const job_state *s) {
@@ -127,10 +130,9 @@ static void run_fast(lily_pool *pool, const cpu_mm_job *jobs, int n, mm_rows_fn 
         s->a = (mm_args){ j->W, j->T, j->W->rows, j->W->cols, j->X, NULL, j->Y };
         s->src = j->X;
         s->fn = fn;
-        if (j->W->type == LW_Q) {
-            int from = prepare_q(s, st, m - 1, j);
-            if (from >= 0) { s->a.X = st[from].a.X; s->a.xsum = st[from].a.xsum; }
-            else { own[nown++] = m - 1; fill_floats += (size_t)j->T * j->W->cols; }
+        if (j->W->type == LW_Q && prepare_q(s, st, m - 1, j)) {
+            own[nown++] = m - 1;
+            fill_floats += (size_t)j->T * j->W->cols;
         }
         s->rows_per = task_rows(j->W->cols);
         s->first_task = tasks;
