@@ -209,6 +209,14 @@ static int sample_next(srv_sched *s, slot *sl, srv_job *j, const float *logits, 
 
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb);
 
+/* The slot's next token from sl->draw_logits into draw_tok / draw_rc / draw_st. */
+static void draw(srv_sched *s, slot *sl) {
+    srv_job *j = sl->job;
+    memset(&sl->draw_st, 0, sizeof sl->draw_st);
+    sl->draw_rc = sample_next(s, sl, j, sl->draw_logits, penalized(&j->samp) ? sl->counts : NULL, &sl->draw_tok,
+                              &sl->draw_st);
+}
+
 static void step(srv_sched *s, slot *sl) {
     srv_job *j = sl->job;
     lily_status st = { 0 };
@@ -246,23 +254,13 @@ static void step(srv_sched *s, slot *sl) {
         if (upto == j->n_prompt) j->state = 2;
         return;
     }
-    const float *logits;
-    lily_token tok;
-    int32_t *counts = penalized(&j->samp) ? sl->counts : NULL;
-    int bad;
-    if (drawn) {
-        logits = sl->draw_logits;
-        tok = sl->draw_tok;
-        st = sl->draw_st;
-        bad = sl->draw_rc != 0;
-    } else {
-        logits = lily_session_logits(sl->sess);
-        bad = !logits || sample_next(s, sl, j, logits, counts, &tok, &st);
-    }
-    if (bad) {
-        release_slot(s, sl, SRV_FINISH_ERROR, logits ? st.msg : "no logits after prefill");
+    if (!drawn && (sl->draw_logits = lily_session_logits(sl->sess))) draw(s, sl); /* not drawn in draw_round */
+    if (!sl->draw_logits || sl->draw_rc) {
+        release_slot(s, sl, SRV_FINISH_ERROR, sl->draw_logits ? sl->draw_st.msg : "no logits after prefill");
         return;
     }
+    lily_token tok = sl->draw_tok;
+    int32_t *counts = penalized(&j->samp) ? sl->counts : NULL;
     if (counts) counts[tok.id]++;
     double now = lily_now();
     pthread_mutex_lock(&j->mu);
@@ -318,11 +316,7 @@ typedef struct { srv_sched *s; slot **sl; } draw_ctx;
 
 static void draw_task(void *p, int i) {
     draw_ctx *c = p;
-    slot *sl = c->sl[i];
-    srv_job *j = sl->job;
-    int32_t *counts = penalized(&j->samp) ? sl->counts : NULL;
-    memset(&sl->draw_st, 0, sizeof sl->draw_st);
-    sl->draw_rc = sample_next(c->s, sl, j, sl->draw_logits, counts, &sl->draw_tok, &sl->draw_st);
+    draw(c->s, c->sl[i]);
 }
 
 static void draw_round(srv_sched *s) {
