@@ -46,6 +46,13 @@ for d in ../shared/fixtures/tiny tests/fixtures/tinyq; do
   else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the fallback tiles and the chunked delta rule (rc=$rc)"; fi
 done
 
+# the fused decode MoE with the shared expert in its own launches (LILY_CU_SHSLOT=0), as before it
+# rode in the routed experts' launches
+d=tests/fixtures/tinyq; t0=$(date +%s.%N)
+LILY_CU_SHSLOT=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
+if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then ok "emulated lily check --backend cuda $d, LILY_CU_SHSLOT=0 ($(secs "$t0") s)"
+else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the shared expert's own launches (rc=$rc)"; fi
+
 # emu_unit NAME MARKER [DETAIL]: tests/NAME.c built for the emulator and run on its CUDA backend;
 # the last line must say it passed and the output must name MARKER (the backend really used);
 # DETAIL, a grep -o pattern, adds a line of its output to the report
@@ -85,8 +92,10 @@ emu_unit test_batch "cuda backend" 'largest rel err.*'
 # every kernel against the CPU reference on fresh random inputs (the seed is printed)
 seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 kernel_test "--small --seed $seed" -- --small --seed "$seed"
-# the same in a random order of blocks, warps and lanes: results must not depend on it
-kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" -- --small --seed "$seed"
+# the same in a random order of blocks, warps and lanes: results must not depend on it; and the
+# matrix-vector kernel's blocks capped at 2 a row of slots, so each walks many tiles of rows
+kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" \
+  LILY_CU_MVQ_BLOCKS=2 -- --small --seed "$seed"
 # decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
 # alone; in a random order of blocks, warps and lanes (the rows are a grid dimension)
 kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"

@@ -309,8 +309,8 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         { &s->x, T * H }, { &s->t, T * H }, { &s->y, T * H }, { &s->mixed, T * cd }, { &s->u, T * cd }, { &s->zb, T * vd },
         { &s->bb, T * nv }, { &s->aa, T * nv }, { &s->g, T * nv }, { &s->beta, T * nv }, { &s->o, T * vd },
         { &s->qg, T * nh * 2 * hd }, { &s->q, T * nh * hd }, { &s->kb, T * nkv * hd }, { &s->vb, T * nkv * hd }, { &s->ao, T * nh * hd },
-        { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, T * K * I }, { &s->hu, T * K * I },
-        { &s->D, T * K * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
+        { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, (T * K + 1) * I }, { &s->hu, (T * K + 1) * I },
+        { &s->D, (T * K + 1) * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
         { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) } };
     lily_code rc = LILY_OK;
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
@@ -476,6 +476,18 @@ static int moe_fused(const lcuda_session *s, const cu_layer *L, int T) {
     return 1;
 }
 
+/* With moe_fused, the shared expert also rides in the routed experts' two launches as slot K
+ * (its gate|up rows beside theirs, its down after), one launch a layer fewer and a router
+ * group of 257 rows instead of 1,281 (LILY_CU_SHSLOT=0: its own launches, for measuring).
+ * It needs the shared expert's shapes to equal an expert's. */
+static int moe_shared_slot(const lcuda_session *s, const cu_layer *L) {
+    static int on = -1;
+    const lily_config *c = &s->m->cfg;
+    return cu_env_flag(&on, "LILY_CU_SHSLOT", 1) && c->shared_inter == c->moe_inter && cu_mvq_ok(&L->sh_down) &&
+           L->sh_gate.rows == L->gate.rows && L->sh_up.rows == L->up.rows && L->sh_down.rows == L->down.rows &&
+           L->sh_down.cols == L->down.cols && L->sh_gate.cols == L->gate.cols;
+}
+
 /* add: the mixer's output when moe_fused (the residual add and norm not done yet), else NULL. */
 static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, const float *add) {
     const lily_config *c = &s->m->cfg;
@@ -484,10 +496,19 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
     /* the router group: matrices reading the layer's normed input */
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
+    const int shx = add && SI && moe_shared_slot(s, L);
     if (add) {
         int ld[4] = { E, SI, SI, 1 };
-        mvq_fuse fu = { add, L->ln2, (float)c->eps, s->t, E, K, s->sel, s->wt, s->fcount };
-        cu_matvec_group(q, SI ? 4 : 1, RW, s->x, NULL, H, RY, ld, NULL, 1, 1, &fu);
+        mvq_fuse fu;
+        memset(&fu, 0, sizeof fu);
+        fu.add = add; fu.nw = L->ln2; fu.eps = (float)c->eps; fu.tout = s->t;
+        fu.E = E; fu.K = K; fu.sel = s->sel; fu.wt = s->wt; fu.count = s->fcount;
+        if (shx) { /* the router and the shared expert's gate alone */
+            const dmat *W2[2] = { &L->router, &L->sh_router };
+            float *Y2[2] = { s->rl, s->sr };
+            int ld2[2] = { E, 1 };
+            cu_matvec_group(q, 2, W2, s->x, NULL, H, Y2, ld2, NULL, 1, 1, &fu);
+        } else cu_matvec_group(q, SI ? 4 : 1, RW, s->x, NULL, H, RY, ld, NULL, 1, 1, &fu);
         PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
     } else if (T <= 8) {
         proj_group(s, SI ? 4 : 1, RW, s->t, H, T, RY);
@@ -512,12 +533,21 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         float *Y[2] = { s->hg, s->hu };
         int ld[2] = { I, I };
         if (cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down)) {
-            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K, NULL);
+            /* shx (T = 1): slot K is the shared expert, reading token 0, writing row K */
+            mvq_fuse xg, xd;
+            memset(&xg, 0, sizeof xg);
+            memset(&xd, 0, sizeof xd);
+            if (shx) {
+                xg.xslot = xd.xslot = K;
+                xg.xm[0] = L->sh_gate; xg.xm[1] = L->sh_up; xg.xrow = 0;
+                xd.xm[0] = L->sh_down; xd.xrow = K;
+            }
+            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx ? &xg : NULL);
             PM(s, "moe experts gate|up");
             const dmat *Wd[1] = { &L->down };
             float *Yd[1] = { s->D };
             int ldd[1] = { H };
-            cu_matvec_group(q, 1, Wd, s->hg, s->hu, I, Yd, ldd, s->sel, 1, T * K, NULL);
+            cu_matvec_group(q, 1, Wd, s->hg, s->hu, I, Yd, ldd, s->sel, 1, T * K + shx, shx ? &xd : NULL);
             PM(s, "moe experts swiglu+down");
         } else {
             cu_matmul_slots(q, &L->gate, s->sel, s->t, K, H, T * K, s->hg, I);
@@ -551,7 +581,8 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         pos = s->spos;
     }
     const float *SD = NULL;
-    if (SI) {
+    if (shx) SD = s->D + (size_t)K * H;
+    else if (SI) {
         if ((T == 1 || (T <= 8 && cu_mvqb_enabled())) && cu_mvq_ok(&L->sh_down)) {
             const dmat *W[1] = { &L->sh_down };
             float *Y[1] = { s->SD };

@@ -55,6 +55,10 @@ typedef struct {
     int *sel;
     float *wt;
     unsigned *count;
+    /* xslot > 0: slot xslot (past the routed ones) multiplies xm[i] instead of an expert of
+     * m[i], reading input row xrow (the shared expert riding in the experts' launches) */
+    int xslot, xrow;
+    dmat xm[MVQ_MAX];
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];

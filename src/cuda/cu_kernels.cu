@@ -311,48 +311,78 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
  * down projection). Needs 4- or 8-bit codes, cols % 32 == 0, group % 32 == 0. ---- */
 __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, float *wt);
 
-template <int LPR, int RW>
-__global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
-                                             const int *eidx, int xdiv) {
-    extern __shared__ float4 xs[];
-    const int RPW = 32 / LPR;
-    int mi = 0;
-    while (mi + 1 < a.n && (int)blockIdx.x >= a.blk0[mi + 1]) mi++;
-    const dmat &m = a.m[mi];
-    int nch = m.cols / 32, slot = blockIdx.y, e = 0;
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
-    int rb = (((blockIdx.x - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp) * RW;
-    int rr[RW];
-#pragma unroll
-    for (int k = 0; k < RW; k++) rr[k] = min(rb + k, m.rows - 1);
-    int ng = m.cols / m.group, cpg = m.group / 32;
-    /* A dense matrix's first chunk of codes and its group constants are loaded before the
-     * wait on the predecessor (CU_PDL): they are weights, never written, so in the decode
-     * graph their latency overlaps the previous kernel. (An expert's index comes from that
-     * kernel.) */
-    const bool pre = !eidx && m.bits == 4 && sub < nch;
-    uint4 q0[RW];
-    float sc0[RW], bi0[RW];
-#pragma unroll
-    for (int k = 0; k < RW; k++) { q0[k] = make_uint4(0, 0, 0, 0); sc0[k] = bi0[k] = 0.f; }
-    if (pre) {
-#pragma unroll
-        for (int k = 0; k < RW; k++) {
-            q0[k] = __ldg((const uint4 *)m.w + (size_t)rr[k] * nch + sub);
-            size_t gi = (size_t)rr[k] * ng + sub / cpg;
-            sc0[k] = ld_sb((const char *)m.s, m.sbt, gi);
-            bi0[k] = ld_sb((const char *)m.b, m.sbt, gi);
-        }
+/* The 4-bit codes become floats without int-to-float conversions, which run at a quarter of
+ * the FMA rate and bound this kernel near 2 TB/s of weights on the H200: a nibble masked in
+ * place and put under the exponent of 2^23 (0x4B000000) is the float 2^23 + q 2^s, exact, and
+ * subtracting 2^23 leaves q 2^s. Nibble k of a word sits at bit 4k; those at bits 20-31 are
+ * first shifted down by 12 so that every q 2^s stays under 2^20. The staged input element that
+ * meets nibble k is stored times 2^-s instead, so each product is the same float as q * x
+ * (scaling by a power of two is exact), and the sums are bit-identical to converting q.
+ * s by nibble: 0 4 8 12 16 8 12 16. */
+__device__ __forceinline__ float q4m(uint32_t v, uint32_t mask) {
+    return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f;
+}
+/* the input's float4 j of chunk c (columns c*32 + 4j .. +3) times 2^-s, in place */
+__device__ __forceinline__ void mvq_scale(float4 *xs, int c, int j) {
+    float4 &v = xs[c * 8 + ((j + c) & 7)];
+    if (j & 1) { v.x *= 0x1p-16f; v.y *= 0x1p-8f; v.z *= 0x1p-12f; v.w *= 0x1p-16f; }
+    else { v.y *= 0x1p-4f; v.z *= 0x1p-8f; v.w *= 0x1p-12f; }
+}
+/* undoes mvq_scale for the 8-bit codes, which are converted as before */
+__device__ __forceinline__ float4 mvq_unscale(float4 v, int j) {
+    if (j & 1) { v.x *= 0x1p16f; v.y *= 0x1p8f; v.z *= 0x1p12f; v.w *= 0x1p16f; }
+    else { v.y *= 0x1p4f; v.z *= 0x1p8f; v.w *= 0x1p12f; }
+    return v;
+}
+/* chunk c's input sum (for the group biases), unscaled, in the order the kernel always used */
+__device__ __forceinline__ float mvq_chunk_sum(const float4 *xs, int c) {
+    float sx = 0;
+    for (int j = 0; j < 8; j++) {
+        float4 v = mvq_unscale(xs[c * 8 + ((j + c) & 7)], j);
+        sx += (v.x + v.y) + (v.z + v.w);
     }
-    CU_PDL();
-    const float *x = X, *x2 = X2;
-    float *y = a.y[mi];
-    if (eidx) {
-        e = eidx[slot];
-        x = X + (size_t)(slot / xdiv) * ldx;
-        if (X2) x2 = X2 + (size_t)(slot / xdiv) * ldx;
-        y += (size_t)slot * a.ldy[mi];
+    return sx;
+}
+/* float4s of staged input before the chunk sums: all matrices of a launch share cols */
+__device__ __forceinline__ int m_cols_f4(const mvq_args &a) { return a.m[0].cols / 4; }
+
+/* One 16-byte chunk of 4-bit codes (one row, columns c*32 .. c*32+31) against the staged,
+ * scaled input: the group's scale times the codes' dot product plus its bias times the chunk's
+ * input sum. The input is read word by word as it is used, which keeps registers low. */
+__device__ __forceinline__ float mvq_chunk4(uint4 q, float sc, float bi, const float4 *xs, const float *sxs, int c) {
+    uint32_t wv[4] = { q.x, q.y, q.z, q.w };
+    float sq = 0;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        float4 u = xs[c * 8 + ((2 * w + c) & 7)], t = xs[c * 8 + ((2 * w + 1 + c) & 7)];
+        uint32_t v = wv[w], h = v >> 12;
+        sq += q4m(v, 0xFu) * u.x + q4m(v, 0xF0u) * u.y + q4m(v, 0xF00u) * u.z + q4m(v, 0xF000u) * u.w
+            + q4m(v, 0xF0000u) * t.x + q4m(h, 0xF00u) * t.y + q4m(h, 0xF000u) * t.z + q4m(h, 0xF0000u) * t.w;
     }
+    return sc * sq + bi * sxs[c];
+}
+
+/* Where a lane group's row of tile t lies: its matrix (mi only grows, as t does) and its row. */
+struct mvq_pos {
+    const char *w, *s, *b; /* the matrix's codes, scales, biases (this slot's expert) */
+    int sbt, ng, cpg, rows, row;
+};
+__device__ __forceinline__ mvq_pos mvq_locate(const mvq_args &a, bool xsl, int e, int t, int &mi, int rpt, int rib) {
+    while (mi + 1 < a.n && t >= a.blk0[mi + 1]) mi++;
+    const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+    mvq_pos p;
+    p.w = (const char *)m.w + (long long)e * m.ew;
+    p.s = (const char *)m.s + (long long)e * m.es;
+    p.b = (const char *)m.b + (long long)e * m.es;
+    p.sbt = m.sbt; p.ng = m.cols / m.group; p.cpg = m.group / 32; p.rows = m.rows;
+    p.row = (t - a.blk0[mi]) * rpt + rib;
+    return p;
+}
+
+/* The block's input: x (silu(x) * x2 when has2; rmsnorm(x + add) * nw with the fused norm, which
+ * block (0, 0) also writes to tout), swizzled and scaled into xs, and each chunk's sum into sxs. */
+__device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, const float *x2, bool has2, int nch, float4 *xs,
+                                          float *sxs) {
     if (a.f.add) { /* the residual add and the norm, fused (mvq_fuse) */
         __shared__ float red[32];
         float ss = 0;
@@ -364,7 +394,7 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
             xs[c * 8 + ((j + c) & 7)] = v;
         }
         ss = block_sum(ss, red);
-        const float r = 1.0f / sqrtf(ss / m.cols + a.f.eps);
+        const float r = 1.0f / sqrtf(ss / (nch * 32) + a.f.eps);
         for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) { /* the same elements as this thread staged */
             int c = i / 8, j = i % 8;
             const float *w = a.f.nw + c * 32 + j * 4;
@@ -375,98 +405,152 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
                 float *o = a.f.tout + c * 32 + j * 4;
                 o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
             }
+            mvq_scale(xs, c, j);
         }
     } else {
         for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
             int c = i / 8, j = i % 8;
             const float *p = x + c * 32 + j * 4;
             float4 v = make_float4(p[0], p[1], p[2], p[3]);
-            if (X2) {
+            if (has2) {
                 const float *p2 = x2 + c * 32 + j * 4;
                 v.x = silu_f(v.x) * p2[0]; v.y = silu_f(v.y) * p2[1]; v.z = silu_f(v.z) * p2[2]; v.w = silu_f(v.w) * p2[3];
             }
             xs[c * 8 + ((j + c) & 7)] = v;
+            mvq_scale(xs, c, j);
         }
     }
     __syncthreads();
-    const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
-    const char *wb = (const char *)m.w + (long long)e * m.ew;
-    float acc[RW];
+    for (int c = threadIdx.x; c < nch; c += blockDim.x) sxs[c] = mvq_chunk_sum(xs, c);
+    __syncthreads();
+}
+
+template <int LPR, int RW>
+__global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
+                                             const int *eidx, int xdiv) {
+    extern __shared__ float4 xs[]; /* [cols / 4] the input, swizzled and scaled (mvq_scale) */
+    float *sxs = (float *)(xs + m_cols_f4(a)); /* [cols / 32] each chunk's unscaled sum */
+    const int RPW = 32 / LPR, ntiles = a.blk0[a.n];
+    /* A block stages the input once and walks tiles of rows (blockIdx.x, + gridDim.x, ...):
+     * with a tile a block, each 8 KB of codes paid for 8 KB of input staged from L2, two
+     * barriers and a block's start, and the lm_head's 286 MB streamed at 1.1 TB/s. */
+    int tile = blockIdx.x, mi = 0;
+    while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
+    const bool xsl = a.f.xslot && (int)blockIdx.y == a.f.xslot;
+    const dmat &m0 = xsl ? a.f.xm[mi] : a.m[mi];
+    const int nch = m0.cols / 32, slot = blockIdx.y;
+    int e = 0;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
+    /* A dense matrix's first chunk of codes and its group constants (first tile) are loaded
+     * before the wait on the predecessor (CU_PDL): they are weights, never written, so in the
+     * decode graph their latency overlaps the previous kernel. (An expert's index comes from
+     * that kernel.) */
+    const bool pre = !eidx && m0.bits == 4 && sub < nch;
+    uint4 q0[RW];
+    float sc0[RW], bi0[RW];
 #pragma unroll
-    for (int k = 0; k < RW; k++) acc[k] = 0.f;
-    /* (Codes to floats by moving them into the mantissa of 1.0 (q4_f1), instead of the
-     * int-to-float conversions: the kernels' own times fell (lm_head 0.29 -> 0.23 ms) but the
-     * decode graph went from 307 to 298 tok/s on the same H200, so this one kept the
-     * conversions; k_mvqb, which dequantizes once for up to 8 rows, uses the trick.) */
-    if (m.bits == 4) {
-#pragma unroll(RW == 1 ? 2 : 1)
-        for (int c = sub; c < nch; c += LPR) {
-            uint4 q[RW];
-            float sc[RW], bi[RW];
+    for (int k = 0; k < RW; k++) { q0[k] = make_uint4(0, 0, 0, 0); sc0[k] = bi0[k] = 0.f; }
+    if (pre) {
+        int rb = (((tile - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp) * RW;
+        int ng = m0.cols / m0.group, cpg = m0.group / 32;
 #pragma unroll
-            for (int k = 0; k < RW; k++) {
-                if (pre && c == sub) {
-                    q[k] = q0[k];
-                    sc[k] = sc0[k];
-                    bi[k] = bi0[k];
-                    continue;
-                }
-                q[k] = __ldg((const uint4 *)wb + (size_t)rr[k] * nch + c);
-                size_t gi = (size_t)rr[k] * ng + c / cpg;
-                sc[k] = ld_sb(sp, m.sbt, gi);
-                bi[k] = ld_sb(bp, m.sbt, gi);
-            }
-            float4 xv[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
-            float sx = 0;
-#pragma unroll
-            for (int j = 0; j < 8; j++) sx += (xv[j].x + xv[j].y) + (xv[j].z + xv[j].w);
-#pragma unroll
-            for (int k = 0; k < RW; k++) {
-                uint32_t wv[4] = { q[k].x, q[k].y, q[k].z, q[k].w };
-                float sq = 0;
-#pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    float4 u = xv[2 * w], t = xv[2 * w + 1];
-                    uint32_t v = wv[w];
-                    sq += (float)(v & 15u) * u.x + (float)((v >> 4) & 15u) * u.y + (float)((v >> 8) & 15u) * u.z + (float)((v >> 12) & 15u) * u.w
-                        + (float)((v >> 16) & 15u) * t.x + (float)((v >> 20) & 15u) * t.y + (float)((v >> 24) & 15u) * t.z + (float)(v >> 28) * t.w;
-                }
-                acc[k] += sc[k] * sq + bi[k] * sx;
-            }
-        }
-    } else {
-        for (int c = sub; c < nch; c += LPR) {
-            float4 xv[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
-            float sx = 0;
-#pragma unroll
-            for (int j = 0; j < 8; j++) sx += (xv[j].x + xv[j].y) + (xv[j].z + xv[j].w);
-#pragma unroll
-            for (int k = 0; k < RW; k++) {
-                const uint4 *wr = (const uint4 *)wb + (size_t)rr[k] * nch * 2;
-                uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
-                size_t gi = (size_t)rr[k] * ng + c / cpg;
-                float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
-                uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
-                float sq = 0;
-#pragma unroll
-                for (int w = 0; w < 8; w++) {
-                    uint32_t v = wv[w];
-                    sq += (float)(v & 255u) * xv[w].x + (float)((v >> 8) & 255u) * xv[w].y + (float)((v >> 16) & 255u) * xv[w].z + (float)(v >> 24) * xv[w].w;
-                }
-                acc[k] += sc * sq + bi * sx;
-            }
+        for (int k = 0; k < RW; k++) {
+            int r = min(rb + k, m0.rows - 1);
+            q0[k] = __ldg((const uint4 *)m0.w + (size_t)r * nch + sub);
+            size_t gi = (size_t)r * ng + sub / cpg;
+            sc0[k] = ld_sb((const char *)m0.s, m0.sbt, gi);
+            bi0[k] = ld_sb((const char *)m0.b, m0.sbt, gi);
         }
     }
+    CU_PDL();
+    const float *x = X, *x2 = X2;
+    if (eidx) {
+        e = xsl ? 0 : eidx[slot];
+        int xr = xsl ? a.f.xrow : slot / xdiv;
+        x = X + (size_t)xr * ldx;
+        if (X2) x2 = X2 + (size_t)xr * ldx;
+    }
+    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs);
+    for (bool first = true; tile < ntiles; tile += gridDim.x, first = false) {
+        while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
+        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+        float *y = a.y[mi] + (eidx ? (size_t)slot * a.ldy[mi] : 0);
+        int rb = (((tile - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp) * RW;
+        int rr[RW];
 #pragma unroll
-    for (int k = 0; k < RW; k++) {
-        float v = acc[k];
+        for (int k = 0; k < RW; k++) rr[k] = min(rb + k, m.rows - 1);
+        int ng = m.cols / m.group, cpg = m.group / 32;
+        const char *sp = (const char *)m.s + (long long)e * m.es, *bp = (const char *)m.b + (long long)e * m.es;
+        const char *wb = (const char *)m.w + (long long)e * m.ew;
+        float acc[RW];
 #pragma unroll
-        for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (rb + k < m.rows && sub == 0) y[rb + k] = v;
+        for (int k = 0; k < RW; k++) acc[k] = 0.f;
+        if (m.bits == 4) {
+#pragma unroll(RW == 1 ? 2 : 1)
+            for (int c = sub; c < nch; c += LPR) {
+                uint4 q[RW];
+                float sc[RW], bi[RW];
+#pragma unroll
+                for (int k = 0; k < RW; k++) {
+                    if (pre && first && c == sub) {
+                        q[k] = q0[k];
+                        sc[k] = sc0[k];
+                        bi[k] = bi0[k];
+                        continue;
+                    }
+                    q[k] = __ldg((const uint4 *)wb + (size_t)rr[k] * nch + c);
+                    size_t gi = (size_t)rr[k] * ng + c / cpg;
+                    sc[k] = ld_sb(sp, m.sbt, gi);
+                    bi[k] = ld_sb(bp, m.sbt, gi);
+                }
+                float4 xv[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
+                const float sx = sxs[c];
+#pragma unroll
+                for (int k = 0; k < RW; k++) {
+                    uint32_t wv[4] = { q[k].x, q[k].y, q[k].z, q[k].w };
+                    float sq = 0;
+#pragma unroll
+                    for (int w = 0; w < 4; w++) {
+                        float4 u = xv[2 * w], t = xv[2 * w + 1];
+                        uint32_t v = wv[w], h = v >> 12;
+                        sq += q4m(v, 0xFu) * u.x + q4m(v, 0xF0u) * u.y + q4m(v, 0xF00u) * u.z + q4m(v, 0xF000u) * u.w
+                            + q4m(v, 0xF0000u) * t.x + q4m(h, 0xF00u) * t.y + q4m(h, 0xF000u) * t.z + q4m(h, 0xF0000u) * t.w;
+                    }
+                    acc[k] += sc[k] * sq + bi[k] * sx;
+                }
+            }
+        } else {
+            for (int c = sub; c < nch; c += LPR) {
+                float4 xv[8];
+#pragma unroll
+                for (int j = 0; j < 8; j++) xv[j] = mvq_unscale(xs[c * 8 + ((j + c) & 7)], j);
+                const float sx = sxs[c];
+#pragma unroll
+                for (int k = 0; k < RW; k++) {
+                    const uint4 *wr = (const uint4 *)wb + (size_t)rr[k] * nch * 2;
+                    uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
+                    size_t gi = (size_t)rr[k] * ng + c / cpg;
+                    float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
+                    uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
+                    float sq = 0;
+#pragma unroll
+                    for (int w = 0; w < 8; w++) {
+                        uint32_t v = wv[w];
+                        sq += (float)(v & 255u) * xv[w].x + (float)((v >> 8) & 255u) * xv[w].y + (float)((v >> 16) & 255u) * xv[w].z + (float)(v >> 24) * xv[w].w;
+                    }
+                    acc[k] += sc * sq + bi * sx;
+                }
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < RW; k++) {
+            float v = acc[k];
+#pragma unroll
+            for (int o = LPR / 2; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (rb + k < m.rows && sub == 0) y[rb + k] = v;
+        }
     }
     if (a.f.sel && mi == 0) { /* the router's top-k by the block that finishes matrix 0 last (mvq_fuse) */
         __shared__ int last;
@@ -480,6 +564,130 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
             if (threadIdx.x == 0) *a.f.count = 0;
         }
     }
+}
+
+/* The same for one row a lane group and 4-bit codes only, software-pipelined: the next chunk's
+ * codes (the next tile's first, at a tile's last) are loaded before this chunk is computed, so
+ * each warp keeps a load in flight, and only two chunks of codes live in registers. (k_mvq held
+ * eight float4s of input a chunk, two chunks unrolled: 64 registers with spills, 4 blocks an SM,
+ * and the lm_head at 1.1-1.4 TB/s.) No fused top-k. */
+template <int LPR>
+__global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
+                                              const int *eidx, int xdiv) {
+    extern __shared__ float4 xs[];
+    float *sxs = (float *)(xs + m_cols_f4(a));
+    const int RPW = 32 / LPR, ntiles = a.blk0[a.n], nch = a.m[0].cols / 32;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
+    const int rpt = (int)(blockDim.x / WARP) * RPW, rib = warp * RPW + grp, slot = blockIdx.y;
+    const bool xsl = a.f.xslot && slot == a.f.xslot;
+    int tile = blockIdx.x, mi = 0, e = 0;
+    uint4 q = make_uint4(0, 0, 0, 0);
+    float sc = 0.f, bi = 0.f;
+    mvq_pos p;
+    /* a dense matrix's first chunk is loaded before the wait on the predecessor (weights are
+     * never written); an expert's index comes from that kernel */
+    if (!eidx) {
+        p = mvq_locate(a, xsl, 0, tile, mi, rpt, rib);
+        if (sub < nch) {
+            int r = min(p.row, p.rows - 1);
+            q = __ldg((const uint4 *)p.w + (size_t)r * nch + sub);
+            size_t gi = (size_t)r * p.ng + sub / p.cpg;
+            sc = ld_sb(p.s, p.sbt, gi); bi = ld_sb(p.b, p.sbt, gi);
+        }
+    }
+    CU_PDL();
+    const float *x = X, *x2 = X2;
+    if (eidx) {
+        e = xsl ? 0 : eidx[slot];
+        int xr = xsl ? a.f.xrow : slot / xdiv;
+        x = X + (size_t)xr * ldx;
+        if (X2) x2 = X2 + (size_t)xr * ldx;
+        p = mvq_locate(a, xsl, e, tile, mi, rpt, rib);
+        if (sub < nch) {
+            int r = min(p.row, p.rows - 1);
+            q = __ldg((const uint4 *)p.w + (size_t)r * nch + sub);
+            size_t gi = (size_t)r * p.ng + sub / p.cpg;
+            sc = ld_sb(p.s, p.sbt, gi); bi = ld_sb(p.b, p.sbt, gi);
+        }
+    }
+    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs);
+    while (tile < ntiles) {
+        float acc = 0.f;
+        int nt = tile + gridDim.x, nmi = mi;
+        mvq_pos np = p;
+        for (int c = sub; c < nch; c += LPR) {
+            uint4 qn = make_uint4(0, 0, 0, 0);
+            float scn = 0.f, bin = 0.f;
+            int cn = c + LPR;
+            bool ld = cn < nch;
+            if (!ld && nt < ntiles) { np = mvq_locate(a, xsl, e, nt, nmi, rpt, rib); cn = sub; ld = true; }
+            if (ld) {
+                int r = min(np.row, np.rows - 1);
+                qn = __ldg((const uint4 *)np.w + (size_t)r * nch + cn);
+                size_t gi = (size_t)r * np.ng + cn / np.cpg;
+                scn = ld_sb(np.s, np.sbt, gi); bin = ld_sb(np.b, np.sbt, gi);
+            }
+            acc += mvq_chunk4(q, sc, bi, xs, sxs, c);
+            q = qn; sc = scn; bi = bin;
+        }
+#pragma unroll
+        for (int o = LPR / 2; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (p.row < p.rows && sub == 0) a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + p.row] = acc;
+        tile = nt; mi = nmi; p = np;
+    }
+}
+
+/* The staged input of 12,288 columns (49,152 bytes) plus the chunk sums and the kernel's static
+ * shared arrays is above the 48 KB a launch gets without asking. */
+#define MVQ_SMEM (64 * 1024)
+static int cu_sm_count(void) {
+    static const int n = [] {
+        cudaDeviceProp p;
+        return cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.multiProcessorCount > 0 ? p.multiProcessorCount : 1;
+    }();
+    return n;
+}
+
+/* Blocks in x: as many as the GPU holds at once for the nslots rows of blocks (each walks tiles,
+ * the walks made equal), or one a tile where the fused top-k counts finished tiles.
+ * LILY_CU_MVQ_BLOCKS caps them lower, so the emulator's small matrices walk several tiles a
+ * block too. The kernel may take MVQ_SMEM of dynamic shared memory (a refusal leaves the
+ * launch to fail, which the forward's launch check reports). */
+template <class K>
+static int mvq_grid(K kern, int tiles, int nslots, int one_a_tile, int bt, size_t sm) {
+    static int attr_set, cap_env = -2;
+    if (!attr_set) attr_set = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
+    if (cap_env == -2) {
+        const char *e = getenv("LILY_CU_MVQ_BLOCKS");
+        cap_env = e && atoi(e) > 0 ? atoi(e) : -1;
+    }
+    if (one_a_tile) return tiles;
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, bt, sm) != cudaSuccess || per_sm < 1) per_sm = 1;
+    int cap = cap_env > 0 ? cap_env : per_sm * cu_sm_count() / nslots;
+    if (cap < 1) cap = 1;
+    if (tiles <= cap) return tiles;
+    int walk = (tiles + cap - 1) / cap;
+    return (tiles + walk - 1) / walk;
+}
+
+template <int LPR, int RW>
+static void mvq_launch(int tiles, int nslots, int one_a_tile, int bt, size_t sm, cudaStream_t s, const mvq_args &a,
+                       const float *X, const float *X2, int ldx, const int *eidx, int xdiv) {
+    int gx = mvq_grid(k_mvq<LPR, RW>, tiles, nslots, one_a_tile, bt, sm);
+    k_mvq<LPR, RW><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+}
+template <int LPR>
+static void mvq4_launch(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
+                        const float *X2, int ldx, const int *eidx, int xdiv) {
+    int gx = mvq_grid(k_mvq4<LPR>, tiles, nslots, 0, bt, sm);
+    k_mvq4<LPR><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+}
+
+/* LILY_CU_MVQ4=0: 4-bit matrices through k_mvq too, for measuring */
+static int mvq4_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_MVQ4", 1);
 }
 
 int cu_mvq_ok(const dmat *W) {
@@ -520,15 +728,19 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
         nb += (W[i]->rows + rpb - 1) / rpb;
     }
     a.blk0[n] = nb;
-    dim3 g(nb, nslots);
-    size_t sm = (size_t)cols * sizeof(float);
-    int bt = warps * WARP;
-    if (lpr == 32 && rw == 4) k_mvq<32, 4><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 32 && rw == 2) k_mvq<32, 2><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 32) k_mvq<32, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16 && rw == 2) k_mvq<16, 2><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else if (lpr == 16) k_mvq<16, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
-    else k_mvq<8, 1><<<g, bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    size_t sm = (size_t)cols * sizeof(float) + (size_t)nch * sizeof(float);
+    int bt = warps * WARP, one = fu && fu->sel, all4 = 1;
+    for (int i = 0; i < n; i++) all4 &= W[i]->bits == 4 && (!fu || !fu->xslot || fu->xm[i].bits == 4);
+    if (rw == 1 && all4 && !one && mvq4_enabled()) {
+        if (lpr == 32) mvq4_launch<32>(nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+        else if (lpr == 16) mvq4_launch<16>(nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+        else mvq4_launch<8>(nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    } else if (lpr == 32 && rw == 4) mvq_launch<32, 4>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32 && rw == 2) mvq_launch<32, 2>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 32) mvq_launch<32, 1>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16 && rw == 2) mvq_launch<16, 2>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    else if (lpr == 16) mvq_launch<16, 1>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    else mvq_launch<8, 1>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
 }
 
 /* ---- the same for 2-8 input rows (decode batches). The single-row kernel's pattern (LPR

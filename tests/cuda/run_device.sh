@@ -6,7 +6,7 @@
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
 #   variants: check and pp512/pp2048 with LILY_CU_GEMM=0, LILY_CU_GDN_CHUNK=1 and LILY_CU_SPLITK=0; tg128 and tg128s
-#             with LILY_CU_PDL=0, with LILY_CU_FUSE=0, and as they are
+#             with LILY_CU_PDL=0, with LILY_CU_FUSE=0, with LILY_CU_SHSLOT=0, and as they are
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
 #   FIX   folder with the fixtures tiny, tiny-mlx4 (default ../shared/fixtures); tests/fixtures is read too
 #   OUT   where logs go (default /tmp/lily-device)
@@ -67,7 +67,7 @@ for stage in $stages; do
       done
       echo "## $v"; env $v "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done
-    for v in LILY_CU_PDL=0 LILY_CU_FUSE=0 X=default; do
+    for v in LILY_CU_PDL=0 LILY_CU_FUSE=0 LILY_CU_SHSLOT=0 X=default; do
       echo "## $v"; env $v "$BIN/lily-bench" --tests tg128,tg128s --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done ;;
   batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)

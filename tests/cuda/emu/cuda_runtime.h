@@ -111,6 +111,12 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
 template <class... P> cudaError_t cudaFuncSetAttribute(void (*func)(P...), cudaFuncAttribute attr, int value) {
     return cudaFuncSetAttribute((const void *)func, attr, value);
 }
+/* Blocks a multiprocessor holds at once: by threads (2,048) and shared memory (228 KB) alone */
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *func, int block, size_t smem);
+template <class... P>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void (*func)(P...), int block, size_t smem) {
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(n, (const void *)func, block, smem);
+}
 cudaError_t cudaDeviceSetLimit(cudaLimit l, size_t v);
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaDeviceReset(void);

@@ -670,6 +670,13 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
     }
     return cudaSuccess;
 }
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *func, int block, size_t smem) {
+    if (!func || !n || block <= 0 || block > 1024) return fail(cudaErrorInvalidValue);
+    int by_threads = 2048 / block, by_smem = smem ? (int)((228u << 10) / (smem + 1024)) : 32;
+    *n = by_threads < by_smem ? by_threads : by_smem;
+    if (*n > 32) *n = 32;
+    return cudaSuccess;
+}
 cudaError_t cudaDeviceSetLimit(cudaLimit, size_t) { return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
