@@ -620,7 +620,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
             float scn = 0.f, bin = 0.f;
             int cn = c + LPR;
             bool ld = cn < nch;
-            if (!ld && nt < ntiles) { np = mvq_locate(a, xsl, e, nt, nmi, rpt, rib); cn = sub; ld = true; }
+            if (!ld && nt < ntiles) { np = mvq_locate(a, xsl, e, nt, nmi, rpt, rib); cn = sub; ld = sub < nch; }
             if (ld) {
                 int r = min(np.row, np.rows - 1);
                 qn = __ldg((const uint4 *)np.w + (size_t)r * nch + cn);

@@ -583,6 +583,7 @@ int main(int argc, char **argv) {
     /* odd sizes */
     test_matmul(pool, LW_Q, 4, 64, 100, 512, 1);
     test_matmul(pool, LW_Q, 4, 64, 33, 1024, 1);
+    test_matmul(pool, LW_Q, 4, 64, 45, 1536, 1); /* 48 chunks over 32 lanes: half the lanes' second chunk is past the row */
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 1);
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 9);
     test_matmul(pool, LW_Q, 8, 32, 65, 160, 67);
