@@ -349,12 +349,15 @@ __device__ __forceinline__ int m_cols_f4(const mvq_args &a) { return a.m[0].cols
 /* One 16-byte chunk of 4-bit codes (one row, columns c*32 .. c*32+31) against the staged,
  * scaled input: the group's scale times the codes' dot product plus its bias times the chunk's
  * input sum. The input is read word by word as it is used, which keeps registers low. */
-__device__ __forceinline__ float mvq_chunk4(uint4 q, float sc, float bi, const float4 *xs, const float *sxs, int c) {
+/* (rot = c & 7, the swizzle's rotation: constant for a lane, whose chunks are LPR apart, LPR a
+ * multiple of 8, so its offsets need no recomputing a chunk) */
+__device__ __forceinline__ float mvq_chunk4(uint4 q, float sc, float bi, const float4 *xs, const float *sxs, int c, int rot) {
     uint32_t wv[4] = { q.x, q.y, q.z, q.w };
+    const float4 *xc = xs + c * 8;
     float sq = 0;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-        float4 u = xs[c * 8 + ((2 * w + c) & 7)], t = xs[c * 8 + ((2 * w + 1 + c) & 7)];
+        float4 u = xc[(2 * w + rot) & 7], t = xc[(2 * w + 1 + rot) & 7];
         uint32_t v = wv[w], h = v >> 12;
         sq += q4m(v, 0xFu) * u.x + q4m(v, 0xF0u) * u.y + q4m(v, 0xF00u) * u.z + q4m(v, 0xF000u) * u.w
             + q4m(v, 0xF0000u) * t.x + q4m(h, 0xF00u) * t.y + q4m(h, 0xF000u) * t.z + q4m(h, 0xF0000u) * t.w;
@@ -365,7 +368,7 @@ __device__ __forceinline__ float mvq_chunk4(uint4 q, float sc, float bi, const f
 /* Where a lane group's row of tile t lies: its matrix (mi only grows, as t does) and its row. */
 struct mvq_pos {
     const char *w, *s, *b; /* the matrix's codes, scales, biases (this slot's expert) */
-    int sbt, ng, cpg, rows, row;
+    int sbt, ng, lcpg, rows, row; /* lcpg: log2 of the chunks a quantization group (a power of two here) */
 };
 __device__ __forceinline__ mvq_pos mvq_locate(const mvq_args &a, bool xsl, int e, int t, int &mi, int rpt, int rib) {
     while (mi + 1 < a.n && t >= a.blk0[mi + 1]) mi++;
@@ -374,7 +377,7 @@ __device__ __forceinline__ mvq_pos mvq_locate(const mvq_args &a, bool xsl, int e
     p.w = (const char *)m.w + (long long)e * m.ew;
     p.s = (const char *)m.s + (long long)e * m.es;
     p.b = (const char *)m.b + (long long)e * m.es;
-    p.sbt = m.sbt; p.ng = m.cols / m.group; p.cpg = m.group / 32; p.rows = m.rows;
+    p.sbt = m.sbt; p.lcpg = __ffs(m.group / 32) - 1; p.ng = (m.cols / 32) >> p.lcpg; p.rows = m.rows;
     p.row = (t - a.blk0[mi]) * rpt + rib;
     return p;
 }
@@ -591,7 +594,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         if (sub < nch) {
             int r = min(p.row, p.rows - 1);
             q = __ldg((const uint4 *)p.w + (size_t)r * nch + sub);
-            size_t gi = (size_t)r * p.ng + sub / p.cpg;
+            size_t gi = (size_t)r * p.ng + (sub >> p.lcpg);
             sc = ld_sb(p.s, p.sbt, gi); bi = ld_sb(p.b, p.sbt, gi);
         }
     }
@@ -606,7 +609,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         if (sub < nch) {
             int r = min(p.row, p.rows - 1);
             q = __ldg((const uint4 *)p.w + (size_t)r * nch + sub);
-            size_t gi = (size_t)r * p.ng + sub / p.cpg;
+            size_t gi = (size_t)r * p.ng + (sub >> p.lcpg);
             sc = ld_sb(p.s, p.sbt, gi); bi = ld_sb(p.b, p.sbt, gi);
         }
     }
@@ -624,10 +627,10 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
             if (ld) {
                 int r = min(np.row, np.rows - 1);
                 qn = __ldg((const uint4 *)np.w + (size_t)r * nch + cn);
-                size_t gi = (size_t)r * np.ng + cn / np.cpg;
+                size_t gi = (size_t)r * np.ng + (cn >> np.lcpg);
                 scn = ld_sb(np.s, np.sbt, gi); bin = ld_sb(np.b, np.sbt, gi);
             }
-            acc += mvq_chunk4(q, sc, bi, xs, sxs, c);
+            acc += mvq_chunk4(q, sc, bi, xs, sxs, c, sub & 7);
             q = qn; sc = scn; bi = bin;
         }
 #pragma unroll
@@ -684,6 +687,8 @@ static void mvq4_launch(int tiles, int nslots, int bt, size_t sm, cudaStream_t s
     k_mvq4<LPR><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 
+static int pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
 /* LILY_CU_MVQ4=0: 4-bit matrices through k_mvq too, for measuring */
 static int mvq4_enabled(void) {
     static int on = -1;
@@ -730,7 +735,9 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     a.blk0[n] = nb;
     size_t sm = (size_t)cols * sizeof(float) + (size_t)nch * sizeof(float);
     int bt = warps * WARP, one = fu && fu->sel, all4 = 1;
-    for (int i = 0; i < n; i++) all4 &= W[i]->bits == 4 && (!fu || !fu->xslot || fu->xm[i].bits == 4);
+    for (int i = 0; i < n; i++) { /* (k_mvq4 shifts chunk indices to group indices) */
+        all4 &= W[i]->bits == 4 && pow2(W[i]->group / 32) && (!fu || !fu->xslot || (fu->xm[i].bits == 4 && fu->xm[i].group == W[i]->group));
+    }
     if (rw == 1 && all4 && !one && mvq4_enabled()) {
         if (lpr == 32) mvq4_launch<32>(nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
         else if (lpr == 16) mvq4_launch<16>(nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
