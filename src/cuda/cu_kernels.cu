@@ -572,8 +572,9 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
 /* The same for one row a lane group and 4-bit codes only, software-pipelined: the next chunk's
  * codes (the next tile's first, at a tile's last) are loaded before this chunk is computed, so
  * each warp keeps a load in flight, and only two chunks of codes live in registers. (k_mvq held
- * eight float4s of input a chunk, two chunks unrolled: 64 registers with spills, 4 blocks an SM,
- * and the lm_head at 1.1-1.4 TB/s.) No fused top-k. */
+ * eight float4s of input a chunk, two chunks unrolled: 64 registers with spills, 4 blocks an SM.)
+ * Four chunks ahead in a register ring measured slower on the H200: the kernel is bound by the
+ * instructions it issues, not by loads in flight (bench/RESULTS.md). No fused top-k. */
 template <int LPR>
 __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
                                               const int *eidx, int xdiv) {
