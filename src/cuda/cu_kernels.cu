@@ -382,6 +382,14 @@ __device__ __forceinline__ mvq_pos mvq_locate(const mvq_args &a, bool xsl, int e
     return p;
 }
 
+/* Slot mode (eidx): this slot's expert (none for the extra slot xsl) and its input rows. */
+__device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X, const float *X2, int ldx, const int *eidx,
+                                              int xdiv, bool xsl, int slot, const float *&x, const float *&x2) {
+    int xr = xsl ? a.f.xrow : slot / xdiv;
+    x = X + (size_t)xr * ldx;
+    if (X2) x2 = X2 + (size_t)xr * ldx;
+    return xsl ? 0 : eidx[slot];
+}
 /* The block's input: x (silu(x) * x2 when has2; rmsnorm(x + add) * nw with the fused norm, which
  * block (0, 0) also writes to tout), swizzled and scaled into xs, and each chunk's sum into sxs. */
 __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, const float *x2, bool has2, int nch, float4 *xs,
@@ -467,12 +475,7 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
     }
     CU_PDL();
     const float *x = X, *x2 = X2;
-    if (eidx) {
-        e = xsl ? 0 : eidx[slot];
-        int xr = xsl ? a.f.xrow : slot / xdiv;
-        x = X + (size_t)xr * ldx;
-        if (X2) x2 = X2 + (size_t)xr * ldx;
-    }
+    if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
     mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs);
     for (bool first = true; tile < ntiles; tile += gridDim.x, first = false) {
         while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
@@ -602,10 +605,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
     CU_PDL();
     const float *x = X, *x2 = X2;
     if (eidx) {
-        e = xsl ? 0 : eidx[slot];
-        int xr = xsl ? a.f.xrow : slot / xdiv;
-        x = X + (size_t)xr * ldx;
-        if (X2) x2 = X2 + (size_t)xr * ldx;
+        e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
         p = mvq_locate(a, xsl, e, tile, mi, rpt, rib);
         if (sub < nch) {
             int r = min(p.row, p.rows - 1);
