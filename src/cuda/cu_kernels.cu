@@ -322,9 +322,13 @@ __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, fl
 __device__ __forceinline__ float q4m(uint32_t v, uint32_t mask) {
     return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f;
 }
-/* the input's float4 j of chunk c (columns c*32 + 4j .. +3) times 2^-s, in place */
+/* Where the staged input's float4 j of chunk c (columns c*32 + 4j .. +3) lies: rotated by the
+ * chunk (j XOR c mod 8), so the lanes of a warp, each on its own chunk, read distinct banks; as an
+ * XOR, a lane finds every float4 of its chunk from one base, (c*8 + (c & 7)) ^ j. */
+__device__ __forceinline__ int mvq_sw(int c, int j) { return c * 8 + (j ^ (c & 7)); }
+/* the input's float4 j of chunk c times 2^-s, in place */
 __device__ __forceinline__ void mvq_scale(float4 *xs, int c, int j) {
-    float4 &v = xs[c * 8 + ((j + c) & 7)];
+    float4 &v = xs[mvq_sw(c, j)];
     if (j & 1) { v.x *= 0x1p-16f; v.y *= 0x1p-8f; v.z *= 0x1p-12f; v.w *= 0x1p-16f; }
     else { v.y *= 0x1p-4f; v.z *= 0x1p-8f; v.w *= 0x1p-12f; }
 }
@@ -338,7 +342,7 @@ __device__ __forceinline__ float4 mvq_unscale(float4 v, int j) {
 __device__ __forceinline__ float mvq_chunk_sum(const float4 *xs, int c) {
     float sx = 0;
     for (int j = 0; j < 8; j++) {
-        float4 v = mvq_unscale(xs[c * 8 + ((j + c) & 7)], j);
+        float4 v = mvq_unscale(xs[mvq_sw(c, j)], j);
         sx += (v.x + v.y) + (v.z + v.w);
     }
     return sx;
@@ -349,15 +353,14 @@ __device__ __forceinline__ int m_cols_f4(const mvq_args &a) { return a.m[0].cols
 /* One 16-byte chunk of 4-bit codes (one row, columns c*32 .. c*32+31) against the staged,
  * scaled input: the group's scale times the codes' dot product plus its bias times the chunk's
  * input sum. The input is read word by word as it is used, which keeps registers low. */
-/* (rot = c & 7, the swizzle's rotation: constant for a lane, whose chunks are LPR apart, LPR a
- * multiple of 8, so its offsets need no recomputing a chunk) */
+/* (rot = c & 7: constant for a lane, whose chunks are LPR apart, LPR a multiple of 8) */
 __device__ __forceinline__ float mvq_chunk4(uint4 q, float sc, float bi, const float4 *xs, const float *sxs, int c, int rot) {
     uint32_t wv[4] = { q.x, q.y, q.z, q.w };
-    const float4 *xc = xs + c * 8;
+    const int b = c * 8 + rot; /* mvq_sw(c, j) == b ^ j */
     float sq = 0;
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-        float4 u = xc[(2 * w + rot) & 7], t = xc[(2 * w + 1 + rot) & 7];
+        float4 u = xs[b ^ (2 * w)], t = xs[b ^ (2 * w + 1)];
         uint32_t v = wv[w], h = v >> 12;
         sq += q4m(v, 0xFu) * u.x + q4m(v, 0xF0u) * u.y + q4m(v, 0xF00u) * u.z + q4m(v, 0xF000u) * u.w
             + q4m(v, 0xF0000u) * t.x + q4m(h, 0xF00u) * t.y + q4m(h, 0xF000u) * t.z + q4m(h, 0xF0000u) * t.w;
@@ -367,19 +370,31 @@ __device__ __forceinline__ float mvq_chunk4(uint4 q, float sc, float bi, const f
 
 /* Where a lane group's row of tile t lies: its matrix (mi only grows, as t does) and its row. */
 struct mvq_pos {
-    const char *w, *s, *b; /* the matrix's codes, scales, biases (this slot's expert) */
-    int sbt, ng, lcpg, rows, row; /* lcpg: log2 of the chunks a quantization group (a power of two here) */
+    const uint4 *w;        /* the row's codes, 16 bytes a chunk (the last row for rows past the matrix) */
+    const char *s, *b;     /* its group scales and biases */
+    int sbt, lcpg;         /* their type; log2 of the chunks a quantization group (a power of two) */
+    int rows, row;
 };
 __device__ __forceinline__ mvq_pos mvq_locate(const mvq_args &a, bool xsl, int e, int t, int &mi, int rpt, int rib) {
     while (mi + 1 < a.n && t >= a.blk0[mi + 1]) mi++;
     const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
     mvq_pos p;
-    p.w = (const char *)m.w + (long long)e * m.ew;
-    p.s = (const char *)m.s + (long long)e * m.es;
-    p.b = (const char *)m.b + (long long)e * m.es;
-    p.sbt = m.sbt; p.lcpg = __ffs(m.group / 32) - 1; p.ng = (m.cols / 32) >> p.lcpg; p.rows = m.rows;
+    p.sbt = m.sbt; p.lcpg = __ffs(m.group / 32) - 1; p.rows = m.rows;
     p.row = (t - a.blk0[mi]) * rpt + rib;
+    const int nch = m.cols / 32, r = min(p.row, m.rows - 1);
+    const size_t gi = (size_t)r * (nch >> p.lcpg), sz = m.sbt == LW_F32 ? 4 : 2;
+    p.w = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * nch;
+    p.s = (const char *)m.s + (long long)e * m.es + gi * sz;
+    p.b = (const char *)m.b + (long long)e * m.es + gi * sz;
     return p;
+}
+/* a group's scale or bias, SBT its type when known at compile time (-1: read p.sbt) */
+template <int SBT>
+__device__ __forceinline__ float mvq_sb(const char *p, int sbt, int i) {
+    if (SBT == LW_BF16) return bf2f(((const uint16_t *)p)[i]);
+    if (SBT == LW_F16) return h2f(((const uint16_t *)p)[i]);
+    if (SBT == LW_F32) return ((const float *)p)[i];
+    return ld_sb(p, sbt, (size_t)i);
 }
 
 /* Slot mode (eidx): this slot's expert (none for the extra slot xsl) and its input rows. */
@@ -402,16 +417,16 @@ __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, con
             const float *p = x + c * 32 + j * 4, *ad = a.f.add + c * 32 + j * 4;
             float4 v = make_float4(p[0] + ad[0], p[1] + ad[1], p[2] + ad[2], p[3] + ad[3]);
             ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
-            xs[c * 8 + ((j + c) & 7)] = v;
+            xs[mvq_sw(c, j)] = v;
         }
         ss = block_sum(ss, red);
         const float r = 1.0f / sqrtf(ss / (nch * 32) + a.f.eps);
         for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) { /* the same elements as this thread staged */
             int c = i / 8, j = i % 8;
             const float *w = a.f.nw + c * 32 + j * 4;
-            float4 v = xs[c * 8 + ((j + c) & 7)];
+            float4 v = xs[mvq_sw(c, j)];
             v.x = v.x * r * w[0]; v.y = v.y * r * w[1]; v.z = v.z * r * w[2]; v.w = v.w * r * w[3];
-            xs[c * 8 + ((j + c) & 7)] = v;
+            xs[mvq_sw(c, j)] = v;
             if (blockIdx.x == 0 && blockIdx.y == 0) {
                 float *o = a.f.tout + c * 32 + j * 4;
                 o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
@@ -427,7 +442,7 @@ __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, con
                 const float *p2 = x2 + c * 32 + j * 4;
                 v.x = silu_f(v.x) * p2[0]; v.y = silu_f(v.y) * p2[1]; v.z = silu_f(v.z) * p2[2]; v.w = silu_f(v.w) * p2[3];
             }
-            xs[c * 8 + ((j + c) & 7)] = v;
+            xs[mvq_sw(c, j)] = v;
             mvq_scale(xs, c, j);
         }
     }
@@ -511,7 +526,7 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
                 }
                 float4 xv[8];
 #pragma unroll
-                for (int j = 0; j < 8; j++) xv[j] = xs[c * 8 + ((j + c) & 7)];
+                for (int j = 0; j < 8; j++) xv[j] = xs[mvq_sw(c, j)];
                 const float sx = sxs[c];
 #pragma unroll
                 for (int k = 0; k < RW; k++) {
@@ -531,7 +546,7 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
             for (int c = sub; c < nch; c += LPR) {
                 float4 xv[8];
 #pragma unroll
-                for (int j = 0; j < 8; j++) xv[j] = mvq_unscale(xs[c * 8 + ((j + c) & 7)], j);
+                for (int j = 0; j < 8; j++) xv[j] = mvq_unscale(xs[mvq_sw(c, j)], j);
                 const float sx = sxs[c];
 #pragma unroll
                 for (int k = 0; k < RW; k++) {
@@ -578,7 +593,7 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
  * eight float4s of input a chunk, two chunks unrolled: 64 registers with spills, 4 blocks an SM.)
  * Four chunks ahead in a register ring measured slower on the H200: the kernel is bound by the
  * instructions it issues, not by loads in flight (bench/RESULTS.md). No fused top-k. */
-template <int LPR>
+template <int LPR, int SBT>
 __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
                                               const int *eidx, int xdiv) {
     extern __shared__ float4 xs[];
@@ -596,10 +611,8 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
     if (!eidx) {
         p = mvq_locate(a, xsl, 0, tile, mi, rpt, rib);
         if (sub < nch) {
-            int r = min(p.row, p.rows - 1);
-            q = __ldg((const uint4 *)p.w + (size_t)r * nch + sub);
-            size_t gi = (size_t)r * p.ng + (sub >> p.lcpg);
-            sc = ld_sb(p.s, p.sbt, gi); bi = ld_sb(p.b, p.sbt, gi);
+            q = __ldg(p.w + sub);
+            sc = mvq_sb<SBT>(p.s, p.sbt, sub >> p.lcpg); bi = mvq_sb<SBT>(p.b, p.sbt, sub >> p.lcpg);
         }
     }
     CU_PDL();
@@ -608,10 +621,8 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
         p = mvq_locate(a, xsl, e, tile, mi, rpt, rib);
         if (sub < nch) {
-            int r = min(p.row, p.rows - 1);
-            q = __ldg((const uint4 *)p.w + (size_t)r * nch + sub);
-            size_t gi = (size_t)r * p.ng + (sub >> p.lcpg);
-            sc = ld_sb(p.s, p.sbt, gi); bi = ld_sb(p.b, p.sbt, gi);
+            q = __ldg(p.w + sub);
+            sc = mvq_sb<SBT>(p.s, p.sbt, sub >> p.lcpg); bi = mvq_sb<SBT>(p.b, p.sbt, sub >> p.lcpg);
         }
     }
     mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs);
@@ -626,10 +637,8 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
             bool ld = cn < nch;
             if (!ld && nt < ntiles) { np = mvq_locate(a, xsl, e, nt, nmi, rpt, rib); cn = sub; ld = sub < nch; }
             if (ld) {
-                int r = min(np.row, np.rows - 1);
-                qn = __ldg((const uint4 *)np.w + (size_t)r * nch + cn);
-                size_t gi = (size_t)r * np.ng + (cn >> np.lcpg);
-                scn = ld_sb(np.s, np.sbt, gi); bin = ld_sb(np.b, np.sbt, gi);
+                qn = __ldg(np.w + cn);
+                scn = mvq_sb<SBT>(np.s, np.sbt, cn >> np.lcpg); bin = mvq_sb<SBT>(np.b, np.sbt, cn >> np.lcpg);
             }
             acc += mvq_chunk4(q, sc, bi, xs, sxs, c, sub & 7);
             q = qn; sc = scn; bi = bin;
@@ -681,14 +690,29 @@ static void mvq_launch(int tiles, int nslots, int one_a_tile, int bt, size_t sm,
     int gx = mvq_grid(k_mvq<LPR, RW>, tiles, nslots, one_a_tile, bt, sm);
     k_mvq<LPR, RW><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
+template <int LPR, int SBT>
+static void mvq4_launch_t(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
+                          const float *X2, int ldx, const int *eidx, int xdiv) {
+    int gx = mvq_grid(k_mvq4<LPR, SBT>, tiles, nslots, 0, bt, sm);
+    k_mvq4<LPR, SBT><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+}
+/* bf16 group constants (MLX's) get their own kernel, without the type's branch a load;
+ * sbt: the launch's matrices' common type, -1 when they differ */
 template <int LPR>
-static void mvq4_launch(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
+static void mvq4_launch(int sbt, int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
                         const float *X2, int ldx, const int *eidx, int xdiv) {
-    int gx = mvq_grid(k_mvq4<LPR>, tiles, nslots, 0, bt, sm);
-    k_mvq4<LPR><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    if (sbt == LW_BF16) mvq4_launch_t<LPR, LW_BF16>(tiles, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    else mvq4_launch_t<LPR, -1>(tiles, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
 }
 
 static int pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+/* LILY_CU_MVQ4_SBT=0: the kernel that reads the group constants' type at run time for all, for
+ * measuring (and so the emulator's tests cover it on the bf16 fixtures) */
+static int mvq4_sbt_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_MVQ4_SBT", 1);
+}
 
 /* LILY_CU_MVQ4=0: 4-bit matrices through k_mvq too, for measuring */
 static int mvq4_enabled(void) {
@@ -740,9 +764,12 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
         all4 &= W[i]->bits == 4 && pow2(W[i]->group / 32) && (!fu || !fu->xslot || (fu->xm[i].bits == 4 && fu->xm[i].group == W[i]->group));
     }
     if (rw == 1 && all4 && !one && mvq4_enabled()) {
-        if (lpr == 32) mvq4_launch<32>(nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
-        else if (lpr == 16) mvq4_launch<16>(nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
-        else mvq4_launch<8>(nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+        int sbt = W[0]->sbt;
+        for (int i = 0; i < n; i++)
+            if (W[i]->sbt != sbt || (fu && fu->xslot && fu->xm[i].sbt != sbt) || !mvq4_sbt_enabled()) sbt = -1;
+        if (lpr == 32) mvq4_launch<32>(sbt, nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+        else if (lpr == 16) mvq4_launch<16>(sbt, nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+        else mvq4_launch<8>(sbt, nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
     } else if (lpr == 32 && rw == 4) mvq_launch<32, 4>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
     else if (lpr == 32 && rw == 2) mvq_launch<32, 2>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
     else if (lpr == 32) mvq_launch<32, 1>(nb, nslots, one, bt, sm, s, a, X, X2, ldx, eidx, xdiv);

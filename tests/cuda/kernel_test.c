@@ -49,22 +49,30 @@ static float *rnd(size_t n, float sd) {
     return p;
 }
 
-/* A random matrix of the given storage: type LW_Q with bits 4/8 (bf16 scales, group g). */
+/* the type of the quantized matrices' scales and biases (MLX: bf16) */
+static lw_type mk_sbt = LW_BF16;
+static void put_sb(void *p, size_t i, float v) {
+    if (mk_sbt == LW_F32) ((float *)p)[i] = v;
+    else if (mk_sbt == LW_F16) ((uint16_t *)p)[i] = lily_f32_to_f16(v);
+    else ((uint16_t *)p)[i] = lily_f32_to_bf16(v);
+}
+
+/* A random matrix of the given storage: type LW_Q with bits 4/8 (mk_sbt scales, group g). */
 static lw_mat mk_mat(lw_type t, int bits, int group, int rows, int cols, void **hold) {
     lw_mat m;
     memset(&m, 0, sizeof m);
     m.type = t; m.rows = rows; m.cols = cols;
     size_t n = (size_t)rows * cols;
     if (t == LW_Q) {
-        m.bits = bits; m.group = group; m.sb_type = LW_BF16;
-        size_t words = n * bits / 32, ng = n / group;
+        m.bits = bits; m.group = group; m.sb_type = mk_sbt;
+        size_t words = n * bits / 32, ng = n / group, sz = mk_sbt == LW_F32 ? 4 : 2;
         uint32_t *w = malloc(words * 4);
-        uint16_t *s = malloc(ng * 2), *b = malloc(ng * 2);
+        void *s = malloc(ng * sz), *b = malloc(ng * sz);
         for (size_t i = 0; i < words; i++) w[i] = (uint32_t)lily_rng_u64(&rng);
         float amp = 1.0f / sqrtf((float)cols);
         for (size_t i = 0; i < ng; i++) {
-            s[i] = lily_f32_to_bf16(amp * (0.5f + (float)lily_rng_uniform(&rng)) / ((1 << bits) - 1) * 2);
-            b[i] = lily_f32_to_bf16(-amp * (0.5f + (float)lily_rng_uniform(&rng)));
+            put_sb(s, i, amp * (0.5f + (float)lily_rng_uniform(&rng)) / ((1 << bits) - 1) * 2);
+            put_sb(b, i, -amp * (0.5f + (float)lily_rng_uniform(&rng)));
         }
         m.w = w; m.scales = s; m.biases = b;
         hold[0] = w; hold[1] = s; hold[2] = b;
@@ -584,6 +592,14 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_Q, 4, 64, 100, 512, 1);
     test_matmul(pool, LW_Q, 4, 64, 33, 1024, 1);
     test_matmul(pool, LW_Q, 4, 64, 45, 1536, 1); /* 48 chunks over 32 lanes: half the lanes' second chunk is past the row */
+    /* scales and biases stored as f16 and f32 (the decode kernel's run-time typed path) */
+    mk_sbt = LW_F16;
+    test_matmul(pool, LW_Q, 4, 64, 70, 2048, 1);
+    test_matmul(pool, LW_Q, 8, 64, 33, 512, 1);
+    mk_sbt = LW_F32;
+    test_matmul(pool, LW_Q, 4, 64, 70, 2048, 1);
+    test_matmul(pool, LW_Q, 4, 32, 19, 512, 3);
+    mk_sbt = LW_BF16;
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 1);
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 9);
     test_matmul(pool, LW_Q, 8, 32, 65, 160, 67);
