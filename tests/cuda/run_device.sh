@@ -1,7 +1,7 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench batch variants   (default: build check kernels model bench batch)
+#   stages: build fixtures check kernels model bench batch variants ncu   (default: build check kernels model bench batch)
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
@@ -79,6 +79,17 @@ for stage in $stages; do
     done
     [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
     for n in 1 4 8; do bash bench/server_concurrency.sh "$BIN/lily-server" /tmp/lily-m4 $n --backend cuda 2>&1 | tee -a "$OUT/batch.md"; done ;;
+  ncu) # Nsight Compute: every kernel of 3 greedy decode tokens (time, DRAM bytes), one token's table with
+       # each kernel's byte floor (ncu.md), and the lm_head's speed-of-light, memory and issue sections
+    ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum -k 'regex:^(?!k_fill)' --csv --page raw \
+      "$BIN/lily-bench" --tests tg3 --reps 1 --warmup 0 >"$OUT/ncu.csv" 2>"$OUT/ncu.err" || { tail "$OUT/ncu.err"; fail=1; }
+    python3 tests/cuda/ncu_table.py "$OUT/ncu.csv" | tee "$OUT/ncu.md" || fail=1
+    # the lm_head: the last matrix-vector launch of a one-token run (k_mvq4 when the weights are 4-bit)
+    n=$(grep -c 'k_mvq4<' "$OUT/ncu.csv"); n=$(( n / 3 - 1 ))
+    ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats \
+      --section WarpStateStats -k regex:k_mvq4 --launch-skip $(( n > 0 ? n : 0 )) --launch-count 1 \
+      "$BIN/lily-bench" --tests tg1 --reps 1 --warmup 0 2>&1 | grep -vE '^==PROF==|^\s*$' | tee "$OUT/ncu_lm_head.txt" | \
+      grep -E 'k_mvq4|Duration|Throughput|Issued|Eligible' ;;
   bench)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
     "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps ${REPS:-5} -o md ${PROFILE:+--profile} 2>&1 | tee "$OUT/bench.md" ;;
