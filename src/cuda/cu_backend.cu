@@ -484,6 +484,7 @@ static int moe_shared_slot(const lcuda_session *s, const cu_layer *L) {
     static int on = -1;
     const lily_config *c = &s->m->cfg;
     return cu_env_flag(&on, "LILY_CU_SHSLOT", 1) && c->shared_inter == c->moe_inter && cu_mvq_ok(&L->sh_down) &&
+           cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down) && /* the experts' launches it rides in */
            L->sh_gate.rows == L->gate.rows && L->sh_up.rows == L->up.rows && L->sh_down.rows == L->down.rows &&
            L->sh_down.cols == L->down.cols && L->sh_gate.cols == L->gate.cols;
 }
