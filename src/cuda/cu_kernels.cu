@@ -667,8 +667,9 @@ static int cu_sm_count(void) {
  * block too. The kernel may take MVQ_SMEM of dynamic shared memory (a refusal leaves the
  * launch to fail, which the forward's launch check reports). */
 template <class K>
-static int mvq_grid(K kern, int tiles, int nslots, int one_a_tile, int bt, size_t sm) {
-    static int attr_set, cap_env = -2;
+static int mvq_grid(K kern, int &attr_set, int tiles, int nslots, int one_a_tile, int bt, size_t sm) {
+    static int cap_env = -2;
+    /* (attr_set: the caller's, one for each kernel; the kernels share K, their pointer type) */
     if (!attr_set) attr_set = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
     if (cap_env == -2) {
         const char *e = getenv("LILY_CU_MVQ_BLOCKS");
@@ -687,13 +688,15 @@ static int mvq_grid(K kern, int tiles, int nslots, int one_a_tile, int bt, size_
 template <int LPR, int RW>
 static void mvq_launch(int tiles, int nslots, int one_a_tile, int bt, size_t sm, cudaStream_t s, const mvq_args &a,
                        const float *X, const float *X2, int ldx, const int *eidx, int xdiv) {
-    int gx = mvq_grid(k_mvq<LPR, RW>, tiles, nslots, one_a_tile, bt, sm);
+    static int attr_set;
+    int gx = mvq_grid(k_mvq<LPR, RW>, attr_set, tiles, nslots, one_a_tile, bt, sm);
     k_mvq<LPR, RW><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int SBT>
 static void mvq4_launch_t(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
                           const float *X2, int ldx, const int *eidx, int xdiv) {
-    int gx = mvq_grid(k_mvq4<LPR, SBT>, tiles, nslots, 0, bt, sm);
+    static int attr_set;
+    int gx = mvq_grid(k_mvq4<LPR, SBT>, attr_set, tiles, nslots, 0, bt, sm);
     k_mvq4<LPR, SBT><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 /* bf16 group constants (MLX's) get their own kernel, without the type's branch a load;

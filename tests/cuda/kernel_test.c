@@ -595,6 +595,7 @@ int main(int argc, char **argv) {
     /* scales and biases stored as f16 and f32 (the decode kernel's run-time typed path) */
     mk_sbt = LW_F16;
     test_matmul(pool, LW_Q, 4, 64, 70, 2048, 1);
+    test_matmul(pool, LW_Q, 4, 64, 19, 12288, 1); /* another kernel past 48 KB of staged input: its own opt-in */
     test_matmul(pool, LW_Q, 8, 64, 33, 512, 1);
     mk_sbt = LW_F32;
     test_matmul(pool, LW_Q, 4, 64, 70, 2048, 1);
