@@ -80,7 +80,8 @@ for stage in $stages; do
     [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
     for n in 1 4 8; do bash bench/server_concurrency.sh "$BIN/lily-server" /tmp/lily-m4 $n --backend cuda 2>&1 | tee -a "$OUT/batch.md"; done ;;
   ncu) # Nsight Compute: every kernel of 3 greedy decode tokens (time, DRAM bytes), one token's table with
-       # each kernel's byte floor (ncu.md), and the lm_head's speed-of-light, memory and issue sections
+       # each kernel's byte floor (ncu.md), the lm_head's speed-of-light, memory and issue sections, and
+       # k_mvq4's SASS (k_mvq4.sass)
     ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum -k 'regex:^(?!k_fill)' --csv --page raw \
       "$BIN/lily-bench" --tests tg3 --reps 1 --warmup 0 >"$OUT/ncu.csv" 2>"$OUT/ncu.err" || { tail "$OUT/ncu.err"; fail=1; }
     python3 tests/cuda/ncu_table.py "$OUT/ncu.csv" | tee "$OUT/ncu.md" || fail=1
@@ -89,7 +90,13 @@ for stage in $stages; do
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats \
       --section WarpStateStats -k regex:k_mvq4 --launch-skip $(( n > 0 ? n : 0 )) --launch-count 1 \
       "$BIN/lily-bench" --tests tg1 --reps 1 --warmup 0 2>&1 | grep -vE '^==PROF==|^\s*$' | tee "$OUT/ncu_lm_head.txt" | \
-      grep -E 'k_mvq4|Duration|Throughput|Issued|Eligible' ;;
+      grep -E 'k_mvq4|Duration|Throughput|Issued|Eligible'
+    # the decode kernels' machine code (cuobjdump is on the GPU machine, not on the dev machine): every
+    # k_mvq4 instantiation, and its instruction count, for the instructions-per-chunk budget
+    cuobjdump -sass "$BIN/lily-bench" 2>/dev/null | awk '/Function : .*k_mvq4/ {on = 1; print; next} /Function : / {on = 0} on' \
+      >"$OUT/k_mvq4.sass"
+    awk '/Function : / {if (f) print f ": " n " instructions"; f = $3; n = 0; next} /^[ \t]*\/\*[0-9a-f]+\*\// {n++}
+         END {if (f) print f ": " n " instructions"}' "$OUT/k_mvq4.sass" ;;
   bench)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
     "$BIN/lily-bench" --tests "${BENCH:-pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768}" --reps ${REPS:-5} -o md ${PROFILE:+--profile} 2>&1 | tee "$OUT/bench.md" ;;
