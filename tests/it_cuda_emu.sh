@@ -109,12 +109,14 @@ emu_unit test_sample_gen "cuda backend"
 
 # whole model (a random tiny one): CPU and CUDA logits after a prompt long enough for the
 # tensor-core tiles, greedy steps on both, and the GPU decode loop (CUDA graph replay) giving
-# the same tokens. The tiles run with fp32 inputs (LILY_EMU_TF32=fp32): in a tiny random model
-# TF32 rounding can flip an expert choice (seen: logits rel err 0.23 at one seed), which is a
-# precision effect, not what this checks; the kernel test bounds TF32's error per matmul.
+# the same tokens. The prefill runs the fp32 tiles with fp32 inputs (LILY_CU_GEMM=0,
+# LILY_EMU_TF32=fp32): in a tiny random model a 10-bit mantissa can flip an expert choice or a
+# near-tied greedy token (TF32, seen: logits rel err 0.23 at one seed; the FP16 GEMM, seed
+# 201660224: the 7th of 12 tokens), which is a precision effect, not what this checks. The kernel
+# test bounds those GEMMs' error per matmul, and lily check above runs them end to end.
 t0=$(date +%s.%N)
 if "$E/lily" synth --out "$tmp/model" --layout mlx4 --preset tiny --seed "$seed" >"$tmp/synth.log" 2>&1; then
-  LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model" --prompt 140 --steps 12 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
+  LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model" --prompt 140 --steps 12 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
   line=$(tail -n 1 "$tmp/model.log")
   if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed'; then ok "emulated cuda-kernel-test --model (tiny, 140-token prompt, 12 steps, $(secs "$t0") s): $line"
   else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model (rc=$rc)"; fi
