@@ -397,6 +397,13 @@ __device__ __forceinline__ float mvq_sb(const char *p, int sbt, int i) {
     return ld_sb(p, sbt, (size_t)i);
 }
 
+/* chunk c of p's row: its codes, and its group's scale and bias */
+template <int SBT>
+__device__ __forceinline__ void mvq_load(const mvq_pos &p, int c, uint4 &q, float &sc, float &bi) {
+    q = __ldg(p.w + c);
+    sc = mvq_sb<SBT>(p.s, p.sbt, c >> p.lcpg);
+    bi = mvq_sb<SBT>(p.b, p.sbt, c >> p.lcpg);
+}
 /* Slot mode (eidx): this slot's expert (none for the extra slot xsl) and its input rows. */
 __device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X, const float *X2, int ldx, const int *eidx,
                                               int xdiv, bool xsl, int slot, const float *&x, const float *&x2) {
@@ -610,20 +617,14 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
      * never written); an expert's index comes from that kernel */
     if (!eidx) {
         p = mvq_locate(a, xsl, 0, tile, mi, rpt, rib);
-        if (sub < nch) {
-            q = __ldg(p.w + sub);
-            sc = mvq_sb<SBT>(p.s, p.sbt, sub >> p.lcpg); bi = mvq_sb<SBT>(p.b, p.sbt, sub >> p.lcpg);
-        }
+        if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
     CU_PDL();
     const float *x = X, *x2 = X2;
     if (eidx) {
         e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
         p = mvq_locate(a, xsl, e, tile, mi, rpt, rib);
-        if (sub < nch) {
-            q = __ldg(p.w + sub);
-            sc = mvq_sb<SBT>(p.s, p.sbt, sub >> p.lcpg); bi = mvq_sb<SBT>(p.b, p.sbt, sub >> p.lcpg);
-        }
+        if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
     mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs);
     while (tile < ntiles) {
@@ -636,10 +637,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
             int cn = c + LPR;
             bool ld = cn < nch;
             if (!ld && nt < ntiles) { np = mvq_locate(a, xsl, e, nt, nmi, rpt, rib); cn = sub; ld = sub < nch; }
-            if (ld) {
-                qn = __ldg(np.w + cn);
-                scn = mvq_sb<SBT>(np.s, np.sbt, cn >> np.lcpg); bin = mvq_sb<SBT>(np.b, np.sbt, cn >> np.lcpg);
-            }
+            if (ld) mvq_load<SBT>(np, cn, qn, scn, bin);
             acc += mvq_chunk4(q, sc, bi, xs, sxs, c, sub & 7);
             q = qn; sc = scn; bi = bin;
         }
@@ -666,18 +664,32 @@ static int cu_sm_count(void) {
  * LILY_CU_MVQ_BLOCKS caps them lower, so the emulator's small matrices walk several tiles a
  * block too. The kernel may take MVQ_SMEM of dynamic shared memory (a refusal leaves the
  * launch to fail, which the forward's launch check reports). */
+/* One kernel's launch state: whether it opted in to MVQ_SMEM, and the blocks an SM holds for
+ * the few shared-memory sizes it is launched with (the matrices' widths), asked once each:
+ * the stepwise decode launches it a hundred times a token. */
+typedef struct {
+    int attr_set, nocc;
+    size_t occ_sm[8];
+    int occ[8];
+} mvq_kstate;
+
 template <class K>
-static int mvq_grid(K kern, int &attr_set, int tiles, int nslots, int one_a_tile, int bt, size_t sm) {
+static int mvq_grid(K kern, mvq_kstate &ks, int tiles, int nslots, int one_a_tile, int bt, size_t sm) {
     static int cap_env = -2;
-    /* (attr_set: the caller's, one for each kernel; the kernels share K, their pointer type) */
-    if (!attr_set) attr_set = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
+    /* (ks: the caller's, one for each kernel; the kernels share K, their pointer type) */
+    if (!ks.attr_set) ks.attr_set = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
     if (cap_env == -2) {
         const char *e = getenv("LILY_CU_MVQ_BLOCKS");
         cap_env = e && atoi(e) > 0 ? atoi(e) : -1;
     }
     if (one_a_tile) return tiles;
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, bt, sm) != cudaSuccess || per_sm < 1) per_sm = 1;
+    int per_sm = 0, k = 0;
+    while (k < ks.nocc && ks.occ_sm[k] != sm) k++;
+    if (k < ks.nocc) per_sm = ks.occ[k];
+    else {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, bt, sm) != cudaSuccess || per_sm < 1) per_sm = 1;
+        if (ks.nocc < 8) { ks.occ_sm[ks.nocc] = sm; ks.occ[ks.nocc++] = per_sm; }
+    }
     int cap = cap_env > 0 ? cap_env : per_sm * cu_sm_count() / nslots;
     if (cap < 1) cap = 1;
     if (tiles <= cap) return tiles;
@@ -688,15 +700,15 @@ static int mvq_grid(K kern, int &attr_set, int tiles, int nslots, int one_a_tile
 template <int LPR, int RW>
 static void mvq_launch(int tiles, int nslots, int one_a_tile, int bt, size_t sm, cudaStream_t s, const mvq_args &a,
                        const float *X, const float *X2, int ldx, const int *eidx, int xdiv) {
-    static int attr_set;
-    int gx = mvq_grid(k_mvq<LPR, RW>, attr_set, tiles, nslots, one_a_tile, bt, sm);
+    static mvq_kstate ks;
+    int gx = mvq_grid(k_mvq<LPR, RW>, ks, tiles, nslots, one_a_tile, bt, sm);
     k_mvq<LPR, RW><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int SBT>
 static void mvq4_launch_t(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
                           const float *X2, int ldx, const int *eidx, int xdiv) {
-    static int attr_set;
-    int gx = mvq_grid(k_mvq4<LPR, SBT>, attr_set, tiles, nslots, 0, bt, sm);
+    static mvq_kstate ks;
+    int gx = mvq_grid(k_mvq4<LPR, SBT>, ks, tiles, nslots, 0, bt, sm);
     k_mvq4<LPR, SBT><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
 }
 /* bf16 group constants (MLX's) get their own kernel, without the type's branch a load;
@@ -711,7 +723,7 @@ static void mvq4_launch(int sbt, int tiles, int nslots, int bt, size_t sm, cudaS
 static int pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 /* LILY_CU_MVQ4_SBT=0: the kernel that reads the group constants' type at run time for all, for
- * measuring (and so the emulator's tests cover it on the bf16 fixtures) */
+ * measuring (the kernel test covers that kernel with f16 and f32 scales) */
 static int mvq4_sbt_enabled(void) {
     static int on = -1;
     return cu_env_flag(&on, "LILY_CU_MVQ4_SBT", 1);
