@@ -96,6 +96,8 @@ kernel_test "--small --seed $seed" -- --small --seed "$seed"
 # matrix-vector kernel's blocks capped at 2 a row of slots, so each walks many tiles of rows
 kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" \
   LILY_CU_MVQ_BLOCKS=2 -- --small --seed "$seed"
+# the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default
+kernel_test "--small, LILY_CU_MVTC=0" LILY_CU_MVTC=0 -- --small --seed "$seed"
 # decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
 # alone; in a random order of blocks, warps and lanes (the rows are a grid dimension)
 kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"

@@ -1,17 +1,12 @@
 /* The CUDA kernels, each a float32 transcription of the CPU reference op it replaces
  * (src/cpu/forward.c, src/cpu/ops.c), and their launchers (declared in cu_common.h). */
 #include "cuda/cu_common.h"
+#include "cuda/cu_dev.h"
 #include <cuda_fp16.h>
 #include <mma.h>
 using namespace nvcuda;
 #include <math.h>
 #include <stdlib.h>
-
-#define WARP 32
-
-__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 
 /* Code J of a word as the float 1 + q/16 (4-bit) or 1 + q/256 (8-bit): the code is moved
  * into the top of the mantissa of 1.0, a shift and an and-or instead of an int-to-float
@@ -28,21 +23,6 @@ __device__ __forceinline__ float q8_f1(uint32_t v) {
     return __uint_as_float((t & 0x007F8000u) | 0x3F800000u);
 }
 __device__ __forceinline__ float sigm_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-__device__ __forceinline__ float ld_sb(const char *p, int t, size_t i) {
-    if (t == LW_BF16) return bf2f(((const uint16_t *)p)[i]);
-    if (t == LW_F16) return h2f(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 /* Block-wide sum; every thread gets the result. sh needs 32 floats. */
 __device__ float block_sum(float v, float *sh) {
@@ -388,29 +368,12 @@ __device__ __forceinline__ mvq_pos mvq_locate(const mvq_args &a, bool xsl, int e
     p.b = (const char *)m.b + (long long)e * m.es + gi * sz;
     return p;
 }
-/* a group's scale or bias, SBT its type when known at compile time (-1: read p.sbt) */
-template <int SBT>
-__device__ __forceinline__ float mvq_sb(const char *p, int sbt, int i) {
-    if (SBT == LW_BF16) return bf2f(((const uint16_t *)p)[i]);
-    if (SBT == LW_F16) return h2f(((const uint16_t *)p)[i]);
-    if (SBT == LW_F32) return ((const float *)p)[i];
-    return ld_sb(p, sbt, (size_t)i);
-}
-
 /* chunk c of p's row: its codes, and its group's scale and bias */
 template <int SBT>
 __device__ __forceinline__ void mvq_load(const mvq_pos &p, int c, uint4 &q, float &sc, float &bi) {
     q = __ldg(p.w + c);
     sc = mvq_sb<SBT>(p.s, p.sbt, c >> p.lcpg);
     bi = mvq_sb<SBT>(p.b, p.sbt, c >> p.lcpg);
-}
-/* Slot mode (eidx): this slot's expert (none for the extra slot xsl) and its input rows. */
-__device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X, const float *X2, int ldx, const int *eidx,
-                                              int xdiv, bool xsl, int slot, const float *&x, const float *&x2) {
-    int xr = xsl ? a.f.xrow : slot / xdiv;
-    x = X + (size_t)xr * ldx;
-    if (X2) x2 = X2 + (size_t)xr * ldx;
-    return xsl ? 0 : eidx[slot];
 }
 /* The block's input: x (silu(x) * x2 when has2; rmsnorm(x + add) * nw with the fused norm, which
  * block (0, 0) also writes to tout), swizzled and scaled into xs, and each chunk's sum into sxs. */
@@ -648,55 +611,6 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
     }
 }
 
-/* The staged input of 12,288 columns (49,152 bytes) plus the chunk sums and the kernel's static
- * shared arrays is above the 48 KB a launch gets without asking. */
-#define MVQ_SMEM (64 * 1024)
-static int cu_sm_count(void) {
-    static const int n = [] {
-        cudaDeviceProp p;
-        return cudaGetDeviceProperties(&p, 0) == cudaSuccess && p.multiProcessorCount > 0 ? p.multiProcessorCount : 1;
-    }();
-    return n;
-}
-
-/* Blocks in x: as many as the GPU holds at once for the nslots rows of blocks (each walks tiles,
- * the walks made equal), or one a tile where the fused top-k counts finished tiles.
- * LILY_CU_MVQ_BLOCKS caps them lower, so the emulator's small matrices walk several tiles a
- * block too. The kernel may take MVQ_SMEM of dynamic shared memory (a refusal leaves the
- * launch to fail, which the forward's launch check reports). */
-/* One kernel's launch state: whether it opted in to MVQ_SMEM, and the blocks an SM holds for
- * the few shared-memory sizes it is launched with (the matrices' widths), asked once each:
- * the stepwise decode launches it a hundred times a token. */
-typedef struct {
-    int attr_set, nocc;
-    size_t occ_sm[8];
-    int occ[8];
-} mvq_kstate;
-
-template <class K>
-static int mvq_grid(K kern, mvq_kstate &ks, int tiles, int nslots, int one_a_tile, int bt, size_t sm) {
-    static int cap_env = -2;
-    /* (ks: the caller's, one for each kernel; the kernels share K, their pointer type) */
-    if (!ks.attr_set) ks.attr_set = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
-    if (cap_env == -2) {
-        const char *e = getenv("LILY_CU_MVQ_BLOCKS");
-        cap_env = e && atoi(e) > 0 ? atoi(e) : -1;
-    }
-    if (one_a_tile) return tiles;
-    int per_sm = 0, k = 0;
-    while (k < ks.nocc && ks.occ_sm[k] != sm) k++;
-    if (k < ks.nocc) per_sm = ks.occ[k];
-    else {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, bt, sm) != cudaSuccess || per_sm < 1) per_sm = 1;
-        if (ks.nocc < 8) { ks.occ_sm[ks.nocc] = sm; ks.occ[ks.nocc++] = per_sm; }
-    }
-    int cap = cap_env > 0 ? cap_env : per_sm * cu_sm_count() / nslots;
-    if (cap < 1) cap = 1;
-    if (tiles <= cap) return tiles;
-    int walk = (tiles + cap - 1) / cap;
-    return (tiles + walk - 1) / walk;
-}
-
 template <int LPR, int RW>
 static void mvq_launch(int tiles, int nslots, int one_a_tile, int bt, size_t sm, cudaStream_t s, const mvq_args &a,
                        const float *X, const float *X2, int ldx, const int *eidx, int xdiv) {
@@ -778,6 +692,7 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     for (int i = 0; i < n; i++) { /* (k_mvq4 shifts chunk indices to group indices) */
         all4 &= W[i]->bits == 4 && pow2(W[i]->group / 32) && (!fu || !fu->xslot || (fu->xm[i].bits == 4 && fu->xm[i].group == W[i]->group));
     }
+    if (rw == 1 && all4 && !one && cu_mvtc_group(s, &a, X, X2, ldx, eidx, xdiv, nslots)) return;
     if (rw == 1 && all4 && !one && mvq4_enabled()) {
         int sbt = W[0]->sbt;
         for (int i = 0; i < n; i++)

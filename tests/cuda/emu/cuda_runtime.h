@@ -185,6 +185,11 @@ namespace emu {
 /* Warp exchange: every lane of the warp deposits v and gets the value lane `src` deposited
  * (its own when src < 0). All live lanes of the warp must take part. */
 uint64_t shfl(unsigned mask, uint64_t v, int src);
+/* Every lane of the (whole) warp gives n <= WARP_ALL_MAX bytes and gets all 32 lanes' gifts,
+ * all[lane * n ...]: one exchange where a register-level warp operation (mma.sync, whose
+ * operands are spread over the lanes) would take many shuffles. */
+#define WARP_ALL_MAX 32
+void warp_all(const void *mine, size_t n, void *all);
 int lane_id(void);
 template <class T> static inline T shfl_t(unsigned mask, T v, int src) {
     static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");

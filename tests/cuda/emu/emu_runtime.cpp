@@ -168,6 +168,7 @@ struct warp_t {
     unsigned exist; /* lanes present in the block */
     uint64_t slot[2][32];
     unsigned stamp[2][32];
+    uint64_t blob[2][32][WARP_ALL_MAX / 8]; /* warp_all's deposits, double-buffered as slot */
 };
 
 const size_t STACK = 256 << 10; /* per fiber: kernels keep arrays in "registers" */
@@ -518,6 +519,23 @@ uint64_t shfl(unsigned mask, uint64_t v, int src) {
     }
     g.nx++;
     return r;
+}
+
+void warp_all(const void *mine, size_t n, void *all) {
+    if (cur < 0) fault("warp exchange outside a kernel");
+    if (n > WARP_ALL_MAX) fault("warp exchange of %zu bytes (at most %d)", n, WARP_ALL_MAX);
+    fiber_t &f = fib[cur];
+    warp_t &w = warps[f.warp];
+    int b = f.nx & 1, me = cur;
+    memcpy(w.blob[b][f.lane], mine, n);
+    w.stamp[b][f.lane] = f.nx;
+    warp_arrive(0xffffffffu);
+    fiber_t &g = fib[me];
+    for (int l = 0; l < 32; l++) {
+        if (!(w.exist >> l & 1) || w.stamp[b][l] != g.nx) fault("warp exchange: lane %d did not take part", l);
+        memcpy((char *)all + l * n, w.blob[b][l], n);
+    }
+    g.nx++;
 }
 
 bool mma_reuse(const void *in, size_t nin, void *out, size_t nout) {

@@ -1,0 +1,309 @@
+/* Decode's matrix-vector products for 4-bit codes on the tensor cores (k_mvtc).
+ *
+ * Why: the float kernel (k_mvq4) spends about three instructions a weight (unpack, convert,
+ * multiply-add) and Nsight measured it bound by instruction issue at a third of the H200's
+ * bandwidth. Here a lane turns a word of eight codes into four fp16 pairs with one shift, four
+ * and-ors and four half subtractions, and one mma.sync multiplies 256 codes: about one
+ * instruction a weight, fewer than the bandwidth needs.
+ *
+ * Exactness: the codes are small integers, exact in fp16. The input is scaled by a power of two
+ * (so that its largest element sits just under 2^15) and split into two fp16 terms, hi = rn(x')
+ * and lo = rn(x' - hi), 22 of fp32's 24 bits; products are exact in the fp32 accumulators. The
+ * group scale and bias are applied in fp32 per 64 columns, as the float kernel does.
+ * LILY_CU_MVTC=1 keeps one term (11 bits of input), 0 turns the kernel off (k_mvq4 instead).
+ *
+ * Layout of the work: a warp owns a tile of 16 weight rows, the mma's M; its lane t (g = t / 4,
+ * q = t % 4) loads rows g and g + 8, columns of two 64-column units, 2q and 2q + 1 of each step's
+ * eight (so the four lanes of a quad cover 512 columns a step, 64 contiguous bytes a row a lane).
+ * The mma's K runs over the quad's lanes, so its sum would mix four lanes' units; instead each
+ * lane supplies its input only in the B column n = 2q + h of its own unit h, and zeros in the
+ * others, and C[row][n] comes out as unit n's own dot product, in the lane that owns it. Warps
+ * of a block split a tile's steps (KS of them) and add their partial rows in a fixed order. */
+#include "cuda/cu_dev.h"
+#include <string.h>
+
+#define TC_WARPS 8
+
+/* C += A B for one m16n8k16 tile, fp16 inputs and fp32 accumulators, in the PTX fragment
+ * layout: lane t (g = t / 4, q = t % 4) holds a0 = A[g][2q..2q+1], a1 = A[g+8][2q..2q+1],
+ * a2 = A[g][2q+8..2q+9], a3 = A[g+8][2q+8..2q+9], b0 = B[2q..2q+1][g], b1 = B[2q+8..2q+9][g]
+ * (the lower index in the low half) and c = C[g][2q], C[g][2q+1], C[g+8][2q], C[g+8][2q+1].
+ * The emulator computes the same from the lanes' registers, exchanged by shuffles: products
+ * exact in fp32, summed in k order. */
+__device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    /* the emulator: the lanes' operands in one exchange (emu::warp_all), or by shuffles */
+    const int lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
+    uint32_t all[32][6];
+#ifdef __CUDACC_EMU__
+    const uint32_t mine[6] = { a0, a1, a2, a3, b0, b1 };
+    emu::warp_all(mine, sizeof mine, all);
+#else
+    for (int l = 0; l < 32; l++) {
+        all[l][0] = __shfl_sync(0xffffffffu, a0, l); all[l][1] = __shfl_sync(0xffffffffu, a1, l);
+        all[l][2] = __shfl_sync(0xffffffffu, a2, l); all[l][3] = __shfl_sync(0xffffffffu, a3, l);
+        all[l][4] = __shfl_sync(0xffffffffu, b0, l); all[l][5] = __shfl_sync(0xffffffffu, b1, l);
+    }
+#endif
+    float A[2][16], B[2][16];
+    for (int kq = 0; kq < 4; kq++) /* the k pairs 2kq, 2kq+1 and 2kq+8, 2kq+9 live in lanes 4r + kq */
+        for (int h = 0; h < 2; h++) { /* low, high half */
+            const int k = 2 * kq + h, sh = 16 * h;
+            const uint32_t *ra = all[4 * g + kq];
+            A[0][k] = h2f((uint16_t)(ra[0] >> sh)); A[1][k] = h2f((uint16_t)(ra[1] >> sh));
+            A[0][k + 8] = h2f((uint16_t)(ra[2] >> sh)); A[1][k + 8] = h2f((uint16_t)(ra[3] >> sh));
+            for (int j = 0; j < 2; j++) {
+                const uint32_t *rb = all[4 * (2 * q + j) + kq];
+                B[j][k] = h2f((uint16_t)(rb[4] >> sh));
+                B[j][k + 8] = h2f((uint16_t)(rb[5] >> sh));
+            }
+        }
+    for (int i = 0; i < 4; i++) {
+        float v = c[i];
+        for (int k = 0; k < 16; k++) v += A[i / 2][k] * B[i % 2][k];
+        c[i] = v;
+    }
+#endif
+}
+
+/* Two codes as an fp16 pair: those under mask (bits 0-3 or 4-7 of each half) put under the
+ * exponent of 1024 (0x6400) read 1024 + q 2^s, exactly; subtracting 1024 leaves q 2^s. */
+__device__ __forceinline__ uint32_t tc_nib(uint32_t w, uint32_t mask) {
+    uint32_t v = (w & mask) | 0x64006400u;
+    __half2 h, k;
+    memcpy(&h, &v, 4);
+    k = __float2half2_rn(1024.0f);
+    h = __hsub2(h, k);
+    memcpy(&v, &h, 4);
+    return v;
+}
+
+__device__ __forceinline__ float tc_in(const float *x, const float *x2, int i) { return x2 ? silu_f(x[i]) * x2[i] : x[i]; }
+
+/* The block's input (silu(x) * x2 when x2) scaled by 2^sh, as XS fp16 terms, into xw: word
+ * (u, i) (columns 64u + 8i .. +7) at xw[u * 8 * XS + i], its low term 8 words later, its halves
+ * in the order the codes come out of a word, k0 k4 | k1 k5 | k2 k6 | k3 k7, the odd pairs times
+ * 1/16 (their codes read 16 q); each unit's input sum (unscaled, fp32) into us; 2^-sh into inv. */
+template <int XS>
+__device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, float *us, float &inv) {
+    __shared__ float red[32];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
+    float m = 0.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(tc_in(x, x2, i)));
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = 0.f;
+    for (int i = 0; i < nwarps; i++) m = fmaxf(m, red[i]);
+    int ex = 0;
+    if (m > 0.f && m <= 3.0e38f) frexpf(m, &ex); /* m < 2^ex: the largest element lands in [2^14, 2^15) */
+    const int sh = min(max(15 - ex, -100), 100);
+    const float sc = ldexpf(1.0f, sh);
+    inv = ldexpf(1.0f, -sh);
+    const int nw = cols / 8;
+    for (int w0 = 0; w0 < nw; w0 += blockDim.x) { /* (a unit's 8 words in one warp: its sum by shuffles) */
+        const int w = w0 + threadIdx.x;
+        float s = 0.f;
+        if (w < nw) {
+            float v[8];
+            for (int j = 0; j < 8; j++) {
+                v[j] = tc_in(x, x2, 8 * w + j);
+                s += v[j];
+            }
+            uint32_t hi[4], lo[4];
+            for (int j = 0; j < 4; j++) {
+                const float f = j & 1 ? 0.0625f * sc : sc;
+                uint32_t hv[2], lv[2];
+                for (int e = 0; e < 2; e++) {
+                    const float t = v[j + 4 * e] * f; /* pair j: k_j and k_{j+4} */
+                    const __half h = __float2half_rn(t);
+                    hv[e] = __half_as_ushort(h);
+                    lv[e] = __half_as_ushort(__float2half_rn(t - __half2float(h)));
+                }
+                hi[j] = hv[0] | hv[1] << 16;
+                lo[j] = lv[0] | lv[1] << 16;
+            }
+            uint4 *p = xw + (size_t)(w / 8) * 8 * XS + w % 8;
+            p[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            if (XS == 2) p[8] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        if (w < nw && w % 8 == 0) us[w / 8] = s;
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ uint32_t tc_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+/* a.blk0: 16-row tiles; the matrices' groups are 64 2^k columns; ksl: log2 of the warps a tile */
+template <int SBT, int XS>
+__global__ void __launch_bounds__(TC_WARPS * WARP, 3) k_mvtc(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
+                                                            int ldx, const int *eidx, int xdiv, int ksl) {
+    extern __shared__ uint4 tcs[]; /* [8] zeros, [cols / 8 * XS] the staged input's words, [cols / 64] floats: unit sums */
+    __shared__ float part[TC_WARPS][16];
+    CU_PDL();
+    const int cols = a.m[0].cols, nun = cols / 64, nsteps = (nun + 7) / 8, ntiles = a.blk0[a.n];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
+    const int KS = 1 << ksl, tpi = TC_WARPS >> ksl, wt = warp >> ksl, wk = warp & (KS - 1), slot = blockIdx.y;
+    const bool xsl = a.f.xslot && slot == a.f.xslot;
+    const float *x = X, *x2 = X2;
+    int e = 0;
+    if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
+    uint4 *xw = tcs + 8;
+    float *us = (float *)(xw + (size_t)(cols / 8) * XS), inv;
+    if (threadIdx.x < 8) tcs[threadIdx.x] = make_uint4(0, 0, 0, 0);
+    tc_stage<XS>(x, X2 ? x2 : NULL, cols, xw, us, inv);
+    int mi = 0;
+    for (int t0 = blockIdx.x * tpi; t0 < ntiles; t0 += gridDim.x * tpi) { /* (the same trips for the block's warps) */
+        const int tile = t0 + wt;
+        float oa = 0.f, ob = 0.f;
+        int row = 0, rows = 0;
+        if (tile < ntiles) {
+            while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
+            const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+            rows = m.rows;
+            row = (tile - a.blk0[mi]) * 16 + g;
+            const int ra = min(row, rows - 1), rb = min(row + 8, rows - 1), lg = __ffs(m.group / 64) - 1, ngr = cols / m.group;
+            const int sbt = SBT >= 0 ? SBT : m.sbt, sz = sbt == LW_F32 ? 4 : 2;
+            const uint4 *wa = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)ra * (cols / 32);
+            const uint4 *wb = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)rb * (cols / 32);
+            const char *sa = (const char *)m.s + (long long)e * m.es + (size_t)ra * ngr * sz;
+            const char *sb = (const char *)m.s + (long long)e * m.es + (size_t)rb * ngr * sz;
+            const char *ba = (const char *)m.b + (long long)e * m.es + (size_t)ra * ngr * sz;
+            const char *bb = (const char *)m.b + (long long)e * m.es + (size_t)rb * ngr * sz;
+            float fa = 0.f, fb = 0.f, ga = 0.f, gb = 0.f; /* scaled dot products, bias terms */
+            for (int s = wk; s < nsteps; s += KS) {
+                const int u0 = 8 * s + 2 * q;
+                const bool v0 = u0 < nun, v1 = u0 + 1 < nun;
+                uint4 ca[4], cb[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) ca[i] = cb[i] = make_uint4(0, 0, 0, 0);
+                if (v0) { ca[0] = __ldg(wa + 2 * u0); ca[1] = __ldg(wa + 2 * u0 + 1); cb[0] = __ldg(wb + 2 * u0); cb[1] = __ldg(wb + 2 * u0 + 1); }
+                if (v1) { ca[2] = __ldg(wa + 2 * u0 + 2); ca[3] = __ldg(wa + 2 * u0 + 3); cb[2] = __ldg(wb + 2 * u0 + 2); cb[3] = __ldg(wb + 2 * u0 + 3); }
+                float c[4] = { 0.f, 0.f, 0.f, 0.f };
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    /* this lane's input only in its own unit's column (n = g = 2q + h), zeros elsewhere */
+                    const bool mine = g == 2 * q + h && (h ? v1 : v0);
+                    const uint4 *xb = mine ? xw + (size_t)(u0 + h) * 8 * XS : tcs;
+                    const int lo = mine ? 8 : 0;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const uint32_t pa = tc_word(ca[2 * h + i / 4], i % 4), pb = tc_word(cb[2 * h + i / 4], i % 4);
+                        const uint32_t qa = pa >> 8, qb = pb >> 8;
+                        const uint32_t a0 = tc_nib(pa, 0x000F000Fu), a1 = tc_nib(pb, 0x000F000Fu);
+                        const uint32_t a2 = tc_nib(pa, 0x00F000F0u), a3 = tc_nib(pb, 0x00F000F0u);
+                        const uint32_t a4 = tc_nib(qa, 0x000F000Fu), a5 = tc_nib(qb, 0x000F000Fu);
+                        const uint32_t a6 = tc_nib(qa, 0x00F000F0u), a7 = tc_nib(qb, 0x00F000F0u);
+                        const uint4 xv = xb[i];
+                        tc_mma(c, a0, a1, a2, a3, xv.x, xv.y);
+                        tc_mma(c, a4, a5, a6, a7, xv.z, xv.w);
+                        if (XS == 2) {
+                            const uint4 xl = xb[i + lo];
+                            tc_mma(c, a0, a1, a2, a3, xl.x, xl.y);
+                            tc_mma(c, a4, a5, a6, a7, xl.z, xl.w);
+                        }
+                    }
+                }
+                if (v0) {
+                    const int gi = u0 >> lg;
+                    fa += mvq_sb<SBT>(sa, sbt, gi) * c[0];
+                    fb += mvq_sb<SBT>(sb, sbt, gi) * c[2];
+                    ga += mvq_sb<SBT>(ba, sbt, gi) * us[u0];
+                    gb += mvq_sb<SBT>(bb, sbt, gi) * us[u0];
+                }
+                if (v1) {
+                    const int gi = (u0 + 1) >> lg;
+                    fa += mvq_sb<SBT>(sa, sbt, gi) * c[1];
+                    fb += mvq_sb<SBT>(sb, sbt, gi) * c[3];
+                    ga += mvq_sb<SBT>(ba, sbt, gi) * us[u0 + 1];
+                    gb += mvq_sb<SBT>(bb, sbt, gi) * us[u0 + 1];
+                }
+            }
+            oa = fa * inv + ga;
+            ob = fb * inv + gb;
+        }
+        /* the quad's lanes hold the row's sums over their own units */
+        oa += __shfl_xor_sync(0xffffffffu, oa, 1);
+        oa += __shfl_xor_sync(0xffffffffu, oa, 2);
+        ob += __shfl_xor_sync(0xffffffffu, ob, 1);
+        ob += __shfl_xor_sync(0xffffffffu, ob, 2);
+        float *y = tile < ntiles ? a.y[mi] + (eidx ? (size_t)slot * a.ldy[mi] : 0) : NULL;
+        if (KS > 1) {
+            if (q == 0) { part[warp][g] = oa; part[warp][g + 8] = ob; }
+            __syncthreads();
+            if (wk == 0 && y && lane < 16) {
+                float o = 0.f;
+                for (int j = 0; j < KS; j++) o += part[warp + j][lane];
+                const int r = (tile - a.blk0[mi]) * 16 + lane;
+                if (r < rows) y[r] = o;
+            }
+            __syncthreads();
+        } else if (y && q == 0) {
+            if (row < rows) y[row] = oa;
+            if (row + 8 < rows) y[row + 8] = ob;
+        }
+    }
+}
+
+/* LILY_CU_MVTC: 2 (default) two fp16 terms of input, 1 one, 0 off */
+static int mvtc_mode(void) {
+    static int mode = -1;
+    if (mode < 0) {
+        const char *e = getenv("LILY_CU_MVTC");
+        mode = e && *e ? atoi(e) : 2;
+        if (mode < 0 || mode > 2) mode = 2;
+    }
+    return mode;
+}
+
+static int tc_fits(const dmat *m, int cols) {
+    const int u = m->group / 64;
+    return m->type == LW_Q && m->bits == 4 && m->cols == cols && cols % 64 == 0 && m->group % 64 == 0 && (u & (u - 1)) == 0;
+}
+
+template <int SBT, int XS>
+static void mvtc_launch(cudaStream_t s, const mvq_args &a, int groups, int nslots, int ksl, const float *X, const float *X2,
+                        int ldx, const int *eidx, int xdiv) {
+    static mvq_kstate ks;
+    const int cols = a.m[0].cols;
+    const size_t sm = (size_t)(8 + cols / 8 * XS) * 16 + (size_t)(cols / 64) * 4;
+    const int gx = mvq_grid(k_mvtc<SBT, XS>, ks, groups, nslots, 0, TC_WARPS * WARP, sm);
+    k_mvtc<SBT, XS><<<dim3(gx, nslots), TC_WARPS * WARP, sm, s>>>(a, X, X2, ldx, eidx, xdiv, ksl);
+}
+
+int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const float *X2, int ldx, const int *eidx, int xdiv,
+                  int nslots) {
+    const int mode = mvtc_mode(), cols = in->m[0].cols;
+    if (!mode || in->f.add || in->f.sel) return 0;
+    mvq_args a = *in;
+    int sbt = a.m[0].sbt, nt = 0;
+    for (int i = 0; i < a.n; i++) {
+        /* (the extra slot's matrices walk the routed ones' tiles) */
+        if (!tc_fits(&a.m[i], cols) || (a.f.xslot && (!tc_fits(&a.f.xm[i], cols) || a.f.xm[i].rows != a.m[i].rows))) return 0;
+        if (a.m[i].sbt != sbt || (a.f.xslot && a.f.xm[i].sbt != sbt)) sbt = -1;
+        a.blk0[i] = nt;
+        nt += (a.m[i].rows + 15) / 16;
+    }
+    a.blk0[a.n] = nt;
+    /* warps a tile: its 512-column steps, up to the block's 8 warps */
+    const int nsteps = (cols / 64 + 7) / 8;
+    int ksl = 0;
+    while (ksl < 3 && (2 << ksl) <= nsteps) ksl++;
+    const int groups = (nt + (TC_WARPS >> ksl) - 1) / (TC_WARPS >> ksl);
+    if (mode == 1) {
+        if (sbt == LW_BF16) mvtc_launch<LW_BF16, 1>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
+        else mvtc_launch<-1, 1>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
+    } else {
+        if (sbt == LW_BF16) mvtc_launch<LW_BF16, 2>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
+        else mvtc_launch<-1, 2>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
+    }
+    return 1;
+}
