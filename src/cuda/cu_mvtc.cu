@@ -23,6 +23,10 @@
 #include <string.h>
 
 #define TC_WARPS 8
+/* blocks an SM holds (registers: 120 a thread at 2, XS = 2 spills a little at 3) */
+#ifndef TC_MINB
+#define TC_MINB 2
+#endif
 
 /* C += A B for one m16n8k16 tile, fp16 inputs and fp32 accumulators, in the PTX fragment
  * layout: lane t (g = t / 4, q = t % 4) holds a0 = A[g][2q..2q+1], a1 = A[g+8][2q..2q+1],
@@ -88,13 +92,20 @@ __device__ __forceinline__ float tc_in(const float *x, const float *x2, int i) {
 /* The block's input (silu(x) * x2 when x2) scaled by 2^sh, as XS fp16 terms, into xw: word
  * (u, i) (columns 64u + 8i .. +7) at xw[u * 8 * XS + i], its low term 8 words later, its halves
  * in the order the codes come out of a word, k0 k4 | k1 k5 | k2 k6 | k3 k7, the odd pairs times
- * 1/16 (their codes read 16 q); each unit's input sum (unscaled, fp32) into us; 2^-sh into inv. */
+ * 1/16 (their codes read 16 q); each unit's input sum (unscaled, fp32) into us; 2^-sh into inv.
+ * The input is read once, as floats into the same shared memory (unit u's 64 floats take the
+ * 256 bytes from 256u, where its words go for XS = 2 and past them for XS = 1), so the words
+ * are written in rounds of a word a thread, each round's floats read before any is overwritten. */
 template <int XS>
 __device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, float *us, float &inv) {
     __shared__ float red[32];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
-    float m = 0.f;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(tc_in(x, x2, i)));
+    float *xf = (float *)xw, m = 0.f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = tc_in(x, x2, i);
+        xf[i] = v;
+        m = fmaxf(m, fabsf(v));
+    }
     m = warp_max(m);
     if (lane == 0) red[warp] = m;
     __syncthreads();
@@ -108,13 +119,14 @@ __device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, f
     const int nw = cols / 8;
     for (int w0 = 0; w0 < nw; w0 += blockDim.x) { /* (a unit's 8 words in one warp: its sum by shuffles) */
         const int w = w0 + threadIdx.x;
-        float s = 0.f;
-        if (w < nw) {
-            float v[8];
+        float v[8], s = 0.f;
+        if (w < nw)
             for (int j = 0; j < 8; j++) {
-                v[j] = tc_in(x, x2, 8 * w + j);
+                v[j] = xf[8 * w + j];
                 s += v[j];
             }
+        __syncthreads();
+        if (w < nw) {
             uint32_t hi[4], lo[4];
             for (int j = 0; j < 4; j++) {
                 const float f = j & 1 ? 0.0625f * sc : sc;
@@ -142,90 +154,137 @@ __device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, f
 
 __device__ __forceinline__ uint32_t tc_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
+/* A lane's rows of a tile (g and g + 8; the last row for rows past the matrix): codes, scales, biases. */
+struct tc_rows {
+    const uint4 *wa, *wb;
+    const char *sa, *sb, *ba, *bb;
+    int lg, rows, row;
+};
+template <int SBT>
+__device__ __forceinline__ tc_rows tc_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int g, int cols) {
+    while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
+    const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+    tc_rows t;
+    t.rows = m.rows;
+    t.row = (tile - a.blk0[mi]) * 16 + g;
+    t.lg = __ffs(m.group / 64) - 1;
+    const int ra = min(t.row, m.rows - 1), rb = min(t.row + 8, m.rows - 1), ngr = cols / m.group;
+    const size_t sz = (SBT >= 0 ? SBT : m.sbt) == LW_F32 ? 4 : 2;
+    const uint4 *w = (const uint4 *)((const char *)m.w + (long long)e * m.ew);
+    t.wa = w + (size_t)ra * (cols / 32);
+    t.wb = w + (size_t)rb * (cols / 32);
+    const char *s = (const char *)m.s + (long long)e * m.es, *b = (const char *)m.b + (long long)e * m.es;
+    t.sa = s + (size_t)ra * ngr * sz; t.sb = s + (size_t)rb * ngr * sz;
+    t.ba = b + (size_t)ra * ngr * sz; t.bb = b + (size_t)rb * ngr * sz;
+    return t;
+}
+/* What a lane reads for one step: its two units' codes of both rows, and their scales and biases
+ * (fetched together, so one memory round trip a step) */
+struct tc_step {
+    uint4 ca[4], cb[4];
+    float sa[2], sb[2], ba[2], bb[2];
+};
+template <int SBT>
+__device__ __forceinline__ void tc_fetch(const tc_rows &t, int sbt, int u0, int nun, tc_step &d) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int u = u0 + h;
+        if (u < nun) {
+            d.ca[2 * h] = __ldg(t.wa + 2 * u); d.ca[2 * h + 1] = __ldg(t.wa + 2 * u + 1);
+            d.cb[2 * h] = __ldg(t.wb + 2 * u); d.cb[2 * h + 1] = __ldg(t.wb + 2 * u + 1);
+            const int gi = u >> t.lg;
+            d.sa[h] = mvq_sb<SBT>(t.sa, sbt, gi); d.sb[h] = mvq_sb<SBT>(t.sb, sbt, gi);
+            d.ba[h] = mvq_sb<SBT>(t.ba, sbt, gi); d.bb[h] = mvq_sb<SBT>(t.bb, sbt, gi);
+        } else {
+            d.ca[2 * h] = d.ca[2 * h + 1] = d.cb[2 * h] = d.cb[2 * h + 1] = make_uint4(0, 0, 0, 0);
+            d.sa[h] = d.sb[h] = d.ba[h] = d.bb[h] = 0.f;
+        }
+    }
+}
+
 /* a.blk0: 16-row tiles; the matrices' groups are 64 2^k columns; ksl: log2 of the warps a tile */
 template <int SBT, int XS>
-__global__ void __launch_bounds__(TC_WARPS * WARP, 3) k_mvtc(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
+__global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                             int ldx, const int *eidx, int xdiv, int ksl) {
-    extern __shared__ uint4 tcs[]; /* [8] zeros, [cols / 8 * XS] the staged input's words, [cols / 64] floats: unit sums */
+    extern __shared__ uint4 tcs[]; /* [8] zeros, [cols / 8 * XS, at least cols / 4] the staged input, [cols / 64] floats: unit sums */
     __shared__ float part[TC_WARPS][16];
-    CU_PDL();
     const int cols = a.m[0].cols, nun = cols / 64, nsteps = (nun + 7) / 8, ntiles = a.blk0[a.n];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
     const int KS = 1 << ksl, tpi = TC_WARPS >> ksl, wt = warp >> ksl, wk = warp & (KS - 1), slot = blockIdx.y;
     const bool xsl = a.f.xslot && slot == a.f.xslot;
+    int mi = 0, e = 0;
+    tc_step cur;
+    /* a dense matrix's first step is fetched before the wait on the predecessor (weights are never
+     * written), so its latency overlaps that kernel's end and the staging; an expert's index comes
+     * from that kernel */
+    bool have = false;
+    if (!eidx && (int)blockIdx.x * tpi + wt < ntiles && wk < nsteps) {
+        int m0 = 0;
+        const tc_rows t = tc_locate<SBT>(a, xsl, 0, (int)blockIdx.x * tpi + wt, m0, g, cols);
+        tc_fetch<SBT>(t, SBT >= 0 ? SBT : (xsl ? a.f.xm[m0] : a.m[m0]).sbt, 8 * wk + 2 * q, nun, cur);
+        have = true;
+    }
+    CU_PDL();
     const float *x = X, *x2 = X2;
-    int e = 0;
     if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
     uint4 *xw = tcs + 8;
-    float *us = (float *)(xw + (size_t)(cols / 8) * XS), inv;
+    float *us = (float *)(xw + (size_t)(cols / 8) * 2), inv; /* (past the float staging's cols / 4 words) */
     if (threadIdx.x < 8) tcs[threadIdx.x] = make_uint4(0, 0, 0, 0);
     tc_stage<XS>(x, X2 ? x2 : NULL, cols, xw, us, inv);
-    int mi = 0;
     for (int t0 = blockIdx.x * tpi; t0 < ntiles; t0 += gridDim.x * tpi) { /* (the same trips for the block's warps) */
         const int tile = t0 + wt;
         float oa = 0.f, ob = 0.f;
-        int row = 0, rows = 0;
+        tc_rows t;
+        t.rows = t.row = 0;
         if (tile < ntiles) {
-            while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
-            const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-            rows = m.rows;
-            row = (tile - a.blk0[mi]) * 16 + g;
-            const int ra = min(row, rows - 1), rb = min(row + 8, rows - 1), lg = __ffs(m.group / 64) - 1, ngr = cols / m.group;
-            const int sbt = SBT >= 0 ? SBT : m.sbt, sz = sbt == LW_F32 ? 4 : 2;
-            const uint4 *wa = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)ra * (cols / 32);
-            const uint4 *wb = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)rb * (cols / 32);
-            const char *sa = (const char *)m.s + (long long)e * m.es + (size_t)ra * ngr * sz;
-            const char *sb = (const char *)m.s + (long long)e * m.es + (size_t)rb * ngr * sz;
-            const char *ba = (const char *)m.b + (long long)e * m.es + (size_t)ra * ngr * sz;
-            const char *bb = (const char *)m.b + (long long)e * m.es + (size_t)rb * ngr * sz;
+            t = tc_locate<SBT>(a, xsl, e, tile, mi, g, cols);
+            const int sbt = SBT >= 0 ? SBT : (xsl ? a.f.xm[mi] : a.m[mi]).sbt;
             float fa = 0.f, fb = 0.f, ga = 0.f, gb = 0.f; /* scaled dot products, bias terms */
             for (int s = wk; s < nsteps; s += KS) {
                 const int u0 = 8 * s + 2 * q;
-                const bool v0 = u0 < nun, v1 = u0 + 1 < nun;
-                uint4 ca[4], cb[4];
+                if (!have) tc_fetch<SBT>(t, sbt, u0, nun, cur);
+                have = false;
+                /* independent accumulators, one per unit and input term, so the mma's latency is paid
+                 * along chains of 16 (not one chain of 64) */
+                float c[2][XS][4];
 #pragma unroll
-                for (int i = 0; i < 4; i++) ca[i] = cb[i] = make_uint4(0, 0, 0, 0);
-                if (v0) { ca[0] = __ldg(wa + 2 * u0); ca[1] = __ldg(wa + 2 * u0 + 1); cb[0] = __ldg(wb + 2 * u0); cb[1] = __ldg(wb + 2 * u0 + 1); }
-                if (v1) { ca[2] = __ldg(wa + 2 * u0 + 2); ca[3] = __ldg(wa + 2 * u0 + 3); cb[2] = __ldg(wb + 2 * u0 + 2); cb[3] = __ldg(wb + 2 * u0 + 3); }
-                float c[4] = { 0.f, 0.f, 0.f, 0.f };
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int k = 0; k < XS; k++) c[h][k][0] = c[h][k][1] = c[h][k][2] = c[h][k][3] = 0.f;
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     /* this lane's input only in its own unit's column (n = g = 2q + h), zeros elsewhere */
-                    const bool mine = g == 2 * q + h && (h ? v1 : v0);
+                    const bool mine = g == 2 * q + h && u0 + h < nun;
                     const uint4 *xb = mine ? xw + (size_t)(u0 + h) * 8 * XS : tcs;
                     const int lo = mine ? 8 : 0;
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
-                        const uint32_t pa = tc_word(ca[2 * h + i / 4], i % 4), pb = tc_word(cb[2 * h + i / 4], i % 4);
+                        const uint32_t pa = tc_word(cur.ca[2 * h + i / 4], i % 4), pb = tc_word(cur.cb[2 * h + i / 4], i % 4);
                         const uint32_t qa = pa >> 8, qb = pb >> 8;
                         const uint32_t a0 = tc_nib(pa, 0x000F000Fu), a1 = tc_nib(pb, 0x000F000Fu);
                         const uint32_t a2 = tc_nib(pa, 0x00F000F0u), a3 = tc_nib(pb, 0x00F000F0u);
                         const uint32_t a4 = tc_nib(qa, 0x000F000Fu), a5 = tc_nib(qb, 0x000F000Fu);
                         const uint32_t a6 = tc_nib(qa, 0x00F000F0u), a7 = tc_nib(qb, 0x00F000F0u);
                         const uint4 xv = xb[i];
-                        tc_mma(c, a0, a1, a2, a3, xv.x, xv.y);
-                        tc_mma(c, a4, a5, a6, a7, xv.z, xv.w);
+                        tc_mma(c[h][0], a0, a1, a2, a3, xv.x, xv.y);
+                        tc_mma(c[h][0], a4, a5, a6, a7, xv.z, xv.w);
                         if (XS == 2) {
                             const uint4 xl = xb[i + lo];
-                            tc_mma(c, a0, a1, a2, a3, xl.x, xl.y);
-                            tc_mma(c, a4, a5, a6, a7, xl.z, xl.w);
+                            tc_mma(c[h][XS - 1], a0, a1, a2, a3, xl.x, xl.y);
+                            tc_mma(c[h][XS - 1], a4, a5, a6, a7, xl.z, xl.w);
                         }
                     }
                 }
-                if (v0) {
-                    const int gi = u0 >> lg;
-                    fa += mvq_sb<SBT>(sa, sbt, gi) * c[0];
-                    fb += mvq_sb<SBT>(sb, sbt, gi) * c[2];
-                    ga += mvq_sb<SBT>(ba, sbt, gi) * us[u0];
-                    gb += mvq_sb<SBT>(bb, sbt, gi) * us[u0];
-                }
-                if (v1) {
-                    const int gi = (u0 + 1) >> lg;
-                    fa += mvq_sb<SBT>(sa, sbt, gi) * c[1];
-                    fb += mvq_sb<SBT>(sb, sbt, gi) * c[3];
-                    ga += mvq_sb<SBT>(ba, sbt, gi) * us[u0 + 1];
-                    gb += mvq_sb<SBT>(bb, sbt, gi) * us[u0 + 1];
-                }
+                /* unit u0's dot products are column 2q (c[0][.][0], row g; [2], row g + 8), u0 + 1's column 2q + 1 */
+                const float d0a = XS == 2 ? c[0][0][0] + c[0][XS - 1][0] : c[0][0][0];
+                const float d0b = XS == 2 ? c[0][0][2] + c[0][XS - 1][2] : c[0][0][2];
+                const float d1a = XS == 2 ? c[1][0][1] + c[1][XS - 1][1] : c[1][0][1];
+                const float d1b = XS == 2 ? c[1][0][3] + c[1][XS - 1][3] : c[1][0][3];
+                const float s0 = u0 < nun ? us[u0] : 0.f, s1 = u0 + 1 < nun ? us[u0 + 1] : 0.f;
+                fa += cur.sa[0] * d0a + cur.sa[1] * d1a;
+                fb += cur.sb[0] * d0b + cur.sb[1] * d1b;
+                ga += cur.ba[0] * s0 + cur.ba[1] * s1;
+                gb += cur.bb[0] * s0 + cur.bb[1] * s1;
             }
             oa = fa * inv + ga;
             ob = fb * inv + gb;
@@ -242,13 +301,13 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, 3) k_mvtc(mvq_args a, const f
             if (wk == 0 && y && lane < 16) {
                 float o = 0.f;
                 for (int j = 0; j < KS; j++) o += part[warp + j][lane];
-                const int r = (tile - a.blk0[mi]) * 16 + lane;
-                if (r < rows) y[r] = o;
+                const int r = t.row - g + lane;
+                if (r < t.rows) y[r] = o;
             }
             __syncthreads();
         } else if (y && q == 0) {
-            if (row < rows) y[row] = oa;
-            if (row + 8 < rows) y[row + 8] = ob;
+            if (t.row < t.rows) y[t.row] = oa;
+            if (t.row + 8 < t.rows) y[t.row + 8] = ob;
         }
     }
 }
@@ -274,7 +333,7 @@ static void mvtc_launch(cudaStream_t s, const mvq_args &a, int groups, int nslot
                         int ldx, const int *eidx, int xdiv) {
     static mvq_kstate ks;
     const int cols = a.m[0].cols;
-    const size_t sm = (size_t)(8 + cols / 8 * XS) * 16 + (size_t)(cols / 64) * 4;
+    const size_t sm = (size_t)(8 + cols / 8 * 2) * 16 + (size_t)(cols / 64) * 4; /* (the float staging: cols / 4 words) */
     const int gx = mvq_grid(k_mvtc<SBT, XS>, ks, groups, nslots, 0, TC_WARPS * WARP, sm);
     k_mvtc<SBT, XS><<<dim3(gx, nslots), TC_WARPS * WARP, sm, s>>>(a, X, X2, ldx, eidx, xdiv, ksl);
 }
