@@ -85,15 +85,16 @@ for stage in $stages; do
     ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum -k 'regex:^(?!k_fill)' --csv --page raw \
       "$BIN/lily-bench" --tests tg3 --reps 1 --warmup 0 >"$OUT/ncu.csv" 2>"$OUT/ncu.err" || { tail "$OUT/ncu.err"; fail=1; }
     python3 tests/cuda/ncu_table.py "$OUT/ncu.csv" | tee "$OUT/ncu.md" || fail=1
-    # the lm_head: the last matrix-vector launch of a one-token run (k_mvq4 when the weights are 4-bit)
-    n=$(grep -c 'k_mvq4<' "$OUT/ncu.csv"); n=$(( n / 3 - 1 ))
+    # the lm_head: the last matrix-vector launch of a one-token run (k_mvtc, or k_mvq4 with LILY_CU_MVTC=0)
+    kn=k_mvtc; grep -q 'k_mvtc<' "$OUT/ncu.csv" || kn=k_mvq4
+    n=$(grep -c "$kn<" "$OUT/ncu.csv"); n=$(( n / 3 - 1 ))
     ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section SchedulerStats \
-      --section WarpStateStats -k regex:k_mvq4 --launch-skip $(( n > 0 ? n : 0 )) --launch-count 1 \
+      --section WarpStateStats -k regex:$kn --launch-skip $(( n > 0 ? n : 0 )) --launch-count 1 \
       "$BIN/lily-bench" --tests tg1 --reps 1 --warmup 0 2>&1 | grep -vE '^==PROF==|^\s*$' | tee "$OUT/ncu_lm_head.txt" | \
-      grep -E 'k_mvq4|Duration|Throughput|Issued|Eligible'
+      grep -E "$kn|Duration|Throughput|Issued|Eligible"
     # the decode kernels' machine code (cuobjdump is on the GPU machine, not on the dev machine): every
     # k_mvq4 instantiation, and its instruction count, for the instructions-per-chunk budget
-    cuobjdump -sass "$BIN/lily-bench" 2>/dev/null | awk '/Function : .*k_mvq4/ {on = 1; print; next} /Function : / {on = 0} on' \
+    cuobjdump -sass "$BIN/lily-bench" 2>/dev/null | awk '/Function : .*k_mv(q4|tc)/ {on = 1; print; next} /Function : / {on = 0} on' \
       >"$OUT/k_mvq4.sass"
     awk '/Function : / {if (f) print f ": " n " instructions"; f = $3; n = 0; next} /^[ \t]*\/\*[0-9a-f]+\*\// {n++}
          END {if (f) print f ": " n " instructions"}' "$OUT/k_mvq4.sass" ;;
