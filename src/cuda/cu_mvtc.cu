@@ -159,6 +159,7 @@ struct tc_rows {
     const uint4 *wa, *wb;
     const char *sa, *sb, *ba, *bb;
     int lg, rows, row;
+    bool pair; /* groups of 64, an even number a row: a unit pair's constants are one aligned 32-bit word */
 };
 template <int SBT>
 __device__ __forceinline__ tc_rows tc_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int g, int cols) {
@@ -169,6 +170,7 @@ __device__ __forceinline__ tc_rows tc_locate(const mvq_args &a, bool xsl, int e,
     t.row = (tile - a.blk0[mi]) * 16 + g;
     t.lg = __ffs(m.group / 64) - 1;
     const int ra = min(t.row, m.rows - 1), rb = min(t.row + 8, m.rows - 1), ngr = cols / m.group;
+    t.pair = t.lg == 0 && ngr % 2 == 0;
     const size_t sz = (SBT >= 0 ? SBT : m.sbt) == LW_F32 ? 4 : 2;
     const uint4 *w = (const uint4 *)((const char *)m.w + (long long)e * m.ew);
     t.wa = w + (size_t)ra * (cols / 32);
@@ -184,6 +186,21 @@ struct tc_step {
     uint4 ca[4], cb[4];
     float sa[2], sb[2], ba[2], bb[2];
 };
+/* the group constants of units u0 and u0 + 1 (u0 even) of a row: one load when they share a group or
+ * sit side by side as an aligned pair of 16-bit values (MLX's bf16, groups of 64, an even number a row) */
+template <int SBT>
+__device__ __forceinline__ void tc_sb2(const char *p, int sbt, int lg, bool pair, int u0, float &v0, float &v1) {
+    const int g0 = u0 >> lg, g1 = (u0 + 1) >> lg;
+    if (g0 == g1) v0 = v1 = mvq_sb<SBT>(p, sbt, g0);
+    else if (SBT == LW_BF16 && pair) {
+        const uint32_t w = *(const uint32_t *)(p + 2 * (size_t)g0);
+        v0 = __uint_as_float(w << 16);
+        v1 = __uint_as_float(w & 0xFFFF0000u);
+    } else {
+        v0 = mvq_sb<SBT>(p, sbt, g0);
+        v1 = mvq_sb<SBT>(p, sbt, g1);
+    }
+}
 template <int SBT>
 __device__ __forceinline__ void tc_fetch(const tc_rows &t, int sbt, int u0, int nun, tc_step &d) {
 #pragma unroll
@@ -192,14 +209,17 @@ __device__ __forceinline__ void tc_fetch(const tc_rows &t, int sbt, int u0, int 
         if (u < nun) {
             d.ca[2 * h] = __ldg(t.wa + 2 * u); d.ca[2 * h + 1] = __ldg(t.wa + 2 * u + 1);
             d.cb[2 * h] = __ldg(t.wb + 2 * u); d.cb[2 * h + 1] = __ldg(t.wb + 2 * u + 1);
-            const int gi = u >> t.lg;
-            d.sa[h] = mvq_sb<SBT>(t.sa, sbt, gi); d.sb[h] = mvq_sb<SBT>(t.sb, sbt, gi);
-            d.ba[h] = mvq_sb<SBT>(t.ba, sbt, gi); d.bb[h] = mvq_sb<SBT>(t.bb, sbt, gi);
-        } else {
-            d.ca[2 * h] = d.ca[2 * h + 1] = d.cb[2 * h] = d.cb[2 * h + 1] = make_uint4(0, 0, 0, 0);
-            d.sa[h] = d.sb[h] = d.ba[h] = d.bb[h] = 0.f;
-        }
+        } else d.ca[2 * h] = d.ca[2 * h + 1] = d.cb[2 * h] = d.cb[2 * h + 1] = make_uint4(0, 0, 0, 0);
     }
+    if (u0 + 1 < nun) {
+        tc_sb2<SBT>(t.sa, sbt, t.lg, t.pair, u0, d.sa[0], d.sa[1]); tc_sb2<SBT>(t.sb, sbt, t.lg, t.pair, u0, d.sb[0], d.sb[1]);
+        tc_sb2<SBT>(t.ba, sbt, t.lg, t.pair, u0, d.ba[0], d.ba[1]); tc_sb2<SBT>(t.bb, sbt, t.lg, t.pair, u0, d.bb[0], d.bb[1]);
+    } else if (u0 < nun) {
+        const int gi = u0 >> t.lg;
+        d.sa[0] = mvq_sb<SBT>(t.sa, sbt, gi); d.sb[0] = mvq_sb<SBT>(t.sb, sbt, gi);
+        d.ba[0] = mvq_sb<SBT>(t.ba, sbt, gi); d.bb[0] = mvq_sb<SBT>(t.bb, sbt, gi);
+        d.sa[1] = d.sb[1] = d.ba[1] = d.bb[1] = 0.f;
+    } else d.sa[0] = d.sb[0] = d.ba[0] = d.bb[0] = d.sa[1] = d.sb[1] = d.ba[1] = d.bb[1] = 0.f;
 }
 
 /* a.blk0: 16-row tiles; the matrices' groups are 64 2^k columns; ksl: log2 of the warps a tile */
@@ -251,25 +271,30 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
                 for (int h = 0; h < 2; h++)
 #pragma unroll
                     for (int k = 0; k < XS; k++) c[h][k][0] = c[h][k][1] = c[h][k][2] = c[h][k][3] = 0.f;
+                /* B: this lane's input in its own column n = g only where that column is unit 2q + h of
+                 * its quad-lane, h = g - 2q (zeros for the other lanes). Each unit h accumulates apart
+                 * (c[h]) and only column 2q + h of c[h] is read, so the same B serves both units' mma:
+                 * in c[1 - h] this lane's input lands in a column nobody reads. */
+                const int hl = g - 2 * q;
+                const bool mine = (hl == 0 || hl == 1) && u0 + hl < nun;
+                const uint4 *xb = mine ? xw + (size_t)(u0 + hl) * 8 * XS : tcs;
+                const int lo = mine ? 8 : 0;
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    /* this lane's input only in its own unit's column (n = g = 2q + h), zeros elsewhere */
-                    const bool mine = g == 2 * q + h && u0 + h < nun;
-                    const uint4 *xb = mine ? xw + (size_t)(u0 + h) * 8 * XS : tcs;
-                    const int lo = mine ? 8 : 0;
+                for (int i = 0; i < 8; i++) {
+                    const uint4 xv = xb[i];
+                    uint4 xl = xv;
+                    if (XS == 2) xl = xb[i + lo];
 #pragma unroll
-                    for (int i = 0; i < 8; i++) {
+                    for (int h = 0; h < 2; h++) {
                         const uint32_t pa = tc_word(cur.ca[2 * h + i / 4], i % 4), pb = tc_word(cur.cb[2 * h + i / 4], i % 4);
                         const uint32_t qa = pa >> 8, qb = pb >> 8;
                         const uint32_t a0 = tc_nib(pa, 0x000F000Fu), a1 = tc_nib(pb, 0x000F000Fu);
                         const uint32_t a2 = tc_nib(pa, 0x00F000F0u), a3 = tc_nib(pb, 0x00F000F0u);
                         const uint32_t a4 = tc_nib(qa, 0x000F000Fu), a5 = tc_nib(qb, 0x000F000Fu);
                         const uint32_t a6 = tc_nib(qa, 0x00F000F0u), a7 = tc_nib(qb, 0x00F000F0u);
-                        const uint4 xv = xb[i];
                         tc_mma(c[h][0], a0, a1, a2, a3, xv.x, xv.y);
                         tc_mma(c[h][0], a4, a5, a6, a7, xv.z, xv.w);
                         if (XS == 2) {
-                            const uint4 xl = xb[i + lo];
                             tc_mma(c[h][XS - 1], a0, a1, a2, a3, xl.x, xl.y);
                             tc_mma(c[h][XS - 1], a4, a5, a6, a7, xl.z, xl.w);
                         }
@@ -342,6 +367,16 @@ int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const floa
                   int nslots) {
     const int mode = mvtc_mode(), cols = in->m[0].cols;
     if (!mode || in->f.add || in->f.sel) return 0;
+    /* LILY_CU_MVTC_MIN: the fewest weights (a slot's matrices together) a launch needs to be taken */
+    static long long min_w = -1;
+    if (min_w < 0) {
+        const char *e = getenv("LILY_CU_MVTC_MIN");
+        min_w = e && *e ? atoll(e) : 0;
+        if (min_w < 0) min_w = 0;
+    }
+    long long nw = 0;
+    for (int i = 0; i < in->n; i++) nw += (long long)in->m[i].rows * cols;
+    if (nw < min_w) return 0;
     mvq_args a = *in;
     int sbt = a.m[0].sbt, nt = 0;
     for (int i = 0; i < a.n; i++) {
