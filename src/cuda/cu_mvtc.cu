@@ -4,13 +4,15 @@
  * multiply-add) and Nsight measured it bound by instruction issue at a third of the H200's
  * bandwidth. Here a lane turns a word of eight codes into four fp16 pairs with one shift, four
  * and-ors and four half subtractions, and one mma.sync multiplies 256 codes: about one
- * instruction a weight, fewer than the bandwidth needs.
+ * instruction a weight, fewer than the bandwidth needs. Measured (bench/RESULTS.md): the issue
+ * bound is gone, but at 114 registers (2 blocks an SM) the kernel waits on its loads; it beats
+ * k_mvq4 only on the lm_head, so it takes only launches that large (LILY_CU_MVTC_MIN).
  *
  * Exactness: the codes are small integers, exact in fp16. The input is scaled by a power of two
  * (so that its largest element sits just under 2^15) and split into two fp16 terms, hi = rn(x')
  * and lo = rn(x' - hi), 22 of fp32's 24 bits; products are exact in the fp32 accumulators. The
  * group scale and bias are applied in fp32 per 64 columns, as the float kernel does.
- * LILY_CU_MVTC=1 keeps one term (11 bits of input), 0 turns the kernel off (k_mvq4 instead).
+ * LILY_CU_MVTC=0 turns the kernel off (k_mvq4 instead).
  *
  * Layout of the work: a warp owns a tile of 16 weight rows, the mma's M; its lane t (g = t / 4,
  * q = t % 4) loads rows g and g + 8, columns of two 64-column units, 2q and 2q + 1 of each step's
@@ -337,15 +339,10 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
     }
 }
 
-/* LILY_CU_MVTC: 2 (default) two fp16 terms of input, 1 one, 0 off */
-static int mvtc_mode(void) {
-    static int mode = -1;
-    if (mode < 0) {
-        const char *e = getenv("LILY_CU_MVTC");
-        mode = e && *e ? atoi(e) : 2;
-        if (mode < 0 || mode > 2) mode = 2;
-    }
-    return mode;
+/* LILY_CU_MVTC=0: k_mvq4 for every launch, for measuring */
+static int mvtc_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_MVTC", 1);
 }
 
 static int tc_fits(const dmat *m, int cols) {
@@ -365,13 +362,16 @@ static void mvtc_launch(cudaStream_t s, const mvq_args &a, int groups, int nslot
 
 int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const float *X2, int ldx, const int *eidx, int xdiv,
                   int nslots) {
-    const int mode = mvtc_mode(), cols = in->m[0].cols;
-    if (!mode || in->f.add || in->f.sel) return 0;
-    /* LILY_CU_MVTC_MIN: the fewest weights (a slot's matrices together) a launch needs to be taken */
+    const int cols = in->m[0].cols;
+    if (!mvtc_enabled() || in->f.add || in->f.sel) return 0;
+    /* The fewest weights (a slot's matrices together) a launch needs to be taken: on the H200 this
+     * kernel is faster than k_mvq4 only on the lm_head (161-174 against 181 us); the smaller launches,
+     * bound by latency at 2 blocks an SM, were 10-50% slower (bench/RESULTS.md). LILY_CU_MVTC_MIN
+     * overrides (0: every launch it can take, as the kernel tests run it). */
     static long long min_w = -1;
     if (min_w < 0) {
         const char *e = getenv("LILY_CU_MVTC_MIN");
-        min_w = e && *e ? atoll(e) : 0;
+        min_w = e && *e ? atoll(e) : 64ll << 20;
         if (min_w < 0) min_w = 0;
     }
     long long nw = 0;
@@ -392,12 +392,8 @@ int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const floa
     int ksl = 0;
     while (ksl < 3 && (2 << ksl) <= nsteps) ksl++;
     const int groups = (nt + (TC_WARPS >> ksl) - 1) / (TC_WARPS >> ksl);
-    if (mode == 1) {
-        if (sbt == LW_BF16) mvtc_launch<LW_BF16, 1>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
-        else mvtc_launch<-1, 1>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
-    } else {
-        if (sbt == LW_BF16) mvtc_launch<LW_BF16, 2>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
-        else mvtc_launch<-1, 2>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
-    }
+    /* (XS = 1, one fp16 term of input, measured 2-4% faster over a token and 1e-4-1e-3 less exact) */
+    if (sbt == LW_BF16) mvtc_launch<LW_BF16, 2>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
+    else mvtc_launch<-1, 2>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
     return 1;
 }
