@@ -274,7 +274,7 @@ void lcuda_session_free(lcuda_session *s) {
     cu_sampler_free(s->samp);
     float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
-                     &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr, &s->cpart };
+                     &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr };
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
     int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles,
                    (int **)&s->fcount };
@@ -311,7 +311,7 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         { &s->qg, T * nh * 2 * hd }, { &s->q, T * nh * hd }, { &s->kb, T * nkv * hd }, { &s->vb, T * nkv * hd }, { &s->ao, T * nh * hd },
         { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, (T * K + 1) * I }, { &s->hu, (T * K + 1) * I },
         { &s->D, (T * K + 1) * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
-        { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) }, { &s->cpart, CU_COMBINE_BLOCKS } };
+        { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) } };
     lily_code rc = LILY_OK;
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaStreamCreate", __FILE__, __LINE__); goto fail; }
@@ -323,12 +323,12 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         struct { int **p; size_t n; } ii[] = { { &s->d_ids, T }, { &s->d_pos, 1 }, { &s->d_tok, 2 }, { &s->d_step, 1 }, { &s->sel, T * K },
                                                 { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K },
                                                 { &s->tiles, (size_t)cu_moe_max_tiles((int)(T * K), (int)E, 16) },
-                                                { (int **)&s->fcount, 2 } };
+                                                { (int **)&s->fcount, 1 } };
         for (size_t i = 0; i < sizeof ii / sizeof *ii; i++) {
             e = cudaMalloc((void **)ii[i].p, ii[i].n * sizeof(int));
             if (e != cudaSuccess) goto oom;
         }
-        e = cudaMemset(s->fcount, 0, 2 * sizeof(unsigned));
+        e = cudaMemset(s->fcount, 0, sizeof(unsigned));
         if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaMemset", __FILE__, __LINE__); goto fail; }
     }
     e = cudaHostAlloc((void **)&s->ring_h, LCU_RING * 2 * sizeof(int), cudaHostAllocMapped);
@@ -596,7 +596,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         PM(s, "moe shared swiglu+down");
         SD = s->SD;
     }
-    cu_moe_combine(q, s->x, add, s->D, pos, s->wt, T, K, H, SD, s->sr, nw, (float)c->eps, s->t, s->fcount + 1, s->cpart);
+    cu_moe_combine(q, s->x, add, s->D, pos, s->wt, T, K, H, SD, s->sr, nw, (float)c->eps, s->t);
     PM(s, "moe combine + next norm");
 }
 

@@ -214,11 +214,8 @@ void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long lo
 /* x[t] = (x[t] (+ add[t])) + sum_k wt[t,k] D[row(t,k)] (+ sigmoid(sr[t]) SD[t] when SD).
  * row = pos ? pos[t*K+k] : t*K+k. add: the mixer's output when the residual add was left to here
  * (mvq_fuse). With nw: tout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, fused). */
-/* count ([1], 0 between launches) and part ([CU_COMBINE_BLOCKS]): with both, one row (T = 1, no pos)
- * runs over CU_COMBINE_BLOCKS blocks of columns; NULL: a block a row. */
-#define CU_COMBINE_BLOCKS 16
 void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
-                    int H, const float *SD, const float *sr, const float *nw, float eps, float *tout, unsigned *count, float *part);
+                    int H, const float *SD, const float *sr, const float *nw, float eps, float *tout);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part /* [3 * CU_ARGMAX_PARTS] scratch */);

@@ -1636,50 +1636,9 @@ __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ a
     float r = 1.0f / sqrtf(ss / H + eps);
     for (int i = threadIdx.x; i < H; i += blockDim.x) tout[(size_t)t * H + i] = xr[i] * r * nw[i];
 }
-/* One row (decode) over CU_COMBINE_BLOCKS blocks of columns: one block took ~7.5 us a layer,
- * a chain of dependent loads on one SM. Each block writes its columns of x and its sum of squares
- * (part[b]); the block that finishes last (count, 0 between launches) adds the sums in block
- * order, so the result does not depend on which block that is, and writes the whole normed row. */
-__global__ void k_moe_combine1(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ D,
-                               const float *__restrict__ wt, int K, int H, const float *__restrict__ SD,
-                               const float *__restrict__ sr, const float *__restrict__ nw, float eps, float *__restrict__ tout,
-                               unsigned *count, float *part) {
-    CU_PDL();
-    __shared__ float sh[32];
-    __shared__ int last;
-    const int per = (H + gridDim.x - 1) / gridDim.x, i0 = blockIdx.x * per, i1 = min(H, i0 + per);
-    const float gs = SD ? sigm_f(sr[0]) : 0.f;
-    float ss = 0;
-    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
-        float y = 0;
-#pragma unroll 8
-        for (int k = 0; k < K; k++) y += wt[k] * D[(size_t)k * H + i];
-        if (SD) y += gs * SD[i];
-        const float v = (add ? x[i] + add[i] : x[i]) + y; /* (x + add) first, as the unfused norm did */
-        x[i] = v;
-        ss += v * v;
-    }
-    if (!nw) return;
-    ss = block_sum(ss, sh);
-    if (threadIdx.x == 0) part[blockIdx.x] = ss;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(count, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    ss = 0;
-    for (unsigned b = 0; b < gridDim.x; b++) ss += part[b];
-    const float r = 1.0f / sqrtf(ss / H + eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) tout[i] = x[i] * r * nw[i];
-    if (threadIdx.x == 0) *count = 0;
-}
 void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
-                    int H, const float *SD, const float *sr, const float *nw, float eps, float *tout, unsigned *count, float *part) {
-    static int on = -1; /* LILY_CU_COMBINE1=0: a block a row for decode too, for measuring */
-    if (T == 1 && !pos && count && part && H >= 2 * CU_COMBINE_BLOCKS && cu_env_flag(&on, "LILY_CU_COMBINE1", 1))
-        k_moe_combine1<<<CU_COMBINE_BLOCKS, 128, 0, s>>>(x, add, D, wt, K, H, SD, sr, nw, eps, tout, count, part);
-    else k_moe_combine<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
+                    int H, const float *SD, const float *sr, const float *nw, float eps, float *tout) {
+    k_moe_combine<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
 }
 
 /* ---- token choice ---- */

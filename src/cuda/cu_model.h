@@ -47,9 +47,7 @@ struct lcuda_session {
     float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
-    unsigned *fcount;              /* [2] the fused router group's block counter (mvq_fuse) and the decode
-                                    * combine's (cu_moe_combine), 0 between launches */
-    float *cpart;                  /* [CU_COMBINE_BLOCKS] the decode combine's sums of squares */
+    unsigned *fcount;              /* [1] the fused router group's block counter (mvq_fuse), 0 between launches */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;
