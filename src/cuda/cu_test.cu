@@ -163,6 +163,23 @@ lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, i
     return rc;
 }
 
+lily_code lct_moe_combine(float *x, const float *add, const float *D, const float *wt, int T, int K, int H, const float *SD,
+                          const float *sr, const float *nw, float eps, float *tout, int reps, lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    const size_t th = (size_t)T * H * 4;
+    float *dx = (float *)dput(&L, x, th, st, &rc), *da = add ? (float *)dput(&L, add, th, st, &rc) : NULL;
+    float *dD = (float *)dput(&L, D, th * K, st, &rc), *dw = (float *)dput(&L, wt, (size_t)T * K * 4, st, &rc);
+    float *dS = SD ? (float *)dput(&L, SD, th, st, &rc) : NULL, *dr = SD ? (float *)dput(&L, sr, (size_t)T * 4, st, &rc) : NULL;
+    float *dn = nw ? (float *)dput(&L, nw, (size_t)H * 4, st, &rc) : NULL, *dt = (float *)dput(&L, NULL, th, st, &rc);
+    for (int i = 0; !rc && i < reps; i++) cu_moe_combine(0, dx, da, dD, NULL, dw, T, K, H, dS, dr, dn, eps, dt);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(x, dx, th, st);
+    if (!rc && nw) rc = dget(tout, dt, th, st);
+    dfree(&L);
+    return rc;
+}
+
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;

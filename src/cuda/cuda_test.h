@@ -33,6 +33,9 @@ lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, 
 /* y = rmsnorm(x (+ add)) * w for T rows of n; x_out gets x after the add (may be NULL). */
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,
                       float *x_out, lily_status *st);
+/* cu_moe_combine (rows in order, no pos) reps times in place on x [T][H]; tout [T][H] when nw. */
+lily_code lct_moe_combine(float *x, const float *add, const float *D, const float *wt, int T, int K, int H, const float *SD,
+                          const float *sr, const float *nw, float eps, float *tout, int reps, lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* out[0] = argmax, out[1] = its log-probability bits. */
 lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st);

@@ -249,6 +249,44 @@ static void test_rmsnorm(int n, int T) {
     free(x); free(add); free(w); free(y); free(xo); free(ref); free(xs);
 }
 
+/* The MoE combine (cu_moe_combine) against the obvious loops: x += (add) + sum_k wt_k D_k (+ sigmoid(sr) SD),
+ * then the next layer's norm; three launches in a row, on their own output, as a step's layers run it. */
+static void test_moe_combine(int T, int K, int H, int with_add, int with_sd, int with_nw) {
+    const int reps = 3;
+    float *x = rnd((size_t)T * H, 1.0f), *add = with_add ? rnd((size_t)T * H, 1.0f) : NULL, *D = rnd((size_t)T * K * H, 1.0f);
+    float *wt = rnd((size_t)T * K, 0.3f), *SD = with_sd ? rnd((size_t)T * H, 1.0f) : NULL, *sr = rnd((size_t)T, 1.0f);
+    float *nw = with_nw ? rnd((size_t)H, 1.0f) : NULL, *t = malloc((size_t)T * H * 4), *xr = malloc((size_t)T * H * 4);
+    float *tr = malloc((size_t)T * H * 4);
+    memcpy(xr, x, (size_t)T * H * 4);
+    for (int rep = 0; rep < reps; rep++)
+        for (int r = 0; r < T; r++) {
+            double ss = 0, gs = 1.0 / (1.0 + exp(-(double)sr[r]));
+            for (int i = 0; i < H; i++) {
+                double y = 0;
+                for (int k = 0; k < K; k++) y += (double)wt[r * K + k] * D[((size_t)r * K + k) * H + i];
+                if (SD) y += gs * SD[(size_t)r * H + i];
+                double v = (double)xr[(size_t)r * H + i] + (add ? add[(size_t)r * H + i] : 0.0) + y;
+                xr[(size_t)r * H + i] = (float)v;
+                ss += v * v;
+            }
+            if (nw) {
+                double rs = 1.0 / sqrt(ss / H + 1e-6);
+                for (int i = 0; i < H; i++) tr[(size_t)r * H + i] = (float)(xr[(size_t)r * H + i] * rs * nw[i]);
+            }
+        }
+    for (size_t i = 0; i < (size_t)T * H; i++) t[i] = NAN;
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "moe combine T=%d K=%d H=%d%s%s%s x%d", T, K, H, add ? " add" : "", SD ? " shared" : "",
+             nw ? " norm" : "", reps);
+    if (lct_moe_combine(x, add, D, wt, T, K, H, SD, sr, nw, 1e-6f, t, reps, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        double e1 = rel(x, xr, (size_t)T * H), e2 = nw ? rel(t, tr, (size_t)T * H) : 0;
+        report(what, e1 > e2 ? e1 : e2, 1e-5);
+    }
+    free(x); free(add); free(D); free(wt); free(SD); free(sr); free(nw); free(t); free(xr); free(tr);
+}
+
 /* The reference routing of src/cpu/forward.c (softmax, top-k by selection, renormalize). */
 static void router_ref(const float *lg, int E, int K, int *sel, float *wt) {
     float *p = malloc((size_t)E * 4), mx = -INFINITY;
@@ -666,6 +704,11 @@ int main(int argc, char **argv) {
     test_gdn(130, 2, 4, 128, 128);   /* a partial last chunk */
     if (!small) test_gdn(1000, 16, 32, 128, 128); /* a whole 1,000-token prompt at the real heads */
     test_rmsnorm(2048, 5);
+    test_moe_combine(1, 8, 2048, 1, 1, 1); /* decode, the residual add fused (mvq_fuse) */
+    test_moe_combine(1, 8, 2048, 0, 1, 1);
+    test_moe_combine(1, 4, 100, 1, 0, 1);
+    test_moe_combine(1, 8, 2048, 1, 1, 0);  /* the last layer: no norm */
+    test_moe_combine(3, 8, 2048, 1, 1, 1);
     test_rmsnorm(129, 3);
     test_router(1, 256, 8);
     test_router(small ? 40 : 333, 256, 8);
