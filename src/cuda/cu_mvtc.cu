@@ -25,9 +25,9 @@
 #include <string.h>
 
 #define TC_WARPS 8
-/* blocks an SM holds (registers: 120 a thread at 2, XS = 2 spills a little at 3) */
+/* blocks an SM holds (64 registers a thread) */
 #ifndef TC_MINB
-#define TC_MINB 2
+#define TC_MINB 4
 #endif
 
 /* C += A B for one m16n8k16 tile, fp16 inputs and fp32 accumulators, in the PTX fragment
@@ -161,7 +161,6 @@ struct tc_rows {
     const uint4 *wa, *wb;
     const char *sa, *sb, *ba, *bb;
     int lg, rows, row;
-    bool pair; /* groups of 64, an even number a row: a unit pair's constants are one aligned 32-bit word */
 };
 template <int SBT>
 __device__ __forceinline__ tc_rows tc_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int g, int cols) {
@@ -172,7 +171,6 @@ __device__ __forceinline__ tc_rows tc_locate(const mvq_args &a, bool xsl, int e,
     t.row = (tile - a.blk0[mi]) * 16 + g;
     t.lg = __ffs(m.group / 64) - 1;
     const int ra = min(t.row, m.rows - 1), rb = min(t.row + 8, m.rows - 1), ngr = cols / m.group;
-    t.pair = t.lg == 0 && ngr % 2 == 0;
     const size_t sz = (SBT >= 0 ? SBT : m.sbt) == LW_F32 ? 4 : 2;
     const uint4 *w = (const uint4 *)((const char *)m.w + (long long)e * m.ew);
     t.wa = w + (size_t)ra * (cols / 32);
@@ -182,46 +180,26 @@ __device__ __forceinline__ tc_rows tc_locate(const mvq_args &a, bool xsl, int e,
     t.ba = b + (size_t)ra * ngr * sz; t.bb = b + (size_t)rb * ngr * sz;
     return t;
 }
-/* What a lane reads for one step: its two units' codes of both rows, and their scales and biases
- * (fetched together, so one memory round trip a step) */
-struct tc_step {
-    uint4 ca[4], cb[4];
-    float sa[2], sb[2], ba[2], bb[2];
+/* What a lane reads for one unit: its codes in both rows, and their scales and biases (fetched
+ * together, so one memory round trip a unit). A unit at a time keeps the kernel at 64 registers
+ * (4 blocks an SM): a whole step's two units (114-120 registers, 2 blocks) left too few warps to
+ * keep loads in flight (bench/RESULTS.md). */
+struct tc_unit {
+    uint4 ca[2], cb[2];
+    float sa, sb, ba, bb;
 };
-/* the group constants of units u0 and u0 + 1 (u0 even) of a row: one load when they share a group or
- * sit side by side as an aligned pair of 16-bit values (MLX's bf16, groups of 64, an even number a row) */
 template <int SBT>
-__device__ __forceinline__ void tc_sb2(const char *p, int sbt, int lg, bool pair, int u0, float &v0, float &v1) {
-    const int g0 = u0 >> lg, g1 = (u0 + 1) >> lg;
-    if (g0 == g1) v0 = v1 = mvq_sb<SBT>(p, sbt, g0);
-    else if (SBT == LW_BF16 && pair) {
-        const uint32_t w = *(const uint32_t *)(p + 2 * (size_t)g0);
-        v0 = __uint_as_float(w << 16);
-        v1 = __uint_as_float(w & 0xFFFF0000u);
+__device__ __forceinline__ void tc_fetch(const tc_rows &t, int sbt, int u, int nun, tc_unit &d) {
+    if (u < nun) {
+        d.ca[0] = __ldg(t.wa + 2 * u); d.ca[1] = __ldg(t.wa + 2 * u + 1);
+        d.cb[0] = __ldg(t.wb + 2 * u); d.cb[1] = __ldg(t.wb + 2 * u + 1);
+        const int gi = u >> t.lg;
+        d.sa = mvq_sb<SBT>(t.sa, sbt, gi); d.sb = mvq_sb<SBT>(t.sb, sbt, gi);
+        d.ba = mvq_sb<SBT>(t.ba, sbt, gi); d.bb = mvq_sb<SBT>(t.bb, sbt, gi);
     } else {
-        v0 = mvq_sb<SBT>(p, sbt, g0);
-        v1 = mvq_sb<SBT>(p, sbt, g1);
+        d.ca[0] = d.ca[1] = d.cb[0] = d.cb[1] = make_uint4(0, 0, 0, 0);
+        d.sa = d.sb = d.ba = d.bb = 0.f;
     }
-}
-template <int SBT>
-__device__ __forceinline__ void tc_fetch(const tc_rows &t, int sbt, int u0, int nun, tc_step &d) {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int u = u0 + h;
-        if (u < nun) {
-            d.ca[2 * h] = __ldg(t.wa + 2 * u); d.ca[2 * h + 1] = __ldg(t.wa + 2 * u + 1);
-            d.cb[2 * h] = __ldg(t.wb + 2 * u); d.cb[2 * h + 1] = __ldg(t.wb + 2 * u + 1);
-        } else d.ca[2 * h] = d.ca[2 * h + 1] = d.cb[2 * h] = d.cb[2 * h + 1] = make_uint4(0, 0, 0, 0);
-    }
-    if (u0 + 1 < nun) {
-        tc_sb2<SBT>(t.sa, sbt, t.lg, t.pair, u0, d.sa[0], d.sa[1]); tc_sb2<SBT>(t.sb, sbt, t.lg, t.pair, u0, d.sb[0], d.sb[1]);
-        tc_sb2<SBT>(t.ba, sbt, t.lg, t.pair, u0, d.ba[0], d.ba[1]); tc_sb2<SBT>(t.bb, sbt, t.lg, t.pair, u0, d.bb[0], d.bb[1]);
-    } else if (u0 < nun) {
-        const int gi = u0 >> t.lg;
-        d.sa[0] = mvq_sb<SBT>(t.sa, sbt, gi); d.sb[0] = mvq_sb<SBT>(t.sb, sbt, gi);
-        d.ba[0] = mvq_sb<SBT>(t.ba, sbt, gi); d.bb[0] = mvq_sb<SBT>(t.bb, sbt, gi);
-        d.sa[1] = d.sb[1] = d.ba[1] = d.bb[1] = 0.f;
-    } else d.sa[0] = d.sb[0] = d.ba[0] = d.bb[0] = d.sa[1] = d.sb[1] = d.ba[1] = d.bb[1] = 0.f;
 }
 
 /* a.blk0: 16-row tiles; the matrices' groups are 64 2^k columns; ksl: log2 of the warps a tile */
@@ -235,7 +213,7 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
     const int KS = 1 << ksl, tpi = TC_WARPS >> ksl, wt = warp >> ksl, wk = warp & (KS - 1), slot = blockIdx.y;
     const bool xsl = a.f.xslot && slot == a.f.xslot;
     int mi = 0, e = 0;
-    tc_step cur;
+    tc_unit cur;
     /* a dense matrix's first step is fetched before the wait on the predecessor (weights are never
      * written), so its latency overlaps that kernel's end and the staging; an expert's index comes
      * from that kernel */
@@ -262,57 +240,47 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
             t = tc_locate<SBT>(a, xsl, e, tile, mi, g, cols);
             const int sbt = SBT >= 0 ? SBT : (xsl ? a.f.xm[mi] : a.m[mi]).sbt;
             float fa = 0.f, fb = 0.f, ga = 0.f, gb = 0.f; /* scaled dot products, bias terms */
-            for (int s = wk; s < nsteps; s += KS) {
-                const int u0 = 8 * s + 2 * q;
-                if (!have) tc_fetch<SBT>(t, sbt, u0, nun, cur);
-                have = false;
-                /* independent accumulators, one per unit and input term, so the mma's latency is paid
-                 * along chains of 16 (not one chain of 64) */
-                float c[2][XS][4];
+            for (int s = wk; s < nsteps; s += KS)
+#pragma unroll 1
+                for (int h = 0; h < 2; h++) {
+                    const int u = 8 * s + 2 * q + h;
+                    if (!have) tc_fetch<SBT>(t, sbt, u, nun, cur);
+                    have = false;
+                    /* B: this lane's input in its own column n = g only where that column is this unit
+                     * of its quad-lane (g = 2q + h), zeros in the other lanes, so column 2q + h of C is
+                     * this unit's dot product; the hi and lo input terms accumulate apart (two chains) */
+                    const bool mine = g == 2 * q + h && u < nun;
+                    const uint4 *xb = mine ? xw + (size_t)u * 8 * XS : tcs;
+                    const int lo = mine ? 8 : 0;
+                    float c[XS][4];
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+                    for (int k = 0; k < XS; k++) c[k][0] = c[k][1] = c[k][2] = c[k][3] = 0.f;
 #pragma unroll
-                    for (int k = 0; k < XS; k++) c[h][k][0] = c[h][k][1] = c[h][k][2] = c[h][k][3] = 0.f;
-                /* B: this lane's input in its own column n = g only where that column is unit 2q + h of
-                 * its quad-lane, h = g - 2q (zeros for the other lanes). Each unit h accumulates apart
-                 * (c[h]) and only column 2q + h of c[h] is read, so the same B serves both units' mma:
-                 * in c[1 - h] this lane's input lands in a column nobody reads. */
-                const int hl = g - 2 * q;
-                const bool mine = (hl == 0 || hl == 1) && u0 + hl < nun;
-                const uint4 *xb = mine ? xw + (size_t)(u0 + hl) * 8 * XS : tcs;
-                const int lo = mine ? 8 : 0;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const uint4 xv = xb[i];
-                    uint4 xl = xv;
-                    if (XS == 2) xl = xb[i + lo];
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint32_t pa = tc_word(cur.ca[2 * h + i / 4], i % 4), pb = tc_word(cur.cb[2 * h + i / 4], i % 4);
+                    for (int i = 0; i < 8; i++) {
+                        const uint32_t pa = tc_word(cur.ca[i / 4], i % 4), pb = tc_word(cur.cb[i / 4], i % 4);
                         const uint32_t qa = pa >> 8, qb = pb >> 8;
                         const uint32_t a0 = tc_nib(pa, 0x000F000Fu), a1 = tc_nib(pb, 0x000F000Fu);
                         const uint32_t a2 = tc_nib(pa, 0x00F000F0u), a3 = tc_nib(pb, 0x00F000F0u);
                         const uint32_t a4 = tc_nib(qa, 0x000F000Fu), a5 = tc_nib(qb, 0x000F000Fu);
                         const uint32_t a6 = tc_nib(qa, 0x00F000F0u), a7 = tc_nib(qb, 0x00F000F0u);
-                        tc_mma(c[h][0], a0, a1, a2, a3, xv.x, xv.y);
-                        tc_mma(c[h][0], a4, a5, a6, a7, xv.z, xv.w);
+                        const uint4 xv = xb[i];
+                        tc_mma(c[0], a0, a1, a2, a3, xv.x, xv.y);
+                        tc_mma(c[0], a4, a5, a6, a7, xv.z, xv.w);
                         if (XS == 2) {
-                            tc_mma(c[h][XS - 1], a0, a1, a2, a3, xl.x, xl.y);
-                            tc_mma(c[h][XS - 1], a4, a5, a6, a7, xl.z, xl.w);
+                            const uint4 xl = xb[i + lo];
+                            tc_mma(c[XS - 1], a0, a1, a2, a3, xl.x, xl.y);
+                            tc_mma(c[XS - 1], a4, a5, a6, a7, xl.z, xl.w);
                         }
                     }
+                    /* column 2q + h: c[.][h] row g, c[.][2 + h] row g + 8 */
+                    const float da = XS == 2 ? c[0][h] + c[XS - 1][h] : c[0][h];
+                    const float db = XS == 2 ? c[0][2 + h] + c[XS - 1][2 + h] : c[0][2 + h];
+                    const float su = u < nun ? us[u] : 0.f;
+                    fa += cur.sa * da;
+                    fb += cur.sb * db;
+                    ga += cur.ba * su;
+                    gb += cur.bb * su;
                 }
-                /* unit u0's dot products are column 2q (c[0][.][0], row g; [2], row g + 8), u0 + 1's column 2q + 1 */
-                const float d0a = XS == 2 ? c[0][0][0] + c[0][XS - 1][0] : c[0][0][0];
-                const float d0b = XS == 2 ? c[0][0][2] + c[0][XS - 1][2] : c[0][0][2];
-                const float d1a = XS == 2 ? c[1][0][1] + c[1][XS - 1][1] : c[1][0][1];
-                const float d1b = XS == 2 ? c[1][0][3] + c[1][XS - 1][3] : c[1][0][3];
-                const float s0 = u0 < nun ? us[u0] : 0.f, s1 = u0 + 1 < nun ? us[u0 + 1] : 0.f;
-                fa += cur.sa[0] * d0a + cur.sa[1] * d1a;
-                fb += cur.sb[0] * d0b + cur.sb[1] * d1b;
-                ga += cur.ba[0] * s0 + cur.ba[1] * s1;
-                gb += cur.bb[0] * s0 + cur.bb[1] * s1;
-            }
             oa = fa * inv + ga;
             ob = fb * inv + gb;
         }
