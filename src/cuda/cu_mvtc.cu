@@ -15,19 +15,19 @@
  * LILY_CU_MVTC=0 turns the kernel off (k_mvq4 instead).
  *
  * Layout of the work: a warp owns a tile of 16 weight rows, the mma's M; its lane t (g = t / 4,
- * q = t % 4) loads rows g and g + 8, columns of two 64-column units, 2q and 2q + 1 of each step's
- * eight (so the four lanes of a quad cover 512 columns a step, 64 contiguous bytes a row a lane).
- * The mma's K runs over the quad's lanes, so its sum would mix four lanes' units; instead each
- * lane supplies its input only in the B column n = 2q + h of its own unit h, and zeros in the
- * others, and C[row][n] comes out as unit n's own dot product, in the lane that owns it. Warps
- * of a block split a tile's steps (KS of them) and add their partial rows in a fixed order. */
+ * q = t % 4) loads rows g and g + 8 of 64-column units: in half h of a 512-column step, unit 4h + q
+ * of the step's eight (so a quad reads 128 contiguous bytes a row). The mma's K runs over the
+ * quad's lanes, so its sum would mix four lanes' units; instead each lane supplies its input only
+ * in the B column n = 2q + h of its own unit, and zeros in the others, and C[row][n] comes out as
+ * that unit's own dot product, in the lane that owns it. Warps of a block split a tile's steps
+ * (KS of them) and add their partial rows in a fixed order. */
 #include "cuda/cu_dev.h"
 #include <string.h>
 
 #define TC_WARPS 8
-/* blocks an SM holds (64 registers a thread) */
+/* blocks an SM holds: 3, 80 registers a thread (4, 64 registers with spills, measured 2% slower) */
 #ifndef TC_MINB
-#define TC_MINB 4
+#define TC_MINB 3
 #endif
 
 /* C += A B for one m16n8k16 tile, fp16 inputs and fp32 accumulators, in the PTX fragment
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
     if (!eidx && (int)blockIdx.x * tpi + wt < ntiles && wk < nsteps) {
         int m0 = 0;
         const tc_rows t = tc_locate<SBT>(a, xsl, 0, (int)blockIdx.x * tpi + wt, m0, g, cols);
-        tc_fetch<SBT>(t, SBT >= 0 ? SBT : (xsl ? a.f.xm[m0] : a.m[m0]).sbt, 8 * wk + 2 * q, nun, cur);
+        tc_fetch<SBT>(t, SBT >= 0 ? SBT : (xsl ? a.f.xm[m0] : a.m[m0]).sbt, 8 * wk + q, nun, cur);
         have = true;
     }
     CU_PDL();
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
             for (int s = wk; s < nsteps; s += KS)
 #pragma unroll 1
                 for (int h = 0; h < 2; h++) {
-                    const int u = 8 * s + 2 * q + h;
+                    const int u = 8 * s + 4 * h + q; /* (the quad's four units side by side: whole 128-byte lines a row) */
                     if (!have) tc_fetch<SBT>(t, sbt, u, nun, cur);
                     have = false;
                     /* B: this lane's input in its own column n = g only where that column is this unit

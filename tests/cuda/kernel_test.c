@@ -634,7 +634,8 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_Q, 4, 64, 33, 1024, 1);
     test_matmul(pool, LW_Q, 4, 64, 45, 1536, 1); /* 48 chunks over 32 lanes: half the lanes' second chunk is past the row */
     test_matmul(pool, LW_Q, 4, 128, 50, 1024, 1); /* groups of 128: two of the tensor-core kernel's units a scale */
-    test_matmul(pool, LW_Q, 4, 64, 1, 192, 1);    /* one row; three units, so lanes past the columns */
+    test_matmul(pool, LW_Q, 4, 64, 17, 192, 1);   /* three units, so lanes past the columns; a second tile of one row */
+    test_matmul(pool, LW_Q, 4, 64, 2, 2048, 1);   /* (one output alone can cancel to near 0: its relative error says nothing) */
     /* scales and biases stored as f16 and f32 (the decode kernel's run-time typed path) */
     mk_sbt = LW_F16;
     test_matmul(pool, LW_Q, 4, 64, 70, 2048, 1);
