@@ -8,8 +8,9 @@
  * bound is gone, but at 114 registers (2 blocks an SM) the kernel waits on its loads; it beats
  * k_mvq4 only on the lm_head, so it takes only launches that large (LILY_CU_MVTC_MIN).
  *
- * Exactness: the codes are small integers, exact in fp16. The input is scaled by a power of two
- * (so that its largest element sits just under 2^15) and split into two fp16 terms, hi = rn(x')
+ * Exactness: the codes are small integers, exact in fp16. The input is scaled by a power of two a
+ * 64-column unit (so that the unit's largest element sits just under 2^15) and split into two fp16
+ * terms, hi = rn(x')
  * and lo = rn(x' - hi), 22 of fp32's 24 bits; products are exact in the fp32 accumulators. The
  * group scale and bias are applied in fp32 per 64 columns, as the float kernel does.
  * LILY_CU_MVTC=0 turns the kernel off (k_mvq4 instead).
@@ -91,43 +92,33 @@ __device__ __forceinline__ uint32_t tc_nib(uint32_t w, uint32_t mask) {
 
 __device__ __forceinline__ float tc_in(const float *x, const float *x2, int i) { return x2 ? silu_f(x[i]) * x2[i] : x[i]; }
 
-/* The block's input (silu(x) * x2 when x2) scaled by 2^sh, as XS fp16 terms, into xw: word
- * (u, i) (columns 64u + 8i .. +7) at xw[u * 8 * XS + i], its low term 8 words later, its halves
- * in the order the codes come out of a word, k0 k4 | k1 k5 | k2 k6 | k3 k7, the odd pairs times
- * 1/16 (their codes read 16 q); each unit's input sum (unscaled, fp32) into us; 2^-sh into inv.
- * The input is read once, as floats into the same shared memory (unit u's 64 floats take the
- * 256 bytes from 256u, where its words go for XS = 2 and past them for XS = 1), so the words
- * are written in rounds of a word a thread, each round's floats read before any is overwritten. */
+/* The block's input (silu(x) * x2 when x2) as XS fp16 terms, into xw: word (u, i) (columns
+ * 64u + 8i .. +7) at xw[u * 8 * XS + i], its low term 8 words later, its halves in the order the
+ * codes come out of a word, k0 k4 | k1 k5 | k2 k6 | k3 k7, the odd pairs times 1/16 (their codes
+ * read 16 q). Each 64-column unit is scaled by its own power of two 2^sh, so that its largest
+ * element lands in [2^14, 2^15): found by the unit's 8 lanes with shuffles, no block-wide
+ * reduction, one read of the input and one barrier. us[u] = (the unit's input sum, unscaled,
+ * fp32; 2^-sh). */
 template <int XS>
-__device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, float *us, float &inv) {
-    __shared__ float red[32];
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nwarps = blockDim.x / WARP;
-    float *xf = (float *)xw, m = 0.f;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float v = tc_in(x, x2, i);
-        xf[i] = v;
-        m = fmaxf(m, fabsf(v));
-    }
-    m = warp_max(m);
-    if (lane == 0) red[warp] = m;
-    __syncthreads();
-    m = 0.f;
-    for (int i = 0; i < nwarps; i++) m = fmaxf(m, red[i]);
-    int ex = 0;
-    if (m > 0.f && m <= 3.0e38f) frexpf(m, &ex); /* m < 2^ex: the largest element lands in [2^14, 2^15) */
-    const int sh = min(max(15 - ex, -100), 100);
-    const float sc = ldexpf(1.0f, sh);
-    inv = ldexpf(1.0f, -sh);
+__device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, float2 *us) {
     const int nw = cols / 8;
-    for (int w0 = 0; w0 < nw; w0 += blockDim.x) { /* (a unit's 8 words in one warp: its sum by shuffles) */
+    for (int w0 = 0; w0 < nw; w0 += blockDim.x) { /* (a unit's 8 words in 8 lanes of one warp) */
         const int w = w0 + threadIdx.x;
-        float v[8], s = 0.f;
+        float v[8], s = 0.f, m = 0.f;
         if (w < nw)
             for (int j = 0; j < 8; j++) {
-                v[j] = xf[8 * w + j];
+                v[j] = tc_in(x, x2, 8 * w + j);
                 s += v[j];
+                m = fmaxf(m, fabsf(v[j]));
             }
-        __syncthreads();
+        for (int o = 1; o < 8; o <<= 1) {
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        }
+        int ex = 0;
+        if (m > 0.f && m <= 3.0e38f) frexpf(m, &ex); /* m < 2^ex */
+        const int sh = min(max(15 - ex, -100), 100);
+        const float sc = ldexpf(1.0f, sh);
         if (w < nw) {
             uint32_t hi[4], lo[4];
             for (int j = 0; j < 4; j++) {
@@ -145,11 +136,8 @@ __device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, f
             uint4 *p = xw + (size_t)(w / 8) * 8 * XS + w % 8;
             p[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
             if (XS == 2) p[8] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            if (w % 8 == 0) us[w / 8] = make_float2(s, ldexpf(1.0f, -sh));
         }
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        s += __shfl_xor_sync(0xffffffffu, s, 4);
-        if (w < nw && w % 8 == 0) us[w / 8] = s;
     }
     __syncthreads();
 }
@@ -206,7 +194,7 @@ __device__ __forceinline__ void tc_fetch(const tc_rows &t, int sbt, int u, int n
 template <int SBT, int XS>
 __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                             int ldx, const int *eidx, int xdiv, int ksl) {
-    extern __shared__ uint4 tcs[]; /* [8] zeros, [cols / 8 * XS, at least cols / 4] the staged input, [cols / 64] floats: unit sums */
+    extern __shared__ uint4 tcs[]; /* [8] zeros, [cols / 8 * XS] the staged input, [cols / 64] float2: unit sums and scales */
     __shared__ float part[TC_WARPS][16];
     const int cols = a.m[0].cols, nun = cols / 64, nsteps = (nun + 7) / 8, ntiles = a.blk0[a.n];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
@@ -228,9 +216,9 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
     const float *x = X, *x2 = X2;
     if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
     uint4 *xw = tcs + 8;
-    float *us = (float *)(xw + (size_t)(cols / 8) * 2), inv; /* (past the float staging's cols / 4 words) */
+    float2 *us = (float2 *)(xw + (size_t)(cols / 8) * XS);
     if (threadIdx.x < 8) tcs[threadIdx.x] = make_uint4(0, 0, 0, 0);
-    tc_stage<XS>(x, X2 ? x2 : NULL, cols, xw, us, inv);
+    tc_stage<XS>(x, X2 ? x2 : NULL, cols, xw, us);
     for (int t0 = blockIdx.x * tpi; t0 < ntiles; t0 += gridDim.x * tpi) { /* (the same trips for the block's warps) */
         const int tile = t0 + wt;
         float oa = 0.f, ob = 0.f;
@@ -275,14 +263,14 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
                     /* column 2q + h: c[.][h] row g, c[.][2 + h] row g + 8 */
                     const float da = XS == 2 ? c[0][h] + c[XS - 1][h] : c[0][h];
                     const float db = XS == 2 ? c[0][2 + h] + c[XS - 1][2 + h] : c[0][2 + h];
-                    const float su = u < nun ? us[u] : 0.f;
-                    fa += cur.sa * da;
-                    fb += cur.sb * db;
-                    ga += cur.ba * su;
-                    gb += cur.bb * su;
+                    const float2 su = u < nun ? us[u] : make_float2(0.f, 0.f);
+                    fa += cur.sa * (da * su.y);
+                    fb += cur.sb * (db * su.y);
+                    ga += cur.ba * su.x;
+                    gb += cur.bb * su.x;
                 }
-            oa = fa * inv + ga;
-            ob = fb * inv + gb;
+            oa = fa + ga;
+            ob = fb + gb;
         }
         /* the quad's lanes hold the row's sums over their own units */
         oa += __shfl_xor_sync(0xffffffffu, oa, 1);
@@ -323,7 +311,7 @@ static void mvtc_launch(cudaStream_t s, const mvq_args &a, int groups, int nslot
                         int ldx, const int *eidx, int xdiv) {
     static mvq_kstate ks;
     const int cols = a.m[0].cols;
-    const size_t sm = (size_t)(8 + cols / 8 * 2) * 16 + (size_t)(cols / 64) * 4; /* (the float staging: cols / 4 words) */
+    const size_t sm = (size_t)(8 + cols / 8 * XS) * 16 + (size_t)(cols / 64) * 8;
     const int gx = mvq_grid(k_mvtc<SBT, XS>, ks, groups, nslots, 0, TC_WARPS * WARP, sm);
     k_mvtc<SBT, XS><<<dim3(gx, nslots), TC_WARPS * WARP, sm, s>>>(a, X, X2, ldx, eidx, xdiv, ksl);
 }

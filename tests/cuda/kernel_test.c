@@ -120,6 +120,25 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
     for (int i = 0; i < 3; i++) free(hold[i]);
 }
 
+/* The decode matrix-vector kernels on an input of wide range: 64-column stretches scaled by 1e5 (past
+ * fp16's 65,504), 1e-6 and 1 in turn, so an fp16 input path must scale by the stretch, not the whole row. */
+static void test_matvec_range(lily_pool *pool, int rows, int cols) {
+    void *hold[3];
+    lw_mat W = mk_mat(LW_Q, 4, 64, rows, cols, hold);
+    float *X = rnd((size_t)cols, 1.0f), *ref = malloc((size_t)rows * 4), *Y = malloc((size_t)rows * 4);
+    static const float sc[3] = { 1e5f, 1e-6f, 1.0f };
+    for (int i = 0; i < cols; i++) X[i] *= sc[(i / 64) % 3];
+    cpu_matmul(pool, &W, X, 1, ref);
+    for (int i = 0; i < rows; i++) Y[i] = NAN;
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "matvec q4 %dx%d, input 1e5/1e-6/1 a 64 columns", rows, cols);
+    if (lct_matmul(&W, 1, X, 1, 0, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else report(what, rel(Y, ref, (size_t)rows), 1e-5);
+    free(X); free(ref); free(Y);
+    for (int i = 0; i < 3; i++) free(hold[i]);
+}
+
 /* The matrix-vector kernel for T input rows (decode batches, cu_matvec_rows): n matrices
  * reading the same T rows in one launch, optionally through the fused SwiGLU input; bits 0:
  * 4- and 8-bit matrices alternating (one launch per code width). */
@@ -634,6 +653,7 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_Q, 4, 64, 33, 1024, 1);
     test_matmul(pool, LW_Q, 4, 64, 45, 1536, 1); /* 48 chunks over 32 lanes: half the lanes' second chunk is past the row */
     test_matmul(pool, LW_Q, 4, 128, 50, 1024, 1); /* groups of 128: two of the tensor-core kernel's units a scale */
+    test_matvec_range(pool, 70, 2048);
     test_matmul(pool, LW_Q, 4, 64, 17, 192, 1);   /* three units, so lanes past the columns; a second tile of one row */
     test_matmul(pool, LW_Q, 4, 64, 2, 2048, 1);   /* (one output alone can cancel to near 0: its relative error says nothing) */
     /* scales and biases stored as f16 and f32 (the decode kernel's run-time typed path) */
