@@ -4,9 +4,8 @@
  * multiply-add) and Nsight measured it bound by instruction issue at a third of the H200's
  * bandwidth. Here a lane turns a word of eight codes into four fp16 pairs with one shift, four
  * and-ors and four half subtractions, and one mma.sync multiplies 256 codes: about one
- * instruction a weight, fewer than the bandwidth needs. Measured (bench/RESULTS.md): the issue
- * bound is gone, but at 114 registers (2 blocks an SM) the kernel waits on its loads; it beats
- * k_mvq4 only on the lm_head, so it takes only launches that large (LILY_CU_MVTC_MIN).
+ * instruction a weight (Nsight: 2.9x fewer than k_mvq4 on the lm_head). It takes the launches
+ * where it measured faster in the decode graph (LILY_CU_MVTC_MIN below); the rest stay on k_mvq4.
  *
  * Exactness: the codes are small integers, exact in fp16. The input is scaled by a power of two a
  * 64-column unit (so that the unit's largest element sits just under 2^15) and split into two fp16
@@ -320,14 +319,15 @@ int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const floa
                   int nslots) {
     const int cols = in->m[0].cols;
     if (!mvtc_enabled() || in->f.add || in->f.sel) return 0;
-    /* The fewest weights (a slot's matrices together) a launch needs to be taken: on the H200 this
-     * kernel is faster than k_mvq4 only on the lm_head (161-174 against 181 us); the smaller launches,
-     * bound by latency at 2 blocks an SM, were 10-50% slower (bench/RESULTS.md). LILY_CU_MVTC_MIN
-     * overrides (0: every launch it can take, as the kernel tests run it). */
+    /* The fewest weights (a slot's matrices together) a launch needs to be taken: on the H200,
+     * under Nsight, this kernel is as fast as k_mvq4 or faster on every decode launch, but in the
+     * decode graph tg128 was best with it on the lm_head and the two in-projections only (16M:
+     * 380.4 tok/s; all: 371.0; lm_head alone: 377.3; k_mvq4 alone: 370.4; bench/RESULTS.md).
+     * LILY_CU_MVTC_MIN overrides (0: every launch it can take, as the kernel tests run it). */
     static long long min_w = -1;
     if (min_w < 0) {
         const char *e = getenv("LILY_CU_MVTC_MIN");
-        min_w = e && *e ? atoll(e) : 64ll << 20;
+        min_w = e && *e ? atoll(e) : 16ll << 20;
         if (min_w < 0) min_w = 0;
     }
     long long nw = 0;
