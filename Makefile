@@ -74,8 +74,13 @@ $(BUILD)/mutant/%/cu_kernels.cpp: src/cuda/cu_kernels.cu $(EMU_DIR)/cu2cpp.py
 	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
 $(BUILD)/mutant/%/cu_kernels.o: $(BUILD)/mutant/%/cu_kernels.cpp
 	$(EMU_CXX) -c $< -o $@
-$(BUILD)/mutant/%/cuda-kernel-test: $(BUILD)/mutant/%/cu_kernels.o $(BUILD)/tests/cuda/kernel_test.o $(LIB)
-	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a cu_kernels.o && ar rcs $@.a $<
+$(BUILD)/mutant/%/cu_mvtc.cpp: src/cuda/cu_mvtc.cu $(EMU_DIR)/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
+$(BUILD)/mutant/%/cu_mvtc.o: $(BUILD)/mutant/%/cu_mvtc.cpp
+	$(EMU_CXX) -c $< -o $@
+$(BUILD)/mutant/%/cuda-kernel-test: $(BUILD)/mutant/%/cu_kernels.o $(BUILD)/mutant/%/cu_mvtc.o $(BUILD)/tests/cuda/kernel_test.o $(LIB)
+	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a cu_kernels.o cu_mvtc.o && ar rcs $@.a $(filter %/cu_kernels.o %/cu_mvtc.o,$^)
 	$(CC) $(CFLAGS) $(BUILD)/tests/cuda/kernel_test.o $@.a -o $@ $(LDLIBS)
 
 $(LIB): $(LIB_OBJ)

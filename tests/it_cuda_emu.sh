@@ -127,8 +127,8 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
 # reduction, a missing __syncwarp, a misplaced tensor-core tile, a decode batch whose rows all
 # take the first row's position, a batched matrix-vector product reading input row 0 for every
-# row) must fail the kernel test
-for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp tf32-tile-b rows-pos-first mvqb-row0; do
+# row, the tensor-core matrix-vector kernel's input in the wrong mma column) must fail the kernel test
+for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp tf32-tile-b rows-pos-first mvqb-row0 mvtc-column; do
   # -O1 without debug info: the mutant builds are the slow part of this test
   if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
     tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue

@@ -16,11 +16,12 @@ lines, so line numbers stay those of the .cu file (a #line directive points back
 
 usage: cu2cpp.py [--mutate NAME] in.cu out.cpp
 --mutate applies one of the deliberate bugs below (for the test that shows the emulator
-catches broken kernels); the named pattern must occur exactly once."""
+catches broken kernels) when in.cu is the mutant's file (cu_kernels.cu unless it names
+another; other files are converted unchanged); the named pattern must occur exactly once."""
 import re
 import sys
 
-# name -> (original text, broken text, what it breaks)
+# name -> (original text, broken text, what it breaks[, the file it applies to: cu_kernels.cu])
 MUTANTS = {
     "rmsnorm-off-by-one": ("for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];",
                            "for (int i = threadIdx.x; i < n - 1; i += blockDim.x) yr[i] = xr[i] * r * w[i];",
@@ -43,6 +44,9 @@ MUTANTS = {
     "rows-pos-first": ("p = R.pos ? R.pos[t] : *pos + t;",
                        "p = R.pos ? R.pos[0] : *pos + t;",
                        "a decode batch's RoPE and KV-cache write use the first row's position for every row"),
+    "mvtc-column": ("const bool mine = g == 2 * q + h && u < nun;",
+                    "const bool mine = g == 2 * q && u < nun;",
+                    "k_mvtc's lanes put the input of both their units in the first unit's B column", "cu_mvtc.cu"),
 }
 
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>", re.S)
@@ -107,11 +111,15 @@ def main(argv):
         if mut not in MUTANTS:
             sys.stderr.write("cu2cpp: unknown mutant %s (known: %s)\n" % (mut, ", ".join(MUTANTS)))
             return 2
-        old, new, _ = MUTANTS[mut]
-        if text.count(old) != 1:
+        old, new = MUTANTS[mut][0], MUTANTS[mut][1]
+        target = MUTANTS[mut][3] if len(MUTANTS[mut]) > 3 else "cu_kernels.cu"
+        if src.split("/")[-1] != target:
+            old = None
+        if old is not None and text.count(old) != 1:
             sys.stderr.write("cu2cpp: mutant %s: pattern found %d times in %s\n" % (mut, text.count(old), src))
             return 1
-        text = text.replace(old, new)
+        if old is not None:
+            text = text.replace(old, new)
     out = convert(text)
     if "<<<" in out or "__shared__" in out:
         bad = [i + 1 for i, l in enumerate(out.split("\n")) if "<<<" in l or "__shared__" in l]
