@@ -168,8 +168,8 @@ __device__ __forceinline__ tc_rows tc_locate(const mvq_args &a, bool xsl, int e,
     return t;
 }
 /* What a lane reads for one unit: its codes in both rows, and their scales and biases (fetched
- * together, so one memory round trip a unit). A unit at a time keeps the kernel at 64 registers
- * (4 blocks an SM): a whole step's two units (114-120 registers, 2 blocks) left too few warps to
+ * together, so one memory round trip a unit). A unit at a time keeps the kernel at 80 registers
+ * (3 blocks an SM): a whole step's two units (114-120 registers, 2 blocks) left too few warps to
  * keep loads in flight (bench/RESULTS.md). */
 struct tc_unit {
     uint4 ca[2], cb[2];
@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
     const bool xsl = a.f.xslot && slot == a.f.xslot;
     int mi = 0, e = 0;
     tc_unit cur;
-    /* a dense matrix's first step is fetched before the wait on the predecessor (weights are never
+    /* a dense matrix's first unit is fetched before the wait on the predecessor (weights are never
      * written), so its latency overlaps that kernel's end and the staging; an expert's index comes
      * from that kernel */
     bool have = false;
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
         if (tile < ntiles) {
             t = tc_locate<SBT>(a, xsl, e, tile, mi, g, cols);
             const int sbt = SBT >= 0 ? SBT : (xsl ? a.f.xm[mi] : a.m[mi]).sbt;
-            float fa = 0.f, fb = 0.f, ga = 0.f, gb = 0.f; /* scaled dot products, bias terms */
+            float fa = 0.f, fb = 0.f, ga = 0.f, gb = 0.f; /* rows g and g + 8: scale terms, bias terms */
             for (int s = wk; s < nsteps; s += KS)
 #pragma unroll 1
                 for (int h = 0; h < 2; h++) {
