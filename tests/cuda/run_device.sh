@@ -6,7 +6,7 @@
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
 #   variants: check and pp512/pp2048 with LILY_CU_GEMM=0, LILY_CU_GDN_CHUNK=1 and LILY_CU_SPLITK=0; tg128 and tg128s
-#             with LILY_CU_PDL=0, with LILY_CU_FUSE=0, with LILY_CU_SHSLOT=0, and as they are
+#             with LILY_CU_PDL=0, LILY_CU_FUSE=0, LILY_CU_SHSLOT=0, LILY_CU_MVTC=0, LILY_CU_MVTC_MIN=0, and as they are
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
 #   FIX   folder with the fixtures tiny, tiny-mlx4 (default ../shared/fixtures); tests/fixtures is read too
 #   OUT   where logs go (default /tmp/lily-device)
@@ -59,7 +59,8 @@ for stage in $stages; do
     "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model.log" 2>&1 || fail=1
     cat "$OUT/model.log" ;;
   variants) # the paths kept for measuring: the older tiles (LILY_CU_GEMM=0), the chunked delta rule
-            # (LILY_CU_GDN_CHUNK=1, opt-in), the decode graph without programmatic launch (LILY_CU_PDL=0)
+            # (LILY_CU_GDN_CHUNK=1, opt-in), the decode graph without programmatic launch (LILY_CU_PDL=0),
+            # decode's matrix-vector products without the tensor-core kernel or with it on every launch
     for v in LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=1 LILY_CU_SPLITK=0; do
       for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
         env $v "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&
@@ -67,7 +68,7 @@ for stage in $stages; do
       done
       echo "## $v"; env $v "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done
-    for v in LILY_CU_PDL=0 LILY_CU_FUSE=0 LILY_CU_SHSLOT=0 X=default; do
+    for v in LILY_CU_PDL=0 LILY_CU_FUSE=0 LILY_CU_SHSLOT=0 LILY_CU_MVTC=0 LILY_CU_MVTC_MIN=0 X=default; do
       echo "## $v"; env $v "$BIN/lily-bench" --tests tg128,tg128s --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done ;;
   batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)
