@@ -18,14 +18,6 @@ __device__ __forceinline__ float ld_sb(const char *p, int t, size_t i) {
     return ((const float *)p)[i];
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 /* a group's scale or bias, SBT its type when known at compile time (-1: read p.sbt) */
 template <int SBT>
