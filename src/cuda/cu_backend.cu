@@ -503,13 +503,17 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         mvq_fuse fu;
         memset(&fu, 0, sizeof fu);
         fu.add = add; fu.nw = L->ln2; fu.eps = (float)c->eps; fu.tout = s->t;
-        fu.E = E; fu.K = K; fu.sel = s->sel; fu.wt = s->wt; fu.count = s->fcount;
+        /* LILY_CU_TOPK_APART=1: the top-k in its own launch, not by the router group's last block
+         * (a block that waits for the others: ~5 us a launch in the combine's trial, RESULTS.md) */
+        static int apart = -1;
+        if (!cu_env_flag(&apart, "LILY_CU_TOPK_APART", 0)) { fu.E = E; fu.K = K; fu.sel = s->sel; fu.wt = s->wt; fu.count = s->fcount; }
         if (shx) { /* the router and the shared expert's gate alone */
             const dmat *W2[2] = { &L->router, &L->sh_router };
             float *Y2[2] = { s->rl, s->sr };
             int ld2[2] = { E, 1 };
             cu_matvec_group(q, 2, W2, s->x, NULL, H, Y2, ld2, NULL, 1, 1, &fu);
         } else cu_matvec_group(q, SI ? 4 : 1, RW, s->x, NULL, H, RY, ld, NULL, 1, 1, &fu);
+        if (!fu.sel) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
     } else if (T <= 8) {
         proj_group(s, SI ? 4 : 1, RW, s->t, H, T, RY);
