@@ -47,11 +47,12 @@ for d in ../shared/fixtures/tiny tests/fixtures/tinyq; do
 done
 
 # the fused decode MoE with the shared expert in its own launches (LILY_CU_SHSLOT=0), as before it
-# rode in the routed experts' launches
+# rode in the routed experts' launches, and the top-k by the router group's last block
+# (LILY_CU_TOPK_APART=0) instead of its own launch
 d=tests/fixtures/tinyq; t0=$(date +%s.%N)
-LILY_CU_SHSLOT=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
-if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then ok "emulated lily check --backend cuda $d, LILY_CU_SHSLOT=0 ($(secs "$t0") s)"
-else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the shared expert's own launches (rc=$rc)"; fi
+LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
+if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then ok "emulated lily check --backend cuda $d, LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 ($(secs "$t0") s)"
+else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the shared expert's own launches and the fused top-k (rc=$rc)"; fi
 
 # emu_unit NAME MARKER [DETAIL]: tests/NAME.c built for the emulator and run on its CUDA backend;
 # the last line must say it passed and the output must name MARKER (the backend really used);

@@ -503,10 +503,11 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         mvq_fuse fu;
         memset(&fu, 0, sizeof fu);
         fu.add = add; fu.nw = L->ln2; fu.eps = (float)c->eps; fu.tout = s->t;
-        /* LILY_CU_TOPK_APART=1: the top-k in its own launch, not by the router group's last block
-         * (a block that waits for the others: ~5 us a launch in the combine's trial, RESULTS.md) */
+        /* The top-k in its own launch after the group: faster on the H200 (tg128 381.9 -> 384.2) than
+         * by the group's last block, which waits for the others (RESULTS.md). LILY_CU_TOPK_APART=0:
+         * by the last block (mvq_fuse.sel), for measuring. */
         static int apart = -1;
-        if (!cu_env_flag(&apart, "LILY_CU_TOPK_APART", 0)) { fu.E = E; fu.K = K; fu.sel = s->sel; fu.wt = s->wt; fu.count = s->fcount; }
+        if (!cu_env_flag(&apart, "LILY_CU_TOPK_APART", 1)) { fu.E = E; fu.K = K; fu.sel = s->sel; fu.wt = s->wt; fu.count = s->fcount; }
         if (shx) { /* the router and the shared expert's gate alone */
             const dmat *W2[2] = { &L->router, &L->sh_router };
             float *Y2[2] = { s->rl, s->sr };
