@@ -18,7 +18,6 @@ __device__ __forceinline__ float ld_sb(const char *p, int t, size_t i) {
     return ((const float *)p)[i];
 }
 
-
 /* a group's scale or bias, SBT its type when known at compile time (-1: read p.sbt) */
 template <int SBT>
 __device__ __forceinline__ float mvq_sb(const char *p, int sbt, int i) {

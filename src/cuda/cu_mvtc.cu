@@ -80,10 +80,11 @@ __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
 /* Two codes as an fp16 pair: those under mask (bits 0-3 or 4-7 of each half) put under the
  * exponent of 1024 (0x6400) read 1024 + q 2^s, exactly; subtracting 1024 leaves q 2^s. */
 __device__ __forceinline__ uint32_t tc_nib(uint32_t w, uint32_t mask) {
-    uint32_t v = (w & mask) | 0x64006400u;
+    const uint32_t k1024 = 0x64006400u; /* (1024, 1024) as bits: no conversion a call */
+    uint32_t v = (w & mask) | k1024;
     __half2 h, k;
     memcpy(&h, &v, 4);
-    k = __float2half2_rn(1024.0f);
+    memcpy(&k, &k1024, 4);
     h = __hsub2(h, k);
     memcpy(&v, &h, 4);
     return v;
@@ -91,14 +92,13 @@ __device__ __forceinline__ uint32_t tc_nib(uint32_t w, uint32_t mask) {
 
 __device__ __forceinline__ float tc_in(const float *x, const float *x2, int i) { return x2 ? silu_f(x[i]) * x2[i] : x[i]; }
 
-/* The block's input (silu(x) * x2 when x2) as XS fp16 terms, into xw: word (u, i) (columns
- * 64u + 8i .. +7) at xw[u * 8 * XS + i], its low term 8 words later, its halves in the order the
+/* The block's input (silu(x) * x2 when x2) as two fp16 terms, into xw: word (u, i) (columns
+ * 64u + 8i .. +7) at xw[u * 16 + i], its low term 8 words later, its halves in the order the
  * codes come out of a word, k0 k4 | k1 k5 | k2 k6 | k3 k7, the odd pairs times 1/16 (their codes
  * read 16 q). Each 64-column unit is scaled by its own power of two 2^sh, so that its largest
  * element lands in [2^14, 2^15): found by the unit's 8 lanes with shuffles, no block-wide
  * reduction, one read of the input and one barrier. us[u] = (the unit's input sum, unscaled,
  * fp32; 2^-sh). */
-template <int XS>
 __device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, float2 *us) {
     const int nw = cols / 8;
     for (int w0 = 0; w0 < nw; w0 += blockDim.x) { /* (a unit's 8 words in 8 lanes of one warp) */
@@ -132,9 +132,9 @@ __device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, f
                 hi[j] = hv[0] | hv[1] << 16;
                 lo[j] = lv[0] | lv[1] << 16;
             }
-            uint4 *p = xw + (size_t)(w / 8) * 8 * XS + w % 8;
+            uint4 *p = xw + (size_t)(w / 8) * 16 + w % 8;
             p[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-            if (XS == 2) p[8] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            p[8] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
             if (w % 8 == 0) us[w / 8] = make_float2(s, ldexpf(1.0f, -sh));
         }
     }
@@ -190,10 +190,10 @@ __device__ __forceinline__ void tc_fetch(const tc_rows &t, int sbt, int u, int n
 }
 
 /* a.blk0: 16-row tiles; the matrices' groups are 64 2^k columns; ksl: log2 of the warps a tile */
-template <int SBT, int XS>
+template <int SBT>
 __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                             int ldx, const int *eidx, int xdiv, int ksl) {
-    extern __shared__ uint4 tcs[]; /* [8] zeros, [cols / 8 * XS] the staged input, [cols / 64] float2: unit sums and scales */
+    extern __shared__ uint4 tcs[]; /* [8] zeros, [cols / 8 * 2] the staged input, [cols / 64] float2: unit sums and scales */
     __shared__ float part[TC_WARPS][16];
     const int cols = a.m[0].cols, nun = cols / 64, nsteps = (nun + 7) / 8, ntiles = a.blk0[a.n];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
@@ -215,9 +215,9 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
     const float *x = X, *x2 = X2;
     if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
     uint4 *xw = tcs + 8;
-    float2 *us = (float2 *)(xw + (size_t)(cols / 8) * XS);
+    float2 *us = (float2 *)(xw + (size_t)(cols / 8) * 2);
     if (threadIdx.x < 8) tcs[threadIdx.x] = make_uint4(0, 0, 0, 0);
-    tc_stage<XS>(x, X2 ? x2 : NULL, cols, xw, us);
+    tc_stage(x, X2 ? x2 : NULL, cols, xw, us);
     for (int t0 = blockIdx.x * tpi; t0 < ntiles; t0 += gridDim.x * tpi) { /* (the same trips for the block's warps) */
         const int tile = t0 + wt;
         float oa = 0.f, ob = 0.f;
@@ -237,11 +237,9 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
                      * of its quad-lane (g = 2q + h), zeros in the other lanes, so column 2q + h of C is
                      * this unit's dot product; the hi and lo input terms accumulate apart (two chains) */
                     const bool mine = g == 2 * q + h && u < nun;
-                    const uint4 *xb = mine ? xw + (size_t)u * 8 * XS : tcs;
+                    const uint4 *xb = mine ? xw + (size_t)u * 16 : tcs;
                     const int lo = mine ? 8 : 0;
-                    float c[XS][4];
-#pragma unroll
-                    for (int k = 0; k < XS; k++) c[k][0] = c[k][1] = c[k][2] = c[k][3] = 0.f;
+                    float c[2][4] = { { 0.f, 0.f, 0.f, 0.f }, { 0.f, 0.f, 0.f, 0.f } };
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
                         const uint32_t pa = tc_word(cur.ca[i / 4], i % 4), pb = tc_word(cur.cb[i / 4], i % 4);
@@ -253,15 +251,12 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
                         const uint4 xv = xb[i];
                         tc_mma(c[0], a0, a1, a2, a3, xv.x, xv.y);
                         tc_mma(c[0], a4, a5, a6, a7, xv.z, xv.w);
-                        if (XS == 2) {
-                            const uint4 xl = xb[i + lo];
-                            tc_mma(c[XS - 1], a0, a1, a2, a3, xl.x, xl.y);
-                            tc_mma(c[XS - 1], a4, a5, a6, a7, xl.z, xl.w);
-                        }
+                        const uint4 xl = xb[i + lo];
+                        tc_mma(c[1], a0, a1, a2, a3, xl.x, xl.y);
+                        tc_mma(c[1], a4, a5, a6, a7, xl.z, xl.w);
                     }
                     /* column 2q + h: c[.][h] row g, c[.][2 + h] row g + 8 */
-                    const float da = XS == 2 ? c[0][h] + c[XS - 1][h] : c[0][h];
-                    const float db = XS == 2 ? c[0][2 + h] + c[XS - 1][2 + h] : c[0][2 + h];
+                    const float da = c[0][h] + c[1][h], db = c[0][2 + h] + c[1][2 + h];
                     const float2 su = u < nun ? us[u] : make_float2(0.f, 0.f);
                     fa += cur.sa * (da * su.y);
                     fb += cur.sb * (db * su.y);
@@ -305,14 +300,14 @@ static int tc_fits(const dmat *m, int cols) {
     return m->type == LW_Q && m->bits == 4 && m->cols == cols && cols % 64 == 0 && m->group % 64 == 0 && (u & (u - 1)) == 0;
 }
 
-template <int SBT, int XS>
+template <int SBT>
 static void mvtc_launch(cudaStream_t s, const mvq_args &a, int groups, int nslots, int ksl, const float *X, const float *X2,
                         int ldx, const int *eidx, int xdiv) {
     static mvq_kstate ks;
     const int cols = a.m[0].cols;
-    const size_t sm = (size_t)(8 + cols / 8 * XS) * 16 + (size_t)(cols / 64) * 8;
-    const int gx = mvq_grid(k_mvtc<SBT, XS>, ks, groups, nslots, 0, TC_WARPS * WARP, sm);
-    k_mvtc<SBT, XS><<<dim3(gx, nslots), TC_WARPS * WARP, sm, s>>>(a, X, X2, ldx, eidx, xdiv, ksl);
+    const size_t sm = (size_t)(8 + cols / 8 * 2) * 16 + (size_t)(cols / 64) * 8;
+    const int gx = mvq_grid(k_mvtc<SBT>, ks, groups, nslots, 0, TC_WARPS * WARP, sm);
+    k_mvtc<SBT><<<dim3(gx, nslots), TC_WARPS * WARP, sm, s>>>(a, X, X2, ldx, eidx, xdiv, ksl);
 }
 
 int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const float *X2, int ldx, const int *eidx, int xdiv,
@@ -348,8 +343,8 @@ int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const floa
     int ksl = 0;
     while (ksl < 3 && (2 << ksl) <= nsteps) ksl++;
     const int groups = (nt + (TC_WARPS >> ksl) - 1) / (TC_WARPS >> ksl);
-    /* (XS = 1, one fp16 term of input, measured 2-4% faster over a token and 1e-4-1e-3 less exact) */
-    if (sbt == LW_BF16) mvtc_launch<LW_BF16, 2>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
-    else mvtc_launch<-1, 2>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
+    /* (one fp16 term of input instead of two measured 2-4% faster over a token, 1e-4-1e-3 less exact) */
+    if (sbt == LW_BF16) mvtc_launch<LW_BF16>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
+    else mvtc_launch<-1>(s, a, groups, nslots, ksl, X, X2, ldx, eidx, xdiv);
     return 1;
 }
