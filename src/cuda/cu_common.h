@@ -121,9 +121,10 @@ int cu_mvq_ok(const dmat *W);
 void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
                      float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots, const mvq_fuse *fu);
 /* The same on the tensor cores for 4-bit codes in groups of 64 2^k columns (cu_mvtc.cu), a's
- * matrices, outputs and fuse (not add or sel) filled in; 0 when it declines. */
-int cu_mvtc_group(cudaStream_t s, const mvq_args *a, const float *X, const float *X2, int ldx, const int *eidx, int xdiv,
-                  int nslots);
+ * matrices, outputs and fuse (not add or sel) filled in, sbt their group constants' common type
+ * (-1 when they differ); 0 when it declines. */
+int cu_mvtc_group(cudaStream_t s, const mvq_args *a, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
+                  int xdiv, int nslots);
 /* Whether decode uses the fused router group (mvq_fuse; default, LILY_CU_FUSE=0 for measuring). */
 int cu_fuse_enabled(void);
 /* The same for T input rows (decode batches; any T, 2-8 in one pass when cols <= 6144):

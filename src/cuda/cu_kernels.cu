@@ -701,11 +701,13 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     for (int i = 0; i < n; i++) { /* (k_mvq4 shifts chunk indices to group indices) */
         all4 &= W[i]->bits == 4 && pow2(W[i]->group / 32) && (!fu || !fu->xslot || (fu->xm[i].bits == 4 && fu->xm[i].group == W[i]->group));
     }
-    if (rw == 1 && all4 && !one && cu_mvtc_group(s, &a, X, X2, ldx, eidx, xdiv, nslots)) return;
+    /* the group constants' type common to the launch's matrices, -1 when they differ */
+    int sbt = W[0]->sbt;
+    for (int i = 0; i < n; i++)
+        if (W[i]->sbt != sbt || (fu && fu->xslot && fu->xm[i].sbt != sbt)) sbt = -1;
+    if (rw == 1 && all4 && !one && cu_mvtc_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
     if (rw == 1 && all4 && !one && mvq4_enabled()) {
-        int sbt = W[0]->sbt;
-        for (int i = 0; i < n; i++)
-            if (W[i]->sbt != sbt || (fu && fu->xslot && fu->xm[i].sbt != sbt) || !mvq4_sbt_enabled()) sbt = -1;
+        if (!mvq4_sbt_enabled()) sbt = -1;
         if (lpr == 32) mvq4_launch<32>(sbt, nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
         else if (lpr == 16) mvq4_launch<16>(sbt, nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
         else mvq4_launch<8>(sbt, nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);

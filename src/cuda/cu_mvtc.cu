@@ -310,8 +310,8 @@ static void mvtc_launch(cudaStream_t s, const mvq_args &a, int groups, int nslot
     k_mvtc<SBT><<<dim3(gx, nslots), TC_WARPS * WARP, sm, s>>>(a, X, X2, ldx, eidx, xdiv, ksl);
 }
 
-int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const float *X2, int ldx, const int *eidx, int xdiv,
-                  int nslots) {
+int cu_mvtc_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
+                  int xdiv, int nslots) {
     const int cols = in->m[0].cols;
     if (!mvtc_enabled() || in->f.add || in->f.sel) return 0;
     /* The fewest weights (a slot's matrices together) a launch needs to be taken: on the H200,
@@ -329,11 +329,10 @@ int cu_mvtc_group(cudaStream_t s, const mvq_args *in, const float *X, const floa
     for (int i = 0; i < in->n; i++) nw += (long long)in->m[i].rows * cols;
     if (nw < min_w) return 0;
     mvq_args a = *in;
-    int sbt = a.m[0].sbt, nt = 0;
+    int nt = 0;
     for (int i = 0; i < a.n; i++) {
         /* (the extra slot's matrices walk the routed ones' tiles) */
         if (!tc_fits(&a.m[i], cols) || (a.f.xslot && (!tc_fits(&a.f.xm[i], cols) || a.f.xm[i].rows != a.m[i].rows))) return 0;
-        if (a.m[i].sbt != sbt || (a.f.xslot && a.f.xm[i].sbt != sbt)) sbt = -1;
         a.blk0[i] = nt;
         nt += (a.m[i].rows + 15) / 16;
     }
