@@ -121,7 +121,7 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
 }
 
 /* The decode matrix-vector kernels on an input of wide range: 64-column stretches scaled by 1e5 (past
- * fp16's 65,504), 1e-6 and 1 in turn, so an fp16 input path must scale by the stretch, not the whole row. */
+ * fp16's 65,504), 1e-6 and 1 in turn, so an fp16 input path that did not scale its input would overflow. */
 static void test_matvec_range(lily_pool *pool, int rows, int cols) {
     void *hold[3];
     lw_mat W = mk_mat(LW_Q, 4, 64, rows, cols, hold);
@@ -599,8 +599,8 @@ int collect(void *u, const lily_token *t) {
 }
 
 int main(int argc, char **argv) {
-    /* the tensor-core matrix-vector kernel (k_mvtc) takes only lm_head-sized launches by default:
-     * here it takes every launch it can, unless the caller says otherwise */
+    /* the tensor-core matrix-vector kernel (k_mvtc) takes only launches of 16M weights or more by
+     * default: here it takes every launch it can, unless the caller says otherwise */
     setenv("LILY_CU_MVTC_MIN", "0", 0);
     uint64_t seed = (uint64_t)time(NULL);
     const char *model = NULL;
