@@ -79,8 +79,14 @@ $(BUILD)/mutant/%/cu_mvtc.cpp: src/cuda/cu_mvtc.cu $(EMU_DIR)/cu2cpp.py
 	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
 $(BUILD)/mutant/%/cu_mvtc.o: $(BUILD)/mutant/%/cu_mvtc.cpp
 	$(EMU_CXX) -c $< -o $@
-$(BUILD)/mutant/%/cuda-kernel-test: $(BUILD)/mutant/%/cu_kernels.o $(BUILD)/mutant/%/cu_mvtc.o $(BUILD)/tests/cuda/kernel_test.o $(LIB)
-	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a cu_kernels.o cu_mvtc.o && ar rcs $@.a $(filter %/cu_kernels.o %/cu_mvtc.o,$^)
+$(BUILD)/mutant/%/cu_gemm_tc.cpp: src/cuda/cu_gemm_tc.cu $(EMU_DIR)/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
+$(BUILD)/mutant/%/cu_gemm_tc.o: $(BUILD)/mutant/%/cu_gemm_tc.cpp
+	$(EMU_CXX) -c $< -o $@
+MUT_OBJ = cu_kernels.o cu_mvtc.o cu_gemm_tc.o
+$(BUILD)/mutant/%/cuda-kernel-test: $(addprefix $(BUILD)/mutant/%/,$(MUT_OBJ)) $(BUILD)/tests/cuda/kernel_test.o $(LIB)
+	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a $(MUT_OBJ) && ar rcs $@.a $(filter $(addprefix %/,$(MUT_OBJ)),$^)
 	$(CC) $(CFLAGS) $(BUILD)/tests/cuda/kernel_test.o $@.a -o $@ $(LDLIBS)
 
 $(LIB): $(LIB_OBJ)

@@ -571,9 +571,11 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
             cu_gemm_q4_ok(&L->down, s->hg, I)) { /* FP16 tensor cores over the (expert, tile) map */
             cu_moe_tiles(q, s->cnt, E, bt, s->tiles, mt);
             so.tiles = s->tiles;
-            cu_gemm_q4_grouped(q, &L->gate, &so, bt, mt, K, s->t, H, s->hg, I);
-            cu_gemm_q4_grouped(q, &L->up, &so, bt, mt, K, s->t, H, s->hu, I);
-            cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+            if (!cu_gemm_swiglu_grouped(q, &L->gate, &L->up, &so, bt, mt, K, s->t, H, s->hg, I)) {
+                cu_gemm_q4_grouped(q, &L->gate, &so, bt, mt, K, s->t, H, s->hg, I);
+                cu_gemm_q4_grouped(q, &L->up, &so, bt, mt, K, s->t, H, s->hu, I);
+                cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+            }
             PM(s, "moe experts gate|up (grouped)");
             cu_gemm_q4_grouped(q, &L->down, &so, bt, mt, 0, s->hg, I, s->D, H);
         } else {

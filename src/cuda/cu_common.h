@@ -150,6 +150,18 @@ int cu_moe_max_tiles(int rows_total, int E, int bt);
 void cu_moe_tiles(cudaStream_t s, const int *count, int E, int bt, int *tiles, int max_tiles);
 void cu_gemm_q4_grouped(cudaStream_t s, const dmat *W, const dsort *so, int bt, int max_tiles, int xdiv,
                         const float *X, int ldx, float *Y, int ldy);
+/* The same GEMMs with the codes dequantized in registers and streamed by cp.async (cu_gemm_tc.cu),
+ * which cu_gemm_q4 and cu_gemm_q4_grouped use where _ok (4-bit, cols % 128 == 0, group 32, 64 or
+ * 128 with (128 / group) scale bytes 4, 8 or 16; LILY_CU_GEMM_TC=0: never). W2 != NULL (the
+ * experts' gate and up, the same shape): Y = silu(X W^T) * (X W2^T). */
+int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx);
+void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
+void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dsort *so, int bt, int max_tiles, int xdiv,
+                        const float *X, int ldx, float *Y, int ldy);
+/* The experts' gate and up with SwiGLU in one grouped launch, Y = silu(gate) * up; 0 when the
+ * kernel does not take the pair (then: two grouped GEMMs and cu_swiglu). */
+int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const dsort *so, int bt, int max_tiles, int xdiv,
+                           const float *X, int ldx, float *Y, int ldy);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 /* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);

@@ -30,53 +30,6 @@
 #define TC_MINB 3
 #endif
 
-/* C += A B for one m16n8k16 tile, fp16 inputs and fp32 accumulators, in the PTX fragment
- * layout: lane t (g = t / 4, q = t % 4) holds a0 = A[g][2q..2q+1], a1 = A[g+8][2q..2q+1],
- * a2 = A[g][2q+8..2q+9], a3 = A[g+8][2q+8..2q+9], b0 = B[2q..2q+1][g], b1 = B[2q+8..2q+9][g]
- * (the lower index in the low half) and c = C[g][2q], C[g][2q+1], C[g+8][2q], C[g+8][2q+1].
- * The emulator computes the same from the lanes' registers, exchanged by shuffles: products
- * exact in fp32, summed in k order. */
-__device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    /* the emulator: the lanes' operands in one exchange (emu::warp_all), or by shuffles */
-    const int lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
-    uint32_t all[32][6];
-#ifdef __CUDACC_EMU__
-    const uint32_t mine[6] = { a0, a1, a2, a3, b0, b1 };
-    emu::warp_all(mine, sizeof mine, all);
-#else
-    for (int l = 0; l < 32; l++) {
-        all[l][0] = __shfl_sync(0xffffffffu, a0, l); all[l][1] = __shfl_sync(0xffffffffu, a1, l);
-        all[l][2] = __shfl_sync(0xffffffffu, a2, l); all[l][3] = __shfl_sync(0xffffffffu, a3, l);
-        all[l][4] = __shfl_sync(0xffffffffu, b0, l); all[l][5] = __shfl_sync(0xffffffffu, b1, l);
-    }
-#endif
-    float A[2][16], B[2][16];
-    for (int kq = 0; kq < 4; kq++) /* the k pairs 2kq, 2kq+1 and 2kq+8, 2kq+9 live in lanes 4r + kq */
-        for (int h = 0; h < 2; h++) { /* low, high half */
-            const int k = 2 * kq + h, sh = 16 * h;
-            const uint32_t *ra = all[4 * g + kq];
-            A[0][k] = h2f((uint16_t)(ra[0] >> sh)); A[1][k] = h2f((uint16_t)(ra[1] >> sh));
-            A[0][k + 8] = h2f((uint16_t)(ra[2] >> sh)); A[1][k + 8] = h2f((uint16_t)(ra[3] >> sh));
-            for (int j = 0; j < 2; j++) {
-                const uint32_t *rb = all[4 * (2 * q + j) + kq];
-                B[j][k] = h2f((uint16_t)(rb[4] >> sh));
-                B[j][k + 8] = h2f((uint16_t)(rb[5] >> sh));
-            }
-        }
-    for (int i = 0; i < 4; i++) {
-        float v = c[i];
-        for (int k = 0; k < 16; k++) v += A[i / 2][k] * B[i % 2][k];
-        c[i] = v;
-    }
-#endif
-}
-
 /* Two codes as an fp16 pair: those under mask (bits 0-3 or 4-7 of each half) put under the
  * exponent of 1024 (0x6400) read 1024 + q 2^s, exactly; subtracting 1024 leaves q 2^s. */
 __device__ __forceinline__ uint32_t tc_nib(uint32_t w, uint32_t mask) {

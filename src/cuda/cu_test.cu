@@ -84,6 +84,42 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
     return rc;
 }
 
+lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const float *X, int T, const int *sel, int K, float *Y,
+                             lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat dg, du;
+    lily_code rc = cu_upload_mats(m, G, E, &dg, st);
+    if (!rc) rc = cu_upload_mats(m, U, E, &du, st);
+    dlist L = { {0}, 0 };
+    const int rows = G->rows, cols = G->cols, n = T * K;
+    int bt = cu_moe_tile_rows(n, E), mt = cu_moe_max_tiles(n, E, bt);
+    float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
+    float *dy = (float *)dput(&L, NULL, (size_t)n * rows * 4, st, &rc);
+    int *ds = (int *)dput(&L, sel, (size_t)n * 4, st, &rc);
+    int *cnt = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc), *off = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc);
+    int *src = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc), *pos = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc);
+    int *tiles = (int *)dput(&L, NULL, (size_t)mt * 4, st, &rc);
+    if (!rc) {
+        cu_moe_sort(0, ds, n, E, cnt, off, src, pos);
+        cu_moe_tiles(0, cnt, E, bt, tiles, mt);
+        dsort so = { cnt, off, src, pos, tiles };
+        if (!cu_gemm_swiglu_grouped(0, &dg, &du, &so, bt, mt, K, dx, cols, dy, rows))
+            rc = lily_err(st, LILY_EUNSUPPORTED, "the fused gate/up kernel does not take these matrices");
+    }
+    rc = finish(st, rc);
+    if (!rc) { /* back to slot order */
+        int *hp = (int *)malloc((size_t)n * 4);
+        float *hs = (float *)malloc((size_t)n * rows * 4);
+        rc = dget(hp, pos, (size_t)n * 4, st);
+        if (!rc) rc = dget(hs, dy, (size_t)n * rows * 4, st);
+        for (int i = 0; !rc && i < n; i++) memcpy(Y + (size_t)i * rows, hs + (size_t)hp[i] * rows, (size_t)rows * 4);
+        free(hp); free(hs);
+    }
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y,
                           lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);

@@ -15,6 +15,10 @@
  * otherwise Y is [T][rows]. X is [T][cols]. */
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st);
+/* The experts' gate and up in one grouped launch (cu_gemm_swiglu_grouped): G and U hold E
+ * experts each; Y [T*K][rows] in slot order gets silu(x G^T) * (x U^T). */
+lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const float *X, int T, const int *sel, int K, float *Y,
+                             lily_status *st);
 /* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of
  * equal cols (4/8-bit), X [T][cols], X2 NULL or [T][cols] (then the input is silu(X) * X2),
  * Y[i] [T][W[i].rows]. */

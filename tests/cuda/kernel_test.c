@@ -204,6 +204,28 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
         if (lct_matmul(W, E, X, T, v, sel, K, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
         report(what, rel(Y, ref, (size_t)T * K * rows), v == 6 || (v == 4 && T >= 128) ? 3e-3 : 1e-5);
     }
+    /* gate (W) and up (U) with SwiGLU in one launch: k_gemm_tc's, so not where it is turned off
+     * (it_cuda_emu runs the wmma kernel's cases so, and this one with it on) */
+    const char *tc = getenv("LILY_CU_GEMM_TC");
+    if (bits == 4 && cols % 128 == 0 && T > 8 && !(tc && !strcmp(tc, "0"))) {
+        void **uhold = calloc((size_t)E * 3, sizeof *uhold);
+        lw_mat *U = malloc((size_t)E * sizeof *U);
+        for (int e = 0; e < E; e++) U[e] = mk_mat(LW_Q, bits, 64, rows, cols, uhold + 3 * e);
+        float *u = malloc((size_t)rows * 4);
+        for (int i = 0; i < T * K; i++) {
+            cpu_matmul(pool, &U[sel[i]], X + (size_t)(i / K) * cols, 1, u);
+            float *r = ref + (size_t)i * rows;
+            for (int j = 0; j < rows; j++) r[j] = r[j] / (1.0f + expf(-r[j])) * u[j];
+        }
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "experts gate|up swiglu q4 E=%d %dx%d T=%d K=%d", E, rows, cols, T, K);
+        for (size_t i = 0; i < (size_t)T * K * rows; i++) Y[i] = NAN;
+        if (lct_experts_swiglu(W, U, E, X, T, sel, K, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+        else report(what, rel(Y, ref, (size_t)T * K * rows), 3e-3);
+        for (int i = 0; i < 3 * E; i++) free(uhold[i]);
+        free(uhold); free(U); free(u);
+    }
     for (int i = 0; i < 3 * E; i++) free(hold[i]);
     free(hold); free(W); free(X); free(sel); free(ref); free(Y);
 }
@@ -664,7 +686,9 @@ int main(int argc, char **argv) {
     mk_sbt = LW_F32;
     test_matmul(pool, LW_Q, 4, 64, 70, 2048, 1);
     test_matmul(pool, LW_Q, 4, 32, 19, 512, 3);
+    test_matmul(pool, LW_Q, 4, 128, 40, 384, 20); /* k_gemm_tc: one f32 scale a 128-column step */
     mk_sbt = LW_BF16;
+    test_matmul(pool, LW_Q, 4, 32, 130, 256, 70); /* k_gemm_tc: four bf16 scales a step, partial row and token tiles */
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 1);
     test_matmul(pool, LW_Q, 4, 32, 37, 96, 9);
     test_matmul(pool, LW_Q, 8, 32, 65, 160, 67);

@@ -191,6 +191,12 @@ uint64_t shfl(unsigned mask, uint64_t v, int src);
 #define WARP_ALL_MAX 32
 void warp_all(const void *mine, size_t n, void *all);
 int lane_id(void);
+/* cp.async for the calling thread: copies queue until cp_wait(n) leaves at most n of the
+ * thread's committed groups pending; then the older ones are done, in issue order. Copies
+ * still queued when a block ends are dropped (a kernel must not rely on them). */
+void cp_async(void *dst, const void *src, size_t n);
+void cp_commit(void);
+void cp_wait(int n);
 template <class T> static inline T shfl_t(unsigned mask, T v, int src) {
     static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
     uint64_t b = 0;

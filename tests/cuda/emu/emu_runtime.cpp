@@ -150,6 +150,9 @@ struct fiber_t {
     unsigned nx;   /* warp exchanges done */
     unsigned nmma; /* mma_sync calls done */
     uint3 tid;
+    struct cp_t { void *dst; const void *src; size_t n; unsigned group; };
+    std::vector<cp_t> cp; /* cp.async copies not yet waited for */
+    unsigned ncommit;     /* cp.async groups committed */
     char *stack;
     void *fake; /* ASan's fake stack while switched out */
 };
@@ -371,6 +374,8 @@ void run_block(int nt) {
         f.warp = i / 32;
         f.nx = 0;
         f.nmma = 0;
+        f.cp.clear();
+        f.ncommit = 0;
         f.tid = uint3{ (unsigned)i % bx, ((unsigned)i / bx) % by, (unsigned)i / (bx * by) };
         f.stack = stacks + (size_t)i * (STACK + page) + page;
 #ifdef EMU_ASAN
@@ -501,6 +506,24 @@ static bool read_tf32_off(void) {
 }
 const bool tf32_off = read_tf32_off();
 int lane_id(void) { return cur >= 0 ? fib[cur].lane : 0; }
+void cp_async(void *dst, const void *src, size_t n) {
+    if (cur < 0) { memcpy(dst, src, n); return; }
+    fib[cur].cp.push_back(fiber_t::cp_t{ dst, src, n, fib[cur].ncommit });
+}
+void cp_commit(void) {
+    if (cur >= 0) fib[cur].ncommit++;
+}
+void cp_wait(int n) {
+    if (cur < 0) return;
+    fiber_t &f = fib[cur];
+    size_t k = 0;
+    for (size_t i = 0; i < f.cp.size(); i++) {
+        const fiber_t::cp_t &c = f.cp[i];
+        if (c.group + (unsigned)n < f.ncommit) memcpy(c.dst, c.src, c.n);
+        else f.cp[k++] = c;
+    }
+    f.cp.resize(k);
+}
 
 uint64_t shfl(unsigned mask, uint64_t v, int src) {
     if (cur < 0) fault("warp shuffle outside a kernel");

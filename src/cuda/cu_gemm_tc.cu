@@ -1,0 +1,271 @@
+/* Prefill GEMMs for 4-bit weights on mma.sync with the codes turned into fp16 in registers
+ * (k_gemm_tc): Y[t][r] = sum_k X[t][k] W[r][k], W in the MLX affine layout.
+ *
+ * Why: the wmma kernel (cu_gemm.cu) dequantizes a block's codes into shared memory, waits at
+ * two barriers a 64-column step and keeps one 16-byte load of codes in flight a thread; the
+ * experts' grouped GEMMs read their weights at a fifth of the H200's bandwidth (RESULTS.md).
+ * Here codes, scales, biases and inputs stream into shared memory with cp.async, NS steps
+ * deep (in flight without holding registers), one barrier a step; a lane reads its own codes
+ * straight into the mma's A fragment, so the dequantized weights never touch memory.
+ *
+ * The fragment trick (as k_mvtc): the mma's K index is a dot product's, so any pairing of
+ * columns works if A and B use the same one. Lane (g, q) takes columns 32q..32q+31 of a
+ * 128-column step, word w (8 codes, columns 32q + 8w + 0..7) feeding two k16 steps: the
+ * pairs come out of a word as (c0,c4) (c1,c5) (c2,c6) (c3,c7), and the input is read in the
+ * same pairs. The weights are rounded to fp16 as in the wmma kernel, (q - 0) s + b in one
+ * half FMA after an exact subtraction; inputs saturate at fp16's range; fp32 accumulators.
+ *
+ * A block has 4 warps; a warp owns two 16-row tiles (A, the mma's M) and the block's BT
+ * tokens (B, N = 8 a mma). DUAL (the experts' gate and up): tile 0 is gate's rows, tile 1 the
+ * same rows of up, and the block writes silu(gate) * up, so neither is stored.
+ * LILY_CU_GEMM_TC=0 leaves every GEMM to the wmma kernel. */
+#include "cuda/cu_dev.h"
+
+#define GT_K 128      /* columns a step; a lane's 32 lie in one group (group % 32 == 0) */
+#define GT_THREADS 128
+
+/* Stages in flight: bounded by shared memory (a stage is 8 KB of codes, the scales, and BT
+ * rows of 512 bytes of fp32 inputs) so that 2-4 blocks fit an SM. */
+template <int BT> struct gt_ns { static const int v = BT >= 64 ? 2 : 3; };
+
+__host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
+
+/* The input's 16-byte chunk c (columns 4c..4c+3 of the step) of token t, swizzled so that the
+ * 8 lanes of a quarter-warp, reading chunk 8q + 2w + h of tokens 2i, 2i+1 (q = 0..3), hit 8
+ * distinct bank groups. */
+__device__ __forceinline__ int gt_xsw(int t, int c) { return c ^ ((((c >> 3) & 3) << 1) | (t & 1)); }
+
+__device__ __forceinline__ uint32_t gt_h2(float a, float b) {
+    a = fminf(fmaxf(a, -65504.f), 65504.f);
+    b = fminf(fmaxf(b, -65504.f), 65504.f);
+    __half2 h = __floats2half2_rn(a, b);
+    uint32_t v;
+    memcpy(&v, &h, 4);
+    return v;
+}
+
+/* A word's 8 codes as 4 fp16 pairs (c0,c4) (c1,c5) (c2,c6) (c3,c7) of q s + b: the codes under
+ * the exponent of 1024 read 1024 + q exactly; subtract, then one FMA. */
+__device__ __forceinline__ void gt_deq(uint32_t w, __half2 s, __half2 b, uint32_t (&p)[4]) {
+    const uint32_t k1024 = 0x64006400u;
+    __half2 k;
+    memcpy(&k, &k1024, 4);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t v = ((w >> (4 * i)) & 0x000F000Fu) | k1024;
+        __half2 h;
+        memcpy(&h, &v, 4);
+        h = __hfma2(__hsub2(h, k), s, b);
+        memcpy(&p[i], &h, 4);
+    }
+}
+
+/* Row of the block (0..127 in copy order: warp, tile, half, g) in the matrix of its tile. */
+template <int DUAL>
+__device__ __forceinline__ int gt_row(int r0, int wp, int tile, int half, int g) {
+    return DUAL ? r0 + 16 * wp + 8 * half + g : r0 + 32 * wp + 16 * tile + 8 * half + g;
+}
+
+/* sbb: bytes of scales (and of biases) a row has in a step, (128 / group) * size: 4, 8 or 16. */
+template <int BT, int DUAL, int SBT>
+__global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const float *__restrict__ X, int ldx, int T,
+                                                        float *__restrict__ Y, int ldy, dsort so, int xdiv, int sbb) {
+    CU_PDL();
+    const int NS = gt_ns<BT>::v;
+    extern __shared__ __align__(16) unsigned char gt_sm[];
+    __shared__ int64_t xo[BT]; /* each token's input row, in floats from X */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+    int e = 0, n = T, base = 0, t0;
+    if (so.tiles) {
+        const int tile = so.tiles[blockIdx.y];
+        if (tile < 0) return;
+        e = tile >> 16;
+        t0 = (tile & 0xffff) * BT;
+        n = so.count[e];
+        base = so.off[e];
+    } else {
+        t0 = blockIdx.y * BT;
+    }
+    if (t0 >= n) return;
+    const int r0 = blockIdx.x * (DUAL ? 64 : 128);
+    for (int t = tid; t < BT; t += GT_THREADS) {
+        const int srow = base + (t0 + t < n ? t0 + t : t0); /* tokens past the tile's end repeat its first */
+        const int64_t xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
+        xo[t] = xr * ldx;
+    }
+    __syncthreads();
+
+    /* this thread's copies a step: codes chunk (wp = j, tile, half, lane) for j = 0..3, the
+     * scale and bias of row tid (the same order), inputs chunk `lane` of tokens warp + 4j */
+    const size_t rowb = (size_t)m.cols / 2, sbrow = (size_t)(m.cols / GT_K) * sbb;
+    const int ct = (tid >> 6) & 1, ch = (tid >> 5) & 1, cg = lane >> 2, cq = lane & 3;
+    const dmat &cm = DUAL && ct ? m2 : m;
+    const char *wsrc[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int r = gt_row<DUAL>(r0, j, ct, ch, cg);
+        r = r < m.rows ? r : m.rows - 1; /* rows past the end load the last (outputs discarded) */
+        wsrc[j] = (const char *)cm.w + (long long)e * cm.ew + (size_t)r * rowb + 16 * cq;
+    }
+    const char *ssrc, *bsrc;
+    {
+        const int tl = (tid >> 4) & 1, hf = (tid >> 3) & 1, gg = tid & 7;
+        const dmat &sm = DUAL && tl ? m2 : m;
+        int r = gt_row<DUAL>(r0, tid >> 5, tl, hf, gg);
+        r = r < m.rows ? r : m.rows - 1;
+        ssrc = (const char *)sm.s + (long long)e * sm.es + (size_t)r * sbrow;
+        bsrc = (const char *)sm.b + (long long)e * sm.es + (size_t)r * sbrow;
+    }
+    const size_t SB = gt_stage_bytes(BT, sbb);
+    auto stage = [&](int k, int slot) {
+        unsigned char *st = gt_sm + (size_t)slot * SB;
+        const size_t kb = (size_t)k * (GT_K / 2);
+#pragma unroll
+        for (int j = 0; j < 4; j++) cu_cp<16>(st + (size_t)(j * 128 + tid) * 16, wsrc[j] + kb);
+        unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
+        const size_t ks = (size_t)k * sbb;
+        if (sbb == 4) { cu_cp<4>(ss + tid * 4, ssrc + ks); cu_cp<4>(bs + tid * 4, bsrc + ks); }
+        else if (sbb == 8) { cu_cp<8>(ss + tid * 8, ssrc + ks); cu_cp<8>(bs + tid * 8, bsrc + ks); }
+        else { cu_cp<16>(ss + tid * 16, ssrc + ks); cu_cp<16>(bs + tid * 16, bsrc + ks); }
+        float *xs = (float *)(bs + 128 * sbb);
+#pragma unroll
+        for (int j = 0; j < BT / 4; j++) {
+            const int t = warp + 4 * j;
+            cu_cp<16>(xs + ((size_t)t * 32 + gt_xsw(t, lane)) * 4, X + xo[t] + (size_t)k * GT_K + 4 * lane);
+        }
+    };
+
+    float acc[2][BT / 8][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < BT / 8; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
+
+    const int nk = m.cols / GT_K;
+    const int sboff = (32 * q / m.group) * (m.sbt == LW_F32 ? 4 : 2); /* this lane's group among a row's sbb bytes */
+#pragma unroll
+    for (int s = 0; s < NS - 1; s++) {
+        if (s < nk) stage(s, s);
+        cu_cp_commit();
+    }
+    for (int k = 0; k < nk; k++) {
+        cu_cp_wait<NS - 2>();
+        __syncthreads(); /* step k is in for every thread; every warp is done with step k - 1's slot */
+        if (k + NS - 1 < nk) stage(k + NS - 1, (k + NS - 1) % NS);
+        cu_cp_commit();
+        const unsigned char *st = gt_sm + (size_t)(k % NS) * SB;
+        const uint4 *ws = (const uint4 *)st;
+        const unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
+        const float4 *xs = (const float4 *)(bs + 128 * sbb);
+        uint4 wv[2][2];
+        __half2 s2[2][2], b2[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int rr = (warp * 2 + i) * 2 + h;
+                wv[i][h] = ws[rr * 32 + lane];
+                const int ri = rr * 8 + g;
+                const float sc = mvq_sb<SBT>((const char *)ss + ri * sbb + sboff, m.sbt, 0);
+                const float bi = mvq_sb<SBT>((const char *)bs + ri * sbb + sboff, m.sbt, 0);
+                s2[i][h] = __float2half2_rn(sc);
+                b2[i][h] = __float2half2_rn(bi);
+            }
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t bf[BT / 8][4];
+#pragma unroll
+            for (int j = 0; j < BT / 8; j++) {
+                const int t = 8 * j + g, c = 8 * q + 2 * w;
+                const float4 p0 = xs[t * 32 + gt_xsw(t, c)], p1 = xs[t * 32 + gt_xsw(t, c + 1)];
+                bf[j][0] = gt_h2(p0.x, p1.x);
+                bf[j][1] = gt_h2(p0.y, p1.y);
+                bf[j][2] = gt_h2(p0.z, p1.z);
+                bf[j][3] = gt_h2(p0.w, p1.w);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const uint32_t wa = w == 0 ? wv[i][0].x : w == 1 ? wv[i][0].y : w == 2 ? wv[i][0].z : wv[i][0].w;
+                const uint32_t wb = w == 0 ? wv[i][1].x : w == 1 ? wv[i][1].y : w == 2 ? wv[i][1].z : wv[i][1].w;
+                uint32_t pa[4], pb[4];
+                gt_deq(wa, s2[i][0], b2[i][0], pa);
+                gt_deq(wb, s2[i][1], b2[i][1], pb);
+#pragma unroll
+                for (int j = 0; j < BT / 8; j++) {
+                    tc_mma(acc[i][j], pa[0], pb[0], pa[1], pb[1], bf[j][0], bf[j][1]);
+                    tc_mma(acc[i][j], pa[2], pb[2], pa[3], pb[3], bf[j][2], bf[j][3]);
+                }
+            }
+        }
+    }
+    /* c[0..3] = C[g][2q], C[g][2q + 1], C[g + 8][2q], C[g + 8][2q + 1]: rows by tile, tokens by j */
+#pragma unroll
+    for (int i = 0; i < (DUAL ? 1 : 2); i++)
+#pragma unroll
+        for (int j = 0; j < BT / 8; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int row = gt_row<DUAL>(r0, warp, i, c >> 1, g), t = t0 + 8 * j + 2 * q + (c & 1);
+                if (row >= m.rows || t >= n) continue;
+                const float v = DUAL ? silu_f(acc[0][j][c]) * acc[1][j][c] : acc[i][j][c];
+                Y[(size_t)(base + t) * ldy + row] = v;
+            }
+}
+
+static int gt_sbytes(int sbt) { return sbt == LW_F32 ? 4 : 2; }
+
+int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx) {
+    static int on = -1;
+    if (!cu_env_flag(&on, "LILY_CU_GEMM_TC", 1)) return 0;
+    if (W->type != LW_Q || W->bits != 4 || W->cols % GT_K || !(W->group == 32 || W->group == 64 || W->group == 128)) return 0;
+    const int sbb = GT_K / W->group * gt_sbytes(W->sbt);
+    return (sbb == 4 || sbb == 8 || sbb == 16) && ldx % 4 == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)W->w & 15) == 0 &&
+           ((uintptr_t)W->s & 15) == 0 && ((uintptr_t)W->b & 15) == 0 && W->ew % 16 == 0 && W->es % 16 == 0;
+}
+
+template <int BT, int DUAL, int SBT>
+static void gt_launch(cudaStream_t s, const dmat *W, const dmat *W2, const float *X, int ldx, int T, float *Y, int ldy,
+                      const dsort *so, int xdiv, dim3 grid) {
+    const int sbb = GT_K / W->group * gt_sbytes(W->sbt);
+    const size_t smem = gt_ns<BT>::v * gt_stage_bytes(BT, sbb);
+    static int attr = 0;
+    if (!attr) attr = cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
+    k_gemm_tc<BT, DUAL, SBT><<<grid, GT_THREADS, smem, s>>>(*W, W2 ? *W2 : *W, X, ldx, T, Y, ldy, *so, xdiv, sbb);
+}
+
+template <int BT, int DUAL>
+static void gt_launch_t(cudaStream_t s, const dmat *W, const dmat *W2, const float *X, int ldx, int T, float *Y, int ldy,
+                        const dsort *so, int xdiv, dim3 grid) {
+    if (W->sbt == LW_BF16) gt_launch<BT, DUAL, LW_BF16>(s, W, W2, X, ldx, T, Y, ldy, so, xdiv, grid);
+    else gt_launch<BT, DUAL, -1>(s, W, W2, X, ldx, T, Y, ldy, so, xdiv, grid);
+}
+
+void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    dsort none = { NULL, NULL, NULL, NULL, NULL };
+    gt_launch_t<64, 0>(s, W, NULL, X, ldx, T, Y, ldy, &none, 0, dim3((W->rows + 127) / 128, (T + 63) / 64));
+}
+
+void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dsort *so, int bt, int max_tiles, int xdiv,
+                        const float *X, int ldx, float *Y, int ldy) {
+    const dim3 grid((W->rows + (W2 ? 63 : 127)) / (W2 ? 64 : 128), max_tiles);
+    if (W2) {
+        if (bt == 16) gt_launch_t<16, 1>(s, W, W2, X, ldx, 0, Y, ldy, so, xdiv, grid);
+        else if (bt == 32) gt_launch_t<32, 1>(s, W, W2, X, ldx, 0, Y, ldy, so, xdiv, grid);
+        else gt_launch_t<64, 1>(s, W, W2, X, ldx, 0, Y, ldy, so, xdiv, grid);
+    } else {
+        if (bt == 16) gt_launch_t<16, 0>(s, W, NULL, X, ldx, 0, Y, ldy, so, xdiv, grid);
+        else if (bt == 32) gt_launch_t<32, 0>(s, W, NULL, X, ldx, 0, Y, ldy, so, xdiv, grid);
+        else gt_launch_t<64, 0>(s, W, NULL, X, ldx, 0, Y, ldy, so, xdiv, grid);
+    }
+}
+
+int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const dsort *so, int bt, int max_tiles, int xdiv,
+                           const float *X, int ldx, float *Y, int ldy) {
+    if (!cu_gemm_tc_ok(G, X, ldx) || !cu_gemm_tc_ok(U, X, ldx) || G->rows != U->rows || G->cols != U->cols ||
+        G->group != U->group || G->sbt != U->sbt || G->ew != U->ew || G->es != U->es)
+        return 0;
+    cu_gemm_tc_grouped(s, G, U, so, bt, max_tiles, xdiv, X, ldx, Y, ldy);
+    return 1;
+}
