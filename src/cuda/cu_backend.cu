@@ -498,6 +498,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
     const int shx = add && SI && moe_shared_slot(s, L);
+    int sh_swiglu = 0; /* sg holds silu(gate) * up already */
     if (add) {
         int ld[4] = { E, SI, SI, 1 };
         mvq_fuse fu;
@@ -524,7 +525,9 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         /* s->D (the experts' down outputs, [T*K][H]) is free until the experts run */
         cu_matmul_exact(q, &L->router, s->t, H, T, s->rl, E, s->D, (size_t)T * K * H);
         if (SI) {
-            proj_group(s, 2, RW + 1, s->t, H, T, RY + 1); /* shared gate and up */
+            /* the shared gate and up, sg = silu(gate) * up in one launch where the kernel takes them */
+            sh_swiglu = cu_gemm_swiglu(q, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI);
+            if (!sh_swiglu) proj_group(s, 2, RW + 1, s->t, H, T, RY + 1);
             cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1, NULL, 0);
         }
     }
@@ -597,7 +600,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
             int ld[1] = { H };
             cu_matvec_rows(q, 1, W, s->sg, s->su, SI, T, Y, ld);
         } else {
-            cu_swiglu(q, s->sg, s->su, s->sg, (long long)T * SI);
+            if (!sh_swiglu) cu_swiglu(q, s->sg, s->su, s->sg, (long long)T * SI);
             cu_matmul(q, &L->sh_down, s->sg, SI, T, s->SD, H);
         }
         PM(s, "moe shared swiglu+down");

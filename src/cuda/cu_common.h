@@ -162,6 +162,8 @@ void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dso
  * kernel does not take the pair (then: two grouped GEMMs and cu_swiglu). */
 int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const dsort *so, int bt, int max_tiles, int xdiv,
                            const float *X, int ldx, float *Y, int ldy);
+/* The same for one gate/up pair of T > 8 rows (the shared expert at prefill), Y [T][rows]. */
+int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 /* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);

@@ -25,22 +25,29 @@
 #define GT_THREADS 128
 
 /* Stages in flight: bounded by shared memory (a stage is 8 KB of codes, the scales, and BT
- * rows of 512 bytes of fp32 inputs) so that 2-4 blocks fit an SM. */
-template <int BT> struct gt_ns { static const int v = BT >= 64 ? 2 : 3; };
-
+ * rows of 512 bytes of fp32 inputs; after the stages, the step's inputs in fp16, BT x 256
+ * bytes) so that 2-4 blocks fit an SM. */
 __host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
+template <int BT> struct gt_ns { static const int v = BT >= 64 ? 2 : 3; };
+template <int BT> static size_t gt_smem(int sbb) { return gt_ns<BT>::v * gt_stage_bytes(BT, sbb) + (size_t)BT * 256; }
+
 
 /* The input's 16-byte chunk c (columns 4c..4c+3 of the step) of token t, swizzled so that the
  * 8 lanes of a quarter-warp, reading chunk 8q + 2w + h of tokens 2i, 2i+1 (q = 0..3), hit 8
  * distinct bank groups. */
 __device__ __forceinline__ int gt_xsw(int t, int c) { return c ^ ((((c >> 3) & 3) << 1) | (t & 1)); }
 
+/* (a, b) as an fp16 pair, a in the low half, saturated at fp16's largest finite value */
 __device__ __forceinline__ uint32_t gt_h2(float a, float b) {
-    a = fminf(fmaxf(a, -65504.f), 65504.f);
-    b = fminf(fmaxf(b, -65504.f), 65504.f);
-    __half2 h = __floats2half2_rn(a, b);
     uint32_t v;
+#if defined(__CUDA_ARCH__)
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(b), "f"(a));
+#else
+    a = a > 65504.f ? 65504.f : a < -65504.f ? -65504.f : a;
+    b = b > 65504.f ? 65504.f : b < -65504.f ? -65504.f : b;
+    __half2 h = __floats2half2_rn(a, b);
     memcpy(&v, &h, 4);
+#endif
     return v;
 }
 
@@ -150,15 +157,27 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
         if (s < nk) stage(s, s);
         cu_cp_commit();
     }
+    /* the step's inputs in fp16, converted once for the block's 4 warps: chunk (4j + w) * 32 + lane
+     * holds the 8 inputs lane (g, q) multiplies with word w of its codes for tokens 8j + g, in the
+     * mma's B order: x0 x4 | x1 x5 (k step 2w) | x2 x6 | x3 x7 (2w + 1) */
+    uint4 *xh = (uint4 *)(gt_sm + (size_t)NS * SB);
     for (int k = 0; k < nk; k++) {
         cu_cp_wait<NS - 2>();
-        __syncthreads(); /* step k is in for every thread; every warp is done with step k - 1's slot */
+        __syncthreads(); /* step k is in for every thread; every warp is done with step k - 1 */
         if (k + NS - 1 < nk) stage(k + NS - 1, (k + NS - 1) % NS);
         cu_cp_commit();
         const unsigned char *st = gt_sm + (size_t)(k % NS) * SB;
         const uint4 *ws = (const uint4 *)st;
         const unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
-        const float4 *xs = (const float4 *)(bs + 128 * sbb);
+        {
+            const float4 *xs = (const float4 *)(bs + 128 * sbb);
+#pragma unroll
+            for (int r = 0; r < BT / 8; r++) {
+                const int i = tid + GT_THREADS * r, t = 8 * (i >> 7) + ((i >> 2) & 7), c = 8 * (i & 3) + 2 * ((i >> 5) & 3);
+                const float4 p0 = xs[t * 32 + gt_xsw(t, c)], p1 = xs[t * 32 + gt_xsw(t, c + 1)];
+                xh[i] = make_uint4(gt_h2(p0.x, p1.x), gt_h2(p0.y, p1.y), gt_h2(p0.z, p1.z), gt_h2(p0.w, p1.w));
+            }
+        }
         uint4 wv[2][2];
         __half2 s2[2][2], b2[2][2];
 #pragma unroll
@@ -173,18 +192,12 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
                 s2[i][h] = __float2half2_rn(sc);
                 b2[i][h] = __float2half2_rn(bi);
             }
+        __syncthreads(); /* the fp16 inputs are in */
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            uint32_t bf[BT / 8][4];
+            uint4 bf[BT / 8];
 #pragma unroll
-            for (int j = 0; j < BT / 8; j++) {
-                const int t = 8 * j + g, c = 8 * q + 2 * w;
-                const float4 p0 = xs[t * 32 + gt_xsw(t, c)], p1 = xs[t * 32 + gt_xsw(t, c + 1)];
-                bf[j][0] = gt_h2(p0.x, p1.x);
-                bf[j][1] = gt_h2(p0.y, p1.y);
-                bf[j][2] = gt_h2(p0.z, p1.z);
-                bf[j][3] = gt_h2(p0.w, p1.w);
-            }
+            for (int j = 0; j < BT / 8; j++) bf[j] = xh[(4 * j + w) * 32 + lane];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const uint32_t wa = w == 0 ? wv[i][0].x : w == 1 ? wv[i][0].y : w == 2 ? wv[i][0].z : wv[i][0].w;
@@ -194,8 +207,8 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
                 gt_deq(wb, s2[i][1], b2[i][1], pb);
 #pragma unroll
                 for (int j = 0; j < BT / 8; j++) {
-                    tc_mma(acc[i][j], pa[0], pb[0], pa[1], pb[1], bf[j][0], bf[j][1]);
-                    tc_mma(acc[i][j], pa[2], pb[2], pa[3], pb[3], bf[j][2], bf[j][3]);
+                    tc_mma(acc[i][j], pa[0], pb[0], pa[1], pb[1], bf[j].x, bf[j].y);
+                    tc_mma(acc[i][j], pa[2], pb[2], pa[3], pb[3], bf[j].z, bf[j].w);
                 }
             }
         }
@@ -229,7 +242,7 @@ template <int BT, int DUAL, int SBT>
 static void gt_launch(cudaStream_t s, const dmat *W, const dmat *W2, const float *X, int ldx, int T, float *Y, int ldy,
                       const dsort *so, int xdiv, dim3 grid) {
     const int sbb = GT_K / W->group * gt_sbytes(W->sbt);
-    const size_t smem = gt_ns<BT>::v * gt_stage_bytes(BT, sbb);
+    const size_t smem = gt_smem<BT>(sbb);
     static int attr = 0;
     if (!attr) attr = cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
     k_gemm_tc<BT, DUAL, SBT><<<grid, GT_THREADS, smem, s>>>(*W, W2 ? *W2 : *W, X, ldx, T, Y, ldy, *so, xdiv, sbb);
@@ -242,9 +255,26 @@ static void gt_launch_t(cudaStream_t s, const dmat *W, const dmat *W2, const flo
     else gt_launch<BT, DUAL, -1>(s, W, W2, X, ldx, T, Y, ldy, so, xdiv, grid);
 }
 
-void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+/* Dense: the widest token tile that still gives every SM a block (wider tiles read each input
+ * for fewer row blocks, but a matrix of few rows needs narrow ones to fill the GPU). */
+static void gt_dense(cudaStream_t s, const dmat *W, const dmat *W2, const float *X, int ldx, int T, float *Y, int ldy) {
     dsort none = { NULL, NULL, NULL, NULL, NULL };
-    gt_launch_t<64, 0>(s, W, NULL, X, ldx, T, Y, ldy, &none, 0, dim3((W->rows + 127) / 128, (T + 63) / 64));
+    const int rb = W2 ? 64 : 128, gx = (W->rows + rb - 1) / rb, sms = cu_sm_count();
+    const int bt = (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
+    const dim3 grid(gx, (T + bt - 1) / bt);
+    if (W2) {
+        if (bt == 64) gt_launch_t<64, 1>(s, W, W2, X, ldx, T, Y, ldy, &none, 0, grid);
+        else if (bt == 32) gt_launch_t<32, 1>(s, W, W2, X, ldx, T, Y, ldy, &none, 0, grid);
+        else gt_launch_t<16, 1>(s, W, W2, X, ldx, T, Y, ldy, &none, 0, grid);
+    } else {
+        if (bt == 64) gt_launch_t<64, 0>(s, W, NULL, X, ldx, T, Y, ldy, &none, 0, grid);
+        else if (bt == 32) gt_launch_t<32, 0>(s, W, NULL, X, ldx, T, Y, ldy, &none, 0, grid);
+        else gt_launch_t<16, 0>(s, W, NULL, X, ldx, T, Y, ldy, &none, 0, grid);
+    }
+}
+
+void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
+    gt_dense(s, W, NULL, X, ldx, T, Y, ldy);
 }
 
 void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dsort *so, int bt, int max_tiles, int xdiv,
@@ -261,11 +291,20 @@ void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dso
     }
 }
 
+static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx) {
+    return cu_gemm_tc_ok(G, X, ldx) && cu_gemm_tc_ok(U, X, ldx) && G->rows == U->rows && G->cols == U->cols &&
+           G->group == U->group && G->sbt == U->sbt && G->ew == U->ew && G->es == U->es;
+}
+
+int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy) {
+    if (T <= 8 || !cu_gemm_q4_enabled() || !gt_pair_ok(G, U, X, ldx)) return 0;
+    gt_dense(s, G, U, X, ldx, T, Y, ldy);
+    return 1;
+}
+
 int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const dsort *so, int bt, int max_tiles, int xdiv,
                            const float *X, int ldx, float *Y, int ldy) {
-    if (!cu_gemm_tc_ok(G, X, ldx) || !cu_gemm_tc_ok(U, X, ldx) || G->rows != U->rows || G->cols != U->cols ||
-        G->group != U->group || G->sbt != U->sbt || G->ew != U->ew || G->es != U->es)
-        return 0;
+    if (!gt_pair_ok(G, U, X, ldx)) return 0;
     cu_gemm_tc_grouped(s, G, U, so, bt, max_tiles, xdiv, X, ldx, Y, ldy);
     return 1;
 }

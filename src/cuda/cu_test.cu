@@ -88,9 +88,20 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
                              lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat dg, du;
-    lily_code rc = cu_upload_mats(m, G, E, &dg, st);
-    if (!rc) rc = cu_upload_mats(m, U, E, &du, st);
+    lily_code rc = cu_upload_mats(m, G, sel ? E : 1, &dg, st);
+    if (!rc) rc = cu_upload_mats(m, U, sel ? E : 1, &du, st);
     dlist L = { {0}, 0 };
+    if (!sel) { /* dense: T rows, one gate/up pair */
+        float *dx = (float *)dput(&L, X, (size_t)T * G->cols * 4, st, &rc);
+        float *dy = (float *)dput(&L, NULL, (size_t)T * G->rows * 4, st, &rc);
+        if (!rc && !cu_gemm_swiglu(0, &dg, &du, dx, G->cols, T, dy, G->rows))
+            rc = lily_err(st, LILY_EUNSUPPORTED, "the fused gate/up kernel does not take these matrices");
+        rc = finish(st, rc);
+        if (!rc) rc = dget(Y, dy, (size_t)T * G->rows * 4, st);
+        dfree(&L);
+        lcuda_model_free(m);
+        return rc;
+    }
     const int rows = G->rows, cols = G->cols, n = T * K;
     int bt = cu_moe_tile_rows(n, E), mt = cu_moe_max_tiles(n, E, bt);
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);

@@ -16,7 +16,8 @@
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st);
 /* The experts' gate and up in one grouped launch (cu_gemm_swiglu_grouped): G and U hold E
- * experts each; Y [T*K][rows] in slot order gets silu(x G^T) * (x U^T). */
+ * experts each; Y [T*K][rows] in slot order gets silu(x G^T) * (x U^T). sel NULL: one pair
+ * (cu_gemm_swiglu, the shared expert at prefill), Y [T][rows]. */
 lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const float *X, int T, const int *sel, int K, float *Y,
                              lily_status *st);
 /* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of

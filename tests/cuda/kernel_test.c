@@ -230,6 +230,24 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
     free(hold); free(W); free(X); free(sel); free(ref); free(Y);
 }
 
+/* The shared expert's gate and up at prefill, silu(x G^T) * (x U^T) in one launch (k_gemm_tc). */
+static void test_swiglu_dense(lily_pool *pool, int rows, int cols, int T) {
+    void *hold[2][3];
+    lw_mat G = mk_mat(LW_Q, 4, 64, rows, cols, hold[0]), U = mk_mat(LW_Q, 4, 64, rows, cols, hold[1]);
+    float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * rows * 4), *u = malloc((size_t)T * rows * 4);
+    float *Y = malloc((size_t)T * rows * 4);
+    cpu_matmul(pool, &G, X, T, ref);
+    cpu_matmul(pool, &U, X, T, u);
+    for (size_t i = 0; i < (size_t)T * rows; i++) { ref[i] = ref[i] / (1.0f + expf(-ref[i])) * u[i]; Y[i] = NAN; }
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "gate|up swiglu q4 %dx%d T=%d", rows, cols, T);
+    if (lct_experts_swiglu(&G, &U, 1, X, T, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else report(what, rel(Y, ref, (size_t)T * rows), 3e-3);
+    free(X); free(ref); free(u); free(Y);
+    for (int i = 0; i < 2; i++) for (int k = 0; k < 3; k++) free(hold[i][k]);
+}
+
 static void test_gdn(int T, int nk, int nv, int dk, int dv) {
     int cd = 2 * nk * dk + nv * dv;
     float *u = rnd((size_t)T * cd, 1.0f), *g = malloc((size_t)T * nv * 4), *beta = malloc((size_t)T * nv * 4);
@@ -741,6 +759,10 @@ int main(int argc, char **argv) {
         test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert */
     }
     test_experts(pool, 4, 7, 96, 192, 70, 3);       /* 30 an expert: 32-token tiles */
+    if (!(getenv("LILY_CU_GEMM_TC") && !strcmp(getenv("LILY_CU_GEMM_TC"), "0"))) { /* k_gemm_tc's alone */
+        test_swiglu_dense(pool, small ? 96 : 512, small ? 256 : 2048, small ? 70 : 512);
+        test_swiglu_dense(pool, 40, 128, 9); /* one partial row block, one partial token tile */
+    }
     test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
