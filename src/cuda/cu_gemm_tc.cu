@@ -4,7 +4,7 @@
  * Why: the wmma kernel (cu_gemm.cu) dequantizes a block's codes into shared memory, waits at
  * two barriers a 64-column step and keeps one 16-byte load of codes in flight a thread; the
  * experts' grouped GEMMs read their weights at a fifth of the H200's bandwidth (RESULTS.md).
- * Here codes, scales, biases and inputs stream into shared memory with cp.async, NS steps
+ * Here codes, scales, biases and inputs stream into shared memory with cp.async, a few steps
  * deep (in flight without holding registers), one barrier a step; a lane reads its own codes
  * straight into the mma's A fragment, so the dequantized weights never touch memory.
  *
@@ -12,8 +12,8 @@
  * columns works if A and B use the same one. Lane (g, q) takes columns 32q..32q+31 of a
  * 128-column step, word w (8 codes, columns 32q + 8w + 0..7) feeding two k16 steps: the
  * pairs come out of a word as (c0,c4) (c1,c5) (c2,c6) (c3,c7), and the input is read in the
- * same pairs. The weights are rounded to fp16 as in the wmma kernel, (q - 0) s + b in one
- * half FMA after an exact subtraction; inputs saturate at fp16's range; fp32 accumulators.
+ * same pairs. The weights are rounded to fp16 as in the wmma kernel, q s + b in one half FMA
+ * after an exact subtraction; inputs saturate at fp16's range; fp32 accumulators.
  *
  * A block has 4 warps; a warp owns two 16-row tiles (A, the mma's M) and the block's BT
  * tokens (B, N = 8 a mma). DUAL (the experts' gate and up): tile 0 is gate's rows, tile 1 the
@@ -24,13 +24,19 @@
 #define GT_K 128      /* columns a step; a lane's 32 lie in one group (group % 32 == 0) */
 #define GT_THREADS 128
 
-/* Stages in flight: bounded by shared memory (a stage is 8 KB of codes, the scales, and BT
- * rows of 512 bytes of fp32 inputs; after the stages, the step's inputs in fp16, BT x 256
- * bytes) so that 2-4 blocks fit an SM. */
+/* Stages (2-4): in flight while a step computes, ns - 1 of them. A stage is 8 KB of codes, the
+ * scales, and BT rows of 512 bytes of fp32 inputs; after the stages, the step's inputs in fp16,
+ * BT x 256 bytes. Three for 16 or 32 tokens (3-4 blocks an SM), two for 64 (2 blocks);
+ * LILY_CU_GT_NS=n sets them all, for measuring. */
 __host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
-template <int BT> struct gt_ns { static const int v = BT >= 64 ? 2 : 3; };
-template <int BT> static size_t gt_smem(int sbb) { return gt_ns<BT>::v * gt_stage_bytes(BT, sbb) + (size_t)BT * 256; }
-
+static int gt_ns(int bt) {
+    static int env = -2;
+    if (env == -2) {
+        const char *e = getenv("LILY_CU_GT_NS");
+        env = e && atoi(e) >= 2 && atoi(e) <= 4 ? atoi(e) : -1;
+    }
+    return env > 0 ? env : bt >= 64 ? 2 : 3;
+}
 
 /* The input's 16-byte chunk c (columns 4c..4c+3 of the step) of token t, swizzled so that the
  * 8 lanes of a quarter-warp, reading chunk 8q + 2w + h of tokens 2i, 2i+1 (q = 0..3), hit 8
@@ -51,18 +57,21 @@ __device__ __forceinline__ uint32_t gt_h2(float a, float b) {
     return v;
 }
 
-/* A word's 8 codes as 4 fp16 pairs (c0,c4) (c1,c5) (c2,c6) (c3,c7) of q s + b: the codes under
- * the exponent of 1024 read 1024 + q exactly; subtract, then one FMA. */
-__device__ __forceinline__ void gt_deq(uint32_t w, __half2 s, __half2 b, uint32_t (&p)[4]) {
-    const uint32_t k1024 = 0x64006400u;
+/* A word's 8 codes as 4 fp16 pairs (c0,c4) (16c1,16c5) (c2,c6) (16c3,16c7): codes under the
+ * exponent of 1024 read 1024 + q exactly (the odd ones 1024 + 16q, taken where they lie, which
+ * saves a shift each); subtract, then one FMA: q s + b, and for the odd pairs 16 (q s + b) with
+ * b16 = 16 b (exact: a power of two), their inputs stored divided by 16 (see the conversion). */
+__device__ __forceinline__ void gt_deq(uint32_t w, __half2 s, __half2 b, __half2 b16, uint32_t (&p)[4]) {
+    const uint32_t k1024 = 0x64006400u, w8 = w >> 8;
+    const uint32_t v[4] = { (w & 0x000F000Fu) | k1024, (w & 0x00F000F0u) | k1024, (w8 & 0x000F000Fu) | k1024,
+                            (w8 & 0x00F000F0u) | k1024 };
     __half2 k;
     memcpy(&k, &k1024, 4);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        uint32_t v = ((w >> (4 * i)) & 0x000F000Fu) | k1024;
         __half2 h;
-        memcpy(&h, &v, 4);
-        h = __hfma2(__hsub2(h, k), s, b);
+        memcpy(&h, &v[i], 4);
+        h = __hfma2(__hsub2(h, k), s, i & 1 ? b16 : b);
         memcpy(&p[i], &h, 4);
     }
 }
@@ -76,9 +85,9 @@ __device__ __forceinline__ int gt_row(int r0, int wp, int tile, int half, int g)
 /* sbb: bytes of scales (and of biases) a row has in a step, (128 / group) * size: 4, 8 or 16. */
 template <int BT, int DUAL, int SBT>
 __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const float *__restrict__ X, int ldx, int T,
-                                                        float *__restrict__ Y, int ldy, dsort so, int xdiv, int sbb) {
+                                                        float *__restrict__ Y, int ldy, dsort so, int xdiv, int sbb, int ns) {
     CU_PDL();
-    const int NS = gt_ns<BT>::v;
+    const int NS = ns;
     extern __shared__ __align__(16) unsigned char gt_sm[];
     __shared__ int64_t xo[BT]; /* each token's input row, in floats from X */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
@@ -162,7 +171,9 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
      * mma's B order: x0 x4 | x1 x5 (k step 2w) | x2 x6 | x3 x7 (2w + 1) */
     uint4 *xh = (uint4 *)(gt_sm + (size_t)NS * SB);
     for (int k = 0; k < nk; k++) {
-        cu_cp_wait<NS - 2>();
+        if (NS == 2) cu_cp_wait<0>();
+        else if (NS == 3) cu_cp_wait<1>();
+        else cu_cp_wait<2>();
         __syncthreads(); /* step k is in for every thread; every warp is done with step k - 1 */
         if (k + NS - 1 < nk) stage(k + NS - 1, (k + NS - 1) % NS);
         cu_cp_commit();
@@ -175,11 +186,14 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
             for (int r = 0; r < BT / 8; r++) {
                 const int i = tid + GT_THREADS * r, t = 8 * (i >> 7) + ((i >> 2) & 7), c = 8 * (i & 3) + 2 * ((i >> 5) & 3);
                 const float4 p0 = xs[t * 32 + gt_xsw(t, c)], p1 = xs[t * 32 + gt_xsw(t, c + 1)];
-                xh[i] = make_uint4(gt_h2(p0.x, p1.x), gt_h2(p0.y, p1.y), gt_h2(p0.z, p1.z), gt_h2(p0.w, p1.w));
+                /* the odd pairs' inputs / 16 (exact but where that falls below fp16's normal range,
+                 * |x| < 2^-10: there an absolute error of 2^-21 at most, twice fp16's own there) */
+                xh[i] = make_uint4(gt_h2(p0.x, p1.x), gt_h2(p0.y * 0.0625f, p1.y * 0.0625f), gt_h2(p0.z, p1.z),
+                                   gt_h2(p0.w * 0.0625f, p1.w * 0.0625f));
             }
         }
         uint4 wv[2][2];
-        __half2 s2[2][2], b2[2][2];
+        __half2 s2[2][2], b2[2][2], b16[2][2];
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -191,6 +205,7 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
                 const float bi = mvq_sb<SBT>((const char *)bs + ri * sbb + sboff, m.sbt, 0);
                 s2[i][h] = __float2half2_rn(sc);
                 b2[i][h] = __float2half2_rn(bi);
+                b16[i][h] = __float2half2_rn(bi * 16.f);
             }
         __syncthreads(); /* the fp16 inputs are in */
 #pragma unroll
@@ -198,19 +213,23 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
             uint4 bf[BT / 8];
 #pragma unroll
             for (int j = 0; j < BT / 8; j++) bf[j] = xh[(4 * j + w) * 32 + lane];
+            uint32_t pa[2][4], pb[2][4]; /* rows g and g + 8 of both tiles */
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const uint32_t wa = w == 0 ? wv[i][0].x : w == 1 ? wv[i][0].y : w == 2 ? wv[i][0].z : wv[i][0].w;
                 const uint32_t wb = w == 0 ? wv[i][1].x : w == 1 ? wv[i][1].y : w == 2 ? wv[i][1].z : wv[i][1].w;
-                uint32_t pa[4], pb[4];
-                gt_deq(wa, s2[i][0], b2[i][0], pa);
-                gt_deq(wb, s2[i][1], b2[i][1], pb);
-#pragma unroll
-                for (int j = 0; j < BT / 8; j++) {
-                    tc_mma(acc[i][j], pa[0], pb[0], pa[1], pb[1], bf[j].x, bf[j].y);
-                    tc_mma(acc[i][j], pa[2], pb[2], pa[3], pb[3], bf[j].z, bf[j].w);
-                }
+                gt_deq(wa, s2[i][0], b2[i][0], b16[i][0], pa[i]);
+                gt_deq(wb, s2[i][1], b2[i][1], b16[i][1], pb[i]);
             }
+            /* the two k steps' products apart, so no mma waits on the one before it */
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < BT / 8; j++) tc_mma(acc[i][j], pa[i][0], pb[i][0], pa[i][1], pb[i][1], bf[j].x, bf[j].y);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < BT / 8; j++) tc_mma(acc[i][j], pa[i][2], pb[i][2], pa[i][3], pb[i][3], bf[j].z, bf[j].w);
         }
     }
     /* c[0..3] = C[g][2q], C[g][2q + 1], C[g + 8][2q], C[g + 8][2q + 1]: rows by tile, tokens by j */
@@ -242,10 +261,12 @@ template <int BT, int DUAL, int SBT>
 static void gt_launch(cudaStream_t s, const dmat *W, const dmat *W2, const float *X, int ldx, int T, float *Y, int ldy,
                       const dsort *so, int xdiv, dim3 grid) {
     const int sbb = GT_K / W->group * gt_sbytes(W->sbt);
-    const size_t smem = gt_smem<BT>(sbb);
-    static int attr = 0;
-    if (!attr) attr = cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
-    k_gemm_tc<BT, DUAL, SBT><<<grid, GT_THREADS, smem, s>>>(*W, W2 ? *W2 : *W, X, ldx, T, Y, ldy, *so, xdiv, sbb);
+    const int ns = gt_ns(BT);
+    const size_t smem = ns * gt_stage_bytes(BT, sbb) + (size_t)BT * 256;
+    static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
+    if (smem > opted && cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
+        opted = smem;
+    k_gemm_tc<BT, DUAL, SBT><<<grid, GT_THREADS, smem, s>>>(*W, W2 ? *W2 : *W, X, ldx, T, Y, ldy, *so, xdiv, sbb, ns);
 }
 
 template <int BT, int DUAL>

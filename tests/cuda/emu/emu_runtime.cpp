@@ -631,7 +631,9 @@ void submit(const char *name, const void *kernel, const launch_cfg &c, std::shar
             fault("argument %d (pointer %p) is not in device memory (a host pointer, freed, or out of any allocation)", i, ptrs[i]);
     cur_kernel = NULL;
     launch_cfg cc = c;
-    size_t slim = lim;
+    /* the dynamic size is bounded by the kernel's attribute (above); static plus dynamic by 48 KB,
+     * or by the opt-in maximum once the kernel has raised its attribute past 48 KB */
+    size_t slim = lim > SMEM_DEFAULT ? SMEM_OPTIN : SMEM_DEFAULT;
     enqueue(c.stream, [name, cc, body, slim]() {
         smem_limit = slim;
         run_grid(name, cc, *body);
