@@ -152,9 +152,9 @@ void cu_gemm_q4_grouped(cudaStream_t s, const dmat *W, const dsort *so, int bt, 
                         const float *X, int ldx, float *Y, int ldy);
 /* The same GEMMs with the codes dequantized in registers and streamed by cp.async (cu_gemm_tc.cu),
  * which cu_gemm_q4 and cu_gemm_q4_grouped use where _ok (4-bit, cols % 128 == 0, group 32, 64 or
- * 128 with (128 / group) scale bytes 4, 8 or 16; LILY_CU_GEMM_TC=0: never). W2 != NULL (the
+ * 128 with (128 / group) scale bytes 4, 8 or 16, X under 2^31 floats; LILY_CU_GEMM_TC=0: never). W2 != NULL (the
  * experts' gate and up, the same shape): Y = silu(X W^T) * (X W2^T). */
-int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx);
+int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows); /* xrows: X's rows, at most */
 void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
 void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dsort *so, int bt, int max_tiles, int xdiv,
                         const float *X, int ldx, float *Y, int ldy);

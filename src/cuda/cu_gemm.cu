@@ -190,7 +190,7 @@ int cu_gemm_q4_enabled(void) {
 }
 
 void cu_gemm_q4(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    if (cu_gemm_tc_ok(W, X, ldx)) { cu_gemm_tc(s, W, X, ldx, T, Y, ldy); return; }
+    if (cu_gemm_tc_ok(W, X, ldx, T)) { cu_gemm_tc(s, W, X, ldx, T, Y, ldy); return; }
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     dim3 g((W->rows + QR - 1) / QR, (T + 63) / 64, 1);
     if (W->bits == 8) k_gemm_q4<64, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
@@ -227,7 +227,7 @@ void cu_moe_tiles(cudaStream_t s, const int *count, int E, int bt, int *tiles, i
 
 void cu_gemm_q4_grouped(cudaStream_t s, const dmat *W, const dsort *so, int bt, int max_tiles, int xdiv,
                         const float *X, int ldx, float *Y, int ldy) {
-    if (cu_gemm_tc_ok(W, X, ldx)) { cu_gemm_tc_grouped(s, W, NULL, so, bt, max_tiles, xdiv, X, ldx, Y, ldy); return; }
+    if (cu_gemm_tc_ok(W, X, ldx, (long long)max_tiles * bt)) { cu_gemm_tc_grouped(s, W, NULL, so, bt, max_tiles, xdiv, X, ldx, Y, ldy); return; }
     dim3 g((W->rows + QR - 1) / QR, max_tiles, 1);
     if (W->bits == 8) { /* (experts are 4-bit in the checkpoints; kept for completeness) */
         if (bt == 16) k_gemm_q4<16, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);

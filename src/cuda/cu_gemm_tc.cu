@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
     CU_PDL();
     const int NS = ns;
     extern __shared__ __align__(16) unsigned char gt_sm[];
-    __shared__ int64_t xo[BT]; /* each token's input row, in floats from X */
+    __shared__ int xo[BT]; /* each token's input row, in floats from X (the launcher checks it fits) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     int e = 0, n = T, base = 0, t0;
     if (so.tiles) {
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
     const int r0 = blockIdx.x * (DUAL ? 64 : 128);
     for (int t = tid; t < BT; t += GT_THREADS) {
         const int srow = base + (t0 + t < n ? t0 + t : t0); /* tokens past the tile's end repeat its first */
-        const int64_t xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
+        const int xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
         xo[t] = xr * ldx;
     }
     __syncthreads();
@@ -133,22 +133,27 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
         bsrc = (const char *)sm.b + (long long)e * sm.es + (size_t)r * sbrow;
     }
     const size_t SB = gt_stage_bytes(BT, sbb);
-    auto stage = [&](int k, int slot) {
-        unsigned char *st = gt_sm + (size_t)slot * SB;
-        const size_t kb = (size_t)k * (GT_K / 2);
+    /* the next step to issue goes to slot wslot; the sources advance a step each issue */
+    const float *xsrc = X + 4 * lane;
+    int wslot = 0;
+    auto stage = [&]() {
+        unsigned char *st = gt_sm + (size_t)wslot * SB;
 #pragma unroll
-        for (int j = 0; j < 4; j++) cu_cp<16>(st + (size_t)(j * 128 + tid) * 16, wsrc[j] + kb);
+        for (int j = 0; j < 4; j++) { cu_cp<16>(st + (j * 128 + tid) * 16, wsrc[j]); wsrc[j] += GT_K / 2; }
         unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
-        const size_t ks = (size_t)k * sbb;
-        if (sbb == 4) { cu_cp<4>(ss + tid * 4, ssrc + ks); cu_cp<4>(bs + tid * 4, bsrc + ks); }
-        else if (sbb == 8) { cu_cp<8>(ss + tid * 8, ssrc + ks); cu_cp<8>(bs + tid * 8, bsrc + ks); }
-        else { cu_cp<16>(ss + tid * 16, ssrc + ks); cu_cp<16>(bs + tid * 16, bsrc + ks); }
+        if (sbb == 4) { cu_cp<4>(ss + tid * 4, ssrc); cu_cp<4>(bs + tid * 4, bsrc); }
+        else if (sbb == 8) { cu_cp<8>(ss + tid * 8, ssrc); cu_cp<8>(bs + tid * 8, bsrc); }
+        else { cu_cp<16>(ss + tid * 16, ssrc); cu_cp<16>(bs + tid * 16, bsrc); }
+        ssrc += sbb;
+        bsrc += sbb;
         float *xs = (float *)(bs + 128 * sbb);
 #pragma unroll
         for (int j = 0; j < BT / 4; j++) {
             const int t = warp + 4 * j;
-            cu_cp<16>(xs + ((size_t)t * 32 + gt_xsw(t, lane)) * 4, X + xo[t] + (size_t)k * GT_K + 4 * lane);
+            cu_cp<16>(xs + (t * 32 + gt_xsw(t, lane)) * 4, xsrc + xo[t]);
         }
+        xsrc += GT_K;
+        wslot = wslot + 1 == NS ? 0 : wslot + 1;
     };
 
     float acc[2][BT / 8][4];
@@ -161,23 +166,24 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
 
     const int nk = m.cols / GT_K;
     const int sboff = (32 * q / m.group) * (m.sbt == LW_F32 ? 4 : 2); /* this lane's group among a row's sbb bytes */
-#pragma unroll
     for (int s = 0; s < NS - 1; s++) {
-        if (s < nk) stage(s, s);
+        if (s < nk) stage();
         cu_cp_commit();
     }
     /* the step's inputs in fp16, converted once for the block's 4 warps: chunk (4j + w) * 32 + lane
      * holds the 8 inputs lane (g, q) multiplies with word w of its codes for tokens 8j + g, in the
      * mma's B order: x0 x4 | x1 x5 (k step 2w) | x2 x6 | x3 x7 (2w + 1) */
     uint4 *xh = (uint4 *)(gt_sm + (size_t)NS * SB);
+    int rslot = 0; /* the slot of step k */
     for (int k = 0; k < nk; k++) {
         if (NS == 2) cu_cp_wait<0>();
         else if (NS == 3) cu_cp_wait<1>();
         else cu_cp_wait<2>();
         __syncthreads(); /* step k is in for every thread; every warp is done with step k - 1 */
-        if (k + NS - 1 < nk) stage(k + NS - 1, (k + NS - 1) % NS);
+        if (k + NS - 1 < nk) stage();
         cu_cp_commit();
-        const unsigned char *st = gt_sm + (size_t)(k % NS) * SB;
+        const unsigned char *st = gt_sm + (size_t)rslot * SB;
+        rslot = rslot + 1 == NS ? 0 : rslot + 1;
         const uint4 *ws = (const uint4 *)st;
         const unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
         {
@@ -248,12 +254,12 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
 
 static int gt_sbytes(int sbt) { return sbt == LW_F32 ? 4 : 2; }
 
-int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx) {
+int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
     static int on = -1;
     if (!cu_env_flag(&on, "LILY_CU_GEMM_TC", 1)) return 0;
     if (W->type != LW_Q || W->bits != 4 || W->cols % GT_K || !(W->group == 32 || W->group == 64 || W->group == 128)) return 0;
     const int sbb = GT_K / W->group * gt_sbytes(W->sbt);
-    return (sbb == 4 || sbb == 8 || sbb == 16) && ldx % 4 == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)W->w & 15) == 0 &&
+    return (sbb == 4 || sbb == 8 || sbb == 16) && xrows * ldx < (1ll << 31) && ldx % 4 == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)W->w & 15) == 0 &&
            ((uintptr_t)W->s & 15) == 0 && ((uintptr_t)W->b & 15) == 0 && W->ew % 16 == 0 && W->es % 16 == 0;
 }
 
@@ -312,20 +318,20 @@ void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dso
     }
 }
 
-static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx) {
-    return cu_gemm_tc_ok(G, X, ldx) && cu_gemm_tc_ok(U, X, ldx) && G->rows == U->rows && G->cols == U->cols &&
+static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx, long long xrows) {
+    return cu_gemm_tc_ok(G, X, ldx, xrows) && cu_gemm_tc_ok(U, X, ldx, xrows) && G->rows == U->rows && G->cols == U->cols &&
            G->group == U->group && G->sbt == U->sbt && G->ew == U->ew && G->es == U->es;
 }
 
 int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy) {
-    if (T <= 8 || !cu_gemm_q4_enabled() || !gt_pair_ok(G, U, X, ldx)) return 0;
+    if (T <= 8 || !cu_gemm_q4_enabled() || !gt_pair_ok(G, U, X, ldx, T)) return 0;
     gt_dense(s, G, U, X, ldx, T, Y, ldy);
     return 1;
 }
 
 int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const dsort *so, int bt, int max_tiles, int xdiv,
                            const float *X, int ldx, float *Y, int ldy) {
-    if (!gt_pair_ok(G, U, X, ldx)) return 0;
+    if (!gt_pair_ok(G, U, X, ldx, (long long)max_tiles * bt)) return 0;
     cu_gemm_tc_grouped(s, G, U, so, bt, max_tiles, xdiv, X, ldx, Y, ldy);
     return 1;
 }
