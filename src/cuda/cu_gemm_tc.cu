@@ -26,7 +26,8 @@
 
 /* Stages (2-4): in flight while a step computes, ns - 1 of them. A stage is 8 KB of codes, the
  * scales, and BT rows of 512 bytes of fp32 inputs; after the stages, the step's inputs in fp16,
- * BT x 256 bytes. Three for 16 or 32 tokens (3-4 blocks an SM), two for 64 (2 blocks);
+ * BT x 256 bytes. Two: more blocks an SM (5 at 16 tokens) beat deeper stages on the H200
+ * (pp512 13,234 against 12,743 with three where the tile is 16 or 32 tokens, bench/RESULTS.md);
  * LILY_CU_GT_NS=n sets them all, for measuring. */
 __host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
 static int gt_ns(int bt) {
@@ -35,7 +36,8 @@ static int gt_ns(int bt) {
         const char *e = getenv("LILY_CU_GT_NS");
         env = e && atoi(e) >= 2 && atoi(e) <= 4 ? atoi(e) : -1;
     }
-    return env > 0 ? env : bt >= 64 ? 2 : 3;
+    (void)bt;
+    return env > 0 ? env : 2;
 }
 
 /* The input's 16-byte chunk c (columns 4c..4c+3 of the step) of token t, swizzled so that the
@@ -61,10 +63,23 @@ __device__ __forceinline__ uint32_t gt_h2(float a, float b) {
  * exponent of 1024 read 1024 + q exactly (the odd ones 1024 + 16q, taken where they lie, which
  * saves a shift each); subtract, then one FMA: q s + b, and for the odd pairs 16 (q s + b) with
  * b16 = 16 b (exact: a power of two), their inputs stored divided by 16 (see the conversion). */
+/* (w & mask) | k in one LOP3: written out, the compiler splits it in two, both constants being
+ * immediates and LOP3 taking one */
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t gt_lop(uint32_t w, uint32_t k) {
+#if defined(__CUDA_ARCH__)
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "n"(MASK), "r"(k)); /* 0xea: (a & b) | c */
+    return r;
+#else
+    return (w & MASK) | k;
+#endif
+}
+
 __device__ __forceinline__ void gt_deq(uint32_t w, __half2 s, __half2 b, __half2 b16, uint32_t (&p)[4]) {
     const uint32_t k1024 = 0x64006400u, w8 = w >> 8;
-    const uint32_t v[4] = { (w & 0x000F000Fu) | k1024, (w & 0x00F000F0u) | k1024, (w8 & 0x000F000Fu) | k1024,
-                            (w8 & 0x00F000F0u) | k1024 };
+    const uint32_t v[4] = { gt_lop<0x000F000Fu>(w, k1024), gt_lop<0x00F000F0u>(w, k1024), gt_lop<0x000F000Fu>(w8, k1024),
+                            gt_lop<0x00F000F0u>(w8, k1024) };
     __half2 k;
     memcpy(&k, &k1024, 4);
 #pragma unroll
