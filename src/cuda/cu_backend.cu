@@ -389,6 +389,7 @@ static void proj_group(lcuda_session *s, int n, const dmat *const *W, const floa
         ld[i] = W[i]->rows;
     }
     if (ok) { cu_matvec_rows(s->st, n, W, X, NULL, ldx, T, Y, ld); return; }
+    if (T > 8 && cu_gemm_tc_group(s->st, n, W, X, ldx, T, Y)) return; /* prefill: one launch for the group */
     for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
 }
 

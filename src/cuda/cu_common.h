@@ -162,6 +162,9 @@ void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dso
  * kernel does not take the pair (then: two grouped GEMMs and cu_swiglu). */
 int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const dsort *so, int bt, int max_tiles, int xdiv,
                            const float *X, int ldx, float *Y, int ldy);
+/* n <= 4 matrices of the same columns, group and scale type reading the same T > 8 rows of X, in
+ * one launch, Y[i] [T][W[i]->rows]; 0 when the kernel does not take them all. */
+int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y);
 /* The same for one gate/up pair of T > 8 rows (the shared expert at prefill), Y [T][rows]. */
 int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);

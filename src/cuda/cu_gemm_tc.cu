@@ -97,10 +97,22 @@ __device__ __forceinline__ int gt_row(int r0, int wp, int tile, int half, int g)
     return DUAL ? r0 + 16 * wp + 8 * half + g : r0 + 32 * wp + 16 * tile + 8 * half + g;
 }
 
-/* sbb: bytes of scales (and of biases) a row has in a step, (128 / group) * size: 4, 8 or 16. */
+/* The matrices of a launch, all reading X: matrix i takes row blocks blk0[i] .. blk0[i + 1] - 1
+ * and writes y[i] (rows of ldy[i]). DUAL: one output, m[0] the gate and m[1] the up. */
+#define GT_MAX 4
+typedef struct {
+    dmat m[GT_MAX];
+    float *y[GT_MAX];
+    int ldy[GT_MAX];
+    int blk0[GT_MAX + 1];
+    int n;
+} gt_group;
+
+/* sbb: bytes of scales (and of biases) a row has in a step, (128 / group) * size: 4, 8 or 16
+ * (the same for all the launch's matrices, as their columns). */
 template <int BT, int DUAL, int SBT>
-__global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const float *__restrict__ X, int ldx, int T,
-                                                        float *__restrict__ Y, int ldy, dsort so, int xdiv, int sbb, int ns) {
+__global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ gt_group G, const float *__restrict__ X, int ldx,
+                                                        int T, dsort so, int xdiv, int sbb, int ns) {
     CU_PDL();
     const int NS = ns;
     extern __shared__ __align__(16) unsigned char gt_sm[];
@@ -118,7 +130,11 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(dmat m, dmat m2, const f
         t0 = blockIdx.y * BT;
     }
     if (t0 >= n) return;
-    const int r0 = blockIdx.x * (DUAL ? 64 : 128);
+    int mi = 0;
+    while (mi + 1 < G.n && (int)blockIdx.x >= G.blk0[mi + 1]) mi++;
+    const dmat &m = G.m[mi], &m2 = G.m[DUAL ? 1 : mi];
+    float *__restrict__ Y = G.y[mi];
+    const int ldy = G.ldy[mi], r0 = ((int)blockIdx.x - G.blk0[mi]) * (DUAL ? 64 : 128);
     for (int t = tid; t < BT; t += GT_THREADS) {
         const int srow = base + (t0 + t < n ? t0 + t : t0); /* tokens past the tile's end repeat its first */
         const int xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
@@ -274,63 +290,82 @@ int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
     if (!cu_env_flag(&on, "LILY_CU_GEMM_TC", 1)) return 0;
     if (W->type != LW_Q || W->bits != 4 || W->cols % GT_K || !(W->group == 32 || W->group == 64 || W->group == 128)) return 0;
     const int sbb = GT_K / W->group * gt_sbytes(W->sbt);
-    return (sbb == 4 || sbb == 8 || sbb == 16) && xrows * ldx < (1ll << 31) && ldx % 4 == 0 && ((uintptr_t)X & 15) == 0 && ((uintptr_t)W->w & 15) == 0 &&
-           ((uintptr_t)W->s & 15) == 0 && ((uintptr_t)W->b & 15) == 0 && W->ew % 16 == 0 && W->es % 16 == 0;
+    /* a row's scales for a step are one copy of sbb bytes: aligned to sbb */
+    return (sbb == 4 || sbb == 8 || sbb == 16) && xrows * ldx < (1ll << 31) && ldx % 4 == 0 && ((uintptr_t)X & 15) == 0 &&
+           ((uintptr_t)W->w & 15) == 0 && W->ew % 16 == 0 && (uintptr_t)W->s % sbb == 0 && (uintptr_t)W->b % sbb == 0 &&
+           W->es % sbb == 0;
 }
 
 template <int BT, int DUAL, int SBT>
-static void gt_launch(cudaStream_t s, const dmat *W, const dmat *W2, const float *X, int ldx, int T, float *Y, int ldy,
-                      const dsort *so, int xdiv, dim3 grid) {
-    const int sbb = GT_K / W->group * gt_sbytes(W->sbt);
-    const int ns = gt_ns(BT);
+static void gt_launch(cudaStream_t s, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
+    const int sbb = GT_K / G->m[0].group * gt_sbytes(G->m[0].sbt), ns = gt_ns(BT);
     const size_t smem = ns * gt_stage_bytes(BT, sbb) + (size_t)BT * 256;
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
     if (smem > opted && cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
         opted = smem;
-    k_gemm_tc<BT, DUAL, SBT><<<grid, GT_THREADS, smem, s>>>(*W, W2 ? *W2 : *W, X, ldx, T, Y, ldy, *so, xdiv, sbb, ns);
+    k_gemm_tc<BT, DUAL, SBT><<<grid, GT_THREADS, smem, s>>>(*G, X, ldx, T, *so, xdiv, sbb, ns);
 }
 
-template <int BT, int DUAL>
-static void gt_launch_t(cudaStream_t s, const dmat *W, const dmat *W2, const float *X, int ldx, int T, float *Y, int ldy,
-                        const dsort *so, int xdiv, dim3 grid) {
-    if (W->sbt == LW_BF16) gt_launch<BT, DUAL, LW_BF16>(s, W, W2, X, ldx, T, Y, ldy, so, xdiv, grid);
-    else gt_launch<BT, DUAL, -1>(s, W, W2, X, ldx, T, Y, ldy, so, xdiv, grid);
+template <int DUAL>
+static void gt_launch_bt(cudaStream_t s, int bt, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv,
+                         dim3 grid) {
+    const int bf = G->m[0].sbt == LW_BF16;
+    if (bt == 16) (bf ? gt_launch<16, DUAL, LW_BF16> : gt_launch<16, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
+    else if (bt == 32) (bf ? gt_launch<32, DUAL, LW_BF16> : gt_launch<32, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
+    else (bf ? gt_launch<64, DUAL, LW_BF16> : gt_launch<64, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
 }
 
-/* Dense: the widest token tile that still gives every SM a block (wider tiles read each input
- * for fewer row blocks, but a matrix of few rows needs narrow ones to fill the GPU). */
-static void gt_dense(cudaStream_t s, const dmat *W, const dmat *W2, const float *X, int ldx, int T, float *Y, int ldy) {
-    dsort none = { NULL, NULL, NULL, NULL, NULL };
-    const int rb = W2 ? 64 : 128, gx = (W->rows + rb - 1) / rb, sms = cu_sm_count();
-    const int bt = (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
-    const dim3 grid(gx, (T + bt - 1) / bt);
-    if (W2) {
-        if (bt == 64) gt_launch_t<64, 1>(s, W, W2, X, ldx, T, Y, ldy, &none, 0, grid);
-        else if (bt == 32) gt_launch_t<32, 1>(s, W, W2, X, ldx, T, Y, ldy, &none, 0, grid);
-        else gt_launch_t<16, 1>(s, W, W2, X, ldx, T, Y, ldy, &none, 0, grid);
-    } else {
-        if (bt == 64) gt_launch_t<64, 0>(s, W, NULL, X, ldx, T, Y, ldy, &none, 0, grid);
-        else if (bt == 32) gt_launch_t<32, 0>(s, W, NULL, X, ldx, T, Y, ldy, &none, 0, grid);
-        else gt_launch_t<16, 0>(s, W, NULL, X, ldx, T, Y, ldy, &none, 0, grid);
+/* n matrices (or, DUAL, one gate/up pair) over T rows of X: the widest token tile that still
+ * gives every SM a block (wider tiles read each input for fewer row blocks, but few rows need
+ * narrow ones to fill the GPU). */
+static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const float *X, int ldx, int T, float *const *Y,
+                     const int *ldy) {
+    gt_group G;
+    memset(&G, 0, sizeof G);
+    const int rb = dual ? 64 : 128;
+    G.n = dual ? 1 : n;
+    for (int i = 0; i < n; i++) G.m[i] = *W[i];
+    for (int i = 0; i < G.n; i++) {
+        G.y[i] = Y[i];
+        G.ldy[i] = ldy[i];
+        G.blk0[i + 1] = G.blk0[i] + (W[i]->rows + rb - 1) / rb;
     }
+    const int gx = G.blk0[G.n], sms = cu_sm_count();
+    const int bt = (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
+    dsort none = { NULL, NULL, NULL, NULL, NULL };
+    if (dual) gt_launch_bt<1>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
+    else gt_launch_bt<0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
 }
 
 void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    gt_dense(s, W, NULL, X, ldx, T, Y, ldy);
+    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, &ldy);
+}
+
+int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
+    if (n < 1 || n > GT_MAX || T <= 8 || !cu_gemm_q4_enabled()) return 0;
+    int ld[GT_MAX];
+    for (int i = 0; i < n; i++) {
+        if (!cu_gemm_tc_ok(W[i], X, ldx, T) || W[i]->cols != W[0]->cols || W[i]->group != W[0]->group || W[i]->sbt != W[0]->sbt)
+            return 0;
+        ld[i] = W[i]->rows;
+    }
+    gt_dense(s, n, W, 0, X, ldx, T, Y, ld);
+    return 1;
 }
 
 void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dsort *so, int bt, int max_tiles, int xdiv,
                         const float *X, int ldx, float *Y, int ldy) {
-    const dim3 grid((W->rows + (W2 ? 63 : 127)) / (W2 ? 64 : 128), max_tiles);
-    if (W2) {
-        if (bt == 16) gt_launch_t<16, 1>(s, W, W2, X, ldx, 0, Y, ldy, so, xdiv, grid);
-        else if (bt == 32) gt_launch_t<32, 1>(s, W, W2, X, ldx, 0, Y, ldy, so, xdiv, grid);
-        else gt_launch_t<64, 1>(s, W, W2, X, ldx, 0, Y, ldy, so, xdiv, grid);
-    } else {
-        if (bt == 16) gt_launch_t<16, 0>(s, W, NULL, X, ldx, 0, Y, ldy, so, xdiv, grid);
-        else if (bt == 32) gt_launch_t<32, 0>(s, W, NULL, X, ldx, 0, Y, ldy, so, xdiv, grid);
-        else gt_launch_t<64, 0>(s, W, NULL, X, ldx, 0, Y, ldy, so, xdiv, grid);
-    }
+    gt_group G;
+    memset(&G, 0, sizeof G);
+    G.n = 1;
+    G.m[0] = *W;
+    G.m[1] = W2 ? *W2 : *W;
+    G.y[0] = Y;
+    G.ldy[0] = ldy;
+    G.blk0[1] = (W->rows + (W2 ? 63 : 127)) / (W2 ? 64 : 128);
+    const dim3 grid(G.blk0[1], max_tiles);
+    if (W2) gt_launch_bt<1>(s, bt, &G, X, ldx, 0, so, xdiv, grid);
+    else gt_launch_bt<0>(s, bt, &G, X, ldx, 0, so, xdiv, grid);
 }
 
 static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx, long long xrows) {
@@ -340,7 +375,8 @@ static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx, lon
 
 int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy) {
     if (T <= 8 || !cu_gemm_q4_enabled() || !gt_pair_ok(G, U, X, ldx, T)) return 0;
-    gt_dense(s, G, U, X, ldx, T, Y, ldy);
+    const dmat *W[2] = { G, U };
+    gt_dense(s, 2, W, 1, X, ldx, T, &Y, &ldy);
     return 1;
 }
 

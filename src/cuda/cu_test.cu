@@ -131,6 +131,28 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
     return rc;
 }
 
+lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, float *const *Y, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d[4];
+    const dmat *dp[4];
+    float *dy[4];
+    dlist L = { {0}, 0 };
+    lily_code rc = n >= 1 && n <= 4 ? LILY_OK : lily_err(st, LILY_EINVAL, "1 to 4 matrices");
+    for (int i = 0; i < n && !rc; i++) {
+        rc = cu_upload_mats(m, &W[i], 1, &d[i], st);
+        dp[i] = &d[i];
+        dy[i] = (float *)dput(&L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
+    }
+    float *dx = (float *)dput(&L, X, (size_t)T * W[0].cols * 4, st, &rc);
+    if (!rc && !cu_gemm_tc_group(0, n, dp, dx, W[0].cols, T, dy))
+        rc = lily_err(st, LILY_EUNSUPPORTED, "the grouped tensor-core GEMM does not take these matrices");
+    rc = finish(st, rc);
+    for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y,
                           lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);

@@ -20,6 +20,9 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
  * (cu_gemm_swiglu, the shared expert at prefill), Y [T][rows]. */
 lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const float *X, int T, const int *sel, int K, float *Y,
                              lily_status *st);
+/* n <= 4 matrices of equal cols over the same T > 8 rows in one launch (cu_gemm_tc_group, the
+ * prefill projection groups), Y[i] [T][W[i].rows]. */
+lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, float *const *Y, lily_status *st);
 /* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of
  * equal cols (4/8-bit), X [T][cols], X2 NULL or [T][cols] (then the input is silu(X) * X2),
  * Y[i] [T][W[i].rows]. */

@@ -230,6 +230,38 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
     free(hold); free(W); free(X); free(sel); free(ref); free(Y);
 }
 
+/* A prefill projection group in one launch (cu_gemm_tc_group): n matrices of their own row counts. */
+static void test_gemm_group(lily_pool *pool, int n, const int *rows, int cols, int T) {
+    void *hold[4][3];
+    lw_mat W[4];
+    float *ref[4], *Y[4];
+    float *X = rnd((size_t)T * cols, 1.0f);
+    for (int i = 0; i < n; i++) {
+        W[i] = mk_mat(LW_Q, 4, 64, rows[i], cols, hold[i]);
+        ref[i] = malloc((size_t)T * rows[i] * 4);
+        Y[i] = malloc((size_t)T * rows[i] * 4);
+        cpu_matmul(pool, &W[i], X, T, ref[i]);
+        for (size_t k = 0; k < (size_t)T * rows[i]; k++) Y[i][k] = NAN;
+    }
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "gemm group q4 n=%d %d|%d.. x%d T=%d", n, rows[0], n > 1 ? rows[1] : 0, cols, T);
+    if (lct_gemm_group(W, n, X, T, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            double r = rel(Y[i], ref[i], (size_t)T * rows[i]);
+            if (!(r <= worst)) worst = r;
+        }
+        report(what, worst, 3e-3);
+    }
+    for (int i = 0; i < n; i++) {
+        free(ref[i]); free(Y[i]);
+        for (int k = 0; k < 3; k++) free(hold[i][k]);
+    }
+    free(X);
+}
+
 /* The shared expert's gate and up at prefill, silu(x G^T) * (x U^T) in one launch (k_gemm_tc). */
 static void test_swiglu_dense(lily_pool *pool, int rows, int cols, int T) {
     void *hold[2][3];
@@ -762,6 +794,11 @@ int main(int argc, char **argv) {
     if (!(getenv("LILY_CU_GEMM_TC") && !strcmp(getenv("LILY_CU_GEMM_TC"), "0"))) { /* k_gemm_tc's alone */
         test_swiglu_dense(pool, small ? 96 : 512, small ? 256 : 2048, small ? 70 : 512);
         test_swiglu_dense(pool, 40, 128, 9); /* one partial row block, one partial token tile */
+        { /* DeltaNet's in-projections qkv|z|b|a at their widths, and odd row counts */
+            const int big[4] = { 8192, 4096, 32, 32 }, odd[4] = { 200, 37, 128, 5 };
+            test_gemm_group(pool, 4, small ? odd : big, small ? 256 : 2048, small ? 70 : 512);
+            test_gemm_group(pool, 3, odd, 128, 17);
+        }
     }
     test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);

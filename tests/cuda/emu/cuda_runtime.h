@@ -167,6 +167,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __constant__ static
+#define __grid_constant__
 /* cu2cpp.py rewrites every __shared__ declaration; this keeps stray uses compiling */
 #define __shared__ static
 
