@@ -84,7 +84,12 @@ $(BUILD)/mutant/%/cu_gemm_tc.cpp: src/cuda/cu_gemm_tc.cu $(EMU_DIR)/cu2cpp.py
 	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
 $(BUILD)/mutant/%/cu_gemm_tc.o: $(BUILD)/mutant/%/cu_gemm_tc.cpp
 	$(EMU_CXX) -c $< -o $@
-MUT_OBJ = cu_kernels.o cu_mvtc.o cu_gemm_tc.o
+$(BUILD)/mutant/%/cu_attn_tc.cpp: src/cuda/cu_attn_tc.cu $(EMU_DIR)/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
+$(BUILD)/mutant/%/cu_attn_tc.o: $(BUILD)/mutant/%/cu_attn_tc.cpp
+	$(EMU_CXX) -c $< -o $@
+MUT_OBJ = cu_kernels.o cu_mvtc.o cu_gemm_tc.o cu_attn_tc.o
 $(BUILD)/mutant/%/cuda-kernel-test: $(addprefix $(BUILD)/mutant/%/,$(MUT_OBJ)) $(BUILD)/tests/cuda/kernel_test.o $(LIB)
 	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a $(MUT_OBJ) && ar rcs $@.a $(filter $(addprefix %/,$(MUT_OBJ)),$^)
 	$(CC) $(CFLAGS) $(BUILD)/tests/cuda/kernel_test.o $@.a -o $@ $(LDLIBS)

@@ -99,8 +99,9 @@ kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOC
   LILY_CU_MVQ_BLOCKS=2 -- --small --seed "$seed"
 # the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default
 kernel_test "--small, LILY_CU_MVTC=0" LILY_CU_MVTC=0 -- --small --seed "$seed"
-# the wmma GEMM (cu_gemm.cu) where k_gemm_tc takes the 4-bit matrices by default
-kernel_test "--small, LILY_CU_GEMM_TC=0" LILY_CU_GEMM_TC=0 -- --small --seed "$seed"
+# the wmma GEMM (cu_gemm.cu) where k_gemm_tc takes the 4-bit matrices by default, and the SIMT
+# attention where k_attn_tc takes the 35B-A3B heads
+kernel_test "--small, LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0" LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 -- --small --seed "$seed"
 # decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
 # alone; in a random order of blocks, warps and lanes (the rows are a grid dimension)
 kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
@@ -130,8 +131,9 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
 # reduction, a missing __syncwarp, a misplaced tensor-core tile, a decode batch whose rows all
 # take the first row's position, a batched matrix-vector product reading input row 0 for every
-# row, the tensor-core matrix-vector kernel's input in the wrong mma column) must fail the kernel test
-for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early; do
+# row, the tensor-core matrix-vector kernel's input in the wrong mma column, a prefill GEMM step
+# computed before its copies land, attention seeing one key past its own) must fail the kernel test
+for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal; do
   # -O1 without debug info: the mutant builds are the slow part of this test
   if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
     tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue

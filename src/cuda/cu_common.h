@@ -167,6 +167,11 @@ int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const d
 int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y);
 /* The same for one gate/up pair of T > 8 rows (the shared expert at prefill), Y [T][rows]. */
 int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy);
+/* Prefill attention on the tensor cores (cu_attn_tc.cu), which cu_attention takes where _ok:
+ * T > 1 rows of one session, head dim 256, 8 query heads a KV head (LILY_CU_ATTN_TC=0: never). */
+int cu_attn_tc_ok(int T, int nh, int nkv, int hd);
+void cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+                const int *pos, float *o);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 /* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);

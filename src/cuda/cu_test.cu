@@ -153,6 +153,24 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, float *c
     return rc;
 }
 
+lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
+                        int pos0, int ctx, float *o, lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *dq = (float *)dput(&L, q, (size_t)T * nh * hd * 4, st, &rc);
+    float *dqg = (float *)dput(&L, qg, (size_t)T * nh * 2 * hd * 4, st, &rc);
+    float *dk = (float *)dput(&L, kc, (size_t)ctx * nkv * hd * 4, st, &rc);
+    float *dv = (float *)dput(&L, vc, (size_t)ctx * nkv * hd * 4, st, &rc);
+    int *dp = (int *)dput(&L, &pos0, 4, st, &rc);
+    float *part = (float *)dput(&L, NULL, cu_attention_part_floats(T, nh, hd, 1) * 4, st, &rc);
+    float *dout = (float *)dput(&L, NULL, (size_t)T * nh * hd * 4, st, &rc);
+    if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, 1, part, dout);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(o, dout, (size_t)T * nh * hd * 4, st);
+    dfree(&L);
+    return rc;
+}
+
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y,
                           lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);

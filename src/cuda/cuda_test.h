@@ -23,6 +23,11 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
 /* n <= 4 matrices of equal cols over the same T > 8 rows in one launch (cu_gemm_tc_group, the
  * prefill projection groups), Y[i] [T][W[i].rows]. */
 lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, float *const *Y, lily_status *st);
+/* Prefill attention (cu_attention, one split): q [T][nh][hd], qg [T][nh][2 hd] (the gate in the
+ * second half), kc/vc [ctx][nkv][hd] holding keys 0 .. pos0 + T - 1; token t sees 0 .. pos0 + t.
+ * o [T][nh][hd]. */
+lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
+                        int pos0, int ctx, float *o, lily_status *st);
 /* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of
  * equal cols (4/8-bit), X [T][cols], X2 NULL or [T][cols] (then the input is silu(X) * X2),
  * Y[i] [T][W[i].rows]. */

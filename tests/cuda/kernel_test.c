@@ -230,6 +230,47 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
     free(hold); free(W); free(X); free(sel); free(ref); free(Y);
 }
 
+/* Prefill attention against plain loops in double: causal over a cache holding pos0 earlier keys,
+ * gated. The tensor-core kernel (head dim 256, 8 query heads a KV head) has fp16 operands. */
+static void test_attention(int T, int nh, int nkv, int hd, int pos0) {
+    const int ctx = pos0 + T, hg = nh / nkv;
+    float *q = rnd((size_t)T * nh * hd, 1.0f), *qg = rnd((size_t)T * nh * 2 * hd, 2.0f);
+    float *kc = rnd((size_t)ctx * nkv * hd, 1.0f), *vc = rnd((size_t)ctx * nkv * hd, 1.0f);
+    float *o = malloc((size_t)T * nh * hd * 4), *ref = malloc((size_t)T * nh * hd * 4);
+    double *sc = malloc((size_t)ctx * sizeof *sc), *acc = malloc((size_t)hd * sizeof *acc);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            const float *qh = q + ((size_t)t * nh + h) * hd;
+            const int n = pos0 + t + 1, kh = h / hg;
+            double mx = -1e300, sum = 0;
+            for (int j = 0; j < n; j++) {
+                const float *k = kc + ((size_t)j * nkv + kh) * hd;
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)qh[i] * k[i];
+                sc[j] = d / sqrt((double)hd);
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int i = 0; i < hd; i++) acc[i] = 0;
+            for (int j = 0; j < n; j++) {
+                const double p = exp(sc[j] - mx);
+                const float *v = vc + ((size_t)j * nkv + kh) * hd;
+                sum += p;
+                for (int i = 0; i < hd; i++) acc[i] += p * v[i];
+            }
+            const float *gate = qg + ((size_t)t * nh + h) * 2 * hd + hd;
+            for (int i = 0; i < hd; i++) ref[((size_t)t * nh + h) * hd + i] = (float)(acc[i] / sum / (1.0 + exp(-(double)gate[i])));
+        }
+    for (size_t i = 0; i < (size_t)T * nh * hd; i++) o[i] = NAN;
+    const char *e = getenv("LILY_CU_ATTN_TC");
+    const int tc = hd == 256 && nh == 8 * nkv && T > 1 && !(e && !strcmp(e, "0"));
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "attention%s T=%d nh=%d nkv=%d hd=%d after %d", tc ? " (tensor cores)" : "", T, nh, nkv, hd, pos0);
+    if (lct_attention(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else report(what, rel(o, ref, (size_t)T * nh * hd), tc ? 3e-3 : 1e-5);
+    free(q); free(qg); free(kc); free(vc); free(o); free(ref); free(sc); free(acc);
+}
+
 /* A prefill projection group in one launch (cu_gemm_tc_group): n matrices of their own row counts. */
 static void test_gemm_group(lily_pool *pool, int n, const int *rows, int cols, int T) {
     void *hold[4][3];
@@ -791,9 +832,15 @@ int main(int argc, char **argv) {
         test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert */
     }
     test_experts(pool, 4, 7, 96, 192, 70, 3);       /* 30 an expert: 32-token tiles */
+    test_attention(9, 4, 2, 64, 3);  /* the SIMT kernels: other head shapes */
+    test_attention(11, 6, 1, 32, 0);
     if (!(getenv("LILY_CU_GEMM_TC") && !strcmp(getenv("LILY_CU_GEMM_TC"), "0"))) { /* k_gemm_tc's alone */
         test_swiglu_dense(pool, small ? 96 : 512, small ? 256 : 2048, small ? 70 : 512);
         test_swiglu_dense(pool, 40, 128, 9); /* one partial row block, one partial token tile */
+        /* attention at the 35B-A3B heads: a whole prompt, a chunk after a cached prefix (keys past
+         * a 64-key stage, a partial token tile) */
+        test_attention(small ? 20 : 512, 16, 2, 256, 0);
+        test_attention(small ? 13 : 37, 16, 2, 256, small ? 70 : 300);
         { /* DeltaNet's in-projections qkv|z|b|a at their widths, and odd row counts */
             const int big[4] = { 8192, 4096, 32, 32 }, odd[4] = { 200, 37, 128, 5 };
             test_gemm_group(pool, 4, small ? odd : big, small ? 256 : 2048, small ? 70 : 512);

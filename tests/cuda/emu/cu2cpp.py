@@ -47,9 +47,12 @@ MUTANTS = {
     "mvtc-column": ("const bool mine = g == 2 * q + h && u < nun;",
                     "const bool mine = g == 2 * q && u < nun;",
                     "k_mvtc's lanes put the input of both their units in the first unit's B column", "cu_mvtc.cu"),
-    "gemm-tc-early": ("        cu_cp_wait<NS - 2>();\n",
-                      "        cu_cp_wait<NS - 1>();\n",
+    "gemm-tc-early": ("        if (NS == 2) cu_cp_wait<0>();\n",
+                      "        if (NS == 2) cu_cp_wait<1>();\n",
                       "k_gemm_tc computes a step before its cp.async copies have landed", "cu_gemm_tc.cu"),
+    "attn-tc-causal": ("                if (j > mylim) S[n][c] = -INFINITY;",
+                       "                if (j > mylim + 1) S[n][c] = -INFINITY;",
+                       "k_attn_tc lets each query see the key after its own", "cu_attn_tc.cu"),
 }
 
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>", re.S)

@@ -1,0 +1,181 @@
+/* Prefill attention on mma.sync (k_attn_tc): causal, grouped-query (8 query heads a KV head,
+ * head dim 256, the 35B-A3B shape), online softmax, the output gated by sigmoid(gate).
+ *
+ * Why: the SIMT kernels (k_attn_gqa) run a block a token and re-read every earlier key and value
+ * for it, with a warp reduction a key and head: 263 us a layer at 512 tokens for ~2 GFLOP, and
+ * quadratic in the prompt. Here a block takes 8 tokens of one KV head's 8 query heads (64 rows),
+ * stages 64 keys and values at a time in shared memory as fp16 (read once for all 64 rows), and
+ * runs the products on the tensor cores.
+ *
+ * Layout: warp w owns query heads 2w and 2w + 1 of the group; its mma rows are g (head 2w, token
+ * g) and g + 8 (head 2w + 1, token g), so both rows of a lane end at the same key (causal). Q is
+ * scaled by 1/sqrt(256) = 1/16 (exact) into fp16; a lane takes head dims 16s + 4q .. +3 of k step
+ * s for Q and K alike (the mma's K index only has to pair the two). S's accumulators become P's
+ * fp16 A fragments in place; V is staged transposed ([dim][key]) so a B fragment is one 32-bit
+ * load. Scores, softmax and the output accumulate in fp32; Q, K, P and V are fp16 (saturated). */
+#include "cuda/cu_dev.h"
+
+#define AT_HD 256
+#define AT_TOK 8    /* query tokens a block */
+#define AT_KEYS 64  /* keys a stage */
+#define AT_QLD (AT_HD + 16)  /* halves a Q or K row in shared memory: 8 banks apart, so the 8-byte
+                              * loads of rows g = 0..3 (a half-warp) cover all 32 banks */
+#define AT_VLD (AT_KEYS + 8) /* halves a transposed V row */
+
+__device__ __forceinline__ uint32_t at_h2(float a, float b) {
+    uint32_t v;
+#if defined(__CUDA_ARCH__)
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(b), "f"(a));
+#else
+    a = a > 65504.f ? 65504.f : a < -65504.f ? -65504.f : a;
+    b = b > 65504.f ? 65504.f : b < -65504.f ? -65504.f : b;
+    __half2 h = __floats2half2_rn(a, b);
+    memcpy(&v, &h, 4);
+#endif
+    return v;
+}
+
+/* q [T][nh][256] (normed, rotated), qg [T][nh][512] (the gate in its second half), kc/vc
+ * [ctx][nkv][256] with this chunk's keys already written; token t sees keys 0 .. *pos + t. */
+__global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, const float *__restrict__ qg,
+                                                 const float *__restrict__ kc, const float *__restrict__ vc, int T, int nh,
+                                                 int nkv, const int *__restrict__ pos, float *__restrict__ o) {
+    CU_PDL();
+    extern __shared__ __align__(16) unsigned char at_sm[];
+    __half *Qs = (__half *)at_sm;                   /* [8 heads][8 tokens][AT_QLD] */
+    __half *Ks = Qs + 8 * AT_TOK * AT_QLD;          /* [64 keys][AT_QLD] */
+    __half *Vt = Ks + AT_KEYS * AT_QLD;             /* [256 dims][AT_VLD] */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, qd = lane & 3;
+    const int t0 = blockIdx.x * AT_TOK, kvh = blockIdx.y, p0 = *pos;
+    const size_t kld = (size_t)nkv * AT_HD;
+    /* Q: 8 heads x 8 tokens x 256, scaled, to fp16 (tokens past T read token T - 1: not written) */
+    for (int i = tid; i < 8 * AT_TOK * (AT_HD / 4); i += 128) {
+        const int hh = i / (AT_TOK * 64), tt = (i / 64) % AT_TOK, c = i % 64;
+        const int t = t0 + tt < T ? t0 + tt : T - 1;
+        const float4 v = *(const float4 *)(q + ((size_t)t * nh + kvh * 8 + hh) * AT_HD + 4 * c);
+        uint2 h;
+        h.x = at_h2(v.x * 0.0625f, v.y * 0.0625f);
+        h.y = at_h2(v.z * 0.0625f, v.w * 0.0625f);
+        *(uint2 *)(Qs + (hh * AT_TOK + tt) * AT_QLD + 4 * c) = h;
+    }
+    float O[32][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.f, 0.f };
+#pragma unroll
+    for (int i = 0; i < 32; i++) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.f;
+    const int tl = min(t0 + AT_TOK, T) - 1;          /* the block's last token */
+    const int nkeys = p0 + tl + 1, mylim = p0 + min(t0 + g, T - 1); /* this lane's rows see keys <= mylim */
+    const __half *qa = Qs + ((2 * warp) * AT_TOK + g) * AT_QLD, *qb = Qs + ((2 * warp + 1) * AT_TOK + g) * AT_QLD;
+    for (int j0 = 0; j0 < nkeys; j0 += AT_KEYS) {
+        __syncthreads(); /* Q is in; the last stage's readers are done */
+        for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += 128) {
+            const int kk = i / 64, c = i % 64, j = j0 + kk;
+            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
+            if (j < nkeys) {
+                kv = *(const float4 *)(kc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
+                vv = *(const float4 *)(vc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
+            }
+            uint2 h;
+            h.x = at_h2(kv.x, kv.y);
+            h.y = at_h2(kv.z, kv.w);
+            *(uint2 *)(Ks + kk * AT_QLD + 4 * c) = h;
+            const uint32_t v01 = at_h2(vv.x, vv.y), v23 = at_h2(vv.z, vv.w);
+            Vt[(4 * c) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v01 & 0xffff));
+            Vt[(4 * c + 1) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v01 >> 16));
+            Vt[(4 * c + 2) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 & 0xffff));
+            Vt[(4 * c + 3) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 >> 16));
+        }
+        __syncthreads();
+        /* S = Q K^T for the 64 keys: 8 n-tiles of 8 keys */
+        float S[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) S[n][0] = S[n][1] = S[n][2] = S[n][3] = 0.f;
+#pragma unroll 4
+        for (int s = 0; s < AT_HD / 16; s++) {
+            const uint2 a = *(const uint2 *)(qa + 16 * s + 4 * qd), b = *(const uint2 *)(qb + 16 * s + 4 * qd);
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                const uint2 k = *(const uint2 *)(Ks + (8 * n + g) * AT_QLD + 16 * s + 4 * qd);
+                tc_mma(S[n], a.x, b.x, a.y, b.y, k.x, k.y);
+            }
+        }
+        /* causal mask and the online softmax of rows g (c 0, 1) and g + 8 (c 2, 3) */
+        float mx[2] = { m[0], m[1] };
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int j = j0 + 8 * n + 2 * qd + (c & 1);
+                if (j > mylim) S[n][c] = -INFINITY;
+                mx[c >> 1] = fmaxf(mx[c >> 1], S[n][c]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            corr[r] = mx[r] == -INFINITY ? 1.f : expf(m[r] - mx[r]);
+            m[r] = mx[r];
+            l[r] *= corr[r];
+        }
+#pragma unroll
+        for (int i = 0; i < 32; i++) { O[i][0] *= corr[0]; O[i][1] *= corr[0]; O[i][2] *= corr[1]; O[i][3] *= corr[1]; }
+        uint32_t P[8][2]; /* rows g and g + 8 of each 8-key tile, fp16 pairs */
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            float e[4];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                e[c] = m[c >> 1] == -INFINITY ? 0.f : expf(S[n][c] - m[c >> 1]);
+                l[c >> 1] += e[c];
+            }
+            P[n][0] = at_h2(e[0], e[1]);
+            P[n][1] = at_h2(e[2], e[3]);
+        }
+        /* O += P V: k steps of 16 keys (tiles 2ks, 2ks + 1), 32 n-tiles of 8 dims */
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+#pragma unroll
+            for (int d = 0; d < 32; d++) {
+                const __half *vr = Vt + (8 * d + g) * AT_VLD + 16 * ks + 2 * qd;
+                const uint32_t b0 = *(const uint32_t *)vr, b1 = *(const uint32_t *)(vr + 8);
+                tc_mma(O[d], P[2 * ks][0], P[2 * ks][1], P[2 * ks + 1][0], P[2 * ks + 1][1], b0, b1);
+            }
+        }
+    }
+    /* the rows' sums over the quad, normalize, gate, write */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    const int t = t0 + g;
+    if (t >= T) return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int h = kvh * 8 + 2 * warp + r;
+        const float inv = 1.f / l[r];
+        const float *gate = qg + ((size_t)t * nh + h) * 2 * AT_HD + AT_HD;
+        float *out = o + ((size_t)t * nh + h) * AT_HD;
+#pragma unroll
+        for (int d = 0; d < 32; d++) {
+            const int dim = 8 * d + 2 * qd;
+            const float2 gg = *(const float2 *)(gate + dim);
+            float2 v;
+            v.x = O[d][2 * r] * inv * (1.f / (1.f + expf(-gg.x)));
+            v.y = O[d][2 * r + 1] * inv * (1.f / (1.f + expf(-gg.y)));
+            *(float2 *)(out + dim) = v;
+        }
+    }
+}
+
+int cu_attn_tc_ok(int T, int nh, int nkv, int hd) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_ATTN_TC", 1) && T > 1 && hd == AT_HD && nkv > 0 && nh == 8 * nkv;
+}
+
+void cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+                const int *pos, float *o) {
+    const size_t smem = ((size_t)8 * AT_TOK * AT_QLD + (size_t)AT_KEYS * AT_QLD + (size_t)AT_HD * AT_VLD) * sizeof(__half);
+    static int attr = 0;
+    if (!attr) attr = cudaFuncSetAttribute(k_attn_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;
+    k_attn_tc<<<dim3((T + AT_TOK - 1) / AT_TOK, nkv), 128, smem, s>>>(q, qg, kc, vc, T, nh, nkv, pos, o);
+}
