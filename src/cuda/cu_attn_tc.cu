@@ -4,8 +4,9 @@
  * Why: the SIMT kernels (k_attn_gqa) run a block a token and re-read every earlier key and value
  * for it, with a warp reduction a key and head: 263 us a layer at 512 tokens for ~2 GFLOP, and
  * quadratic in the prompt. Here a block takes 8 tokens of one KV head's 8 query heads (64 rows),
- * stages 64 keys and values at a time in shared memory as fp16 (read once for all 64 rows), and
- * runs the products on the tensor cores.
+ * stages 32 keys and values at a time in shared memory as fp16 (read once for all 64 rows), and
+ * runs the products on the tensor cores; the next 32 keys land (cp.async, fp32) while a stage
+ * computes.
  *
  * Layout: warp w owns query heads 2w and 2w + 1 of the group; its mma rows are g (head 2w, token
  * g) and g + 8 (head 2w + 1, token g), so both rows of a lane end at the same key (causal). Q is
@@ -17,7 +18,7 @@
 
 #define AT_HD 256
 #define AT_TOK 8    /* query tokens a block */
-#define AT_KEYS 64  /* keys a stage */
+#define AT_KEYS 32  /* keys a stage */
 #define AT_QLD (AT_HD + 16)  /* halves a Q or K row in shared memory: 8 banks apart, so the 8-byte
                               * loads of rows g = 0..3 (a half-warp) cover all 32 banks */
 #define AT_VLD (AT_KEYS + 8) /* halves a transposed V row */
@@ -42,12 +43,26 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
                                                  int nkv, const int *__restrict__ pos, float *__restrict__ o) {
     CU_PDL();
     extern __shared__ __align__(16) unsigned char at_sm[];
-    __half *Qs = (__half *)at_sm;                   /* [8 heads][8 tokens][AT_QLD] */
-    __half *Ks = Qs + 8 * AT_TOK * AT_QLD;          /* [64 keys][AT_QLD] */
+    float *Kf = (float *)at_sm;                     /* [32 keys][256] fp32: the next stage, landing (cp.async) */
+    float *Vf = Kf + AT_KEYS * AT_HD;               /* [32 keys][256] */
+    __half *Qs = (__half *)(Vf + AT_KEYS * AT_HD);  /* [8 heads][8 tokens][AT_QLD] */
+    __half *Ks = Qs + 8 * AT_TOK * AT_QLD;          /* [32 keys][AT_QLD] */
     __half *Vt = Ks + AT_KEYS * AT_QLD;             /* [256 dims][AT_VLD] */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, qd = lane & 3;
     const int t0 = blockIdx.x * AT_TOK, kvh = blockIdx.y, p0 = *pos;
     const size_t kld = (size_t)nkv * AT_HD;
+    const int tl = min(t0 + AT_TOK, T) - 1;          /* the block's last token */
+    const int nkeys = p0 + tl + 1, mylim = p0 + min(t0 + g, T - 1); /* this lane's rows see keys <= mylim */
+    /* keys j0 .. j0 + 31 (past nkeys: key nkeys - 1 again, masked) into Kf, Vf */
+    auto fetch = [&](int j0) {
+        for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += 128) {
+            const int kk = i / 64, c = i % 64, j = j0 + kk < nkeys ? j0 + kk : nkeys - 1;
+            cu_cp<16>(Kf + kk * AT_HD + 4 * c, kc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
+            cu_cp<16>(Vf + kk * AT_HD + 4 * c, vc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
+        }
+        cu_cp_commit();
+    };
+    fetch(0);
     /* Q: 8 heads x 8 tokens x 256, scaled, to fp16 (tokens past T read token T - 1: not written) */
     for (int i = tid; i < 8 * AT_TOK * (AT_HD / 4); i += 128) {
         const int hh = i / (AT_TOK * 64), tt = (i / 64) % AT_TOK, c = i % 64;
@@ -61,18 +76,13 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
     float O[32][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.f, 0.f };
 #pragma unroll
     for (int i = 0; i < 32; i++) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.f;
-    const int tl = min(t0 + AT_TOK, T) - 1;          /* the block's last token */
-    const int nkeys = p0 + tl + 1, mylim = p0 + min(t0 + g, T - 1); /* this lane's rows see keys <= mylim */
     const __half *qa = Qs + ((2 * warp) * AT_TOK + g) * AT_QLD, *qb = Qs + ((2 * warp + 1) * AT_TOK + g) * AT_QLD;
     for (int j0 = 0; j0 < nkeys; j0 += AT_KEYS) {
-        __syncthreads(); /* Q is in; the last stage's readers are done */
+        cu_cp_wait<0>();
+        __syncthreads(); /* this stage's keys are in, Q too; the last stage's readers are done */
         for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += 128) {
-            const int kk = i / 64, c = i % 64, j = j0 + kk;
-            float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
-            if (j < nkeys) {
-                kv = *(const float4 *)(kc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
-                vv = *(const float4 *)(vc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
-            }
+            const int kk = i / 64, c = i % 64;
+            const float4 kv = *(const float4 *)(Kf + kk * AT_HD + 4 * c), vv = *(const float4 *)(Vf + kk * AT_HD + 4 * c);
             uint2 h;
             h.x = at_h2(kv.x, kv.y);
             h.y = at_h2(kv.z, kv.w);
@@ -83,16 +93,18 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
             Vt[(4 * c + 2) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 & 0xffff));
             Vt[(4 * c + 3) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 >> 16));
         }
-        __syncthreads();
-        /* S = Q K^T for the 64 keys: 8 n-tiles of 8 keys */
-        float S[8][4];
+        __syncthreads(); /* the fp16 stage is in; Kf, Vf are free for the next keys */
+        if (j0 + AT_KEYS < nkeys) fetch(j0 + AT_KEYS);
+        /* S = Q K^T for the stage's keys: n-tiles of 8 */
+        constexpr int NT = AT_KEYS / 8;
+        float S[NT][4];
 #pragma unroll
-        for (int n = 0; n < 8; n++) S[n][0] = S[n][1] = S[n][2] = S[n][3] = 0.f;
+        for (int n = 0; n < NT; n++) S[n][0] = S[n][1] = S[n][2] = S[n][3] = 0.f;
 #pragma unroll 4
         for (int s = 0; s < AT_HD / 16; s++) {
             const uint2 a = *(const uint2 *)(qa + 16 * s + 4 * qd), b = *(const uint2 *)(qb + 16 * s + 4 * qd);
 #pragma unroll
-            for (int n = 0; n < 8; n++) {
+            for (int n = 0; n < NT; n++) {
                 const uint2 k = *(const uint2 *)(Ks + (8 * n + g) * AT_QLD + 16 * s + 4 * qd);
                 tc_mma(S[n], a.x, b.x, a.y, b.y, k.x, k.y);
             }
@@ -100,7 +112,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
         /* causal mask and the online softmax of rows g (c 0, 1) and g + 8 (c 2, 3) */
         float mx[2] = { m[0], m[1] };
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+        for (int n = 0; n < NT; n++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int j = j0 + 8 * n + 2 * qd + (c & 1);
@@ -118,9 +130,9 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
         }
 #pragma unroll
         for (int i = 0; i < 32; i++) { O[i][0] *= corr[0]; O[i][1] *= corr[0]; O[i][2] *= corr[1]; O[i][3] *= corr[1]; }
-        uint32_t P[8][2]; /* rows g and g + 8 of each 8-key tile, fp16 pairs */
+        uint32_t P[NT][2]; /* rows g and g + 8 of each 8-key tile, fp16 pairs */
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
+        for (int n = 0; n < NT; n++) {
             float e[4];
 #pragma unroll
             for (int c = 0; c < 4; c++) {
@@ -132,7 +144,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
         }
         /* O += P V: k steps of 16 keys (tiles 2ks, 2ks + 1), 32 n-tiles of 8 dims */
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
+        for (int ks = 0; ks < NT / 2; ks++) {
 #pragma unroll
             for (int d = 0; d < 32; d++) {
                 const __half *vr = Vt + (8 * d + g) * AT_VLD + 16 * ks + 2 * qd;
@@ -174,7 +186,8 @@ int cu_attn_tc_ok(int T, int nh, int nkv, int hd) {
 
 void cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
                 const int *pos, float *o) {
-    const size_t smem = ((size_t)8 * AT_TOK * AT_QLD + (size_t)AT_KEYS * AT_QLD + (size_t)AT_HD * AT_VLD) * sizeof(__half);
+    const size_t smem = (size_t)2 * AT_KEYS * AT_HD * sizeof(float) +
+                        ((size_t)8 * AT_TOK * AT_QLD + (size_t)AT_KEYS * AT_QLD + (size_t)AT_HD * AT_VLD) * sizeof(__half);
     static int attr = 0;
     if (!attr) attr = cudaFuncSetAttribute(k_attn_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;
     k_attn_tc<<<dim3((T + AT_TOK - 1) / AT_TOK, nkv), 128, smem, s>>>(q, qg, kc, vc, T, nh, nkv, pos, o);
