@@ -16,6 +16,7 @@
 #include "cuda/cu_common.h"
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <stdlib.h>
 using namespace nvcuda;
 
 #define QR 64        /* weight rows per block */
@@ -197,7 +198,14 @@ void cu_gemm_q4(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, f
     else k_gemm_q4<64, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
 }
 
+/* LILY_CU_MOE_BT=16/32/64 fixes the tile, for measuring. */
 int cu_moe_tile_rows(int rows_total, int E) {
+    static int env = -2;
+    if (env == -2) {
+        const char *e = getenv("LILY_CU_MOE_BT");
+        env = e && (atoi(e) == 16 || atoi(e) == 32 || atoi(e) == 64) ? atoi(e) : -1;
+    }
+    if (env > 0) return env;
     int avg = E > 0 ? rows_total / E : rows_total;
     return avg <= 24 ? 16 : avg <= 48 ? 32 : 64;
 }

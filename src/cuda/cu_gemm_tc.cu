@@ -331,7 +331,12 @@ static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, cons
         G.blk0[i + 1] = G.blk0[i] + (W[i]->rows + rb - 1) / rb;
     }
     const int gx = G.blk0[G.n], sms = cu_sm_count();
-    const int bt = (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
+    static int env = -2; /* LILY_CU_GT_BT=16/32/64 fixes the token tile, for measuring */
+    if (env == -2) {
+        const char *e = getenv("LILY_CU_GT_BT");
+        env = e && (atoi(e) == 16 || atoi(e) == 32 || atoi(e) == 64) ? atoi(e) : -1;
+    }
+    const int bt = env > 0 ? env : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     if (dual) gt_launch_bt<1>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
     else gt_launch_bt<0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
