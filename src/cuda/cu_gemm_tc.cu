@@ -29,10 +29,7 @@
  * BT x 256 bytes. Two: more blocks an SM (5 at 16 tokens) beat deeper stages on the H200
  * (pp512 13,234 against 12,743 with three where the tile is 16 or 32 tokens, bench/RESULTS.md);
  * LILY_CU_GT_NS=n sets them all, for measuring. */
-/* a stage: MT x 4 KB of codes, 64 MT rows of scales and of biases, BT rows of fp32 inputs */
-__host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb, int mt) {
-    return 4096 * (size_t)mt + 2 * 64 * (size_t)mt * sbb + (size_t)bt * 512;
-}
+__host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
 static int gt_ns(int bt) {
     static int env = -2;
     if (env == -2) {
@@ -94,14 +91,11 @@ __device__ __forceinline__ void gt_deq(uint32_t w, __half2 s, __half2 b, __half2
     }
 }
 
-/* A warp owns MT 16-row tiles: rows 16 MT wp .. of the block's; DUAL, tiles i < MT / 2 are the
- * gate's and the others the same rows of the up. The row of (warp wp, tile i, half, g) in the
- * matrix of its tile: */
-template <int DUAL, int MT>
-__device__ __forceinline__ int gt_row(int r0, int wp, int i, int half, int g) {
-    return DUAL ? r0 + 8 * MT * wp + 16 * (i % (MT / 2)) + 8 * half + g : r0 + 16 * MT * wp + 16 * i + 8 * half + g;
+/* Row of the block (0..127 in copy order: warp, tile, half, g) in the matrix of its tile. */
+template <int DUAL>
+__device__ __forceinline__ int gt_row(int r0, int wp, int tile, int half, int g) {
+    return DUAL ? r0 + 16 * wp + 8 * half + g : r0 + 32 * wp + 16 * tile + 8 * half + g;
 }
-template <int DUAL, int MT> struct gt_rows { static const int v = DUAL ? 32 * MT : 64 * MT; }; /* output rows a block */
 
 /* The matrices of a launch, all reading X: matrix i takes row blocks blk0[i] .. blk0[i + 1] - 1
  * and writes y[i] (rows of ldy[i]). DUAL: one output, m[0] the gate and m[1] the up. */
@@ -116,7 +110,7 @@ typedef struct {
 
 /* sbb: bytes of scales (and of biases) a row has in a step, (128 / group) * size: 4, 8 or 16
  * (the same for all the launch's matrices, as their columns). */
-template <int BT, int DUAL, int SBT, int MT>
+template <int BT, int DUAL, int SBT>
 __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ gt_group G, const float *__restrict__ X, int ldx,
                                                         int T, dsort so, int xdiv, int sbb, int ns) {
     CU_PDL();
@@ -140,7 +134,7 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
     while (mi + 1 < G.n && (int)blockIdx.x >= G.blk0[mi + 1]) mi++;
     const dmat &m = G.m[mi], &m2 = G.m[DUAL ? 1 : mi];
     float *__restrict__ Y = G.y[mi];
-    const int ldy = G.ldy[mi], r0 = ((int)blockIdx.x - G.blk0[mi]) * gt_rows<DUAL, MT>::v;
+    const int ldy = G.ldy[mi], r0 = ((int)blockIdx.x - G.blk0[mi]) * (DUAL ? 64 : 128);
     for (int t = tid; t < BT; t += GT_THREADS) {
         const int srow = base + (t0 + t < n ? t0 + t : t0); /* tokens past the tile's end repeat its first */
         const int xr = so.count ? (xdiv ? so.src[srow] / xdiv : srow) : srow;
@@ -148,49 +142,42 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
     }
     __syncthreads();
 
-    /* this thread's copies a step: codes chunks j 128 + tid (j < 2 MT), chunk c = rr 32 + lane with
-     * rr = (wp MT + i) 2 + half; the scales and biases of rows tid + 128 k (k < MT / 2), row
-     * ri = rr 8 + g; inputs chunk `lane` of tokens warp + 4j */
+    /* this thread's copies a step: codes chunk (wp = j, tile, half, lane) for j = 0..3, the
+     * scale and bias of row tid (the same order), inputs chunk `lane` of tokens warp + 4j */
     const size_t rowb = (size_t)m.cols / 2, sbrow = (size_t)(m.cols / GT_K) * sbb;
-    const char *wsrc[2 * MT];
+    const int ct = (tid >> 6) & 1, ch = (tid >> 5) & 1, cg = lane >> 2, cq = lane & 3;
+    const dmat &cm = DUAL && ct ? m2 : m;
+    const char *wsrc[4];
 #pragma unroll
-    for (int j = 0; j < 2 * MT; j++) {
-        const int rr = 4 * j + (tid >> 5), wp = rr / (2 * MT), i = (rr >> 1) % MT;
-        const dmat &cm = DUAL && i >= MT / 2 ? m2 : m;
-        int r = gt_row<DUAL, MT>(r0, wp, i, rr & 1, lane >> 2);
+    for (int j = 0; j < 4; j++) {
+        int r = gt_row<DUAL>(r0, j, ct, ch, cg);
         r = r < m.rows ? r : m.rows - 1; /* rows past the end load the last (outputs discarded) */
-        wsrc[j] = (const char *)cm.w + (long long)e * cm.ew + (size_t)r * rowb + 16 * (lane & 3);
+        wsrc[j] = (const char *)cm.w + (long long)e * cm.ew + (size_t)r * rowb + 16 * cq;
     }
-    const char *ssrc[MT / 2], *bsrc[MT / 2];
-#pragma unroll
-    for (int k = 0; k < MT / 2; k++) {
-        const int ri = tid + 128 * k, rr = ri >> 3, wp = rr / (2 * MT), i = (rr >> 1) % MT;
-        const dmat &sm = DUAL && i >= MT / 2 ? m2 : m;
-        int r = gt_row<DUAL, MT>(r0, wp, i, rr & 1, ri & 7);
+    const char *ssrc, *bsrc;
+    {
+        const int tl = (tid >> 4) & 1, hf = (tid >> 3) & 1, gg = tid & 7;
+        const dmat &sm = DUAL && tl ? m2 : m;
+        int r = gt_row<DUAL>(r0, tid >> 5, tl, hf, gg);
         r = r < m.rows ? r : m.rows - 1;
-        ssrc[k] = (const char *)sm.s + (long long)e * sm.es + (size_t)r * sbrow;
-        bsrc[k] = (const char *)sm.b + (long long)e * sm.es + (size_t)r * sbrow;
+        ssrc = (const char *)sm.s + (long long)e * sm.es + (size_t)r * sbrow;
+        bsrc = (const char *)sm.b + (long long)e * sm.es + (size_t)r * sbrow;
     }
-    const size_t SB = gt_stage_bytes(BT, sbb, MT);
-    const int CB = 4096 * MT, SR = 64 * MT; /* codes bytes, scale rows */
+    const size_t SB = gt_stage_bytes(BT, sbb);
     /* the next step to issue goes to slot wslot; the sources advance a step each issue */
     const float *xsrc = X + 4 * lane;
     int wslot = 0;
     auto stage = [&]() {
         unsigned char *st = gt_sm + (size_t)wslot * SB;
 #pragma unroll
-        for (int j = 0; j < 2 * MT; j++) { cu_cp<16>(st + (j * 128 + tid) * 16, wsrc[j]); wsrc[j] += GT_K / 2; }
-        unsigned char *ss = st + CB, *bs = ss + SR * sbb;
-#pragma unroll
-        for (int k = 0; k < MT / 2; k++) {
-            const int ri = tid + 128 * k;
-            if (sbb == 4) { cu_cp<4>(ss + ri * 4, ssrc[k]); cu_cp<4>(bs + ri * 4, bsrc[k]); }
-            else if (sbb == 8) { cu_cp<8>(ss + ri * 8, ssrc[k]); cu_cp<8>(bs + ri * 8, bsrc[k]); }
-            else { cu_cp<16>(ss + ri * 16, ssrc[k]); cu_cp<16>(bs + ri * 16, bsrc[k]); }
-            ssrc[k] += sbb;
-            bsrc[k] += sbb;
-        }
-        float *xs = (float *)(bs + SR * sbb);
+        for (int j = 0; j < 4; j++) { cu_cp<16>(st + (j * 128 + tid) * 16, wsrc[j]); wsrc[j] += GT_K / 2; }
+        unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
+        if (sbb == 4) { cu_cp<4>(ss + tid * 4, ssrc); cu_cp<4>(bs + tid * 4, bsrc); }
+        else if (sbb == 8) { cu_cp<8>(ss + tid * 8, ssrc); cu_cp<8>(bs + tid * 8, bsrc); }
+        else { cu_cp<16>(ss + tid * 16, ssrc); cu_cp<16>(bs + tid * 16, bsrc); }
+        ssrc += sbb;
+        bsrc += sbb;
+        float *xs = (float *)(bs + 128 * sbb);
 #pragma unroll
         for (int j = 0; j < BT / 4; j++) {
             const int t = warp + 4 * j;
@@ -200,9 +187,9 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
         wslot = wslot + 1 == NS ? 0 : wslot + 1;
     };
 
-    float acc[MT][BT / 8][4];
+    float acc[2][BT / 8][4];
 #pragma unroll
-    for (int i = 0; i < MT; i++)
+    for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int j = 0; j < BT / 8; j++)
 #pragma unroll
@@ -229,9 +216,9 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
         const unsigned char *st = gt_sm + (size_t)rslot * SB;
         rslot = rslot + 1 == NS ? 0 : rslot + 1;
         const uint4 *ws = (const uint4 *)st;
-        const unsigned char *ss = st + CB, *bs = ss + SR * sbb;
+        const unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
         {
-            const float4 *xs = (const float4 *)(bs + SR * sbb);
+            const float4 *xs = (const float4 *)(bs + 128 * sbb);
 #pragma unroll
             for (int r = 0; r < BT / 8; r++) {
                 const int i = tid + GT_THREADS * r, t = 8 * (i >> 7) + ((i >> 2) & 7), c = 8 * (i & 3) + 2 * ((i >> 5) & 3);
@@ -242,13 +229,13 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
                                    gt_h2(p0.w * 0.0625f, p1.w * 0.0625f));
             }
         }
-        uint4 wv[MT][2];
-        __half2 s2[MT][2], b2[MT][2], b16[MT][2];
+        uint4 wv[2][2];
+        __half2 s2[2][2], b2[2][2], b16[2][2];
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+        for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int rr = (warp * MT + i) * 2 + h;
+                const int rr = (warp * 2 + i) * 2 + h;
                 wv[i][h] = ws[rr * 32 + lane];
                 const int ri = rr * 8 + g;
                 const float sc = mvq_sb<SBT>((const char *)ss + ri * sbb + sboff, m.sbt, 0);
@@ -263,9 +250,9 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
             uint4 bf[BT / 8];
 #pragma unroll
             for (int j = 0; j < BT / 8; j++) bf[j] = xh[(4 * j + w) * 32 + lane];
-            uint32_t pa[MT][4], pb[MT][4]; /* rows g and g + 8 of each tile */
+            uint32_t pa[2][4], pb[2][4]; /* rows g and g + 8 of both tiles */
 #pragma unroll
-            for (int i = 0; i < MT; i++) {
+            for (int i = 0; i < 2; i++) {
                 const uint32_t wa = w == 0 ? wv[i][0].x : w == 1 ? wv[i][0].y : w == 2 ? wv[i][0].z : wv[i][0].w;
                 const uint32_t wb = w == 0 ? wv[i][1].x : w == 1 ? wv[i][1].y : w == 2 ? wv[i][1].z : wv[i][1].w;
                 gt_deq(wa, s2[i][0], b2[i][0], b16[i][0], pa[i]);
@@ -273,25 +260,25 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
             }
             /* the two k steps' products apart, so no mma waits on the one before it */
 #pragma unroll
-            for (int i = 0; i < MT; i++)
+            for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int j = 0; j < BT / 8; j++) tc_mma(acc[i][j], pa[i][0], pb[i][0], pa[i][1], pb[i][1], bf[j].x, bf[j].y);
 #pragma unroll
-            for (int i = 0; i < MT; i++)
+            for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int j = 0; j < BT / 8; j++) tc_mma(acc[i][j], pa[i][2], pb[i][2], pa[i][3], pb[i][3], bf[j].z, bf[j].w);
         }
     }
     /* c[0..3] = C[g][2q], C[g][2q + 1], C[g + 8][2q], C[g + 8][2q + 1]: rows by tile, tokens by j */
 #pragma unroll
-    for (int i = 0; i < (DUAL ? MT / 2 : MT); i++)
+    for (int i = 0; i < (DUAL ? 1 : 2); i++)
 #pragma unroll
         for (int j = 0; j < BT / 8; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                const int row = gt_row<DUAL, MT>(r0, warp, i, c >> 1, g), t = t0 + 8 * j + 2 * q + (c & 1);
+                const int row = gt_row<DUAL>(r0, warp, i, c >> 1, g), t = t0 + 8 * j + 2 * q + (c & 1);
                 if (row >= m.rows || t >= n) continue;
-                const float v = DUAL ? silu_f(acc[i][j][c]) * acc[i + MT / 2][j][c] : acc[i][j][c];
+                const float v = DUAL ? silu_f(acc[0][j][c]) * acc[1][j][c] : acc[i][j][c];
                 Y[(size_t)(base + t) * ldy + row] = v;
             }
 }
@@ -309,37 +296,23 @@ int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
            W->es % sbb == 0;
 }
 
-template <int BT, int DUAL, int SBT, int MT>
+template <int BT, int DUAL, int SBT>
 static void gt_launch(cudaStream_t s, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
     const int sbb = GT_K / G->m[0].group * gt_sbytes(G->m[0].sbt), ns = gt_ns(BT);
-    const size_t smem = ns * gt_stage_bytes(BT, sbb, MT) + (size_t)BT * 256;
+    const size_t smem = ns * gt_stage_bytes(BT, sbb) + (size_t)BT * 256;
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
-    if (smem > opted && cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
+    if (smem > opted && cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
         opted = smem;
-    k_gemm_tc<BT, DUAL, SBT, MT><<<grid, GT_THREADS, smem, s>>>(*G, X, ldx, T, *so, xdiv, sbb, ns);
+    k_gemm_tc<BT, DUAL, SBT><<<grid, GT_THREADS, smem, s>>>(*G, X, ldx, T, *so, xdiv, sbb, ns);
 }
-
-/* Tiles a warp: four at 16 tokens (the experts' usual tile: a step's fixed costs, the barriers,
- * the input conversion, the copies' issue, spread over twice the codes), else two (the
- * accumulators of 32 or 64 tokens take the registers). LILY_CU_GT_MT=2 for measuring. */
-static int gt_mt(int bt) {
-    static int env = -2;
-    if (env == -2) {
-        const char *e = getenv("LILY_CU_GT_MT");
-        env = e && (atoi(e) == 2 || atoi(e) == 4) ? atoi(e) : -1;
-    }
-    return bt == 16 ? (env > 0 ? env : 4) : 2;
-}
-static int gt_rb(int dual, int mt) { return dual ? 32 * mt : 64 * mt; }
 
 template <int DUAL>
-static void gt_launch_bt(cudaStream_t s, int bt, int mt, const gt_group *G, const float *X, int ldx, int T, const dsort *so,
-                         int xdiv, dim3 grid) {
+static void gt_launch_bt(cudaStream_t s, int bt, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv,
+                         dim3 grid) {
     const int bf = G->m[0].sbt == LW_BF16;
-    if (bt == 16 && mt == 4) (bf ? gt_launch<16, DUAL, LW_BF16, 4> : gt_launch<16, DUAL, -1, 4>)(s, G, X, ldx, T, so, xdiv, grid);
-    else if (bt == 16) (bf ? gt_launch<16, DUAL, LW_BF16, 2> : gt_launch<16, DUAL, -1, 2>)(s, G, X, ldx, T, so, xdiv, grid);
-    else if (bt == 32) (bf ? gt_launch<32, DUAL, LW_BF16, 2> : gt_launch<32, DUAL, -1, 2>)(s, G, X, ldx, T, so, xdiv, grid);
-    else (bf ? gt_launch<64, DUAL, LW_BF16, 2> : gt_launch<64, DUAL, -1, 2>)(s, G, X, ldx, T, so, xdiv, grid);
+    if (bt == 16) (bf ? gt_launch<16, DUAL, LW_BF16> : gt_launch<16, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
+    else if (bt == 32) (bf ? gt_launch<32, DUAL, LW_BF16> : gt_launch<32, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
+    else (bf ? gt_launch<64, DUAL, LW_BF16> : gt_launch<64, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
 }
 
 /* n matrices (or, DUAL, one gate/up pair) over T rows of X: the widest token tile that still
@@ -349,28 +322,24 @@ static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, cons
                      const int *ldy) {
     gt_group G;
     memset(&G, 0, sizeof G);
+    const int rb = dual ? 64 : 128;
     G.n = dual ? 1 : n;
     for (int i = 0; i < n; i++) G.m[i] = *W[i];
-    static int env = -2; /* LILY_CU_GT_BT=16/32/64 fixes the token tile, for measuring */
-    if (env == -2) {
-        const char *e = getenv("LILY_CU_GT_BT");
-        env = e && (atoi(e) == 16 || atoi(e) == 32 || atoi(e) == 64) ? atoi(e) : -1;
-    }
-    long long rows = 0;
-    for (int i = 0; i < G.n; i++) rows += W[i]->rows;
-    const int sms = cu_sm_count();
-    /* blocks at 64 and 32 tokens (two tiles a warp), counted on the rows (close enough to pick) */
-    const long long b64 = (rows + gt_rb(dual, 2) - 1) / gt_rb(dual, 2) * ((T + 63) / 64), b32 = b64 / ((T + 63) / 64) * ((T + 31) / 32);
-    const int bt = env > 0 ? env : b64 >= sms ? 64 : b32 >= sms ? 32 : 16, mt = gt_mt(bt), rb = gt_rb(dual, mt);
     for (int i = 0; i < G.n; i++) {
         G.y[i] = Y[i];
         G.ldy[i] = ldy[i];
         G.blk0[i + 1] = G.blk0[i] + (W[i]->rows + rb - 1) / rb;
     }
-    const dim3 grid(G.blk0[G.n], (T + bt - 1) / bt);
+    const int gx = G.blk0[G.n], sms = cu_sm_count();
+    static int env = -2; /* LILY_CU_GT_BT=16/32/64 fixes the token tile, for measuring */
+    if (env == -2) {
+        const char *e = getenv("LILY_CU_GT_BT");
+        env = e && (atoi(e) == 16 || atoi(e) == 32 || atoi(e) == 64) ? atoi(e) : -1;
+    }
+    const int bt = env > 0 ? env : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
-    if (dual) gt_launch_bt<1>(s, bt, mt, &G, X, ldx, T, &none, 0, grid);
-    else gt_launch_bt<0>(s, bt, mt, &G, X, ldx, T, &none, 0, grid);
+    if (dual) gt_launch_bt<1>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
+    else gt_launch_bt<0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
 }
 
 void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
@@ -393,16 +362,15 @@ void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dso
                         const float *X, int ldx, float *Y, int ldy) {
     gt_group G;
     memset(&G, 0, sizeof G);
-    const int mt = gt_mt(bt), rb = gt_rb(W2 != NULL, mt);
     G.n = 1;
     G.m[0] = *W;
     G.m[1] = W2 ? *W2 : *W;
     G.y[0] = Y;
     G.ldy[0] = ldy;
-    G.blk0[1] = (W->rows + rb - 1) / rb;
+    G.blk0[1] = (W->rows + (W2 ? 63 : 127)) / (W2 ? 64 : 128);
     const dim3 grid(G.blk0[1], max_tiles);
-    if (W2) gt_launch_bt<1>(s, bt, mt, &G, X, ldx, 0, so, xdiv, grid);
-    else gt_launch_bt<0>(s, bt, mt, &G, X, ldx, 0, so, xdiv, grid);
+    if (W2) gt_launch_bt<1>(s, bt, &G, X, ldx, 0, so, xdiv, grid);
+    else gt_launch_bt<0>(s, bt, &G, X, ldx, 0, so, xdiv, grid);
 }
 
 static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx, long long xrows) {
