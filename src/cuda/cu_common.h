@@ -176,10 +176,12 @@ void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 /* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);
 /* Causal depthwise conv + SiLU, updating the [cd][K-1] state. */
-void cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u);
-/* L2 norm of q,k heads (q also scaled by dk^-0.5), g and beta. */
+/* (returns 1 when it also l2-normalized the q and k heads, which it does for head dim 128:
+ * then cu_gdn_prep's normed) */
+int cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nk, int dk);
+/* L2 norm of q,k heads (q also scaled by dk^-0.5) unless normed, g and beta. */
 void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
-                 const float *A_log, const float *dt_bias, int nv, float *g, float *beta);
+                 const float *A_log, const float *dt_bias, int nv, float *g, float *beta, int normed);
 /* Recurrent delta rule over T steps for all nv heads; S [nv][dk][dv] fp32. */
 void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd,
                 const float *g, const float *beta, float *S, float *o);

@@ -1081,9 +1081,13 @@ __device__ __forceinline__ float conv_in(const float *mixed, const float *state,
  * independent loads issued together, each read once (a thread a token read each input K times,
  * 41 us a layer at 512 tokens on the H200). K <= 8. */
 #define CONV_TT 8
-__global__ void k_conv(const float *mixed, const float *state, const float *w, int cd, int K, int T, float *u) {
+/* nnorm > 0: the first nnorm blocks in x are the q and k heads (128 channels each, a block's),
+ * which are then l2-normalized per token here (the q heads, the first nnorm / 2, also times
+ * 1/sqrt(128)), as k_l2norm_heads would in its own launch. */
+__global__ void k_conv(const float *mixed, const float *state, const float *w, int cd, int K, int T, float *u, int nnorm) {
     CU_PDL();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_TT;
+    const bool norm = (int)blockIdx.x < nnorm; /* (block-uniform, with cd % 128 == 0 then) */
     if (ch >= cd) return;
     float wr[8], x[CONV_TT + 7];
 #pragma unroll
@@ -1093,14 +1097,31 @@ __global__ void k_conv(const float *mixed, const float *state, const float *w, i
         const int n = t0 - (K - 1) + i;
         x[i] = i < CONV_TT + K - 1 && n < T ? conv_in(mixed, state, cd, K, ch, n) : 0.f;
     }
+    float y[CONV_TT];
 #pragma unroll
     for (int tt = 0; tt < CONV_TT; tt++) {
-        if (t0 + tt >= T) break;
         float s = 0;
 #pragma unroll
         for (int j = 0; j < 8; j++) if (j < K) s += wr[j] * x[tt + j];
-        u[(size_t)(t0 + tt) * cd + ch] = silu_f(s);
+        y[tt] = silu_f(s);
     }
+    if (norm) {
+        __shared__ float part[CONV_TT][4];
+        const int lane = threadIdx.x % 32, wp = threadIdx.x / 32;
+#pragma unroll
+        for (int tt = 0; tt < CONV_TT; tt++) {
+            float v = y[tt] * y[tt];
+            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) part[tt][wp] = v;
+        }
+        __syncthreads();
+        const float sc = (int)blockIdx.x < nnorm / 2 ? 1.0f / sqrtf(128.0f) : 1.0f;
+#pragma unroll
+        for (int tt = 0; tt < CONV_TT; tt++) y[tt] *= 1.0f / sqrtf(((part[tt][0] + part[tt][1]) + (part[tt][2] + part[tt][3])) + 1e-6f) * sc;
+    }
+#pragma unroll
+    for (int tt = 0; tt < CONV_TT; tt++)
+        if (t0 + tt < T) u[(size_t)(t0 + tt) * cd + ch] = y[tt];
 }
 /* The last K - 1 inputs become the state (from the old state when T < K - 1). */
 __global__ void k_conv_state(const float *mixed, float *state, int cd, int K, int T) {
@@ -1111,9 +1132,11 @@ __global__ void k_conv_state(const float *mixed, float *state, int cd, int K, in
     for (int j = 0; j < K - 1; j++) h[j] = conv_in(mixed, state, cd, K, ch, T - (K - 1) + j);
     for (int j = 0; j < K - 1; j++) state[(size_t)ch * (K - 1) + j] = h[j];
 }
-void cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u) {
-    k_conv<<<dim3((cd + 127) / 128, (T + CONV_TT - 1) / CONV_TT), 128, 0, s>>>(mixed, state, w, cd, K, T, u);
+int cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nk, int dk) {
+    const int nnorm = dk == 128 && cd % 128 == 0 && 2 * nk * dk <= cd ? 2 * nk : 0;
+    k_conv<<<dim3((cd + 127) / 128, (T + CONV_TT - 1) / CONV_TT), 128, 0, s>>>(mixed, state, w, cd, K, T, u, nnorm);
     k_conv_state<<<(cd + 127) / 128, 128, 0, s>>>(mixed, state, cd, K, T);
+    return nnorm > 0;
 }
 
 __global__ void k_l2norm_heads(float *u, int cd, int nk, int dk) {
@@ -1139,8 +1162,8 @@ __global__ void k_gbeta(const float *bb, const float *aa, const float *A_log, co
     g[i] = -expf(A_log[h]) * sp;
 }
 void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
-                 const float *A_log, const float *dt_bias, int nv, float *g, float *beta) {
-    k_l2norm_heads<<<dim3(T, 2 * nk), 128, 0, s>>>(u, cd, nk, dk);
+                 const float *A_log, const float *dt_bias, int nv, float *g, float *beta, int normed) {
+    if (!normed) k_l2norm_heads<<<dim3(T, 2 * nk), 128, 0, s>>>(u, cd, nk, dk);
     int n = T * nv;
     k_gbeta<<<(n + 255) / 256, 256, 0, s>>>(bb, aa, A_log, dt_bias, n, nv, g, beta);
 }
