@@ -8,20 +8,20 @@
  * dependent dot products and two reductions. Both dots read the old state: with S' the state
  * before the step, d = decay (S' k) and out = decay (S' q) + (k q) beta (v - d), so the three dots
  * S'k and S'q run side by side and reduce together, and kq, the same for every column, is found
- * once a stage for the block; sixteen threads share a column (8 rows each, in four independent
- * partial sums), so a step is short chains and four shuffle rounds, and an SM holds two blocks of
- * eight warps (eight threads a column and 32 columns a block measured 149 us a layer at 512
- * tokens; the step's latency, not its instructions, bounds it). A different order of the same
- * sums than the decode kernel k_gdn_rec128: rounding differs. */
+ * once a stage for the block; eight threads share a column (16 rows each, in four independent
+ * partial sums), so a step is short chains and three shuffle rounds (149 us a layer at 512 tokens
+ * on the H200; sixteen threads a column, with two blocks of eight warps an SM, measured 188 us:
+ * 52% more instructions, the shuffles and shared loads). A different order of the same sums
+ * than the decode kernel k_gdn_rec128: rounding differs. */
 #include "cuda/cu_dev.h"
 
 #define GS_T 16 /* steps a stage; two stages, the next one loading (cp.async) while this one runs */
-#define GS_C 16 /* threads a state column (GS_R rows each) */
+#define GS_C 8  /* threads a state column (GS_R rows each) */
 #define GS_R (128 / GS_C)
-#define GS_J 16 /* state columns a block: GS_C x GS_J threads, 256 blocks for the 35B-A3B shape */
-/* q's (or k's) 32 float4 of a step, slot s stored at s ^ bit 3 of s: the 8 lanes of a quarter-warp
- * read slots 2p (or 2p + 1), p = 0..7, which then fall in 8 different bank groups */
-#define GS_SW(s) ((s) ^ (((s) >> 3) & 1))
+#define GS_J 32 /* state columns a block: GS_C x GS_J threads, 128 blocks for the 35B-A3B shape */
+/* q's (or k's) 32 float4 of a step, slot s stored at s ^ ((s / 8) % (GS_R / 4)): the 8 lanes of a
+ * quarter-warp read slots GS_R/4 p + i, p = 0..7, which then fall in 8 different bank groups */
+#define GS_SW(s) ((s) ^ (((s) >> 3) & (GS_R / 4 - 1)))
 
 __global__ void __launch_bounds__(GS_C * GS_J) k_gdn_staged(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
                                                         const float *__restrict__ g, const float *__restrict__ beta,

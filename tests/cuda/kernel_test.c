@@ -860,6 +860,9 @@ int main(int argc, char **argv) {
     test_moe_combine(1, 4, 100, 1, 0, 1);
     test_moe_combine(1, 8, 2048, 1, 1, 0);  /* the last layer: no norm */
     test_moe_combine(3, 8, 2048, 1, 1, 1);
+    test_moe_combine(40, 8, 2048, 0, 1, 1);  /* prefill rows: four columns a thread (k_moe_combine4) */
+    test_moe_combine(37, 8, 2048, 1, 0, 1);
+    test_moe_combine(20, 3, 100, 0, 1, 0);
     test_rmsnorm(129, 3);
     test_router(1, 256, 8);
     test_router(small ? 40 : 333, 256, 8);
