@@ -73,28 +73,14 @@ __global__ void __launch_bounds__(GS_C * GS_J) k_gdn_staged(int T, int nk, int n
             if (t < n && r == 0) { kqs[t] = a; ds[t] = expf(gr[b][t]); }
         }
         __syncthreads();
-        /* a step's shared-memory operands are read during the step before (so their latency is
-         * off the chain of dependent steps) */
-        float4 kc[GS_R / 4], qc[GS_R / 4];
-        float vc, dc, bc, kqc;
-        auto ld = [&](int t, float4 (&kk)[GS_R / 4], float4 (&qq)[GS_R / 4], float &v, float &dcy, float &bt, float &kq) {
-            const float4 *qs = qk[b][t], *ks = qk[b][t] + 32;
-#pragma unroll
-            for (int i = 0; i < GS_R / 4; i++) { kk[i] = ks[GS_SW(p * (GS_R / 4) + i)]; qq[i] = qs[GS_SW(p * (GS_R / 4) + i)]; }
-            v = vs[b][t][jl];
-            dcy = ds[t];
-            bt = br[b][t];
-            kq = kqs[t];
-        };
-        ld(0, kc, qc, vc, dc, bc, kqc);
         for (int t = 0; t < n; t++) {
-            float4 kn[GS_R / 4], qn[GS_R / 4];
-            float vn, dn, bn, kqn;
-            ld(t + 1 < n ? t + 1 : t, kn, qn, vn, dn, bn, kqn);
+            const float4 *qs = qk[b][t], *ks = qk[b][t] + 32;
             float sk[4] = { 0, 0, 0, 0 }, sq[4] = { 0, 0, 0, 0 };
+            float4 kv[GS_R / 4];
 #pragma unroll
             for (int i = 0; i < GS_R / 4; i++) {
-                const float4 k = kc[i], q = qc[i];
+                const float4 k = ks[GS_SW(p * (GS_R / 4) + i)], q = qs[GS_SW(p * (GS_R / 4) + i)];
+                kv[i] = k;
                 sk[0] += sr[4 * i] * k.x; sk[1] += sr[4 * i + 1] * k.y; sk[2] += sr[4 * i + 2] * k.z; sk[3] += sr[4 * i + 3] * k.w;
                 sq[0] += sr[4 * i] * q.x; sq[1] += sr[4 * i + 1] * q.y; sq[2] += sr[4 * i + 2] * q.z; sq[3] += sr[4 * i + 3] * q.w;
             }
@@ -104,18 +90,15 @@ __global__ void __launch_bounds__(GS_C * GS_J) k_gdn_staged(int T, int nk, int n
                 a += __shfl_xor_sync(0xffffffffu, a, m);
                 c += __shfl_xor_sync(0xffffffffu, c, m);
             }
-            const float decay = dc, dd = (vc - decay * a) * bc;
+            const float decay = ds[t], dd = (vs[b][t][jl] - decay * a) * br[b][t];
 #pragma unroll
             for (int i = 0; i < GS_R / 4; i++) {
-                sr[4 * i] = sr[4 * i] * decay + kc[i].x * dd;
-                sr[4 * i + 1] = sr[4 * i + 1] * decay + kc[i].y * dd;
-                sr[4 * i + 2] = sr[4 * i + 2] * decay + kc[i].z * dd;
-                sr[4 * i + 3] = sr[4 * i + 3] * decay + kc[i].w * dd;
+                sr[4 * i] = sr[4 * i] * decay + kv[i].x * dd;
+                sr[4 * i + 1] = sr[4 * i + 1] * decay + kv[i].y * dd;
+                sr[4 * i + 2] = sr[4 * i + 2] * decay + kv[i].z * dd;
+                sr[4 * i + 3] = sr[4 * i + 3] * decay + kv[i].w * dd;
             }
-            if (p == 0) o[(size_t)(t0 + t) * nv * dv + (size_t)h * dv + j] = decay * c + kqc * dd;
-#pragma unroll
-            for (int i = 0; i < GS_R / 4; i++) { kc[i] = kn[i]; qc[i] = qn[i]; }
-            vc = vn; dc = dn; bc = bn; kqc = kqn;
+            if (p == 0) o[(size_t)(t0 + t) * nv * dv + (size_t)h * dv + j] = decay * c + kqs[t] * dd;
         }
     }
 #pragma unroll

@@ -26,20 +26,18 @@
 
 /* Stages (2-4): in flight while a step computes, ns - 1 of them. A stage is 8 KB of codes, the
  * scales, and BT rows of 512 bytes of fp32 inputs; after the stages, the step's inputs in fp16,
- * BT x 256 bytes. Two where the launch fills the GPU several times over: more blocks an SM (5 at
- * 16 tokens) beat deeper stages on the H200 (pp512 13,234 against 12,743 with three where the
- * tile is 16 or 32 tokens, bench/RESULTS.md); four where it has at most two blocks an SM (the
- * shared expert, the out-projections), which wait on their copies otherwise. LILY_CU_GT_NS=n sets
- * them all, for measuring. */
+ * BT x 256 bytes. Two: more blocks an SM (5 at 16 tokens) beat deeper stages on the H200
+ * (pp512 13,234 against 12,743 with three where the tile is 16 or 32 tokens, bench/RESULTS.md);
+ * LILY_CU_GT_NS=n sets them all, for measuring. */
 __host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
-static int gt_ns(long long blocks) {
+static int gt_ns(int bt) {
     static int env = -2;
     if (env == -2) {
         const char *e = getenv("LILY_CU_GT_NS");
         env = e && atoi(e) >= 2 && atoi(e) <= 4 ? atoi(e) : -1;
     }
-    /* a launch of at most two blocks an SM has no other blocks to cover a step's copies: deeper */
-    return env > 0 ? env : blocks <= 2ll * cu_sm_count() ? 4 : 2;
+    (void)bt;
+    return env > 0 ? env : 2;
 }
 
 /* The input's 16-byte chunk c (columns 4c..4c+3 of the step) of token t, swizzled so that the
@@ -300,7 +298,7 @@ int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
 
 template <int BT, int DUAL, int SBT>
 static void gt_launch(cudaStream_t s, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
-    const int sbb = GT_K / G->m[0].group * gt_sbytes(G->m[0].sbt), ns = gt_ns((long long)grid.x * grid.y);
+    const int sbb = GT_K / G->m[0].group * gt_sbytes(G->m[0].sbt), ns = gt_ns(BT);
     const size_t smem = ns * gt_stage_bytes(BT, sbb) + (size_t)BT * 256;
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
     if (smem > opted && cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
