@@ -1071,9 +1071,9 @@ void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int 
 }
 
 /* ---- Gated DeltaNet ---- */
-/* Causal depthwise conv + SiLU, one thread a (token, channel): input n < 0 is the carried
- * state's entry n + K - 1. (A thread a channel walking the T tokens in order waited on one
- * load a token: 5 ms of a 512-token prefill.) The state is rewritten after, by k_conv_state. */
+/* Causal depthwise conv + SiLU: input n < 0 is the carried state's entry n + K - 1. (A thread a
+ * channel walking all T tokens in order waited on one load a token: 5 ms of a 512-token prefill;
+ * k_conv takes 8.) The state is rewritten after, by k_conv_state. */
 __device__ __forceinline__ float conv_in(const float *mixed, const float *state, int cd, int K, int ch, int n) {
     return n >= 0 ? mixed[(size_t)n * cd + ch] : state[(size_t)ch * (K - 1) + n + K - 1];
 }
