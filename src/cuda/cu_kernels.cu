@@ -257,26 +257,15 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
         xrow = X + (size_t)xr * ldx;
     }
     float acc[4][4] = {};
-    /* the next step's weights and inputs load into registers while this step multiplies (the
-     * same sums in the same order: only the loads moved) */
-    float w8[8], x8[8];
-    if (r0 + lr < m.rows && kbeg + seg < kend) load8(m, e, r0 + lr, kbeg + seg, w8);
-    else for (int j = 0; j < 8; j++) w8[j] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) x8[j] = (xrow && kbeg + seg + j < kend) ? xrow[kbeg + seg + j] : 0.f;
     for (int k0 = kbeg; k0 < kend; k0 += TBK) {
+        float w8[8];
+        if (r0 + lr < m.rows && k0 + seg < kend) load8(m, e, r0 + lr, k0 + seg, w8);
+        else for (int j = 0; j < 8; j++) w8[j] = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) Ws[seg + j][lr] = w8[j];
 #pragma unroll
-        for (int j = 0; j < 8; j++) Xs[seg + j][lt] = x8[j];
+        for (int j = 0; j < 8; j++) Xs[seg + j][lt] = (xrow && k0 + seg + j < kend) ? xrow[k0 + seg + j] : 0.f;
         __syncthreads();
-        const int k1 = k0 + TBK;
-        if (k1 < kend) {
-            if (r0 + lr < m.rows && k1 + seg < kend) load8(m, e, r0 + lr, k1 + seg, w8);
-            else for (int j = 0; j < 8; j++) w8[j] = 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) x8[j] = (xrow && k1 + seg + j < kend) ? xrow[k1 + seg + j] : 0.f;
-        }
 #pragma unroll 8
         for (int k = 0; k < TBK; k++) {
             float a[4], b[4];
@@ -957,25 +946,14 @@ __global__ void k_mm_rows(dmat m, const float *__restrict__ X, int ldx, int T, f
     int t = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (t >= T) return;
     const float *x = X + (size_t)t * ldx;
-    /* (16-byte input loads, and the column loop unrolled so several are in flight: the same sums
-     * in the same order) */
-    const bool v4 = m.cols % 8 == 0 && ldx % 4 == 0 && ((uintptr_t)X & 15) == 0;
     for (int r = 0; r < m.rows; r++) {
         float acc = 0;
-#pragma unroll 4
         for (int c = lane * 8; c < m.cols; c += WARP * 8) {
-            float w[8], xv[8];
+            float w[8];
             load8(m, 0, r, c, w);
-            if (v4) {
-                const float4 a = *(const float4 *)(x + c), b = *(const float4 *)(x + c + 4);
-                xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) xv[j] = c + j < m.cols ? x[c + j] : 0.f;
-            }
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                if (c + j < m.cols) acc += w[j] * xv[j];
+                if (c + j < m.cols) acc += w[j] * x[c + j];
         }
         acc = warp_sum(acc);
         if (lane == 0) Y[(size_t)t * ldy + r] = acc;
@@ -984,7 +962,7 @@ __global__ void k_mm_rows(dmat m, const float *__restrict__ X, int ldx, int T, f
 
 void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
     if (variant == 7) {
-        k_mm_rows<<<(T + 3) / 4, 128, 0, s>>>(*W, X, ldx, T, Y, ldy); /* (4 warps a block: all SMs at 512 tokens) */
+        k_mm_rows<<<(T + 7) / 8, 256, 0, s>>>(*W, X, ldx, T, Y, ldy);
         return;
     }
     if (variant == 0) {
