@@ -69,27 +69,16 @@ $(BUILD)/$(EMU_DIR)/emu_runtime.o: $(EMU_DIR)/emu_runtime.cpp
 $(BUILD)/emu-selftest: $(BUILD)/emu-src/emu_selftest.o $(BUILD)/$(EMU_DIR)/emu_runtime.o
 	$(CXX) $(EMU_CXXFLAGS) -pthread $^ -o $@
 # A deliberately broken kernel (cu2cpp.py --mutate NAME) linked into its own kernel test.
-$(BUILD)/mutant/%/cu_kernels.cpp: src/cuda/cu_kernels.cu $(EMU_DIR)/cu2cpp.py
-	@mkdir -p $(dir $@)
-	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
-$(BUILD)/mutant/%/cu_kernels.o: $(BUILD)/mutant/%/cu_kernels.cpp
-	$(EMU_CXX) -c $< -o $@
-$(BUILD)/mutant/%/cu_mvtc.cpp: src/cuda/cu_mvtc.cu $(EMU_DIR)/cu2cpp.py
-	@mkdir -p $(dir $@)
-	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
-$(BUILD)/mutant/%/cu_mvtc.o: $(BUILD)/mutant/%/cu_mvtc.cpp
-	$(EMU_CXX) -c $< -o $@
-$(BUILD)/mutant/%/cu_gemm_tc.cpp: src/cuda/cu_gemm_tc.cu $(EMU_DIR)/cu2cpp.py
-	@mkdir -p $(dir $@)
-	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
-$(BUILD)/mutant/%/cu_gemm_tc.o: $(BUILD)/mutant/%/cu_gemm_tc.cpp
-	$(EMU_CXX) -c $< -o $@
-$(BUILD)/mutant/%/cu_attn_tc.cpp: src/cuda/cu_attn_tc.cu $(EMU_DIR)/cu2cpp.py
-	@mkdir -p $(dir $@)
-	python3 $(EMU_DIR)/cu2cpp.py --mutate $* $< $@
-$(BUILD)/mutant/%/cu_attn_tc.o: $(BUILD)/mutant/%/cu_attn_tc.cpp
-	$(EMU_CXX) -c $< -o $@
-MUT_OBJ = cu_kernels.o cu_mvtc.o cu_gemm_tc.o cu_attn_tc.o
+MUT_SRC = cu_kernels cu_mvtc cu_gemm_tc cu_attn_tc
+define MUT_RULES
+$$(BUILD)/mutant/%/$(1).cpp: src/cuda/$(1).cu $$(EMU_DIR)/cu2cpp.py
+	@mkdir -p $$(dir $$@)
+	python3 $$(EMU_DIR)/cu2cpp.py --mutate $$* $$< $$@
+$$(BUILD)/mutant/%/$(1).o: $$(BUILD)/mutant/%/$(1).cpp
+	$$(EMU_CXX) -c $$< -o $$@
+endef
+$(foreach f,$(MUT_SRC),$(eval $(call MUT_RULES,$(f))))
+MUT_OBJ = $(MUT_SRC:=.o)
 $(BUILD)/mutant/%/cuda-kernel-test: $(addprefix $(BUILD)/mutant/%/,$(MUT_OBJ)) $(BUILD)/tests/cuda/kernel_test.o $(LIB)
 	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a $(MUT_OBJ) && ar rcs $@.a $(filter $(addprefix %/,$(MUT_OBJ)),$^)
 	$(CC) $(CFLAGS) $(BUILD)/tests/cuda/kernel_test.o $@.a -o $@ $(LDLIBS)

@@ -23,19 +23,6 @@
                               * loads of rows g = 0..3 (a half-warp) cover all 32 banks */
 #define AT_VLD (AT_KEYS + 8) /* halves a transposed V row */
 
-__device__ __forceinline__ uint32_t at_h2(float a, float b) {
-    uint32_t v;
-#if defined(__CUDA_ARCH__)
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(b), "f"(a));
-#else
-    a = a > 65504.f ? 65504.f : a < -65504.f ? -65504.f : a;
-    b = b > 65504.f ? 65504.f : b < -65504.f ? -65504.f : b;
-    __half2 h = __floats2half2_rn(a, b);
-    memcpy(&v, &h, 4);
-#endif
-    return v;
-}
-
 /* q [T][nh][256] (normed, rotated), qg [T][nh][512] (the gate in its second half), kc/vc
  * [ctx][nkv][256] with this chunk's keys already written; token t sees keys 0 .. *pos + t. */
 __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, const float *__restrict__ qg,
@@ -69,8 +56,8 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
         const int t = t0 + tt < T ? t0 + tt : T - 1;
         const float4 v = *(const float4 *)(q + ((size_t)t * nh + kvh * 8 + hh) * AT_HD + 4 * c);
         uint2 h;
-        h.x = at_h2(v.x * 0.0625f, v.y * 0.0625f);
-        h.y = at_h2(v.z * 0.0625f, v.w * 0.0625f);
+        h.x = cu_h2sat(v.x * 0.0625f, v.y * 0.0625f);
+        h.y = cu_h2sat(v.z * 0.0625f, v.w * 0.0625f);
         *(uint2 *)(Qs + (hh * AT_TOK + tt) * AT_QLD + 4 * c) = h;
     }
     float O[32][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.f, 0.f };
@@ -84,10 +71,10 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
             const int kk = i / 64, c = i % 64;
             const float4 kv = *(const float4 *)(Kf + kk * AT_HD + 4 * c), vv = *(const float4 *)(Vf + kk * AT_HD + 4 * c);
             uint2 h;
-            h.x = at_h2(kv.x, kv.y);
-            h.y = at_h2(kv.z, kv.w);
+            h.x = cu_h2sat(kv.x, kv.y);
+            h.y = cu_h2sat(kv.z, kv.w);
             *(uint2 *)(Ks + kk * AT_QLD + 4 * c) = h;
-            const uint32_t v01 = at_h2(vv.x, vv.y), v23 = at_h2(vv.z, vv.w);
+            const uint32_t v01 = cu_h2sat(vv.x, vv.y), v23 = cu_h2sat(vv.z, vv.w);
             Vt[(4 * c) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v01 & 0xffff));
             Vt[(4 * c + 1) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v01 >> 16));
             Vt[(4 * c + 2) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 & 0xffff));
@@ -139,8 +126,8 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
                 e[c] = m[c >> 1] == -INFINITY ? 0.f : expf(S[n][c] - m[c >> 1]);
                 l[c >> 1] += e[c];
             }
-            P[n][0] = at_h2(e[0], e[1]);
-            P[n][1] = at_h2(e[2], e[3]);
+            P[n][0] = cu_h2sat(e[0], e[1]);
+            P[n][1] = cu_h2sat(e[2], e[3]);
         }
         /* O += P V: k steps of 16 keys (tiles 2ks, 2ks + 1), 32 n-tiles of 8 dims */
 #pragma unroll

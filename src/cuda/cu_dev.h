@@ -75,6 +75,38 @@ __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
 #endif
 }
 
+/* (a, b) as an fp16 pair, a in the low half, saturated at fp16's largest finite value (the
+ * tensor-core kernels' inputs) */
+__device__ __forceinline__ uint32_t cu_h2sat(float a, float b) {
+    uint32_t v;
+#if defined(__CUDA_ARCH__)
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(b), "f"(a));
+#else
+    a = a > 65504.f ? 65504.f : a < -65504.f ? -65504.f : a;
+    b = b > 65504.f ? 65504.f : b < -65504.f ? -65504.f : b;
+    __half2 h = __floats2half2_rn(a, b);
+    memcpy(&v, &h, 4);
+#endif
+    return v;
+}
+
+/* The token tile of block y of a GEMM: with so.tiles, the (expert, tile) pair of cu_moe_tiles'
+ * map (rows base + t0 .. of expert e's n), else tile y of T rows. False: the block has none. */
+__device__ __forceinline__ bool cu_tile_of(const dsort &so, int y, int bt, int T, int &e, int &t0, int &n, int &base) {
+    e = 0; n = T; base = 0;
+    if (so.tiles) {
+        const int tile = so.tiles[y];
+        if (tile < 0) return false;
+        e = tile >> 16;
+        t0 = (tile & 0xffff) * bt;
+        n = so.count[e];
+        base = so.off[e];
+    } else {
+        t0 = y * bt;
+    }
+    return t0 < n;
+}
+
 /* cp.async: a 4-, 8- or 16-byte copy from global to shared memory that completes in the
  * background (no register holds it), in groups: cu_cp_commit closes the thread's open group and
  * cu_cp_wait<N> waits until at most N of its closed groups are still in flight. The emulator

@@ -13,7 +13,7 @@
  * (16 at 512 tokens), so the token tile is chosen small and blocks walk a tile map of
  * (expert, token tile) pairs built on the GPU (cu_moe_tiles): no block is launched for rows
  * an expert does not have, and no tile is mostly padding. */
-#include "cuda/cu_common.h"
+#include "cuda/cu_dev.h"
 #include <cuda_fp16.h>
 #include <mma.h>
 #include <stdlib.h>
@@ -24,12 +24,6 @@ using namespace nvcuda;
 #define QLD (QK + 8) /* halves per shared row: 16-byte aligned rows, staggered banks */
 #define QCL (QR + 4) /* floats per row of the output staging tile */
 #define QTHREADS 128
-
-__device__ __forceinline__ float q_ld_sb(const char *p, int t, size_t i) {
-    if (t == LW_BF16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
-    if (t == LW_F16) return __half2float(__ushort_as_half(((const uint16_t *)p)[i]));
-    return ((const float *)p)[i];
-}
 
 __device__ __forceinline__ __half2 q_h2(float a, float b) {
     a = fminf(fmaxf(a, -65504.f), 65504.f);
@@ -48,18 +42,8 @@ __global__ void __launch_bounds__(QTHREADS) k_gemm_q4(dmat m, const float *__res
     __shared__ __align__(32) __half Xs[BT * QLD];
     __shared__ __align__(32) float Cs[BT * QCL];
     const int tid = threadIdx.x, warp = tid >> 5;
-    int e = 0, n = T, base = 0, t0;
-    if (so.tiles) {
-        int tile = so.tiles[blockIdx.y];
-        if (tile < 0) return;
-        e = tile >> 16;
-        t0 = (tile & 0xffff) * BT;
-        n = so.count[e];
-        base = so.off[e];
-    } else {
-        t0 = blockIdx.y * BT;
-    }
-    if (t0 >= n) return;
+    int e, n, base, t0;
+    if (!cu_tile_of(so, blockIdx.y, BT, T, e, t0, n, base)) return;
     const int r0 = blockIdx.x * QR;
 
     /* weights: thread loads row wr, columns wc..wc+31 of each step */
@@ -94,8 +78,8 @@ __global__ void __launch_bounds__(QTHREADS) k_gemm_q4(dmat m, const float *__res
             _Pragma("unroll") for (int i_ = 0; i_ < BITS / 4; i_++)                              \
                 wq[i_] = ((const uint4 *)(wb + el_ * BITS / 8))[i_];                             \
             size_t gi_ = (size_t)(r0 + wr) * ng + ((k0) + wc) / m.group;                         \
-            wsc = q_ld_sb(sp, m.sbt, gi_);                                                       \
-            wbi = q_ld_sb(bp, m.sbt, gi_);                                                       \
+            wsc = ld_sb(sp, m.sbt, gi_);                                                       \
+            wbi = ld_sb(bp, m.sbt, gi_);                                                       \
         }                                                                                        \
         _Pragma("unroll") for (int i_ = 0; i_ < XL; i_++)                                        \
             xv[i_] = xrow[i_] ? *(const float4 *)(xrow[i_] + (k0) + xc) : make_float4(0, 0, 0, 0); \

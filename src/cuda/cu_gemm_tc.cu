@@ -45,24 +45,6 @@ static int gt_ns(int bt) {
  * distinct bank groups. */
 __device__ __forceinline__ int gt_xsw(int t, int c) { return c ^ ((((c >> 3) & 3) << 1) | (t & 1)); }
 
-/* (a, b) as an fp16 pair, a in the low half, saturated at fp16's largest finite value */
-__device__ __forceinline__ uint32_t gt_h2(float a, float b) {
-    uint32_t v;
-#if defined(__CUDA_ARCH__)
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(b), "f"(a));
-#else
-    a = a > 65504.f ? 65504.f : a < -65504.f ? -65504.f : a;
-    b = b > 65504.f ? 65504.f : b < -65504.f ? -65504.f : b;
-    __half2 h = __floats2half2_rn(a, b);
-    memcpy(&v, &h, 4);
-#endif
-    return v;
-}
-
-/* A word's 8 codes as 4 fp16 pairs (c0,c4) (16c1,16c5) (c2,c6) (16c3,16c7): codes under the
- * exponent of 1024 read 1024 + q exactly (the odd ones 1024 + 16q, taken where they lie, which
- * saves a shift each); subtract, then one FMA: q s + b, and for the odd pairs 16 (q s + b) with
- * b16 = 16 b (exact: a power of two), their inputs stored divided by 16 (see the conversion). */
 /* (w & mask) | k in one LOP3: written out, the compiler splits it in two, both constants being
  * immediates and LOP3 taking one */
 template <uint32_t MASK>
@@ -118,18 +100,8 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
     extern __shared__ __align__(16) unsigned char gt_sm[];
     __shared__ int xo[BT]; /* each token's input row, in floats from X (the launcher checks it fits) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
-    int e = 0, n = T, base = 0, t0;
-    if (so.tiles) {
-        const int tile = so.tiles[blockIdx.y];
-        if (tile < 0) return;
-        e = tile >> 16;
-        t0 = (tile & 0xffff) * BT;
-        n = so.count[e];
-        base = so.off[e];
-    } else {
-        t0 = blockIdx.y * BT;
-    }
-    if (t0 >= n) return;
+    int e, n, base, t0;
+    if (!cu_tile_of(so, blockIdx.y, BT, T, e, t0, n, base)) return;
     int mi = 0;
     while (mi + 1 < G.n && (int)blockIdx.x >= G.blk0[mi + 1]) mi++;
     const dmat &m = G.m[mi], &m2 = G.m[DUAL ? 1 : mi];
@@ -225,8 +197,8 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
                 const float4 p0 = xs[t * 32 + gt_xsw(t, c)], p1 = xs[t * 32 + gt_xsw(t, c + 1)];
                 /* the odd pairs' inputs / 16 (exact but where that falls below fp16's normal range,
                  * |x| < 2^-10: there an absolute error of 2^-21 at most, twice fp16's own there) */
-                xh[i] = make_uint4(gt_h2(p0.x, p1.x), gt_h2(p0.y * 0.0625f, p1.y * 0.0625f), gt_h2(p0.z, p1.z),
-                                   gt_h2(p0.w * 0.0625f, p1.w * 0.0625f));
+                xh[i] = make_uint4(cu_h2sat(p0.x, p1.x), cu_h2sat(p0.y * 0.0625f, p1.y * 0.0625f), cu_h2sat(p0.z, p1.z),
+                                   cu_h2sat(p0.w * 0.0625f, p1.w * 0.0625f));
             }
         }
         uint4 wv[2][2];
