@@ -4,9 +4,10 @@
  * Why: the wmma kernel (cu_gemm.cu) dequantizes a block's codes into shared memory, waits at
  * two barriers a 64-column step and keeps one 16-byte load of codes in flight a thread; the
  * experts' grouped GEMMs read their weights at a fifth of the H200's bandwidth (RESULTS.md).
- * Here codes, scales, biases and inputs stream into shared memory with cp.async, a few steps
- * deep (in flight without holding registers), one barrier a step; a lane reads its own codes
- * straight into the mma's A fragment, so the dequantized weights never touch memory.
+ * Here codes, scales, biases and inputs stream into shared memory with cp.async, the next step
+ * in flight while one computes (without holding registers); the block converts the step's inputs
+ * to fp16 once (two barriers a step); a lane reads its own codes straight into the mma's A
+ * fragment, so the dequantized weights never touch memory.
  *
  * The fragment trick (as k_mvtc): the mma's K index is a dot product's, so any pairing of
  * columns works if A and B use the same one. Lane (g, q) takes columns 32q..32q+31 of a
@@ -30,13 +31,12 @@
  * (pp512 13,234 against 12,743 with three where the tile is 16 or 32 tokens, bench/RESULTS.md);
  * LILY_CU_GT_NS=n sets them all, for measuring. */
 __host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
-static int gt_ns(int bt) {
+static int gt_ns(void) {
     static int env = -2;
     if (env == -2) {
         const char *e = getenv("LILY_CU_GT_NS");
         env = e && atoi(e) >= 2 && atoi(e) <= 4 ? atoi(e) : -1;
     }
-    (void)bt;
     return env > 0 ? env : 2;
 }
 
@@ -270,7 +270,7 @@ int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
 
 template <int BT, int DUAL, int SBT>
 static void gt_launch(cudaStream_t s, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
-    const int sbb = GT_K / G->m[0].group * gt_sbytes(G->m[0].sbt), ns = gt_ns(BT);
+    const int sbb = GT_K / G->m[0].group * gt_sbytes(G->m[0].sbt), ns = gt_ns();
     const size_t smem = ns * gt_stage_bytes(BT, sbb) + (size_t)BT * 256;
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
     if (smem > opted && cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
