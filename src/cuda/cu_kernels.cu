@@ -1355,8 +1355,23 @@ __global__ void k_gated_norm(float *o, const float *z, const float *gw, int nv, 
     float r = 1.0f / sqrtf(ss / dv + eps);
     for (int i = threadIdx.x; i < dv; i += blockDim.x) oh[i] = oh[i] * r * gw[i] * silu_f(zh[i]);
 }
+/* The same with a warp a (token, head) for dv = 128, four elements a lane (a block of 128 threads
+ * a head and token with a block-wide sum ran at latency: 22 us a layer at 512 tokens). */
+__global__ void k_gated_norm128(float *o, const float *z, const float *gw, int n, float eps) {
+    CU_PDL();
+    const int i = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (i >= n) return;
+    float4 *oh = (float4 *)(o + (size_t)i * 128);
+    const float4 v = oh[lane], zz = ((const float4 *)(z + (size_t)i * 128))[lane], w = ((const float4 *)gw)[lane];
+    const float ss = warp_sum((v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w));
+    const float r = 1.0f / sqrtf(ss / 128 + eps);
+    oh[lane] = make_float4(v.x * r * w.x * silu_f(zz.x), v.y * r * w.y * silu_f(zz.y), v.z * r * w.z * silu_f(zz.z),
+                           v.w * r * w.w * silu_f(zz.w));
+}
 void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps) {
-    k_gated_norm<<<T * nv, 128, 0, s>>>(o, z, gw, nv, dv, eps);
+    if (dv == 128 && ((uintptr_t)o & 15) == 0 && ((uintptr_t)z & 15) == 0 && ((uintptr_t)gw & 15) == 0)
+        k_gated_norm128<<<(T * nv + 7) / 8, 256, 0, s>>>(o, z, gw, T * nv, eps);
+    else k_gated_norm<<<T * nv, 128, 0, s>>>(o, z, gw, nv, dv, eps);
 }
 
 /* ---- gated attention ---- */

@@ -171,6 +171,19 @@ lily_code lct_attention(const float *q, const float *qg, const float *kc, const 
     return rc;
 }
 
+lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *d_o = (float *)dput(&L, o, (size_t)T * nv * dv * 4, st, &rc);
+    float *d_z = (float *)dput(&L, z, (size_t)T * nv * dv * 4, st, &rc);
+    float *d_w = (float *)dput(&L, gw, (size_t)dv * 4, st, &rc);
+    if (!rc) cu_gated_norm(0, d_o, d_z, d_w, T, nv, dv, eps);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(o, d_o, (size_t)T * nv * dv * 4, st);
+    dfree(&L);
+    return rc;
+}
+
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y,
                           lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);

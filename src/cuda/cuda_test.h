@@ -28,6 +28,9 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, float *c
  * o [T][nh][hd]. */
 lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
                         int pos0, int ctx, float *o, lily_status *st);
+/* The gated RMSNorm of the delta rule's output at prefill (cu_gated_norm), in place on o
+ * [T][nv][dv]: o * rsqrt(mean(o^2) + eps) * gw * silu(z) per (token, head). */
+lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, lily_status *st);
 /* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of
  * equal cols (4/8-bit), X [T][cols], X2 NULL or [T][cols] (then the input is silu(X) * X2),
  * Y[i] [T][W[i].rows]. */

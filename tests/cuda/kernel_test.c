@@ -271,6 +271,26 @@ static void test_attention(int T, int nh, int nkv, int hd, int pos0) {
     free(q); free(qg); free(kc); free(vc); free(o); free(ref); free(sc); free(acc);
 }
 
+/* The delta rule's gated RMSNorm at prefill against loops in double (a warp a head for dv 128). */
+static void test_gated_norm(int T, int nv, int dv) {
+    float *o = rnd((size_t)T * nv * dv, 2.0f), *z = rnd((size_t)T * nv * dv, 2.0f), *gw = rnd((size_t)dv, 1.0f);
+    float *ref = malloc((size_t)T * nv * dv * 4);
+    const float eps = 1e-6f;
+    for (int i = 0; i < T * nv; i++) {
+        const float *v = o + (size_t)i * dv, *zz = z + (size_t)i * dv;
+        double ss = 0;
+        for (int j = 0; j < dv; j++) ss += (double)v[j] * v[j];
+        const double r = 1.0 / sqrt(ss / dv + eps);
+        for (int j = 0; j < dv; j++) ref[(size_t)i * dv + j] = (float)(v[j] * r * gw[j] * (zz[j] / (1.0 + exp(-(double)zz[j]))));
+    }
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "gated norm T=%d nv=%d dv=%d", T, nv, dv);
+    if (lct_gated_norm(o, z, gw, T, nv, dv, eps, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else report(what, rel(o, ref, (size_t)T * nv * dv), 1e-5);
+    free(o); free(z); free(gw); free(ref);
+}
+
 /* A prefill projection group in one launch (cu_gemm_tc_group): n matrices of their own row counts. */
 static void test_gemm_group(lily_pool *pool, int n, const int *rows, int cols, int T) {
     void *hold[4][3];
@@ -832,6 +852,8 @@ int main(int argc, char **argv) {
         test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert */
     }
     test_experts(pool, 4, 7, 96, 192, 70, 3);       /* 30 an expert: 32-token tiles */
+    test_gated_norm(small ? 37 : 512, 32, 128); /* a warp a head */
+    test_gated_norm(9, 3, 24);                  /* a block a head */
     test_attention(9, 4, 2, 64, 3);  /* the SIMT kernels: other head shapes */
     test_attention(11, 6, 1, 32, 0);
     if (!(getenv("LILY_CU_GEMM_TC") && !strcmp(getenv("LILY_CU_GEMM_TC"), "0"))) { /* k_gemm_tc's alone */
