@@ -1110,8 +1110,7 @@ __global__ void k_conv(const float *mixed, const float *state, const float *w, i
         const int lane = threadIdx.x % 32, wp = threadIdx.x / 32;
 #pragma unroll
         for (int tt = 0; tt < CONV_TT; tt++) {
-            float v = y[tt] * y[tt];
-            for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            const float v = warp_sum(y[tt] * y[tt]);
             if (lane == 0) part[tt][wp] = v;
         }
         __syncthreads();
