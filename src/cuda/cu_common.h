@@ -29,6 +29,9 @@ extern "C" {
 /* An on/off switch from the environment, read once into *cache (start it at -1): unset or
  * empty gives def, a value starting with '0' off, any other on. (LILY_CU_GEMM, LILY_MVQB, ...) */
 int cu_env_flag(int *cache, const char *name, int def);
+/* The integer value of an environment variable (def when unset or empty), read once into *cache,
+ * which the caller starts at INT_MIN; the caller checks the range it takes. */
+int cu_env_int(int *cache, const char *name, int def);
 
 /* A weight matrix on the device; experts of one tensor group sit at fixed strides. */
 typedef struct {

@@ -4,6 +4,7 @@
 #define LILY_CU_DEV_H
 #include "cuda/cu_common.h"
 #include <cuda_fp16.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,13 +178,10 @@ typedef struct {
 
 template <class K>
 static int mvq_grid(K kern, mvq_kstate &ks, int tiles, int nslots, int one_a_tile, int bt, size_t sm) {
-    static int cap_env = -2;
+    static int cap_env = INT_MIN;
     /* (ks: the caller's, one for each kernel; the kernels share K, their pointer type) */
     if (!ks.attr_set) ks.attr_set = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
-    if (cap_env == -2) {
-        const char *e = getenv("LILY_CU_MVQ_BLOCKS");
-        cap_env = e && atoi(e) > 0 ? atoi(e) : -1;
-    }
+    cu_env_int(&cap_env, "LILY_CU_MVQ_BLOCKS", -1); /* used where > 0 */
     if (one_a_tile) return tiles;
     int per_sm = 0, k = 0;
     while (k < ks.nocc && ks.occ_sm[k] != sm) k++;

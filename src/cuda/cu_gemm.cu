@@ -184,12 +184,9 @@ void cu_gemm_q4(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, f
 
 /* LILY_CU_MOE_BT=16/32/64 fixes the tile, for measuring. */
 int cu_moe_tile_rows(int rows_total, int E) {
-    static int env = -2;
-    if (env == -2) {
-        const char *e = getenv("LILY_CU_MOE_BT");
-        env = e && (atoi(e) == 16 || atoi(e) == 32 || atoi(e) == 64) ? atoi(e) : -1;
-    }
-    if (env > 0) return env;
+    static int env = INT_MIN;
+    const int v = cu_env_int(&env, "LILY_CU_MOE_BT", 0);
+    if (v == 16 || v == 32 || v == 64) return v;
     int avg = E > 0 ? rows_total / E : rows_total;
     return avg <= 24 ? 16 : avg <= 48 ? 32 : 64;
 }

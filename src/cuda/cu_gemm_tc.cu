@@ -32,12 +32,9 @@
  * LILY_CU_GT_NS=n sets them all, for measuring. */
 __host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
 static int gt_ns(void) {
-    static int env = -2;
-    if (env == -2) {
-        const char *e = getenv("LILY_CU_GT_NS");
-        env = e && atoi(e) >= 2 && atoi(e) <= 4 ? atoi(e) : -1;
-    }
-    return env > 0 ? env : 2;
+    static int env = INT_MIN;
+    const int v = cu_env_int(&env, "LILY_CU_GT_NS", 2);
+    return v >= 2 && v <= 4 ? v : 2;
 }
 
 /* The input's 16-byte chunk c (columns 4c..4c+3 of the step) of token t, swizzled so that the
@@ -78,6 +75,10 @@ template <int DUAL>
 __device__ __forceinline__ int gt_row(int r0, int wp, int tile, int half, int g) {
     return DUAL ? r0 + 16 * wp + 8 * half + g : r0 + 32 * wp + 16 * tile + 8 * half + g;
 }
+
+/* bytes of a scale; bytes of a row's scales (or biases) in a 128-column step */
+__host__ __device__ static inline int gt_sbytes(int sbt) { return sbt == LW_F32 ? 4 : 2; }
+static int gt_sbb(const dmat *W) { return GT_K / W->group * gt_sbytes(W->sbt); }
 
 /* The matrices of a launch, all reading X: matrix i takes row blocks blk0[i] .. blk0[i + 1] - 1
  * and writes y[i] (rows of ldy[i]). DUAL: one output, m[0] the gate and m[1] the up. */
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
     const int nk = m.cols / GT_K;
-    const int sboff = (32 * q / m.group) * (m.sbt == LW_F32 ? 4 : 2); /* this lane's group among a row's sbb bytes */
+    const int sboff = (32 * q / m.group) * gt_sbytes(m.sbt); /* this lane's group among a row's sbb bytes */
     for (int s = 0; s < NS - 1; s++) {
         if (s < nk) stage();
         cu_cp_commit();
@@ -255,13 +256,12 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
             }
 }
 
-static int gt_sbytes(int sbt) { return sbt == LW_F32 ? 4 : 2; }
 
 int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
     static int on = -1;
     if (!cu_env_flag(&on, "LILY_CU_GEMM_TC", 1)) return 0;
     if (W->type != LW_Q || W->bits != 4 || W->cols % GT_K || !(W->group == 32 || W->group == 64 || W->group == 128)) return 0;
-    const int sbb = GT_K / W->group * gt_sbytes(W->sbt);
+    const int sbb = gt_sbb(W);
     /* a row's scales for a step are one copy of sbb bytes: aligned to sbb */
     return (sbb == 4 || sbb == 8 || sbb == 16) && xrows * ldx < (1ll << 31) && ldx % 4 == 0 && ((uintptr_t)X & 15) == 0 &&
            ((uintptr_t)W->w & 15) == 0 && W->ew % 16 == 0 && (uintptr_t)W->s % sbb == 0 && (uintptr_t)W->b % sbb == 0 &&
@@ -270,7 +270,7 @@ int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
 
 template <int BT, int DUAL, int SBT>
 static void gt_launch(cudaStream_t s, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
-    const int sbb = GT_K / G->m[0].group * gt_sbytes(G->m[0].sbt), ns = gt_ns();
+    const int sbb = gt_sbb(&G->m[0]), ns = gt_ns();
     const size_t smem = ns * gt_stage_bytes(BT, sbb) + (size_t)BT * 256;
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
     if (smem > opted && cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
@@ -303,12 +303,9 @@ static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, cons
         G.blk0[i + 1] = G.blk0[i] + (W[i]->rows + rb - 1) / rb;
     }
     const int gx = G.blk0[G.n], sms = cu_sm_count();
-    static int env = -2; /* LILY_CU_GT_BT=16/32/64 fixes the token tile, for measuring */
-    if (env == -2) {
-        const char *e = getenv("LILY_CU_GT_BT");
-        env = e && (atoi(e) == 16 || atoi(e) == 32 || atoi(e) == 64) ? atoi(e) : -1;
-    }
-    const int bt = env > 0 ? env : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
+    static int env = INT_MIN; /* LILY_CU_GT_BT=16/32/64 fixes the token tile, for measuring */
+    const int v = cu_env_int(&env, "LILY_CU_GT_BT", 0);
+    const int bt = v == 16 || v == 32 || v == 64 ? v : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     if (dual) gt_launch_bt<1>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
     else gt_launch_bt<0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));

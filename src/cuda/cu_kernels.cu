@@ -2,6 +2,7 @@
  * (src/cpu/forward.c, src/cpu/ops.c), and their launchers (declared in cu_common.h). */
 #include "cuda/cu_common.h"
 #include "cuda/cu_dev.h"
+#include <limits.h>
 #include <cuda_fp16.h>
 #include <mma.h>
 using namespace nvcuda;
@@ -855,6 +856,14 @@ int cu_env_flag(int *cache, const char *name, int def) {
     if (*cache < 0) {
         const char *v = getenv(name);
         *cache = v && *v ? *v != '0' : def;
+    }
+    return *cache;
+}
+
+int cu_env_int(int *cache, const char *name, int def) {
+    if (*cache == INT_MIN) {
+        const char *v = getenv(name);
+        *cache = v && *v ? atoi(v) : def;
     }
     return *cache;
 }
