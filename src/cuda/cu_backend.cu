@@ -274,7 +274,7 @@ void lcuda_session_free(lcuda_session *s) {
     cu_sampler_free(s->samp);
     float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
-                     &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr };
+                     &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr, (float **)&s->xpx, (float **)&s->xph };
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
     int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles,
                    (int **)&s->fcount };
@@ -311,7 +311,8 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         { &s->qg, T * nh * 2 * hd }, { &s->q, T * nh * hd }, { &s->kb, T * nkv * hd }, { &s->vb, T * nkv * hd }, { &s->ao, T * nh * hd },
         { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, (T * K + 1) * I }, { &s->hu, (T * K + 1) * I },
         { &s->D, (T * K + 1) * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
-        { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) } };
+        { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) },
+        { (float **)&s->xpx, (T * H + 7) / 2 }, { (float **)&s->xph, ((T * K + 16) * I + 7) / 2 } };
     lily_code rc = LILY_OK;
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaStreamCreate", __FILE__, __LINE__); goto fail; }
@@ -575,13 +576,18 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
             cu_gemm_q4_ok(&L->down, s->hg, I)) { /* FP16 tensor cores over the (expert, tile) map */
             cu_moe_tiles(q, s->cnt, E, bt, s->tiles, mt);
             so.tiles = s->tiles;
-            if (!cu_gemm_swiglu_grouped(q, &L->gate, &L->up, &so, bt, mt, K, s->t, H, s->hg, I)) {
-                cu_gemm_q4_grouped(q, &L->gate, &so, bt, mt, K, s->t, H, s->hg, I);
-                cu_gemm_q4_grouped(q, &L->up, &so, bt, mt, K, s->t, H, s->hu, I);
-                cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+            if (cu_moe_gate_up_xp(q, &L->gate, &L->up, &L->down, &so, bt, mt, K, s->t, H, T, s->xpx, s->xph)) {
+                PM(s, "moe experts gate|up (grouped)");
+                cu_moe_down_xp(q, &L->down, &so, bt, mt, s->xph, s->D, H);
+            } else {
+                if (!cu_gemm_swiglu_grouped(q, &L->gate, &L->up, &so, bt, mt, K, s->t, H, s->hg, I)) {
+                    cu_gemm_q4_grouped(q, &L->gate, &so, bt, mt, K, s->t, H, s->hg, I);
+                    cu_gemm_q4_grouped(q, &L->up, &so, bt, mt, K, s->t, H, s->hu, I);
+                    cu_swiglu(q, s->hg, s->hu, s->hg, (long long)T * K * I);
+                }
+                PM(s, "moe experts gate|up (grouped)");
+                cu_gemm_q4_grouped(q, &L->down, &so, bt, mt, 0, s->hg, I, s->D, H);
             }
-            PM(s, "moe experts gate|up (grouped)");
-            cu_gemm_q4_grouped(q, &L->down, &so, bt, mt, 0, s->hg, I, s->D, H);
         } else {
             cu_matmul_grouped(q, &L->gate, E, &so, K, s->t, H, T, s->hg, I);
             cu_matmul_grouped(q, &L->up, E, &so, K, s->t, H, T, s->hu, I);

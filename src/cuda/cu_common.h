@@ -165,6 +165,14 @@ void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dso
  * kernel does not take the pair (then: two grouped GEMMs and cu_swiglu). */
 int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const dsort *so, int bt, int max_tiles, int xdiv,
                            const float *X, int ldx, float *Y, int ldy);
+/* The experts' FFN at prefill in two k_gemm_tc launches whose fp16 inputs are packed in the
+ * mma's order, so the blocks convert nothing: cu_moe_gate_up_xp packs X [xrows][ldx] into xpx
+ * ([xrows][G->cols] fp16) and writes silu(gate) * up into xph ([T*K][G->rows] fp16, sorted
+ * order), 0 (and nothing launched) when the kernel does not take G, U and D; cu_moe_down_xp
+ * then writes Y [T*K][ldy] in sorted order, as cu_gemm_q4_grouped. */
+int cu_moe_gate_up_xp(cudaStream_t s, const dmat *G, const dmat *U, const dmat *D, const dsort *so, int bt, int max_tiles,
+                      int xdiv, const float *X, int ldx, int xrows, uint16_t *xpx, uint16_t *xph);
+void cu_moe_down_xp(cudaStream_t s, const dmat *D, const dsort *so, int bt, int max_tiles, const uint16_t *xph, float *Y, int ldy);
 /* n <= 4 matrices of the same columns, group and scale type reading the same T > 8 rows of X, in
  * one launch, Y[i] [T][W[i]->rows]; 0 when the kernel does not take them all. */
 int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y);

@@ -30,7 +30,9 @@
  * BT x 256 bytes. Two: more blocks an SM (5 at 16 tokens) beat deeper stages on the H200
  * (pp512 13,234 against 12,743 with three where the tile is 16 or 32 tokens, bench/RESULTS.md);
  * LILY_CU_GT_NS=n sets them all, for measuring. */
-__host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb) { return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * 512; }
+__host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb, int xp) {
+    return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * (xp ? 256 : 512);
+}
 static int gt_ns(void) {
     static int env = INT_MIN;
     const int v = cu_env_int(&env, "LILY_CU_GT_NS", 2);
@@ -85,28 +87,44 @@ static int gt_sbb(const dmat *W) { return GT_K / W->group * gt_sbytes(W->sbt); }
 #define GT_MAX 4
 typedef struct {
     dmat m[GT_MAX];
-    float *y[GT_MAX];
+    void *y[GT_MAX]; /* float, or (DUAL with XP) fp16 in the packed input order (gt_xp_pos) */
     int ldy[GT_MAX];
     int blk0[GT_MAX + 1];
     int n;
 } gt_group;
 
+/* The packed fp16 input (XP): a row of C columns is C halves in 128-column steps of 16 chunks
+ * of 8; chunk 4w + q holds what lane (g, q) multiplies with word w of its codes, columns
+ * 32q + 8w + (0 4 1 5 2 6 3 7), the odd pairs (1 5, 3 7) / 16: the mma's B fragments as they
+ * are, so the block copies its inputs and converts nothing. Where column c lies, and its factor. */
+__host__ __device__ static inline int gt_xp_pos(int c, float &f) {
+    const int r = c & 127, q = r >> 5, w = (r >> 3) & 3, i = r & 7, pair = i & 3;
+    f = pair & 1 ? 0.0625f : 1.f;
+    return (c & ~127) + (4 * w + q) * 8 + 2 * pair + (i >> 2);
+}
+
+__device__ __forceinline__ __half gt_hsat(float v) { return __float2half_rn(fminf(fmaxf(v, -65504.f), 65504.f)); }
+
 /* sbb: bytes of scales (and of biases) a row has in a step, (128 / group) * size: 4, 8 or 16
- * (the same for all the launch's matrices, as their columns). */
-template <int BT, int DUAL, int SBT>
-__global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ gt_group G, const float *__restrict__ X, int ldx,
+ * (the same for all the launch's matrices, as their columns).
+ * XP: X is the packed fp16 input (ldx in halves), and a DUAL launch writes silu(gate) * up packed
+ * too (the experts' down reads it so). A step then has no conversion, one barrier. */
+template <int BT, int DUAL, int SBT, int XP>
+__global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
                                                         int T, dsort so, int xdiv, int sbb, int ns) {
     CU_PDL();
     const int NS = ns;
     extern __shared__ __align__(16) unsigned char gt_sm[];
-    __shared__ int xo[BT]; /* each token's input row, in floats from X (the launcher checks it fits) */
+    __shared__ int xo[BT]; /* each token's input row, in elements of X (the launcher checks it fits) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
     int e, n, base, t0;
     if (!cu_tile_of(so, blockIdx.y, BT, T, e, t0, n, base)) return;
+    /* the tile's n-tiles of 8 tokens that hold any: the rest skip their loads and mma (an expert
+     * with 17-32 tokens is one 32-token tile, one pass over its weights, not two) */
+    const int nj = min(BT / 8, (n - t0 + 7) >> 3);
     int mi = 0;
     while (mi + 1 < G.n && (int)blockIdx.x >= G.blk0[mi + 1]) mi++;
     const dmat &m = G.m[mi], &m2 = G.m[DUAL ? 1 : mi];
-    float *__restrict__ Y = G.y[mi];
     const int ldy = G.ldy[mi], r0 = ((int)blockIdx.x - G.blk0[mi]) * (DUAL ? 64 : 128);
     for (int t = tid; t < BT; t += GT_THREADS) {
         const int srow = base + (t0 + t < n ? t0 + t : t0); /* tokens past the tile's end repeat its first */
@@ -116,7 +134,8 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
     __syncthreads();
 
     /* this thread's copies a step: codes chunk (wp = j, tile, half, lane) for j = 0..3, the
-     * scale and bias of row tid (the same order), inputs chunk `lane` of tokens warp + 4j */
+     * scale and bias of row tid (the same order), inputs chunk `lane` of tokens warp + 4j
+     * (XP: chunk tid % 16 of tokens tid / 16 + 8j) */
     const size_t rowb = (size_t)m.cols / 2, sbrow = (size_t)(m.cols / GT_K) * sbb;
     const int ct = (tid >> 6) & 1, ch = (tid >> 5) & 1, cg = lane >> 2, cq = lane & 3;
     const dmat &cm = DUAL && ct ? m2 : m;
@@ -136,9 +155,11 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
         ssrc = (const char *)sm.s + (long long)e * sm.es + (size_t)r * sbrow;
         bsrc = (const char *)sm.b + (long long)e * sm.es + (size_t)r * sbrow;
     }
-    const size_t SB = gt_stage_bytes(BT, sbb);
+    const size_t SB = gt_stage_bytes(BT, sbb, XP);
     /* the next step to issue goes to slot wslot; the sources advance a step each issue */
-    const float *xsrc = X + 4 * lane;
+    const float *xsrc = (const float *)Xv + 4 * lane;
+    const __half *xsrc16 = (const __half *)Xv + 8 * (tid & 15);
+    const int xc = tid & 15, xt = tid >> 4; /* XP: this thread's chunk, its first token */
     int wslot = 0;
     auto stage = [&]() {
         unsigned char *st = gt_sm + (size_t)wslot * SB;
@@ -150,13 +171,25 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
         else { cu_cp<16>(ss + tid * 16, ssrc); cu_cp<16>(bs + tid * 16, bsrc); }
         ssrc += sbb;
         bsrc += sbb;
-        float *xs = (float *)(bs + 128 * sbb);
+        if (XP) {
+            /* token t's chunk c at c ^ 4 (t odd): the quarter-warp reading chunks 4w..4w+3 of
+             * tokens 2i and 2i + 1 then hits all 32 banks */
+            uint4 *xs = (uint4 *)(bs + 128 * sbb);
 #pragma unroll
-        for (int j = 0; j < BT / 4; j++) {
-            const int t = warp + 4 * j;
-            cu_cp<16>(xs + (t * 32 + gt_xsw(t, lane)) * 4, xsrc + xo[t]);
+            for (int j = 0; j < BT / 8; j++) {
+                const int t = xt + 8 * j;
+                if (8 * j < 8 * nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + xo[t]);
+            }
+            xsrc16 += GT_K;
+        } else {
+            float *xs = (float *)(bs + 128 * sbb);
+#pragma unroll
+            for (int j = 0; j < BT / 4; j++) {
+                const int t = warp + 4 * j;
+                cu_cp<16>(xs + (t * 32 + gt_xsw(t, lane)) * 4, xsrc + xo[t]);
+            }
+            xsrc += GT_K;
         }
-        xsrc += GT_K;
         wslot = wslot + 1 == NS ? 0 : wslot + 1;
     };
 
@@ -174,9 +207,9 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
         if (s < nk) stage();
         cu_cp_commit();
     }
-    /* the step's inputs in fp16, converted once for the block's 4 warps: chunk (4j + w) * 32 + lane
-     * holds the 8 inputs lane (g, q) multiplies with word w of its codes for tokens 8j + g, in the
-     * mma's B order: x0 x4 | x1 x5 (k step 2w) | x2 x6 | x3 x7 (2w + 1) */
+    /* !XP: the step's inputs in fp16, converted once for the block's 4 warps: chunk (4j + w) * 32 +
+     * lane holds the 8 inputs lane (g, q) multiplies with word w of its codes for tokens 8j + g,
+     * in the mma's B order: x0 x4 | x1 x5 (k step 2w) | x2 x6 | x3 x7 (2w + 1) */
     uint4 *xh = (uint4 *)(gt_sm + (size_t)NS * SB);
     int rslot = 0; /* the slot of step k */
     for (int k = 0; k < nk; k++) {
@@ -190,7 +223,7 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
         rslot = rslot + 1 == NS ? 0 : rslot + 1;
         const uint4 *ws = (const uint4 *)st;
         const unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
-        {
+        if (!XP) {
             const float4 *xs = (const float4 *)(bs + 128 * sbb);
 #pragma unroll
             for (int r = 0; r < BT / 8; r++) {
@@ -217,12 +250,14 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
                 b2[i][h] = __float2half2_rn(bi);
                 b16[i][h] = __float2half2_rn(bi * 16.f);
             }
-        __syncthreads(); /* the fp16 inputs are in */
+        if (!XP) __syncthreads(); /* the fp16 inputs are in */
+        const uint4 *xb = XP ? (const uint4 *)(bs + 128 * sbb) : xh;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             uint4 bf[BT / 8];
 #pragma unroll
-            for (int j = 0; j < BT / 8; j++) bf[j] = xh[(4 * j + w) * 32 + lane];
+            for (int j = 0; j < BT / 8; j++)
+                if (j < nj) bf[j] = XP ? xb[(8 * j + g) * 16 + ((4 * w + q) ^ ((g & 1) << 2))] : xb[(4 * j + w) * 32 + lane];
             uint32_t pa[2][4], pb[2][4]; /* rows g and g + 8 of both tiles */
 #pragma unroll
             for (int i = 0; i < 2; i++) {
@@ -235,11 +270,13 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < BT / 8; j++) tc_mma(acc[i][j], pa[i][0], pb[i][0], pa[i][1], pb[i][1], bf[j].x, bf[j].y);
+                for (int j = 0; j < BT / 8; j++)
+                    if (j < nj) tc_mma(acc[i][j], pa[i][0], pb[i][0], pa[i][1], pb[i][1], bf[j].x, bf[j].y);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < BT / 8; j++) tc_mma(acc[i][j], pa[i][2], pb[i][2], pa[i][3], pb[i][3], bf[j].z, bf[j].w);
+                for (int j = 0; j < BT / 8; j++)
+                    if (j < nj) tc_mma(acc[i][j], pa[i][2], pb[i][2], pa[i][3], pb[i][3], bf[j].z, bf[j].w);
         }
     }
     /* c[0..3] = C[g][2q], C[g][2q + 1], C[g + 8][2q], C[g + 8][2q + 1]: rows by tile, tokens by j */
@@ -252,10 +289,28 @@ __global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ 
                 const int row = gt_row<DUAL>(r0, warp, i, c >> 1, g), t = t0 + 8 * j + 2 * q + (c & 1);
                 if (row >= m.rows || t >= n) continue;
                 const float v = DUAL ? silu_f(acc[0][j][c]) * acc[1][j][c] : acc[i][j][c];
-                Y[(size_t)(base + t) * ldy + row] = v;
+                if (DUAL && XP) {
+                    float f;
+                    const int p = gt_xp_pos(row, f);
+                    ((__half *)G.y[mi])[(size_t)(base + t) * ldy + p] = gt_hsat(v * f);
+                } else {
+                    ((float *)G.y[mi])[(size_t)(base + t) * ldy + row] = v;
+                }
             }
 }
 
+/* X [T][ldx] fp32 -> Y [T][C] packed (gt_xp_pos), a thread a chunk of 8 */
+__global__ void k_xp_pack(const float *__restrict__ X, int ldx, int T, int C, uint4 *__restrict__ Y) {
+    CU_PDL();
+    const int cpr = C / 8;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)T * cpr) return;
+    const int t = (int)(i / cpr), cc = (int)(i % cpr), p = cc & 15, w = p >> 2, q = p & 3;
+    const float *x = X + (size_t)t * ldx + 128 * (cc >> 4) + 32 * q + 8 * w;
+    const float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+    Y[i] = make_uint4(cu_h2sat(a.x, b.x), cu_h2sat(a.y * 0.0625f, b.y * 0.0625f), cu_h2sat(a.z, b.z),
+                      cu_h2sat(a.w * 0.0625f, b.w * 0.0625f));
+}
 
 int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
     static int on = -1;
@@ -268,23 +323,24 @@ int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
            W->es % sbb == 0;
 }
 
-template <int BT, int DUAL, int SBT>
-static void gt_launch(cudaStream_t s, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
+template <int BT, int DUAL, int SBT, int XP>
+static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
     const int sbb = gt_sbb(&G->m[0]), ns = gt_ns();
-    const size_t smem = ns * gt_stage_bytes(BT, sbb) + (size_t)BT * 256;
+    const size_t smem = ns * gt_stage_bytes(BT, sbb, XP) + (XP ? 0 : (size_t)BT * 256);
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
-    if (smem > opted && cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
+    if (smem > opted &&
+        cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT, XP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
         opted = smem;
-    k_gemm_tc<BT, DUAL, SBT><<<grid, GT_THREADS, smem, s>>>(*G, X, ldx, T, *so, xdiv, sbb, ns);
+    k_gemm_tc<BT, DUAL, SBT, XP><<<grid, GT_THREADS, smem, s>>>(*G, X, ldx, T, *so, xdiv, sbb, ns);
 }
 
-template <int DUAL>
-static void gt_launch_bt(cudaStream_t s, int bt, const gt_group *G, const float *X, int ldx, int T, const dsort *so, int xdiv,
+template <int DUAL, int XP>
+static void gt_launch_bt(cudaStream_t s, int bt, const gt_group *G, const void *X, int ldx, int T, const dsort *so, int xdiv,
                          dim3 grid) {
     const int bf = G->m[0].sbt == LW_BF16;
-    if (bt == 16) (bf ? gt_launch<16, DUAL, LW_BF16> : gt_launch<16, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
-    else if (bt == 32) (bf ? gt_launch<32, DUAL, LW_BF16> : gt_launch<32, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
-    else (bf ? gt_launch<64, DUAL, LW_BF16> : gt_launch<64, DUAL, -1>)(s, G, X, ldx, T, so, xdiv, grid);
+    if (bt == 16) (bf ? gt_launch<16, DUAL, LW_BF16, XP> : gt_launch<16, DUAL, -1, XP>)(s, G, X, ldx, T, so, xdiv, grid);
+    else if (bt == 32) (bf ? gt_launch<32, DUAL, LW_BF16, XP> : gt_launch<32, DUAL, -1, XP>)(s, G, X, ldx, T, so, xdiv, grid);
+    else (bf ? gt_launch<64, DUAL, LW_BF16, XP> : gt_launch<64, DUAL, -1, XP>)(s, G, X, ldx, T, so, xdiv, grid);
 }
 
 /* n matrices (or, DUAL, one gate/up pair) over T rows of X: the widest token tile that still
@@ -307,8 +363,8 @@ static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, cons
     const int v = cu_env_int(&env, "LILY_CU_GT_BT", 0);
     const int bt = v == 16 || v == 32 || v == 64 ? v : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
-    if (dual) gt_launch_bt<1>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
-    else gt_launch_bt<0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
+    if (dual) gt_launch_bt<1, 0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
+    else gt_launch_bt<0, 0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
 }
 
 void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
@@ -338,8 +394,8 @@ void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dso
     G.ldy[0] = ldy;
     G.blk0[1] = (W->rows + (W2 ? 63 : 127)) / (W2 ? 64 : 128);
     const dim3 grid(G.blk0[1], max_tiles);
-    if (W2) gt_launch_bt<1>(s, bt, &G, X, ldx, 0, so, xdiv, grid);
-    else gt_launch_bt<0>(s, bt, &G, X, ldx, 0, so, xdiv, grid);
+    if (W2) gt_launch_bt<1, 0>(s, bt, &G, X, ldx, 0, so, xdiv, grid);
+    else gt_launch_bt<0, 0>(s, bt, &G, X, ldx, 0, so, xdiv, grid);
 }
 
 static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx, long long xrows) {
@@ -359,4 +415,39 @@ int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const d
     if (!gt_pair_ok(G, U, X, ldx, (long long)max_tiles * bt)) return 0;
     cu_gemm_tc_grouped(s, G, U, so, bt, max_tiles, xdiv, X, ldx, Y, ldy);
     return 1;
+}
+
+/* The experts' FFN at prefill over the (expert, tile) map in two launches (cu_common.h):
+ * cu_moe_gate_up_xp packs X into xpx and writes silu(gate) * up packed into xph; 0 when the
+ * kernel does not take the three matrices, and then neither launch is made. */
+int cu_moe_gate_up_xp(cudaStream_t s, const dmat *G, const dmat *U, const dmat *D, const dsort *so, int bt, int max_tiles,
+                      int xdiv, const float *X, int ldx, int xrows, uint16_t *xpx, uint16_t *xph) {
+    static int on = -1; /* LILY_CU_MOE_XP=0: the fp32-input launches (cu_gemm_swiglu_grouped), for measuring */
+    const long long slots = (long long)max_tiles * bt;
+    if (!cu_env_flag(&on, "LILY_CU_MOE_XP", 1) || !gt_pair_ok(G, U, X, ldx, xrows) || !cu_gemm_tc_ok(D, X, ldx, xrows) || D->cols != G->rows ||
+        (long long)xrows * G->cols >= (1ll << 31) || slots * D->cols >= (1ll << 31) || ((uintptr_t)xpx & 15) || ((uintptr_t)xph & 15))
+        return 0;
+    const int C = G->cols, nc = xrows * (C / 8);
+    k_xp_pack<<<(nc + 255) / 256, 256, 0, s>>>(X, ldx, xrows, C, (uint4 *)xpx);
+    gt_group g;
+    memset(&g, 0, sizeof g);
+    g.n = 1;
+    g.m[0] = *G;
+    g.m[1] = *U;
+    g.y[0] = xph;
+    g.ldy[0] = G->rows;
+    g.blk0[1] = (G->rows + 63) / 64;
+    gt_launch_bt<1, 1>(s, bt, &g, xpx, C, 0, so, xdiv, dim3(g.blk0[1], max_tiles));
+    return 1;
+}
+
+void cu_moe_down_xp(cudaStream_t s, const dmat *D, const dsort *so, int bt, int max_tiles, const uint16_t *xph, float *Y, int ldy) {
+    gt_group g;
+    memset(&g, 0, sizeof g);
+    g.n = 1;
+    g.m[0] = g.m[1] = *D;
+    g.y[0] = Y;
+    g.ldy[0] = ldy;
+    g.blk0[1] = (D->rows + 127) / 128;
+    gt_launch_bt<0, 1>(s, bt, &g, xph, D->cols, 0, so, 0, dim3(g.blk0[1], max_tiles));
 }

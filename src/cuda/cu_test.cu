@@ -29,6 +29,17 @@ static lily_code dget(void *h, const void *d, size_t n, lily_status *st) {
     return e == cudaSuccess ? LILY_OK : cu_fail(st, e, "copy back", __FILE__, __LINE__);
 }
 
+/* Y [n][rows] in slot order from the device's sorted rows dys and slot -> sorted map pos */
+static lily_code slot_order(float *Y, const float *dys, const int *pos, int n, int rows, lily_status *st) {
+    int *hp = (int *)malloc((size_t)n * 4);
+    float *hs = (float *)malloc((size_t)n * rows * 4);
+    lily_code rc = hp && hs ? dget(hp, pos, (size_t)n * 4, st) : lily_err(st, LILY_ENOMEM, "out of memory");
+    if (!rc) rc = dget(hs, dys, (size_t)n * rows * 4, st);
+    for (int i = 0; !rc && i < n; i++) memcpy(Y + (size_t)i * rows, hs + (size_t)hp[i] * rows, (size_t)rows * 4);
+    free(hp); free(hs);
+    return rc;
+}
+
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
@@ -71,14 +82,8 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
         }
     }
     rc = finish(st, rc);
-    if (!rc && (variant == 4 || variant == 6)) { /* back to slot order */
-        int *hp = (int *)malloc((size_t)T * K * 4);
-        float *hs = (float *)malloc((size_t)ny * rows * 4);
-        rc = dget(hp, pos, (size_t)T * K * 4, st);
-        if (!rc) rc = dget(hs, dys, (size_t)ny * rows * 4, st);
-        for (int i = 0; !rc && i < T * K; i++) memcpy(Y + (size_t)i * rows, hs + (size_t)hp[i] * rows, (size_t)rows * 4);
-        free(hp); free(hs);
-    } else if (!rc) rc = dget(Y, dy, (size_t)ny * rows * 4, st);
+    if (!rc && (variant == 4 || variant == 6)) rc = slot_order(Y, dys, pos, T * K, rows, st);
+    else if (!rc) rc = dget(Y, dy, (size_t)ny * rows * 4, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;
@@ -118,14 +123,37 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
             rc = lily_err(st, LILY_EUNSUPPORTED, "the fused gate/up kernel does not take these matrices");
     }
     rc = finish(st, rc);
-    if (!rc) { /* back to slot order */
-        int *hp = (int *)malloc((size_t)n * 4);
-        float *hs = (float *)malloc((size_t)n * rows * 4);
-        rc = dget(hp, pos, (size_t)n * 4, st);
-        if (!rc) rc = dget(hs, dy, (size_t)n * rows * 4, st);
-        for (int i = 0; !rc && i < n; i++) memcpy(Y + (size_t)i * rows, hs + (size_t)hp[i] * rows, (size_t)rows * 4);
-        free(hp); free(hs);
+    if (!rc) rc = slot_order(Y, dy, pos, n, rows, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
+lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E, const float *X, int T, const int *sel, int K,
+                          int bt, float *Y, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat dg, du, dd;
+    lily_code rc = cu_upload_mats(m, G, E, &dg, st);
+    if (!rc) rc = cu_upload_mats(m, U, E, &du, st);
+    if (!rc) rc = cu_upload_mats(m, D, E, &dd, st);
+    dlist L = { {0}, 0 };
+    const int I = G->rows, H = G->cols, n = T * K, mt = cu_moe_max_tiles(n, E, bt);
+    float *dx = (float *)dput(&L, X, (size_t)T * H * 4, st, &rc);
+    float *dy = (float *)dput(&L, NULL, (size_t)n * D->rows * 4, st, &rc);
+    uint16_t *xpx = (uint16_t *)dput(&L, NULL, (size_t)T * H * 2, st, &rc), *xph = (uint16_t *)dput(&L, NULL, (size_t)n * I * 2, st, &rc);
+    int *ds = (int *)dput(&L, sel, (size_t)n * 4, st, &rc);
+    int *cnt = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc), *off = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc);
+    int *src = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc), *pos = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc);
+    int *tiles = (int *)dput(&L, NULL, (size_t)mt * 4, st, &rc);
+    if (!rc) {
+        cu_moe_sort(0, ds, n, E, cnt, off, src, pos);
+        cu_moe_tiles(0, cnt, E, bt, tiles, mt);
+        dsort so = { cnt, off, src, pos, tiles };
+        if (cu_moe_gate_up_xp(0, &dg, &du, &dd, &so, bt, mt, K, dx, H, T, xpx, xph)) cu_moe_down_xp(0, &dd, &so, bt, mt, xph, dy, D->rows);
+        else rc = lily_err(st, LILY_EUNSUPPORTED, "the packed-input experts' kernels do not take these matrices");
     }
+    rc = finish(st, rc);
+    if (!rc) rc = slot_order(Y, dy, pos, n, D->rows, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;

@@ -223,6 +223,22 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
         for (size_t i = 0; i < (size_t)T * K * rows; i++) Y[i] = NAN;
         if (lct_experts_swiglu(W, U, E, X, T, sel, K, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
         else report(what, rel(Y, ref, (size_t)T * K * rows), 3e-3);
+        if (rows % 128 == 0) { /* the whole FFN with packed fp16 inputs, at each token tile */
+            void **dhold = calloc((size_t)E * 3, sizeof *dhold);
+            lw_mat *D = malloc((size_t)E * sizeof *D);
+            for (int e = 0; e < E; e++) D[e] = mk_mat(LW_Q, bits, 64, cols, rows, dhold + 3 * e);
+            float *ref2 = malloc((size_t)T * K * cols * 4), *Y2 = malloc((size_t)T * K * cols * 4);
+            for (int i = 0; i < T * K; i++) cpu_matmul(pool, &D[sel[i]], ref + (size_t)i * rows, 1, ref2 + (size_t)i * cols);
+            for (int bt = 16; bt <= 64; bt *= 2) {
+                snprintf(what, sizeof what, "experts ffn packed q4 E=%d %dx%d T=%d K=%d bt=%d", E, rows, cols, T, K, bt);
+                for (size_t i = 0; i < (size_t)T * K * cols; i++) Y2[i] = NAN;
+                lily_status st2 = { 0 };
+                if (lct_experts_ffn(W, U, D, E, X, T, sel, K, bt, Y2, &st2)) { printf("%s: %s\n", what, st2.msg); n_fail++; }
+                else report(what, rel(Y2, ref2, (size_t)T * K * cols), 3e-3);
+            }
+            for (int i = 0; i < 3 * E; i++) free(dhold[i]);
+            free(dhold); free(D); free(ref2); free(Y2);
+        }
         for (int i = 0; i < 3 * E; i++) free(uhold[i]);
         free(uhold); free(U); free(u);
     }
@@ -852,6 +868,7 @@ int main(int argc, char **argv) {
         test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert */
     }
     test_experts(pool, 4, 7, 96, 192, 70, 3);       /* 30 an expert: 32-token tiles */
+    test_experts(pool, 4, 7, 256, 384, 70, 3);      /* the same through the packed-input FFN, 3 tiles wide */
     test_gated_norm(small ? 37 : 512, 32, 128); /* a warp a head */
     test_gated_norm(9, 3, 24);                  /* a block a head */
     test_attention(9, 4, 2, 64, 3);  /* the SIMT kernels: other head shapes */
