@@ -187,8 +187,11 @@ int cu_moe_tile_rows(int rows_total, int E) {
     static int env = INT_MIN;
     const int v = cu_env_int(&env, "LILY_CU_MOE_BT", 0);
     if (v == 16 || v == 32 || v == 64) return v;
+    /* 32 up to 96 tokens an expert: with the packed inputs (cu_moe_gate_up_xp) a 32-token tile
+     * fits 5 blocks an SM, and one pass over an expert's weights for up to 32 tokens beat two
+     * 16-token passes (pp512 17,151 -> 17,569, pp2048 21,111 -> 21,695 on the H200, RESULTS.md) */
     int avg = E > 0 ? rows_total / E : rows_total;
-    return avg <= 24 ? 16 : avg <= 48 ? 32 : 64;
+    return avg <= 96 ? 32 : 64;
 }
 
 int cu_moe_max_tiles(int rows_total, int E, int bt) { return (rows_total + bt - 1) / bt + E; }

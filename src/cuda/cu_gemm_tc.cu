@@ -110,7 +110,7 @@ __device__ __forceinline__ __half gt_hsat(float v) { return __float2half_rn(fmin
  * XP: X is the packed fp16 input (ldx in halves), and a DUAL launch writes silu(gate) * up packed
  * too (the experts' down reads it so). A step then has no conversion, one barrier. */
 template <int BT, int DUAL, int SBT, int XP>
-__global__ void __launch_bounds__(GT_THREADS) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
+__global__ void __launch_bounds__(GT_THREADS, XP && BT == 32 ? 5 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
                                                         int T, dsort so, int xdiv, int sbb, int ns) {
     CU_PDL();
     const int NS = ns;

@@ -861,11 +861,13 @@ int main(int argc, char **argv) {
     test_experts(pool, 8, 5, 33, 128, 40, 2); /* 8-bit through the grouped FP16 GEMM */
     test_experts(pool, 4, 9, 70, 512, 2, 3);
     if (small) {
-        test_experts(pool, 4, 64, 128, 128, 128, 8); /* 16 tokens an expert: 16-token tiles */
-        test_experts(pool, 4, 16, 64, 128, 128, 8);  /* 64 an expert */
+        test_experts(pool, 4, 64, 128, 128, 128, 8); /* 16 tokens an expert: 32-token tiles, half empty */
+        test_experts(pool, 4, 16, 64, 128, 128, 8);  /* 64 an expert: 32-token tiles */
+        test_experts(pool, 4, 8, 128, 128, 130, 8);  /* 130 an expert: 64-token tiles */
     } else {
-        test_experts(pool, 4, 256, 2048, 512, 512, 8);  /* 16 tokens an expert: 16-token tiles */
-        test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert */
+        test_experts(pool, 4, 256, 2048, 512, 512, 8);  /* 16 tokens an expert: 32-token tiles, half empty */
+        test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert: 32-token tiles */
+        test_experts(pool, 4, 32, 512, 2048, 512, 8);   /* 128 an expert: 64-token tiles */
     }
     test_experts(pool, 4, 7, 96, 192, 70, 3);       /* 30 an expert: 32-token tiles */
     test_experts(pool, 4, 7, 256, 384, 70, 3);      /* the same through the packed-input FFN, 3 tiles wide */
