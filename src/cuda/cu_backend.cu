@@ -75,6 +75,20 @@ static size_t mat_s_bytes(const lw_mat *w) {
     return w->type == LW_Q ? (size_t)w->rows * (w->cols / w->group) * sb_size(w->sb_type) : 0;
 }
 
+/* the largest |scale| of a quantized matrix (host copy), for dmat.sexp */
+static float max_scale(const lw_mat *w) {
+    const size_t n = (size_t)w->rows * (w->cols / w->group);
+    float mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        float v = w->sb_type == LW_F32 ? ((const float *)w->scales)[i]
+                : w->sb_type == LW_BF16 ? lily_bf16_to_f32(((const uint16_t *)w->scales)[i])
+                                        : lily_f16_to_f32(((const uint16_t *)w->scales)[i]);
+        v = fabsf(v);
+        if (!(v <= mx)) mx = v; /* NaN too: it makes the matrix not fit */
+    }
+    return mx;
+}
+
 static lily_code copy_up(up_ctx *u, void *dst, const void *src, size_t n) {
     lily_status *st = u->st;
     LCU_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
@@ -106,6 +120,14 @@ static lily_code up_mats(up_ctx *u, const lw_mat *src, int n, dmat *d) {
         if (!rc && sb) rc = copy_up(u, (char *)pb + sb * e, src[e].biases, sb);
     }
     d->w = pw; d->s = ps; d->b = pb;
+    if (w->type == LW_Q) {
+        float mx = 0;
+        for (int e = 0; e < n; e++) {
+            const float v = max_scale(&src[e]);
+            if (!(v <= mx)) mx = v;
+        }
+        d->sexp = cu_q_sexp(mx);
+    }
     return rc;
 }
 

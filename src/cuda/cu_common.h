@@ -41,7 +41,18 @@ typedef struct {
     int sbt;             /* scales/biases type (LW_F32/LW_BF16/LW_F16) */
     const void *w, *s, *b;
     long long ew, es;    /* bytes between experts: codes/values, and scales (= biases) */
+    int sexp;            /* LW_Q: k_gemm_tc's dequantization exponent e, every |scale| 2^e within fp16
+                          * (cu_q_sexp); 0: none (NaN or huge scales), the kernel declines */
 } dmat;
+
+/* e for dmat.sexp from the largest |scale|: the most (for precision: a weight below 2^(10 - e)
+ * is an fp16 subnormal there, within 2^-e) that keeps s 2^e below fp16's largest, at most 24. */
+static inline int cu_q_sexp(float maxs) {
+    if (!(maxs < 256.f)) return 0;
+    int e = 24;
+    while (e > 1 && maxs * (float)(1 << e) >= 65000.f) e--;
+    return e;
+}
 
 #define MVQ_MAX 4
 /* Decode (one input row) fusions of the router group's launch, so the layer's MoE needs two

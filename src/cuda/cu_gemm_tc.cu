@@ -13,8 +13,8 @@
  * columns works if A and B use the same one. Lane (g, q) takes columns 32q..32q+31 of a
  * 128-column step, word w (8 codes, columns 32q + 8w + 0..7) feeding two k16 steps: the
  * pairs come out of a word as (c0,c4) (c1,c5) (c2,c6) (c3,c7), and the input is read in the
- * same pairs. The weights are rounded to fp16 as in the wmma kernel, q s + b in one half FMA
- * after an exact subtraction; inputs saturate at fp16's range; fp32 accumulators.
+ * same pairs. The weights are rounded to fp16 as in the wmma kernel, (q s + b) 2^-8 in one half
+ * FMA from the codes as subnormals (gt_deq); inputs saturate at fp16's range; fp32 accumulators.
  *
  * A block has 4 warps; a warp owns two 16-row tiles (A, the mma's M) and the block's BT
  * tokens (B, N = 8 a mma). DUAL (the experts' gate and up): tile 0 is gate's rows, tile 1 the
@@ -44,30 +44,21 @@ static int gt_ns(void) {
  * distinct bank groups. */
 __device__ __forceinline__ int gt_xsw(int t, int c) { return c ^ ((((c >> 3) & 3) << 1) | (t & 1)); }
 
-/* (w & mask) | k in one LOP3: written out, the compiler splits it in two, both constants being
- * immediates and LOP3 taking one */
-template <uint32_t MASK>
-__device__ __forceinline__ uint32_t gt_lop(uint32_t w, uint32_t k) {
-#if defined(__CUDA_ARCH__)
-    uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "n"(MASK), "r"(k)); /* 0xea: (a & b) | c */
-    return r;
-#else
-    return (w & MASK) | k;
-#endif
-}
-
+/* A word's 8 codes as 4 fp16 pairs (c0,c4) (c1,c5) (c2,c6) (c3,c7), each (q s + b) 2^(e - 24)
+ * (e = dmat.sexp) in one half FMA: the masked nibbles are fp16 subnormals, q 2^-24 (even pairs)
+ * or q 2^-20 (odd ones, whose inputs are stored / 16), times s 2^e (a finite fp16) plus
+ * b 2^(e - 24) (b 2^(e - 20)). The FMA rounds once, so a weight is its fp16 rounding as q s + b
+ * would be, but below 2^(10 - e) (subnormal results) where it is within 2^-e (e is 16 at scales
+ * up to 1). The block scales its sums by 2^(24 - e) at the end. (The exponent-of-1024 trick
+ * needs a subtraction a pair more.) */
 __device__ __forceinline__ void gt_deq(uint32_t w, __half2 s, __half2 b, __half2 b16, uint32_t (&p)[4]) {
-    const uint32_t k1024 = 0x64006400u, w8 = w >> 8;
-    const uint32_t v[4] = { gt_lop<0x000F000Fu>(w, k1024), gt_lop<0x00F000F0u>(w, k1024), gt_lop<0x000F000Fu>(w8, k1024),
-                            gt_lop<0x00F000F0u>(w8, k1024) };
-    __half2 k;
-    memcpy(&k, &k1024, 4);
+    const uint32_t w8 = w >> 8;
+    const uint32_t v[4] = { w & 0x000F000Fu, w & 0x00F000F0u, w8 & 0x000F000Fu, w8 & 0x00F000F0u };
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         __half2 h;
         memcpy(&h, &v[i], 4);
-        h = __hfma2(__hsub2(h, k), s, i & 1 ? b16 : b);
+        h = __hfma2(h, s, i & 1 ? b16 : b);
         memcpy(&p[i], &h, 4);
     }
 }
@@ -110,7 +101,7 @@ __device__ __forceinline__ __half gt_hsat(float v) { return __float2half_rn(fmin
  * XP: X is the packed fp16 input (ldx in halves), and a DUAL launch writes silu(gate) * up packed
  * too (the experts' down reads it so). A step then has no conversion, one barrier. */
 template <int BT, int DUAL, int SBT, int XP>
-__global__ void __launch_bounds__(GT_THREADS, XP && BT == 32 ? 5 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
+__global__ void __launch_bounds__(GT_THREADS, BT == 16 || (XP && BT == 32) ? 5 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
                                                         int T, dsort so, int xdiv, int sbb, int ns) {
     CU_PDL();
     const int NS = ns;
@@ -201,6 +192,10 @@ __global__ void __launch_bounds__(GT_THREADS, XP && BT == 32 ? 5 : 1) k_gemm_tc(
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
+    /* each tile's dequantization factors (gt_deq): s 2^e, b 2^(e - 24), and the sums' 2^(24 - e) */
+    const int e0 = m.sexp, e1 = DUAL ? m2.sexp : m.sexp;
+    const float se[2] = { ldexpf(1.f, e0), ldexpf(1.f, e1) }, be[2] = { ldexpf(1.f, e0 - 24), ldexpf(1.f, e1 - 24) };
+    const float ye[2] = { ldexpf(1.f, 24 - e0), ldexpf(1.f, 24 - e1) };
     const int nk = m.cols / GT_K;
     const int sboff = (32 * q / m.group) * gt_sbytes(m.sbt); /* this lane's group among a row's sbb bytes */
     for (int s = 0; s < NS - 1; s++) {
@@ -246,9 +241,9 @@ __global__ void __launch_bounds__(GT_THREADS, XP && BT == 32 ? 5 : 1) k_gemm_tc(
                 const int ri = rr * 8 + g;
                 const float sc = mvq_sb<SBT>((const char *)ss + ri * sbb + sboff, m.sbt, 0);
                 const float bi = mvq_sb<SBT>((const char *)bs + ri * sbb + sboff, m.sbt, 0);
-                s2[i][h] = __float2half2_rn(sc);
-                b2[i][h] = __float2half2_rn(bi);
-                b16[i][h] = __float2half2_rn(bi * 16.f);
+                s2[i][h] = __float2half2_rn(sc * se[i]);
+                b2[i][h] = __float2half2_rn(bi * be[i]);
+                b16[i][h] = __float2half2_rn(bi * (16.f * be[i]));
             }
         if (!XP) __syncthreads(); /* the fp16 inputs are in */
         const uint4 *xb = XP ? (const uint4 *)(bs + 128 * sbb) : xh;
@@ -288,7 +283,7 @@ __global__ void __launch_bounds__(GT_THREADS, XP && BT == 32 ? 5 : 1) k_gemm_tc(
             for (int c = 0; c < 4; c++) {
                 const int row = gt_row<DUAL>(r0, warp, i, c >> 1, g), t = t0 + 8 * j + 2 * q + (c & 1);
                 if (row >= m.rows || t >= n) continue;
-                const float v = DUAL ? silu_f(acc[0][j][c]) * acc[1][j][c] : acc[i][j][c];
+                const float v = DUAL ? silu_f(ye[0] * acc[0][j][c]) * (ye[1] * acc[1][j][c]) : ye[i] * acc[i][j][c];
                 if (DUAL && XP) {
                     float f;
                     const int p = gt_xp_pos(row, f);
@@ -315,7 +310,7 @@ __global__ void k_xp_pack(const float *__restrict__ X, int ldx, int T, int C, ui
 int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
     static int on = -1;
     if (!cu_env_flag(&on, "LILY_CU_GEMM_TC", 1)) return 0;
-    if (W->type != LW_Q || W->bits != 4 || W->cols % GT_K || !(W->group == 32 || W->group == 64 || W->group == 128)) return 0;
+    if (W->type != LW_Q || W->bits != 4 || !W->sexp || W->cols % GT_K || !(W->group == 32 || W->group == 64 || W->group == 128)) return 0;
     const int sbb = gt_sbb(W);
     /* a row's scales for a step are one copy of sbb bytes: aligned to sbb */
     return (sbb == 4 || sbb == 8 || sbb == 16) && xrows * ldx < (1ll << 31) && ldx % 4 == 0 && ((uintptr_t)X & 15) == 0 &&

@@ -53,6 +53,7 @@ static lily_code rmat(rctx *r, int n, int rows, int cols, int bits, dmat *d) {
     k_fill_bf16<<<fill_blocks(sb * n / 2), 256>>>((uint16_t *)s, sb * n / 2, ++r->seed, 0.8f * sc, 1.2f * sc);
     k_fill_bf16<<<fill_blocks(sb * n / 2), 256>>>((uint16_t *)b, sb * n / 2, ++r->seed, -1.1f * amp, -0.9f * amp);
     d->w = w; d->s = s; d->b = b;
+    d->sexp = cu_q_sexp(1.2f * sc);
     return LILY_OK;
 }
 

@@ -51,6 +51,7 @@ static float *rnd(size_t n, float sd) {
 
 /* the type of the quantized matrices' scales and biases (MLX: bf16) */
 static lw_type mk_sbt = LW_BF16;
+static float mk_amp = 1.0f; /* the quantized matrices' scale factor (k_gemm_tc's exponent, dmat.sexp) */
 static void put_sb(void *p, size_t i, float v) {
     if (mk_sbt == LW_F32) ((float *)p)[i] = v;
     else if (mk_sbt == LW_F16) ((uint16_t *)p)[i] = lily_f32_to_f16(v);
@@ -69,7 +70,7 @@ static lw_mat mk_mat(lw_type t, int bits, int group, int rows, int cols, void **
         uint32_t *w = malloc(words * 4);
         void *s = malloc(ng * sz), *b = malloc(ng * sz);
         for (size_t i = 0; i < words; i++) w[i] = (uint32_t)lily_rng_u64(&rng);
-        float amp = 1.0f / sqrtf((float)cols);
+        float amp = mk_amp / sqrtf((float)cols);
         for (size_t i = 0; i < ng; i++) {
             put_sb(s, i, amp * (0.5f + (float)lily_rng_uniform(&rng)) / ((1 << bits) - 1) * 2);
             put_sb(b, i, -amp * (0.5f + (float)lily_rng_uniform(&rng)));
@@ -829,6 +830,14 @@ int main(int argc, char **argv) {
     test_matmul(pool, LW_Q, 4, 32, 100, 128, 130);
     test_matmul(pool, LW_Q, 4, 64, 65, 192, 1);
     test_matmul(pool, LW_Q, 4, 64, 4, 128, 100); /* DeltaNet b and a (nv rows) at prefill: one partial row block */
+    /* k_gemm_tc's dequantization exponent at tiny scales (weights ~1e-4: fp16 subnormals), at
+     * large ones (scales ~10), and past them (scales ~375: the wmma kernel takes the matrix) */
+    const float amps[3] = { 1e-3f, 800.f, 3e4f };
+    for (int i = 0; i < 3; i++) {
+        mk_amp = amps[i];
+        test_matmul(pool, LW_Q, 4, 64, 130, 256, 70);
+    }
+    mk_amp = 1.0f;
     test_matmul(pool, LW_Q, 8, 64, 1, 2048, 77);  /* the shared expert's gate at prefill */
     test_matmul(pool, LW_BF16, 0, 0, 3, 100, 20);
     /* decode batches: 2-8 rows through the fast quantized kernel (via cu_matmul's matrix-vector
