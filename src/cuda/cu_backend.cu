@@ -271,6 +271,14 @@ lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
 
 typedef struct { void **p; size_t n; } sbuf;
 
+/* the widest input a prefill projection packs into the session's xpx (proj, cu_moe_gate_up_xp) */
+static uint64_t xp_cols(const lily_config *c) {
+    uint64_t n = c->hidden;
+    const uint64_t v[3] = { (uint64_t)cfg_val_dim(c), (uint64_t)c->n_heads * c->head_dim, (uint64_t)c->shared_inter };
+    for (int i = 0; i < 3; i++) n = v[i] > n ? v[i] : n;
+    return n;
+}
+
 static uint64_t scratch_bytes(const lily_config *c, int T) {
     uint64_t H = c->hidden, cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv, nh = c->n_heads, hd = c->head_dim;
     uint64_t nkv = c->n_kv_heads, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter ? c->shared_inter : 1;
@@ -279,7 +287,8 @@ static uint64_t scratch_bytes(const lily_config *c, int T) {
                  + (p1 > p2 ? p1 : p2) + T * E + T * K + 2 * T * K * I + T * K * H + 2 * T * SI + T + T * H + c->vocab;
     uint64_t i = 3 * T * K + 2 * E + 16 + (uint64_t)cu_moe_max_tiles((int)(T * K), (int)E, 16);
     f += cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv);
-    return (f + i) * 4 + 64 * 40;
+    f += (T * xp_cols(c) + 7) / 2 + ((T * K + 16) * I + 7) / 2; /* xpx, xph */
+    return (f + i) * 4 + 64 * 42;
 }
 
 static uint64_t session_bytes(const lily_config *c, int max_ctx, int chunk) {
@@ -326,6 +335,7 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
     size_t SI = c->shared_inter ? c->shared_inter : 1;
     size_t p1 = cu_attention_part_floats((int)T, (int)nh, (int)hd, 1), p2 = cu_attention_part_floats(1, (int)nh, (int)hd, DECODE_SPLITS);
     s->lg_rows = 1;
+    size_t xpc = xp_cols(c);
     struct { float **p; size_t n; } f[] = {
         { &s->conv, s->n_lin * s->conv_n }, { &s->S, s->n_lin * s->S_n }, { &s->kc, s->n_full * s->kv_n }, { &s->vc, s->n_full * s->kv_n },
         { &s->x, T * H }, { &s->t, T * H }, { &s->y, T * H }, { &s->mixed, T * cd }, { &s->u, T * cd }, { &s->zb, T * vd },
@@ -334,7 +344,7 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, (T * K + 1) * I }, { &s->hu, (T * K + 1) * I },
         { &s->D, (T * K + 1) * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
         { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) },
-        { (float **)&s->xpx, (T * H + 7) / 2 }, { (float **)&s->xph, ((T * K + 16) * I + 7) / 2 } };
+        { (float **)&s->xpx, (T * xpc + 7) / 2 }, { (float **)&s->xph, ((T * K + 16) * I + 7) / 2 } };
     lily_code rc = LILY_OK;
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaStreamCreate", __FILE__, __LINE__); goto fail; }
@@ -405,6 +415,12 @@ static void PM(lcuda_session *s, const char *lab) {
 
 /* Matrix-vector products of matrices reading the same row: one launch when they all have
  * the fast quantized form, else one matmul each. */
+/* One prefill projection, Y [T][W->rows] = X W^T: through the packed-input tensor-core GEMM where
+ * it takes the matrix, else cu_matmul. */
+static void proj(lcuda_session *s, const dmat *W, const float *X, int ldx, int T, float *Y) {
+    if (!cu_gemm_tc_xp(s->st, W, X, ldx, T, Y, W->rows, s->xpx)) cu_matmul(s->st, W, X, ldx, T, Y, W->rows);
+}
+
 static void proj_group(lcuda_session *s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
     int ok = (T == 1 || (T <= 8 && cu_mvqb_enabled())) && n <= MVQ_MAX, ld[MVQ_MAX];
     for (int i = 0; i < n && ok; i++) {
@@ -412,7 +428,7 @@ static void proj_group(lcuda_session *s, int n, const dmat *const *W, const floa
         ld[i] = W[i]->rows;
     }
     if (ok) { cu_matvec_rows(s->st, n, W, X, NULL, ldx, T, Y, ld); return; }
-    if (T > 8 && cu_gemm_tc_group(s->st, n, W, X, ldx, T, Y)) return; /* prefill: one launch for the group */
+    if (T > 8 && cu_gemm_tc_group(s->st, n, W, X, ldx, T, Y, s->xpx)) return; /* prefill: one launch for the group */
     for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
 }
 
@@ -434,7 +450,7 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         if (!cu_gdn_rec_rows(q, &R, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, s->o, s->zb, L->gnorm, (float)c->eps))
             cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
         PM(s, "gdn delta rule + gated norm");
-        cu_matmul(q, &L->out, s->o, vd, T, s->y, c->hidden);
+        proj(s, &L->out, s->o, vd, T, s->y);
         PM(s, "gdn out-proj");
         return;
     }
@@ -454,7 +470,7 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
     }
     PM(s, "gdn delta rule + gated norm");
-    cu_matmul(q, &L->out, s->o, vd, T, s->y, c->hidden);
+    proj(s, &L->out, s->o, vd, T, s->y);
     PM(s, "gdn out-proj");
 }
 
@@ -473,7 +489,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
         PM(s, "attn q/k norm + rope + cache");
         cu_attention_rows(q, &R, T, s->q, s->qg, nh, nkv, hd, cu_decode_splits(s, T), s->part, s->ao);
         PM(s, "attn core");
-        cu_matmul(q, &L->o, s->ao, nh * hd, T, s->y, H);
+        proj(s, &L->o, s->ao, nh * hd, T, s->y);
         PM(s, "attn out-proj");
         return;
     }
@@ -483,7 +499,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     PM(s, "attn q/k norm + rope + cache");
     cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
     PM(s, "attn core");
-    cu_matmul(q, &L->o, s->ao, nh * hd, T, s->y, H);
+    proj(s, &L->o, s->ao, nh * hd, T, s->y);
     PM(s, "attn out-proj");
 }
 
@@ -550,7 +566,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         cu_matmul_exact(q, &L->router, s->t, H, T, s->rl, E, s->D, (size_t)T * K * H);
         if (SI) {
             /* the shared gate and up, sg = silu(gate) * up in one launch where the kernel takes them */
-            sh_swiglu = cu_gemm_swiglu(q, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI);
+            sh_swiglu = cu_gemm_swiglu(q, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI, s->xpx);
             if (!sh_swiglu) proj_group(s, 2, RW + 1, s->t, H, T, RY + 1);
             cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1, NULL, 0);
         }
@@ -630,7 +646,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
             cu_matvec_rows(q, 1, W, s->sg, s->su, SI, T, Y, ld);
         } else {
             if (!sh_swiglu) cu_swiglu(q, s->sg, s->su, s->sg, (long long)T * SI);
-            cu_matmul(q, &L->sh_down, s->sg, SI, T, s->SD, H);
+            proj(s, &L->sh_down, s->sg, SI, T, s->SD);
         }
         PM(s, "moe shared swiglu+down");
         SD = s->SD;

@@ -185,10 +185,14 @@ int cu_moe_gate_up_xp(cudaStream_t s, const dmat *G, const dmat *U, const dmat *
                       int xdiv, const float *X, int ldx, int xrows, uint16_t *xpx, uint16_t *xph);
 void cu_moe_down_xp(cudaStream_t s, const dmat *D, const dsort *so, int bt, int max_tiles, const uint16_t *xph, float *Y, int ldy);
 /* n <= 4 matrices of the same columns, group and scale type reading the same T > 8 rows of X, in
- * one launch, Y[i] [T][W[i]->rows]; 0 when the kernel does not take them all. */
-int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y);
+ * one launch, Y[i] [T][W[i]->rows]; 0 when the kernel does not take them all. xp: NULL, or fp16
+ * scratch of T x cols for X packed in the mma's order first (then the launch's blocks copy their
+ * inputs as they are and more fit an SM). */
+int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, uint16_t *xp);
+/* The same for one matrix; 0 when not taken (T <= 8 or the kernel declines). */
+int cu_gemm_tc_xp(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp);
 /* The same for one gate/up pair of T > 8 rows (the shared expert at prefill), Y [T][rows]. */
-int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy);
+int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp);
 /* Prefill attention on the tensor cores (cu_attn_tc.cu), which cu_attention takes where _ok:
  * T > 1 rows of one session, head dim 256, 8 query heads a KV head (LILY_CU_ATTN_TC=0: never). */
 int cu_attn_tc_ok(int T, int nh, int nkv, int hd);

@@ -78,7 +78,7 @@ static int gt_sbb(const dmat *W) { return GT_K / W->group * gt_sbytes(W->sbt); }
 #define GT_MAX 4
 typedef struct {
     dmat m[GT_MAX];
-    void *y[GT_MAX]; /* float, or (DUAL with XP) fp16 in the packed input order (gt_xp_pos) */
+    void *y[GT_MAX]; /* float, or (DUAL with XP 2) fp16 in the packed input order (gt_xp_pos) */
     int ldy[GT_MAX];
     int blk0[GT_MAX + 1];
     int n;
@@ -98,10 +98,10 @@ __device__ __forceinline__ __half gt_hsat(float v) { return __float2half_rn(fmin
 
 /* sbb: bytes of scales (and of biases) a row has in a step, (128 / group) * size: 4, 8 or 16
  * (the same for all the launch's matrices, as their columns).
- * XP: X is the packed fp16 input (ldx in halves), and a DUAL launch writes silu(gate) * up packed
+ * XP: X is the packed fp16 input (ldx in halves); XP 2 (DUAL): silu(gate) * up is written packed
  * too (the experts' down reads it so). A step then has no conversion, one barrier. */
 template <int BT, int DUAL, int SBT, int XP>
-__global__ void __launch_bounds__(GT_THREADS, BT == 16 || (XP && BT == 32) ? 5 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
+__global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
                                                         int T, dsort so, int xdiv, int sbb, int ns) {
     CU_PDL();
     const int NS = ns;
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 || (XP && BT == 32) ? 5 :
                 const int row = gt_row<DUAL>(r0, warp, i, c >> 1, g), t = t0 + 8 * j + 2 * q + (c & 1);
                 if (row >= m.rows || t >= n) continue;
                 const float v = DUAL ? silu_f(ye[0] * acc[0][j][c]) * (ye[1] * acc[1][j][c]) : ye[i] * acc[i][j][c];
-                if (DUAL && XP) {
+                if (DUAL && XP == 2) {
                     float f;
                     const int p = gt_xp_pos(row, f);
                     ((__half *)G.y[mi])[(size_t)(base + t) * ldy + p] = gt_hsat(v * f);
@@ -340,9 +340,10 @@ static void gt_launch_bt(cudaStream_t s, int bt, const gt_group *G, const void *
 
 /* n matrices (or, DUAL, one gate/up pair) over T rows of X: the widest token tile that still
  * gives every SM a block (wider tiles read each input for fewer row blocks, but few rows need
- * narrow ones to fill the GPU). */
+ * narrow ones to fill the GPU). xp (fp16, T x cols) not NULL: X packed there first (XP), so a
+ * 64-token tile's block holds half the shared memory and three fit an SM, not two. */
 static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const float *X, int ldx, int T, float *const *Y,
-                     const int *ldy) {
+                     const int *ldy, uint16_t *xp) {
     gt_group G;
     memset(&G, 0, sizeof G);
     const int rb = dual ? 64 : 128;
@@ -358,15 +359,34 @@ static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, cons
     const int v = cu_env_int(&env, "LILY_CU_GT_BT", 0);
     const int bt = v == 16 || v == 32 || v == 64 ? v : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
-    if (dual) gt_launch_bt<1, 0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
-    else gt_launch_bt<0, 0>(s, bt, &G, X, ldx, T, &none, 0, dim3(gx, (T + bt - 1) / bt));
+    const dim3 grid(gx, (T + bt - 1) / bt);
+    if (xp) {
+        const int C = W[0]->cols, nc = T * (C / 8);
+        k_xp_pack<<<(nc + 255) / 256, 256, 0, s>>>(X, ldx, T, C, (uint4 *)xp);
+        if (dual) gt_launch_bt<1, 1>(s, bt, &G, xp, C, T, &none, 0, grid);
+        else gt_launch_bt<0, 1>(s, bt, &G, xp, C, T, &none, 0, grid);
+    } else if (dual) gt_launch_bt<1, 0>(s, bt, &G, X, ldx, T, &none, 0, grid);
+    else gt_launch_bt<0, 0>(s, bt, &G, X, ldx, T, &none, 0, grid);
+}
+
+/* the packed input for a dense launch of these columns: xp itself, or NULL (then fp32 inputs)
+ * where none is given, it is not 16-byte aligned, or LILY_CU_DENSE_XP=0 (for measuring) */
+static uint16_t *gt_xp(uint16_t *xp, int T, int cols) {
+    static int on = -1;
+    return xp && !((uintptr_t)xp & 15) && (long long)T * cols < (1ll << 31) && cu_env_flag(&on, "LILY_CU_DENSE_XP", 1) ? xp : NULL;
 }
 
 void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, &ldy);
+    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, &ldy, NULL);
 }
 
-int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
+int cu_gemm_tc_xp(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp) {
+    if (T <= 8 || !cu_gemm_q4_enabled() || !cu_gemm_tc_ok(W, X, ldx, T)) return 0;
+    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, &ldy, gt_xp(xp, T, W->cols));
+    return 1;
+}
+
+int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, uint16_t *xp) {
     if (n < 1 || n > GT_MAX || T <= 8 || !cu_gemm_q4_enabled()) return 0;
     int ld[GT_MAX];
     for (int i = 0; i < n; i++) {
@@ -374,7 +394,7 @@ int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X
             return 0;
         ld[i] = W[i]->rows;
     }
-    gt_dense(s, n, W, 0, X, ldx, T, Y, ld);
+    gt_dense(s, n, W, 0, X, ldx, T, Y, ld, gt_xp(xp, T, W[0]->cols));
     return 1;
 }
 
@@ -398,10 +418,10 @@ static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx, lon
            G->group == U->group && G->sbt == U->sbt && G->ew == U->ew && G->es == U->es;
 }
 
-int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy) {
+int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp) {
     if (T <= 8 || !cu_gemm_q4_enabled() || !gt_pair_ok(G, U, X, ldx, T)) return 0;
     const dmat *W[2] = { G, U };
-    gt_dense(s, 2, W, 1, X, ldx, T, &Y, &ldy);
+    gt_dense(s, 2, W, 1, X, ldx, T, &Y, &ldy, gt_xp(xp, T, G->cols));
     return 1;
 }
 
@@ -432,7 +452,7 @@ int cu_moe_gate_up_xp(cudaStream_t s, const dmat *G, const dmat *U, const dmat *
     g.y[0] = xph;
     g.ldy[0] = G->rows;
     g.blk0[1] = (G->rows + 63) / 64;
-    gt_launch_bt<1, 1>(s, bt, &g, xpx, C, 0, so, xdiv, dim3(g.blk0[1], max_tiles));
+    gt_launch_bt<1, 2>(s, bt, &g, xpx, C, 0, so, xdiv, dim3(g.blk0[1], max_tiles));
     return 1;
 }
 

@@ -45,7 +45,7 @@ struct lcuda_session {
     float *x, *t, *y, *mixed, *u, *zb, *bb, *aa, *g, *beta, *o;
     float *qg, *q, *kb, *vb, *ao, *part;
     float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;
-    uint16_t *xpx, *xph;           /* fp16 [T][H] and [T*K][I]: the experts' packed inputs (cu_moe_ffn_tc) */
+    uint16_t *xpx, *xph;           /* fp16 [T][widest projection input] and [T*K][I]: packed GEMM inputs (cu_gemm_tc_xp, cu_moe_gate_up_xp) */
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     unsigned *fcount;              /* [1] the fused router group's block counter (mvq_fuse), 0 between launches */

@@ -89,8 +89,8 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
     return rc;
 }
 
-lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const float *X, int T, const int *sel, int K, float *Y,
-                             lily_status *st) {
+lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const float *X, int T, const int *sel, int K, int packed,
+                             float *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat dg, du;
     lily_code rc = cu_upload_mats(m, G, sel ? E : 1, &dg, st);
@@ -99,7 +99,8 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
     if (!sel) { /* dense: T rows, one gate/up pair */
         float *dx = (float *)dput(&L, X, (size_t)T * G->cols * 4, st, &rc);
         float *dy = (float *)dput(&L, NULL, (size_t)T * G->rows * 4, st, &rc);
-        if (!rc && !cu_gemm_swiglu(0, &dg, &du, dx, G->cols, T, dy, G->rows))
+        uint16_t *xp = packed ? (uint16_t *)dput(&L, NULL, (size_t)T * G->cols * 2, st, &rc) : NULL;
+        if (!rc && !cu_gemm_swiglu(0, &dg, &du, dx, G->cols, T, dy, G->rows, xp))
             rc = lily_err(st, LILY_EUNSUPPORTED, "the fused gate/up kernel does not take these matrices");
         rc = finish(st, rc);
         if (!rc) rc = dget(Y, dy, (size_t)T * G->rows * 4, st);
@@ -159,7 +160,7 @@ lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int
     return rc;
 }
 
-lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, float *const *Y, lily_status *st) {
+lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int packed, float *const *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d[4];
     const dmat *dp[4];
@@ -172,7 +173,9 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, float *c
         dy[i] = (float *)dput(&L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
     }
     float *dx = (float *)dput(&L, X, (size_t)T * W[0].cols * 4, st, &rc);
-    if (!rc && !cu_gemm_tc_group(0, n, dp, dx, W[0].cols, T, dy))
+    uint16_t *xp = packed ? (uint16_t *)dput(&L, NULL, (size_t)T * W[0].cols * 2, st, &rc) : NULL;
+    if (!rc && !(n == 1 && packed ? cu_gemm_tc_xp(0, dp[0], dx, W[0].cols, T, dy[0], W[0].rows, xp)
+                                  : cu_gemm_tc_group(0, n, dp, dx, W[0].cols, T, dy, xp)))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the grouped tensor-core GEMM does not take these matrices");
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);

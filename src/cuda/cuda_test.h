@@ -17,17 +17,19 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
                      float *Y, lily_status *st);
 /* The experts' gate and up in one grouped launch (cu_gemm_swiglu_grouped): G and U hold E
  * experts each; Y [T*K][rows] in slot order gets silu(x G^T) * (x U^T). sel NULL: one pair
- * (cu_gemm_swiglu, the shared expert at prefill), Y [T][rows]. */
-lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const float *X, int T, const int *sel, int K, float *Y,
-                             lily_status *st);
+ * (cu_gemm_swiglu, the shared expert at prefill), Y [T][rows], with X packed to fp16 first
+ * where packed (as the model runs it). */
+lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const float *X, int T, const int *sel, int K, int packed,
+                             float *Y, lily_status *st);
 /* The experts' whole FFN at prefill as the model runs it (cu_moe_gate_up_xp, cu_moe_down_xp) with
  * bt-token tiles: G, U [E][rows][cols] and D [E][cols][rows]; Y [T*K][cols] in slot order gets
  * (silu(x G^T) * (x U^T)) D^T. */
 lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E, const float *X, int T, const int *sel, int K,
                           int bt, float *Y, lily_status *st);
 /* n <= 4 matrices of equal cols over the same T > 8 rows in one launch (cu_gemm_tc_group, the
- * prefill projection groups), Y[i] [T][W[i].rows]. */
-lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, float *const *Y, lily_status *st);
+ * prefill projection groups), Y[i] [T][W[i].rows]; packed: X packed to fp16 first, as the model
+ * runs them (n = 1: cu_gemm_tc_xp, a single projection). */
+lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int packed, float *const *Y, lily_status *st);
 /* Prefill attention (cu_attention, one split): q [T][nh][hd], qg [T][nh][2 hd] (the gate in the
  * second half), kc/vc [ctx][nkv][hd] holding keys 0 .. pos0 + T - 1; token t sees 0 .. pos0 + t.
  * o [T][nh][hd]. */

@@ -222,7 +222,7 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
         char what[160];
         snprintf(what, sizeof what, "experts gate|up swiglu q4 E=%d %dx%d T=%d K=%d", E, rows, cols, T, K);
         for (size_t i = 0; i < (size_t)T * K * rows; i++) Y[i] = NAN;
-        if (lct_experts_swiglu(W, U, E, X, T, sel, K, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+        if (lct_experts_swiglu(W, U, E, X, T, sel, K, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
         else report(what, rel(Y, ref, (size_t)T * K * rows), 3e-3);
         if (rows % 128 == 0) { /* the whole FFN with packed fp16 inputs, at each token tile */
             void **dhold = calloc((size_t)E * 3, sizeof *dhold);
@@ -319,13 +319,15 @@ static void test_gemm_group(lily_pool *pool, int n, const int *rows, int cols, i
         ref[i] = malloc((size_t)T * rows[i] * 4);
         Y[i] = malloc((size_t)T * rows[i] * 4);
         cpu_matmul(pool, &W[i], X, T, ref[i]);
-        for (size_t k = 0; k < (size_t)T * rows[i]; k++) Y[i][k] = NAN;
     }
-    lily_status st = { 0 };
-    char what[160];
-    snprintf(what, sizeof what, "gemm group q4 n=%d %d|%d.. x%d T=%d", n, rows[0], n > 1 ? rows[1] : 0, cols, T);
-    if (lct_gemm_group(W, n, X, T, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else {
+    for (int packed = 0; packed < 2; packed++) {
+        for (int i = 0; i < n; i++)
+            for (size_t k = 0; k < (size_t)T * rows[i]; k++) Y[i][k] = NAN;
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "gemm group q4 n=%d %d|%d.. x%d T=%d%s", n, rows[0], n > 1 ? rows[1] : 0, cols, T,
+                 packed ? " packed" : "");
+        if (lct_gemm_group(W, n, X, T, packed, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
         double worst = 0;
         for (int i = 0; i < n; i++) {
             double r = rel(Y[i], ref[i], (size_t)T * rows[i]);
@@ -348,12 +350,15 @@ static void test_swiglu_dense(lily_pool *pool, int rows, int cols, int T) {
     float *Y = malloc((size_t)T * rows * 4);
     cpu_matmul(pool, &G, X, T, ref);
     cpu_matmul(pool, &U, X, T, u);
-    for (size_t i = 0; i < (size_t)T * rows; i++) { ref[i] = ref[i] / (1.0f + expf(-ref[i])) * u[i]; Y[i] = NAN; }
-    lily_status st = { 0 };
-    char what[160];
-    snprintf(what, sizeof what, "gate|up swiglu q4 %dx%d T=%d", rows, cols, T);
-    if (lct_experts_swiglu(&G, &U, 1, X, T, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else report(what, rel(Y, ref, (size_t)T * rows), 3e-3);
+    for (size_t i = 0; i < (size_t)T * rows; i++) ref[i] = ref[i] / (1.0f + expf(-ref[i])) * u[i];
+    for (int packed = 0; packed < 2; packed++) {
+        for (size_t i = 0; i < (size_t)T * rows; i++) Y[i] = NAN;
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "gate|up swiglu q4 %dx%d T=%d%s", rows, cols, T, packed ? " packed" : "");
+        if (lct_experts_swiglu(&G, &U, 1, X, T, NULL, 0, packed, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+        else report(what, rel(Y, ref, (size_t)T * rows), 3e-3);
+    }
     free(X); free(ref); free(u); free(Y);
     for (int i = 0; i < 2; i++) for (int k = 0; k < 3; k++) free(hold[i][k]);
 }
@@ -895,6 +900,9 @@ int main(int argc, char **argv) {
             const int big[4] = { 8192, 4096, 32, 32 }, odd[4] = { 200, 37, 128, 5 };
             test_gemm_group(pool, 4, small ? odd : big, small ? 256 : 2048, small ? 70 : 512);
             test_gemm_group(pool, 3, odd, 128, 17);
+            /* an out-projection (one matrix: cu_gemm_tc_xp packed), 64-token tiles */
+            const int out[1] = { small ? 130 : 2048 };
+            test_gemm_group(pool, 1, out, small ? 384 : 4096, small ? 200 : 512);
         }
     }
     test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
