@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
             for (int c = 0; c < 4; c++) {
                 const int row = gt_row<DUAL>(r0, warp, i, c >> 1, g), t = t0 + 8 * j + 2 * q + (c & 1);
                 if (row >= m.rows || t >= n) continue;
-                const float v = DUAL ? silu_f(ye[0] * acc[0][j][c]) * (ye[1] * acc[1][j][c]) : ye[i] * acc[i][j][c];
+                const float v = DUAL ? silu_fast(ye[0] * acc[0][j][c]) * (ye[1] * acc[1][j][c]) : ye[i] * acc[i][j][c];
                 if (DUAL && XP == 2) {
                     float f;
                     const int p = gt_xp_pos(row, f);
