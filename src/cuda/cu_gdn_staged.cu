@@ -11,13 +11,8 @@
  * once a stage for the block; eight threads share a column (16 rows each, in four independent
  * partial sums), so a step is short chains and three shuffle rounds (149 us a layer at 512 tokens
  * on the H200; sixteen threads a column, with two blocks of eight warps an SM, measured 188 us:
- * 52% more instructions, the shuffles and shared loads).
- * Two steps go as one: with S1 = D1 S' + k1 dd1 the state after the first, the second's dots
- * are S1 k2 = D1 (S' k2) + (k1 k2) dd1 and S1 q2 = D1 (S' q2) + (k1 q2) dd1, so the four dots
- * S'k1, S'q1, S'k2, S'q2 run side by side, reduce in one round, and the state takes both steps
- * in one pass, S2 = D1 D2 S' + k1 (D2 dd1) + k2 dd2; k1 k2 and k1 q2 are found once a stage for
- * the block, as k q. Half the dependent chains a token. A different order of the same sums than
- * the decode kernel k_gdn_rec128: rounding differs. */
+ * 52% more instructions, the shuffles and shared loads). A different order of the same sums
+ * than the decode kernel k_gdn_rec128: rounding differs. */
 #include "cuda/cu_dev.h"
 
 #define GS_T 16 /* steps a stage; two stages, the next one loading (cp.async) while this one runs */
@@ -35,7 +30,6 @@ __global__ void __launch_bounds__(GS_C * GS_J) k_gdn_staged(int T, int nk, int n
     __shared__ __align__(16) float4 qk[2][GS_T][64]; /* per step: q's 32 float4 (swizzled), then k's */
     __shared__ __align__(16) float vs[2][GS_T][GS_J];
     __shared__ float gr[2][GS_T], br[2][GS_T], ds[GS_T], kqs[GS_T];
-    __shared__ float kk2[GS_T / 2], kq2[GS_T / 2]; /* pair i: k_2i . k_2i+1 and k_2i . q_2i+1 */
     const int dk = 128, tid = threadIdx.x;
     const int h = blockIdx.x, jl = tid / GS_C, p = tid % GS_C, j = blockIdx.y * GS_J + jl;
     const int kh = h / (nv / nk), kd = nk * dk;
@@ -77,62 +71,9 @@ __global__ void __launch_bounds__(GS_C * GS_J) k_gdn_staged(int T, int nk, int n
 #pragma unroll
             for (int m = 1; m < 16; m <<= 1) a += __shfl_xor_sync(0xffffffffu, a, m);
             if (t < n && r == 0) { kqs[t] = a; ds[t] = expf(gr[b][t]); }
-            /* the pairs' cross terms: thread group t takes pair t / 2, k_2i . (t odd ? q : k)_2i+1 */
-            const int pi = t / 2, t1 = 2 * pi;
-            float c = 0;
-            if (t1 + 1 < n) {
-                const float4 *ka = qk[b][t1] + 32, *xb = qk[b][t1 + 1] + (t & 1 ? 0 : 32);
-                const float4 k0 = ka[GS_SW(2 * r)], k1 = ka[GS_SW(2 * r + 1)], x0 = xb[GS_SW(2 * r)], x1 = xb[GS_SW(2 * r + 1)];
-                c = ((k0.x * x0.x + k0.y * x0.y) + (k0.z * x0.z + k0.w * x0.w)) + ((k1.x * x1.x + k1.y * x1.y) + (k1.z * x1.z + k1.w * x1.w));
-            }
-#pragma unroll
-            for (int m = 1; m < 16; m <<= 1) c += __shfl_xor_sync(0xffffffffu, c, m);
-            if (t1 + 1 < n && r == 0) (t & 1 ? kq2 : kk2)[pi] = c;
         }
         __syncthreads();
-        int t = 0;
-        for (; t + 1 < n; t += 2) { /* two steps from the state before both (see above) */
-            const float4 *q1s = qk[b][t], *k1s = qk[b][t] + 32, *q2s = qk[b][t + 1], *k2s = qk[b][t + 1] + 32;
-            float s1[4] = { 0, 0, 0, 0 }, s2[4] = { 0, 0, 0, 0 }, s3[4] = { 0, 0, 0, 0 }, s4[4] = { 0, 0, 0, 0 };
-            float4 k1v[GS_R / 4], k2v[GS_R / 4];
-#pragma unroll
-            for (int i = 0; i < GS_R / 4; i++) {
-                const int sl = GS_SW(p * (GS_R / 4) + i);
-                const float4 k1 = k1s[sl], q1 = q1s[sl], k2 = k2s[sl], q2 = q2s[sl];
-                k1v[i] = k1;
-                k2v[i] = k2;
-                s1[0] += sr[4 * i] * k1.x; s1[1] += sr[4 * i + 1] * k1.y; s1[2] += sr[4 * i + 2] * k1.z; s1[3] += sr[4 * i + 3] * k1.w;
-                s2[0] += sr[4 * i] * q1.x; s2[1] += sr[4 * i + 1] * q1.y; s2[2] += sr[4 * i + 2] * q1.z; s2[3] += sr[4 * i + 3] * q1.w;
-                s3[0] += sr[4 * i] * k2.x; s3[1] += sr[4 * i + 1] * k2.y; s3[2] += sr[4 * i + 2] * k2.z; s3[3] += sr[4 * i + 3] * k2.w;
-                s4[0] += sr[4 * i] * q2.x; s4[1] += sr[4 * i + 1] * q2.y; s4[2] += sr[4 * i + 2] * q2.z; s4[3] += sr[4 * i + 3] * q2.w;
-            }
-            float a1 = (s1[0] + s1[1]) + (s1[2] + s1[3]), c1 = (s2[0] + s2[1]) + (s2[2] + s2[3]);
-            float a2 = (s3[0] + s3[1]) + (s3[2] + s3[3]), c2 = (s4[0] + s4[1]) + (s4[2] + s4[3]);
-#pragma unroll
-            for (int m = 1; m < GS_C; m <<= 1) {
-                a1 += __shfl_xor_sync(0xffffffffu, a1, m);
-                c1 += __shfl_xor_sync(0xffffffffu, c1, m);
-                a2 += __shfl_xor_sync(0xffffffffu, a2, m);
-                c2 += __shfl_xor_sync(0xffffffffu, c2, m);
-            }
-            /* step 1 as one step; step 2 reads S1 = D1 S + k1 dd1 through S k2, S q2 and the pair's k1 k2, k1 q2 */
-            const float D1 = ds[t], D2 = ds[t + 1], dd1 = (vs[b][t][jl] - D1 * a1) * br[b][t];
-            const float dd2 = (vs[b][t + 1][jl] - D2 * (D1 * a2 + kk2[t / 2] * dd1)) * br[b][t + 1];
-            const float D12 = D1 * D2, e1 = D2 * dd1;
-#pragma unroll
-            for (int i = 0; i < GS_R / 4; i++) {
-                sr[4 * i] = sr[4 * i] * D12 + k1v[i].x * e1 + k2v[i].x * dd2;
-                sr[4 * i + 1] = sr[4 * i + 1] * D12 + k1v[i].y * e1 + k2v[i].y * dd2;
-                sr[4 * i + 2] = sr[4 * i + 2] * D12 + k1v[i].z * e1 + k2v[i].z * dd2;
-                sr[4 * i + 3] = sr[4 * i + 3] * D12 + k1v[i].w * e1 + k2v[i].w * dd2;
-            }
-            if (p == 0) {
-                float *op = o + (size_t)(t0 + t) * nv * dv + (size_t)h * dv + j;
-                op[0] = D1 * c1 + kqs[t] * dd1;
-                op[(size_t)nv * dv] = D2 * (D1 * c2 + kq2[t / 2] * dd1) + kqs[t + 1] * dd2;
-            }
-        }
-        for (; t < n; t++) { /* the last of an odd stage */
+        for (int t = 0; t < n; t++) {
             const float4 *qs = qk[b][t], *ks = qk[b][t] + 32;
             float sk[4] = { 0, 0, 0, 0 }, sq[4] = { 0, 0, 0, 0 };
             float4 kv[GS_R / 4];
