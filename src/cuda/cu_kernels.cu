@@ -995,25 +995,92 @@ __global__ void k_sum_splits(const float *P, int S, size_t pstride, int T, int r
     Y[o] = v;
 }
 
+/* The exact fp32 tile for the router at prefill, 8x8 outputs a thread: k_mm_simt's 4x4 read two
+ * scalars from shared memory for every two FMAs, and half its instructions were not FMAs; here a
+ * k step is four 16-byte shared loads (rows 4tx..4tx+3 and 32+4tx.., tokens 4ty.. and 32+4ty..,
+ * conflict-free: a warp reads 8 and 4 distinct float4) for 64 FMAs. 64 threads a 64x64 tile;
+ * split-K as k_mm_simt (block z sums columns [z kslice, (z+1) kslice) into Y + z pstride), each
+ * output a running fp32 sum over its slice in column order. */
+#define S8_K 32
+__global__ void __launch_bounds__(64) k_mm_simt8(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
+                                                 int ldy, int kslice, size_t pstride) {
+    CU_PDL();
+    __shared__ __align__(16) float Ws[S8_K][68]; /* [k][row of the tile] */
+    __shared__ __align__(16) float Xs[S8_K][68]; /* [k][token of the tile] */
+    const int tid = threadIdx.x, tx = tid & 7, ty = tid >> 3;
+    const int r0 = blockIdx.x * 64, t0 = blockIdx.y * 64;
+    const int kbeg = blockIdx.z * kslice, kend = min(kbeg + kslice, m.cols);
+    Y += (size_t)blockIdx.z * pstride;
+    const bool wok = r0 + tid < m.rows, xok = t0 + tid < T;
+    const float *xrow = X + (size_t)(xok ? t0 + tid : 0) * ldx;
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
+    for (int k0 = kbeg; k0 < kend; k0 += S8_K) {
+        /* thread tid stages weight row r0 + tid and input row t0 + tid, columns k0 .. k0 + 31 */
+#pragma unroll
+        for (int sg = 0; sg < S8_K / 8; sg++) {
+            const int c = k0 + 8 * sg;
+            float w8[8];
+            if (wok && c < kend) load8(m, 0, r0 + tid, c, w8);
+            else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) Ws[8 * sg + j][tid] = c + j < kend ? w8[j] : 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) Xs[8 * sg + j][tid] = xok && c + j < kend ? xrow[c + j] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int k = 0; k < S8_K; k++) {
+            const float4 a0 = *(const float4 *)&Ws[k][4 * tx], a1 = *(const float4 *)&Ws[k][32 + 4 * tx];
+            const float4 b0 = *(const float4 *)&Xs[k][4 * ty], b1 = *(const float4 *)&Xs[k][32 + 4 * ty];
+            const float a[8] = { a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w };
+            const float b[8] = { b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w };
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int t = t0 + (j < 4 ? 4 * ty + j : 32 + 4 * ty + j - 4);
+        if (t >= T) continue;
+        float *yr = Y + (size_t)t * ldy;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int r = r0 + (i < 4 ? 4 * tx + i : 32 + 4 * tx + i - 4);
+            if (r < m.rows) yr[r] = acc[i][j];
+        }
+    }
+}
+
 /* The router at prefill is 256 rows: 64x64 fp32 tiles give 32 blocks at 512 tokens on 132
- * SMs (~6 ms of pp512 over 40 layers, bench/RESULTS.md). Splitting the 2048 columns into up
- * to 8 slices gives ~256 blocks; the slices' partials go to `scr` and are added in a second
- * launch. Still fp32 throughout (each output is a sum of slice sums instead of one running
- * sum: a different rounding, as the CPU's 8-lane order is). */
+ * SMs (~6 ms of pp512 over 40 layers, bench/RESULTS.md). Splitting the columns into slices
+ * (up to 16, ~512 blocks of k_mm_simt8's two warps) fills the GPU; the slices' partials go to
+ * `scr` and are added in a second launch. Still fp32 throughout (each output is a sum of slice
+ * sums instead of one running sum: a different rounding, as the CPU's 8-lane order is).
+ * LILY_CU_SIMT8=0: k_mm_simt's 4x4 tiles, up to 8 slices, for measuring. */
 void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
                      size_t scr_floats) {
     if (T <= 8 || W->rows <= 8) { cu_matmul_variant(s, T <= 8 ? 0 : 7, W, X, ldx, T, Y, ldy); return; }
+    static int s8 = -1;
+    const int wide = cu_env_flag(&s8, "LILY_CU_SIMT8", 1), want = wide ? 512 : 256, smax = wide ? 16 : 8;
     int gx = (W->rows + TBM - 1) / TBM, gy = (T + TBN - 1) / TBN, tiles = gx * gy;
-    int S = tiles >= 128 || !cu_splitk_enabled() ? 1 : 256 / tiles;
+    int S = tiles >= want / 2 || !cu_splitk_enabled() ? 1 : want / tiles;
     size_t pstride = (size_t)T * ldy;
-    if (S > 8) S = 8;
+    if (S > smax) S = smax;
     if (S > W->cols / TBK) S = W->cols / TBK;
     while (S > 1 && (size_t)S * pstride > scr_floats) S--;
     if (S <= 1) { cu_matmul_variant(s, 1, W, X, ldx, T, Y, ldy); return; }
     int kslice = ((W->cols + S - 1) / S + TBK - 1) / TBK * TBK;
     S = (W->cols + kslice - 1) / kslice;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
-    k_mm_simt<<<dim3(gx, gy, S), 256, 0, s>>>(*W, X, ldx, T, scr, ldy, none, 0, kslice, pstride);
+    if (wide) k_mm_simt8<<<dim3(gx, gy, S), 64, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
+    else k_mm_simt<<<dim3(gx, gy, S), 256, 0, s>>>(*W, X, ldx, T, scr, ldy, none, 0, kslice, pstride);
     size_t n = (size_t)T * W->rows;
     k_sum_splits<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(scr, S, pstride, T, W->rows, Y, ldy);
 }
