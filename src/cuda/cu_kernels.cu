@@ -998,10 +998,34 @@ __global__ void k_sum_splits(const float *P, int S, size_t pstride, int T, int r
 /* The exact fp32 tile for the router at prefill, 8x8 outputs a thread: k_mm_simt's 4x4 read two
  * scalars from shared memory for every two FMAs, and half its instructions were not FMAs; here a
  * k step is four 16-byte shared loads (rows 4tx..4tx+3 and 32+4tx.., tokens 4ty.. and 32+4ty..,
- * conflict-free: a warp reads 8 and 4 distinct float4) for 64 FMAs. 64 threads a 64x64 tile;
+ * conflict-free: a warp reads 8 and 4 distinct float4) for 64 FMAs, and the next step's weights
+ * and inputs load into registers meanwhile (without, its two warps a block waited on them: 40 us
+ * against k_mm_simt's 34 under Nsight, RESULTS.md). 64 threads a 64x64 tile; X 16-byte aligned;
  * split-K as k_mm_simt (block z sums columns [z kslice, (z+1) kslice) into Y + z pstride), each
  * output a running fp32 sum over its slice in column order. */
 #define S8_K 32
+/* thread tid's share of a k step: weight row r0 + tid and input row t0 + tid, columns c .. c + 31 */
+__device__ __forceinline__ void s8_load(const dmat &m, int row, bool wok, const float *xrow, bool xok, int c, int kend,
+                                        float (&w)[S8_K], float4 (&x)[S8_K / 4]) {
+#pragma unroll
+    for (int sg = 0; sg < S8_K / 8; sg++) {
+        const int cc = c + 8 * sg;
+        float w8[8];
+        if (wok && cc < kend) load8(m, 0, row, cc, w8);
+        else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[8 * sg + j] = cc + j < kend ? w8[j] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < S8_K / 4; j++) {
+        const int cc = c + 4 * j;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (xok && cc + 4 <= kend) v = *(const float4 *)(xrow + cc);
+        else if (xok && cc < kend) v.x = xrow[cc], v.y = cc + 1 < kend ? xrow[cc + 1] : 0.f, v.z = cc + 2 < kend ? xrow[cc + 2] : 0.f;
+        x[j] = v;
+    }
+}
+
 __global__ void __launch_bounds__(64) k_mm_simt8(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
                                                  int ldy, int kslice, size_t pstride) {
     CU_PDL();
@@ -1018,20 +1042,19 @@ __global__ void __launch_bounds__(64) k_mm_simt8(dmat m, const float *__restrict
     for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
+    /* the next step's share is loaded into registers while this step multiplies */
+    float wn[S8_K];
+    float4 xn[S8_K / 4];
+    s8_load(m, r0 + tid, wok, xrow, xok, kbeg, kend, wn, xn);
     for (int k0 = kbeg; k0 < kend; k0 += S8_K) {
-        /* thread tid stages weight row r0 + tid and input row t0 + tid, columns k0 .. k0 + 31 */
 #pragma unroll
-        for (int sg = 0; sg < S8_K / 8; sg++) {
-            const int c = k0 + 8 * sg;
-            float w8[8];
-            if (wok && c < kend) load8(m, 0, r0 + tid, c, w8);
-            else for (int j = 0; j < 8; j++) w8[j] = 0.f;
+        for (int j = 0; j < S8_K; j++) Ws[j][tid] = wn[j];
 #pragma unroll
-            for (int j = 0; j < 8; j++) Ws[8 * sg + j][tid] = c + j < kend ? w8[j] : 0.f;
-#pragma unroll
-            for (int j = 0; j < 8; j++) Xs[8 * sg + j][tid] = xok && c + j < kend ? xrow[c + j] : 0.f;
+        for (int j = 0; j < S8_K / 4; j++) {
+            Xs[4 * j][tid] = xn[j].x; Xs[4 * j + 1][tid] = xn[j].y; Xs[4 * j + 2][tid] = xn[j].z; Xs[4 * j + 3][tid] = xn[j].w;
         }
         __syncthreads();
+        if (k0 + S8_K < kend) s8_load(m, r0 + tid, wok, xrow, xok, k0 + S8_K, kend, wn, xn);
 #pragma unroll 4
         for (int k = 0; k < S8_K; k++) {
             const float4 a0 = *(const float4 *)&Ws[k][4 * tx], a1 = *(const float4 *)&Ws[k][32 + 4 * tx];
@@ -1068,7 +1091,8 @@ void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int
                      size_t scr_floats) {
     if (T <= 8 || W->rows <= 8) { cu_matmul_variant(s, T <= 8 ? 0 : 7, W, X, ldx, T, Y, ldy); return; }
     static int s8 = -1;
-    const int wide = cu_env_flag(&s8, "LILY_CU_SIMT8", 1), want = wide ? 512 : 256, smax = wide ? 16 : 8;
+    const int wide = cu_env_flag(&s8, "LILY_CU_SIMT8", 1) && ldx % 4 == 0 && !((uintptr_t)X & 15), want = wide ? 512 : 256,
+              smax = wide ? 16 : 8;
     int gx = (W->rows + TBM - 1) / TBM, gy = (T + TBN - 1) / TBN, tiles = gx * gy;
     int S = tiles >= want / 2 || !cu_splitk_enabled() ? 1 : want / tiles;
     size_t pstride = (size_t)T * ldy;
