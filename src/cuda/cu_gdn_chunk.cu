@@ -12,7 +12,7 @@
  *   3. out (chunks x heads, in parallel): O += (Q K^T . e^(G_i-G_m), m <= i) Vn.
  * Scratch: U then Vn [nv][T][dv] and W [nv][T][dk], from the session.
  * u rows hold q (already normalized and scaled), k, v as the recurrent kernel reads them. */
-#include "cuda/cu_common.h"
+#include "cuda/cu_dev.h"
 #include <math.h>
 
 #define GC 64 /* chunk */
@@ -188,6 +188,304 @@ __global__ void k_gdn_chunk_out(int T, int nk, int nv, int dk, int dv, const flo
     }
 }
 
+/* ---- the same three phases for dk = 128 and dv a multiple of 32 (the 35B-A3B shape), tiled ----
+ * Why: the kernels above keep one output a thread with a shared-memory read per FMA (32-way
+ * conflicts where lanes walk rows) and walk the state on nv blocks. Here:
+ *   prep: A's dot products in 4x4 register tiles from 16-byte reads of rows r, r + 16, r + 32,
+ *     r + 48 (a row pitch of 132 floats puts 8 consecutive rows in 8 bank groups); then the
+ *     forward substitution (I + A) [U | W] = [beta V | beta e^G K] a column a thread, 256 columns
+ *     for 256 threads, each column's 64 rows in registers: no barrier, no inverse;
+ *   state: a block per (head, 32 columns of S): the columns are independent, so nv * dv / 32
+ *     blocks walk the chunks, with 2x4 (Vn, O) and 4x4 (S) register tiles;
+ *   out: P = Q K^T . D in the prep's tiles, then O += P Vn in 4x8 tiles.
+ * Same algebra and scratch as above; sums in other orders (fp32 throughout). */
+#define GP 132 /* row pitch of 128-wide rows in shared memory: 16-byte aligned, 33 bank groups */
+
+/* 4x4 tile (rows ti + 16 r, tj + 16 c) of X Y^T over 128 columns, X and Y [64][GP] in shared memory */
+__device__ __forceinline__ void c128_xyt(const float *X, const float *Y, int ti, int tj, float (&acc)[4][4]) {
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) acc[r][c] = 0.f;
+#pragma unroll 2
+    for (int e = 0; e < 128; e += 4) {
+        float4 a[4], b[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) a[r] = *(const float4 *)&X[(ti + 16 * r) * GP + e];
+#pragma unroll
+        for (int c = 0; c < 4; c++) b[c] = *(const float4 *)&Y[(tj + 16 * c) * GP + e];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[r][c] += a[r].x * b[c].x + a[r].y * b[c].y + a[r].z * b[c].z + a[r].w * b[c].w;
+    }
+}
+
+/* rows t0 .. t0 + C - 1 of a 128-wide slice of u (row pitch cd) into X [64][GP], zeros past C */
+__device__ __forceinline__ void c128_rows(float *X, const float *src, int cd, int C) {
+    for (int x = threadIdx.x; x < 64 * 32; x += blockDim.x) {
+        const int i = x >> 5, c4 = x & 31;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < C) v = *(const float4 *)(src + (size_t)i * cd + 4 * c4);
+        *(float4 *)&X[i * GP + 4 * c4] = v;
+    }
+}
+
+__global__ void __launch_bounds__(256) k_c128_prep(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+                                                   const float *__restrict__ g, const float *__restrict__ beta,
+                                                   float *__restrict__ U, float *__restrict__ W) {
+    CU_PDL();
+    extern __shared__ __align__(16) float sm[];
+    float *sK = sm;                /* [64][GP] k */
+    float *sV = sK + 64 * GP;      /* [64][GP] v (dv <= 128 columns) */
+    float *sA = sV + 64 * GP;      /* [64][68]: A, strictly lower */
+    float *sG = sA + 64 * 68, *sB = sG + 64;
+    const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    const int t0 = c * GC, C = T - t0 < GC ? T - t0 : GC;
+    const int kh = h / (nv / nk), kd = nk * 128;
+    chunk_g(g, nv, h, t0, C, sG);
+    if (tid < GC) sB[tid] = tid < C ? beta[(size_t)(t0 + tid) * nv + h] : 0.f;
+    c128_rows(sK, u + (size_t)t0 * cd + kd + kh * 128, cd, C);
+    for (int x = tid; x < 64 * (dv / 4); x += blockDim.x) {
+        const int i = x / (dv / 4), c4 = x % (dv / 4);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < C) v = *(const float4 *)(u + (size_t)(t0 + i) * cd + 2 * kd + (size_t)h * dv + 4 * c4);
+        *(float4 *)&sV[i * GP + 4 * c4] = v;
+    }
+    __syncthreads();
+    { /* A[i][j] = beta_i k_i.k_j e^(G_i - G_j), j < i < C */
+        const int ti = tid >> 4, tj = tid & 15;
+        float acc[4][4];
+        c128_xyt(sK, sK, ti, tj, acc);
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int i = ti + 16 * r, j = tj + 16 * q;
+                sA[i * 68 + j] = j < i && i < C ? acc[r][q] * sB[i] * expf(sG[i] - sG[j]) : 0.f;
+            }
+    }
+    __syncthreads();
+    /* column tid of [U | W]: x_i = rhs_i - sum_{j<i} A[i][j] x_j, rhs = beta v (tid < dv) or
+     * beta e^G k (the rest) */
+    const bool isw = tid >= dv;
+    const int col = isw ? tid - dv : tid;
+    if (col < (isw ? 128 : dv) && tid < dv + 128) {
+        float x[GC];
+#pragma unroll
+        for (int i = 0; i < GC; i++) {
+            float acc = isw ? sB[i] * expf(sG[i]) * sK[i * GP + col] : sB[i] * sV[i * GP + col];
+#pragma unroll
+            for (int j = 0; j < i; j++) acc -= sA[i * 68 + j] * x[j];
+            x[i] = acc;
+        }
+        float *dst = isw ? W + ((size_t)h * T + t0) * 128 + col : U + ((size_t)h * T + t0) * dv + col;
+        const int ld = isw ? 128 : dv;
+#pragma unroll
+        for (int i = 0; i < GC; i++)
+            if (i < C) dst[(size_t)i * ld] = x[i];
+    }
+}
+
+/* A block owns columns j0 .. j0 + 31 of head h's state; chunks in order. */
+__global__ void __launch_bounds__(256) k_c128_state(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+                                                    const float *__restrict__ g, float *__restrict__ S, float *__restrict__ U,
+                                                    const float *__restrict__ W, float *__restrict__ o) {
+    CU_PDL();
+    extern __shared__ __align__(16) float sm[];
+    float *sS = sm;                /* [128][36] the state's columns */
+    float *sW = sS + 128 * 36;     /* [64][GP] W, then e^(G_last - G_m) k_m */
+    float *sQ = sW + 64 * GP;      /* [64][GP] q */
+    float *sN = sQ + 64 * GP;      /* [64][36] U's columns, then Vn's */
+    float *sG = sN + 64 * 36;
+    const int h = blockIdx.x, j0 = blockIdx.y * 32, tid = threadIdx.x;
+    const int kh = h / (nv / nk), kd = nk * 128;
+    float *Sh = S + (size_t)h * 128 * dv + j0;
+    for (int x = tid; x < 128 * 8; x += blockDim.x) {
+        const int e = x >> 3, c4 = x & 7;
+        *(float4 *)&sS[e * 36 + 4 * c4] = *(const float4 *)(Sh + (size_t)e * dv + 4 * c4);
+    }
+    const int ti = tid >> 3, tj = tid & 7; /* Vn, O: rows ti, ti + 32, columns 4tj..; S: rows ti + 32r */
+    for (int t0 = 0; t0 < T; t0 += GC) {
+        const int C = T - t0 < GC ? T - t0 : GC;
+        __syncthreads(); /* the last chunk's update is done */
+        chunk_g(g, nv, h, t0, C, sG);
+        for (int x = tid; x < 64 * 32; x += blockDim.x) {
+            const int i = x >> 5, c4 = x & 31;
+            float4 w = make_float4(0.f, 0.f, 0.f, 0.f), q = w;
+            if (i < C) {
+                w = *(const float4 *)(W + ((size_t)h * T + t0 + i) * 128 + 4 * c4);
+                q = *(const float4 *)(u + (size_t)(t0 + i) * cd + kh * 128 + 4 * c4);
+            }
+            *(float4 *)&sW[i * GP + 4 * c4] = w;
+            *(float4 *)&sQ[i * GP + 4 * c4] = q;
+        }
+        for (int x = tid; x < 64 * 8; x += blockDim.x) {
+            const int i = x >> 3, c4 = x & 7;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (i < C) v = *(const float4 *)(U + ((size_t)h * T + t0 + i) * dv + j0 + 4 * c4);
+            *(float4 *)&sN[i * 36 + 4 * c4] = v;
+        }
+        __syncthreads();
+        { /* Vn = U - W S, O = e^G Q S */
+            float aw[2][4] = {}, aq[2][4] = {};
+#pragma unroll 2
+            for (int e = 0; e < 128; e += 4) {
+                const float4 w0 = *(const float4 *)&sW[ti * GP + e], w1 = *(const float4 *)&sW[(ti + 32) * GP + e];
+                const float4 q0 = *(const float4 *)&sQ[ti * GP + e], q1 = *(const float4 *)&sQ[(ti + 32) * GP + e];
+                const float wv[2][4] = { { w0.x, w0.y, w0.z, w0.w }, { w1.x, w1.y, w1.z, w1.w } };
+                const float qv[2][4] = { { q0.x, q0.y, q0.z, q0.w }, { q1.x, q1.y, q1.z, q1.w } };
+#pragma unroll
+                for (int d = 0; d < 4; d++) {
+                    const float4 sv = *(const float4 *)&sS[(e + d) * 36 + 4 * tj];
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        aw[r][0] += wv[r][d] * sv.x; aw[r][1] += wv[r][d] * sv.y; aw[r][2] += wv[r][d] * sv.z; aw[r][3] += wv[r][d] * sv.w;
+                        aq[r][0] += qv[r][d] * sv.x; aq[r][1] += qv[r][d] * sv.y; aq[r][2] += qv[r][d] * sv.z; aq[r][3] += qv[r][d] * sv.w;
+                    }
+                }
+            }
+            __syncthreads(); /* every thread is done reading sW before it is overwritten below */
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int i = ti + 32 * r;
+                if (i >= C) continue;
+                float4 *np = (float4 *)&sN[i * 36 + 4 * tj];
+                float4 vn = *np;
+                vn.x -= aw[r][0]; vn.y -= aw[r][1]; vn.z -= aw[r][2]; vn.w -= aw[r][3];
+                *np = vn;
+                *(float4 *)(U + ((size_t)h * T + t0 + i) * dv + j0 + 4 * tj) = vn;
+                const float eg = expf(sG[i]);
+                *(float4 *)(o + (size_t)(t0 + i) * nv * dv + (size_t)h * dv + j0 + 4 * tj) =
+                    make_float4(eg * aq[r][0], eg * aq[r][1], eg * aq[r][2], eg * aq[r][3]);
+            }
+        }
+        const float gl = sG[C - 1];
+        for (int x = tid; x < 64 * 32; x += blockDim.x) { /* k_m e^(G_last - G_m), zeros past C */
+            const int m = x >> 5, c4 = x & 31;
+            float4 k = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (m < C) {
+                k = *(const float4 *)(u + (size_t)(t0 + m) * cd + kd + kh * 128 + 4 * c4);
+                const float f = expf(gl - sG[m]);
+                k.x *= f; k.y *= f; k.z *= f; k.w *= f;
+            }
+            *(float4 *)&sW[m * GP + 4 * c4] = k;
+        }
+        __syncthreads();
+        { /* S = e^(G_last) S + K'^T Vn: rows ti + 32 r, columns 4tj.. */
+            const float el = expf(gl);
+            float acc[4][4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float4 sv = *(const float4 *)&sS[(ti + 32 * r) * 36 + 4 * tj];
+                acc[r][0] = sv.x * el; acc[r][1] = sv.y * el; acc[r][2] = sv.z * el; acc[r][3] = sv.w * el;
+            }
+#pragma unroll 4
+            for (int m = 0; m < C; m++) {
+                const float4 nv4 = *(const float4 *)&sN[m * 36 + 4 * tj];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const float kv = sW[m * GP + ti + 32 * r];
+                    acc[r][0] += kv * nv4.x; acc[r][1] += kv * nv4.y; acc[r][2] += kv * nv4.z; acc[r][3] += kv * nv4.w;
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; r++) *(float4 *)&sS[(ti + 32 * r) * 36 + 4 * tj] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+        }
+    }
+    __syncthreads();
+    for (int x = tid; x < 128 * 8; x += blockDim.x) {
+        const int e = x >> 3, c4 = x & 7;
+        *(float4 *)(Sh + (size_t)e * dv + 4 * c4) = *(const float4 *)&sS[e * 36 + 4 * c4];
+    }
+}
+
+__global__ void __launch_bounds__(256) k_c128_out(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+                                                  const float *__restrict__ g, const float *__restrict__ Vn, float *__restrict__ o) {
+    CU_PDL();
+    extern __shared__ __align__(16) float sm[];
+    float *sQ = sm;                /* [64][GP] q, then Vn */
+    float *sK = sQ + 64 * GP;      /* [64][GP] k */
+    float *sP = sK + 64 * GP;      /* [64][68] */
+    float *sG = sP + 64 * 68;
+    const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    const int t0 = c * GC, C = T - t0 < GC ? T - t0 : GC;
+    const int kh = h / (nv / nk), kd = nk * 128;
+    chunk_g(g, nv, h, t0, C, sG);
+    c128_rows(sQ, u + (size_t)t0 * cd + kh * 128, cd, C);
+    c128_rows(sK, u + (size_t)t0 * cd + kd + kh * 128, cd, C);
+    __syncthreads();
+    { /* P[i][m] = q_i.k_m e^(G_i - G_m), m <= i < C */
+        const int ti = tid >> 4, tj = tid & 15;
+        float acc[4][4];
+        c128_xyt(sQ, sK, ti, tj, acc);
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int i = ti + 16 * r, m = tj + 16 * q;
+                sP[i * 68 + m] = m <= i && i < C ? acc[r][q] * expf(sG[i] - sG[m]) : 0.f;
+            }
+    }
+    __syncthreads();
+    for (int x = tid; x < 64 * (dv / 4); x += blockDim.x) { /* Vn over q */
+        const int i = x / (dv / 4), c4 = x % (dv / 4);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < C) v = *(const float4 *)(Vn + ((size_t)h * T + t0 + i) * dv + 4 * c4);
+        *(float4 *)&sQ[i * GP + 4 * c4] = v;
+    }
+    __syncthreads();
+    /* O += P Vn: thread rows ti + 16 r, columns 4 tj .. and 64 + 4 tj .. (those below dv) */
+    const int ti = tid >> 4, tj = tid & 15;
+    float acc[4][8] = {};
+    const int iend = min(C, 64);
+    for (int m = 0; m < iend; m++) {
+        const float4 v0 = *(const float4 *)&sQ[m * GP + 4 * tj], v1 = *(const float4 *)&sQ[m * GP + 64 + 4 * tj];
+        const float vv[8] = { v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w };
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float p = sP[(ti + 16 * r) * 68 + m];
+#pragma unroll
+            for (int q = 0; q < 8; q++) acc[r][q] += p * vv[q];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int i = ti + 16 * r;
+        if (i >= C) continue;
+        float *op = o + (size_t)(t0 + i) * nv * dv + (size_t)h * dv;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int col = 64 * hf + 4 * tj;
+            if (col >= dv) continue;
+            float4 ov = *(float4 *)(op + col);
+            ov.x += acc[r][4 * hf]; ov.y += acc[r][4 * hf + 1]; ov.z += acc[r][4 * hf + 2]; ov.w += acc[r][4 * hf + 3];
+            *(float4 *)(op + col) = ov;
+        }
+    }
+}
+
+static size_t smem_c128_prep(void) { return sizeof(float) * (2 * 64 * GP + 64 * 68 + 2 * 64); }
+static size_t smem_c128_state(void) { return sizeof(float) * (128 * 36 + 2 * 64 * GP + 64 * 36 + 64); }
+static size_t smem_c128_out(void) { return sizeof(float) * (2 * 64 * GP + 64 * 68 + 64); }
+
+static int c128_run(cudaStream_t s, int T, int nk, int nv, int dv, const float *u, int cd, const float *g, const float *beta,
+                    float *S, float *o, float *scratch) {
+    static int attrs = 0; /* 1 set, -1 refused */
+    if (!attrs)
+        attrs = cudaFuncSetAttribute(k_c128_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_c128_prep()) ||
+                        cudaFuncSetAttribute(k_c128_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_c128_state()) ||
+                        cudaFuncSetAttribute(k_c128_out, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_c128_out())
+                    ? -1 : 1;
+    if (attrs < 0) { cudaGetLastError(); return 0; }
+    float *U = scratch, *W = scratch + (size_t)nv * T * dv;
+    dim3 gc((T + GC - 1) / GC, nv);
+    k_c128_prep<<<gc, 256, smem_c128_prep(), s>>>(T, nk, nv, dv, u, cd, g, beta, U, W);
+    k_c128_state<<<dim3(nv, dv / 32), 256, smem_c128_state(), s>>>(T, nk, nv, dv, u, cd, g, S, U, W, o);
+    k_c128_out<<<gc, 256, smem_c128_out(), s>>>(T, nk, nv, dv, u, cd, g, U, o);
+    return 1;
+}
+
 size_t cu_gdn_chunk_scratch_floats(int T, int nv, int dk, int dv) { return (size_t)nv * T * (dk + dv); }
 
 static size_t smem_prep(int dk, int dv) { return sizeof(float) * ((size_t)GC * dk + (size_t)GC * dv + GC * GLD + 2 * GC); }
@@ -197,6 +495,10 @@ static size_t smem_out(int dk, int dv) { return sizeof(float) * (2 * (size_t)GC 
 int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                    const float *beta, float *S, float *o, float *scratch) {
     if (T < 1 || dk > 128 || dv > 128 || nv % nk) return 0;
+    static int tiled = -1; /* LILY_CU_GDN_C128=0: the kernels above at every shape, for measuring */
+    if (dk == 128 && dv % 32 == 0 && cd % 4 == 0 && !((uintptr_t)u & 15) && cu_env_flag(&tiled, "LILY_CU_GDN_C128", 1) &&
+        c128_run(s, T, nk, nv, dv, u, cd, g, beta, S, o, scratch))
+        return 1;
     size_t a = smem_prep(dk, dv), b = smem_state(dk, dv), c = smem_out(dk, dv);
     static int attrs_set;
     if (!attrs_set) { /* above the default 48 KB of dynamic shared memory */
