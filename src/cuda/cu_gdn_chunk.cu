@@ -287,16 +287,41 @@ __global__ void __launch_bounds__(256) k_c128_prep(int T, int nk, int nv, int dv
     }
 }
 
-/* A block owns columns j0 .. j0 + 31 of head h's state; chunks in order. */
+/* A block owns columns j0 .. j0 + 31 of head h's state; chunks in order. The next chunk's W, q
+ * and U columns land by cp.async (two buffers) while this one computes, and this chunk's k is
+ * loaded into registers before the Vn/O products and stored (times e^(G_last - G_m)) after. */
+__device__ __forceinline__ void c128_state_issue(int T, int t0, int h, int kh, int dv, int j0, const float *u, int cd,
+                                                 const float *W, const float *U, float *sW, float *sQ, float *sU) {
+    const int C = T - t0 < GC ? T - t0 : GC;
+    for (int x = threadIdx.x; x < 64 * 32; x += blockDim.x) {
+        const int i = x >> 5, c4 = x & 31;
+        if (i < C) {
+            cu_cp<16>(&sW[i * GP + 4 * c4], W + ((size_t)h * T + t0 + i) * 128 + 4 * c4);
+            cu_cp<16>(&sQ[i * GP + 4 * c4], u + (size_t)(t0 + i) * cd + kh * 128 + 4 * c4);
+        } else {
+            *(float4 *)&sW[i * GP + 4 * c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+            *(float4 *)&sQ[i * GP + 4 * c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    for (int x = threadIdx.x; x < 64 * 8; x += blockDim.x) {
+        const int i = x >> 3, c4 = x & 7;
+        if (i < C) cu_cp<16>(&sU[i * 36 + 4 * c4], U + ((size_t)h * T + t0 + i) * dv + j0 + 4 * c4);
+        else *(float4 *)&sU[i * 36 + 4 * c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    cu_cp_commit();
+}
+
 __global__ void __launch_bounds__(256) k_c128_state(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
                                                     const float *__restrict__ g, float *__restrict__ S, float *__restrict__ U,
                                                     const float *__restrict__ W, float *__restrict__ o) {
     CU_PDL();
     extern __shared__ __align__(16) float sm[];
     float *sS = sm;                /* [128][36] the state's columns */
-    float *sW = sS + 128 * 36;     /* [64][GP] W, then e^(G_last - G_m) k_m */
-    float *sQ = sW + 64 * GP;      /* [64][GP] q */
-    float *sN = sQ + 64 * GP;      /* [64][36] U's columns, then Vn's */
+    float *sWb = sS + 128 * 36;    /* [2][64][GP] W */
+    float *sQb = sWb + 2 * 64 * GP;/* [2][64][GP] q */
+    float *sUb = sQb + 2 * 64 * GP;/* [2][64][36] U's columns */
+    float *sK = sUb + 2 * 64 * 36; /* [64][GP] e^(G_last - G_m) k_m */
+    float *sN = sK + 64 * GP;      /* [64][36] Vn's columns */
     float *sG = sN + 64 * 36;
     const int h = blockIdx.x, j0 = blockIdx.y * 32, tid = threadIdx.x;
     const int kh = h / (nv / nk), kd = nk * 128;
@@ -305,28 +330,22 @@ __global__ void __launch_bounds__(256) k_c128_state(int T, int nk, int nv, int d
         const int e = x >> 3, c4 = x & 7;
         *(float4 *)&sS[e * 36 + 4 * c4] = *(const float4 *)(Sh + (size_t)e * dv + 4 * c4);
     }
+    c128_state_issue(T, 0, h, kh, dv, j0, u, cd, W, U, sWb, sQb, sUb);
+    chunk_g(g, nv, h, 0, T < GC ? T : GC, sG); /* (each chunk's G is written after the last one's reads: see below) */
     const int ti = tid >> 3, tj = tid & 7; /* Vn, O: rows ti, ti + 32, columns 4tj..; S: rows ti + 32r */
-    for (int t0 = 0; t0 < T; t0 += GC) {
+    for (int t0 = 0, b = 0; t0 < T; t0 += GC, b ^= 1) {
         const int C = T - t0 < GC ? T - t0 : GC;
-        __syncthreads(); /* the last chunk's update is done */
-        chunk_g(g, nv, h, t0, C, sG);
-        for (int x = tid; x < 64 * 32; x += blockDim.x) {
-            const int i = x >> 5, c4 = x & 31;
-            float4 w = make_float4(0.f, 0.f, 0.f, 0.f), q = w;
-            if (i < C) {
-                w = *(const float4 *)(W + ((size_t)h * T + t0 + i) * 128 + 4 * c4);
-                q = *(const float4 *)(u + (size_t)(t0 + i) * cd + kh * 128 + 4 * c4);
-            }
-            *(float4 *)&sW[i * GP + 4 * c4] = w;
-            *(float4 *)&sQ[i * GP + 4 * c4] = q;
+        float *sW = sWb + b * 64 * GP, *sQ = sQb + b * 64 * GP, *sU = sUb + b * 64 * 36;
+        cu_cp_wait<0>();
+        __syncthreads(); /* this chunk is in, and its G; the last chunk's update is done */
+        if (t0 + GC < T) c128_state_issue(T, t0 + GC, h, kh, dv, j0, u, cd, W, U, sWb + (b ^ 1) * 64 * GP, sQb + (b ^ 1) * 64 * GP,
+                                          sUb + (b ^ 1) * 64 * 36);
+        float4 kr[8]; /* this chunk's k, rows (tid + 256 x) / 32 */
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            const int y = tid + 256 * x, m = y >> 5, c4 = y & 31;
+            kr[x] = m < C ? *(const float4 *)(u + (size_t)(t0 + m) * cd + kd + kh * 128 + 4 * c4) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        for (int x = tid; x < 64 * 8; x += blockDim.x) {
-            const int i = x >> 3, c4 = x & 7;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (i < C) v = *(const float4 *)(U + ((size_t)h * T + t0 + i) * dv + j0 + 4 * c4);
-            *(float4 *)&sN[i * 36 + 4 * c4] = v;
-        }
-        __syncthreads();
         { /* Vn = U - W S, O = e^G Q S */
             float aw[2][4] = {}, aq[2][4] = {};
 #pragma unroll 2
@@ -345,15 +364,13 @@ __global__ void __launch_bounds__(256) k_c128_state(int T, int nk, int nv, int d
                     }
                 }
             }
-            __syncthreads(); /* every thread is done reading sW before it is overwritten below */
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int i = ti + 32 * r;
+                const float4 uv = *(const float4 *)&sU[i * 36 + 4 * tj];
+                const float4 vn = make_float4(uv.x - aw[r][0], uv.y - aw[r][1], uv.z - aw[r][2], uv.w - aw[r][3]);
+                *(float4 *)&sN[i * 36 + 4 * tj] = vn; /* (zero past C: U and W are) */
                 if (i >= C) continue;
-                float4 *np = (float4 *)&sN[i * 36 + 4 * tj];
-                float4 vn = *np;
-                vn.x -= aw[r][0]; vn.y -= aw[r][1]; vn.z -= aw[r][2]; vn.w -= aw[r][3];
-                *np = vn;
                 *(float4 *)(U + ((size_t)h * T + t0 + i) * dv + j0 + 4 * tj) = vn;
                 const float eg = expf(sG[i]);
                 *(float4 *)(o + (size_t)(t0 + i) * nv * dv + (size_t)h * dv + j0 + 4 * tj) =
@@ -361,17 +378,14 @@ __global__ void __launch_bounds__(256) k_c128_state(int T, int nk, int nv, int d
             }
         }
         const float gl = sG[C - 1];
-        for (int x = tid; x < 64 * 32; x += blockDim.x) { /* k_m e^(G_last - G_m), zeros past C */
-            const int m = x >> 5, c4 = x & 31;
-            float4 k = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (m < C) {
-                k = *(const float4 *)(u + (size_t)(t0 + m) * cd + kd + kh * 128 + 4 * c4);
-                const float f = expf(gl - sG[m]);
-                k.x *= f; k.y *= f; k.z *= f; k.w *= f;
-            }
-            *(float4 *)&sW[m * GP + 4 * c4] = k;
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            const int y = tid + 256 * x, m = y >> 5, c4 = y & 31;
+            const float f = m < C ? expf(gl - sG[m]) : 0.f;
+            *(float4 *)&sK[m * GP + 4 * c4] = make_float4(kr[x].x * f, kr[x].y * f, kr[x].z * f, kr[x].w * f);
         }
-        __syncthreads();
+        __syncthreads(); /* sN and sK are in; nothing reads sG past here */
+        if (t0 + GC < T) chunk_g(g, nv, h, t0 + GC, T - t0 - GC < GC ? T - t0 - GC : GC, sG);
         { /* S = e^(G_last) S + K'^T Vn: rows ti + 32 r, columns 4tj.. */
             const float el = expf(gl);
             float acc[4][4];
@@ -385,7 +399,7 @@ __global__ void __launch_bounds__(256) k_c128_state(int T, int nk, int nv, int d
                 const float4 nv4 = *(const float4 *)&sN[m * 36 + 4 * tj];
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
-                    const float kv = sW[m * GP + ti + 32 * r];
+                    const float kv = sK[m * GP + ti + 32 * r];
                     acc[r][0] += kv * nv4.x; acc[r][1] += kv * nv4.y; acc[r][2] += kv * nv4.z; acc[r][3] += kv * nv4.w;
                 }
             }
@@ -466,7 +480,7 @@ __global__ void __launch_bounds__(256) k_c128_out(int T, int nk, int nv, int dv,
 }
 
 static size_t smem_c128_prep(void) { return sizeof(float) * (2 * 64 * GP + 64 * 68 + 2 * 64); }
-static size_t smem_c128_state(void) { return sizeof(float) * (128 * 36 + 2 * 64 * GP + 64 * 36 + 64); }
+static size_t smem_c128_state(void) { return sizeof(float) * (128 * 36 + 5 * 64 * GP + 3 * 64 * 36 + 64); }
 static size_t smem_c128_out(void) { return sizeof(float) * (2 * 64 * GP + 64 * 68 + 64); }
 
 static int c128_run(cudaStream_t s, int T, int nk, int nv, int dv, const float *u, int cd, const float *g, const float *beta,
