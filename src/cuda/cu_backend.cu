@@ -287,8 +287,8 @@ static uint64_t scratch_bytes(const lily_config *c, int T) {
                  + (p1 > p2 ? p1 : p2) + T * E + T * K + 2 * T * K * I + T * K * H + 2 * T * SI + T + T * H + c->vocab;
     uint64_t i = 3 * T * K + 2 * E + 16 + (uint64_t)cu_moe_max_tiles((int)(T * K), (int)E, 16);
     f += cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv);
-    f += (T * xp_cols(c) + 7) / 2 + ((T * K + 16) * I + 7) / 2; /* xpx, xph */
-    return (f + i) * 4 + 64 * 42;
+    f += (T * xp_cols(c) + 7) / 2 + ((T * K + 16) * I + 7) / 2 + (T * (H > SI ? H : SI) + 7) / 2; /* xpx, xph, xps */
+    return (f + i) * 4 + 64 * 43;
 }
 
 static uint64_t session_bytes(const lily_config *c, int max_ctx, int chunk) {
@@ -305,7 +305,7 @@ void lcuda_session_free(lcuda_session *s) {
     cu_sampler_free(s->samp);
     float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
-                     &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr, (float **)&s->xpx, (float **)&s->xph };
+                     &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr, (float **)&s->xpx, (float **)&s->xph, (float **)&s->xps };
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
     int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles,
                    (int **)&s->fcount };
@@ -315,6 +315,9 @@ void lcuda_session_free(lcuda_session *s) {
     cudaFree(s->bmeta_d);
     if (s->bmeta_h) cudaFreeHost(s->bmeta_h);
     for (int i = 0; i < 4; i++) if (s->ev[i]) cudaEventDestroy(s->ev[i]);
+    if (s->evf) cudaEventDestroy(s->evf);
+    if (s->evj) cudaEventDestroy(s->evj);
+    if (s->st2) { cudaStreamSynchronize(s->st2); cudaStreamDestroy(s->st2); }
     if (s->st) cudaStreamDestroy(s->st);
     free(s);
 }
@@ -344,7 +347,8 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, (T * K + 1) * I }, { &s->hu, (T * K + 1) * I },
         { &s->D, (T * K + 1) * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
         { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) },
-        { (float **)&s->xpx, (T * xpc + 7) / 2 }, { (float **)&s->xph, ((T * K + 16) * I + 7) / 2 } };
+        { (float **)&s->xpx, (T * xpc + 7) / 2 }, { (float **)&s->xph, ((T * K + 16) * I + 7) / 2 },
+        { (float **)&s->xps, (T * (H > SI ? H : SI) + 7) / 2 } };
     lily_code rc = LILY_OK;
     cudaError_t e = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaStreamCreate", __FILE__, __LINE__); goto fail; }
@@ -371,6 +375,14 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
     for (int i = 0; i < 4; i++) {
         e = cudaEventCreateWithFlags(&s->ev[i], cudaEventDisableTiming);
         if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaEventCreate", __FILE__, __LINE__); goto fail; }
+    }
+    /* the second stream for the shared expert at prefill (moe_shared_side); LILY_CU_SIDE=0: none */
+    static int side_env = -1;
+    if (cu_env_flag(&side_env, "LILY_CU_SIDE", 1)) {
+        e = cudaStreamCreateWithFlags(&s->st2, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->evf, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->evj, cudaEventDisableTiming);
+        if (e != cudaSuccess) { rc = cu_fail(st, e, "second stream", __FILE__, __LINE__); goto fail; }
     }
     lcuda_session_reset(s);
     e = cudaStreamSynchronize(s->st);
@@ -529,6 +541,24 @@ static int moe_shared_slot(const lcuda_session *s, const cu_layer *L) {
            L->sh_down.cols == L->down.cols && L->sh_gate.cols == L->gate.cols;
 }
 
+/* The shared expert at prefill (T > 8) on the session's second stream, beside the router, the
+ * top-k, the sort and the routed experts on the first: gate+up+SwiGLU, its exact gate, down, into
+ * sg, sr and SD, with its own packing scratch (xps). Nothing there reads what the routed side
+ * writes, and the combine waits for it (evj); the next layer's forks after that combine. Worth
+ * ~37 us a layer at 512 tokens that the routed experts' launches hide (RESULTS.md). */
+static void moe_shared_side(lcuda_session *s, const cu_layer *L, int T) {
+    const lily_config *c = &s->m->cfg;
+    const int H = c->hidden, SI = c->shared_inter;
+    cudaStream_t q2 = s->st2;
+    if (!cu_gemm_swiglu(q2, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI, s->xps)) {
+        cu_matmul(q2, &L->sh_gate, s->t, H, T, s->sg, SI);
+        cu_matmul(q2, &L->sh_up, s->t, H, T, s->su, SI);
+        cu_swiglu(q2, s->sg, s->su, s->sg, (long long)T * SI);
+    }
+    cu_matmul_exact(q2, &L->sh_router, s->t, H, T, s->sr, 1, NULL, 0);
+    if (!cu_gemm_tc_xp(q2, &L->sh_down, s->sg, SI, T, s->SD, H, s->xps)) cu_matmul(q2, &L->sh_down, s->sg, SI, T, s->SD, H);
+}
+
 /* add: the mixer's output when moe_fused (the residual add and norm not done yet), else NULL. */
 static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, const float *add) {
     const lily_config *c = &s->m->cfg;
@@ -538,6 +568,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
     const int shx = add && SI && moe_shared_slot(s, L);
+    const int side = !add && T > 8 && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
     if (add) {
         int ld[4] = { E, SI, SI, 1 };
@@ -563,8 +594,14 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
               * shared one): exact fp32 tiles, so routing does not turn on the tensor cores'
               * 10-bit mantissas (a near-tie in tests/fixtures/tinyq flipped an expert) */
         /* s->D (the experts' down outputs, [T*K][H]) is free until the experts run */
+        if (side) { /* (a failed record or wait is the caller's cudaGetLastError, as a failed launch) */
+            cudaEventRecord(s->evf, q);
+            cudaStreamWaitEvent(s->st2, s->evf, 0);
+            moe_shared_side(s, L, T);
+            cudaEventRecord(s->evj, s->st2);
+        }
         cu_matmul_exact(q, &L->router, s->t, H, T, s->rl, E, s->D, (size_t)T * K * H);
-        if (SI) {
+        if (SI && !side) {
             /* the shared gate and up, sg = silu(gate) * up in one launch where the kernel takes them */
             sh_swiglu = cu_gemm_swiglu(q, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI, s->xpx);
             if (!sh_swiglu) proj_group(s, 2, RW + 1, s->t, H, T, RY + 1);
@@ -638,7 +675,10 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
     }
     const float *SD = NULL;
     if (shx) SD = s->D + (size_t)K * H;
-    else if (SI) {
+    else if (side) {
+        cudaStreamWaitEvent(q, s->evj, 0);
+        SD = s->SD;
+    } else if (SI) {
         if ((T == 1 || (T <= 8 && cu_mvqb_enabled())) && cu_mvq_ok(&L->sh_down)) {
             const dmat *W[1] = { &L->sh_down };
             float *Y[1] = { s->SD };

@@ -34,6 +34,8 @@ struct lcuda_model {
 struct lcuda_session {
     lcuda_model *m;
     cudaStream_t st;
+    cudaStream_t st2;              /* the shared expert at prefill, beside the routed ones (moe_shared_side); may be NULL */
+    cudaEvent_t evf, evj;          /* fork to st2, join back */
     int n_lin, n_full;
     size_t conv_n, S_n, kv_n;     /* floats per layer */
     float *conv, *S, *kc, *vc;
@@ -45,6 +47,7 @@ struct lcuda_session {
     float *x, *t, *y, *mixed, *u, *zb, *bb, *aa, *g, *beta, *o;
     float *qg, *q, *kb, *vb, *ao, *part;
     float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;
+    uint16_t *xps;                 /* fp16 [T][max(H, shared_inter)]: the shared expert's packed inputs on st2 */
     uint16_t *xpx, *xph;           /* fp16 [T][widest projection input] and [T*K][I]: packed GEMM inputs (cu_gemm_tc_xp, cu_moe_gate_up_xp) */
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
