@@ -6,7 +6,9 @@
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
 #   variants: check and pp512/pp2048 with LILY_CU_GEMM=0, LILY_CU_GEMM_TC=0 (the wmma GEMM), LILY_CU_ATTN_TC=0
-#             (SIMT prefill attention), LILY_CU_GDN_CHUNK=1 and LILY_CU_SPLITK=0; tg128 and tg128s
+#             (SIMT prefill attention), LILY_CU_GDN_CHUNK=1, LILY_CU_SPLITK=0, LILY_CU_MOE_XP=0 and
+#             LILY_CU_DENSE_XP=0 (fp32 GEMM inputs), LILY_CU_SIMT8=0 (k_mm_simt router), LILY_CU_SIDE=0
+#             (one stream); tg128 and tg128s
 #             with LILY_CU_PDL=0, LILY_CU_FUSE=0, LILY_CU_SHSLOT=0, LILY_CU_MVTC=0, LILY_CU_MVTC_MIN=0, and as they are
 #   BIN   folder with lily, lily-bench, cuda-kernel-test (default build/, made by the build stage)
 #   FIX   folder with the fixtures tiny, tiny-mlx4 (default ../shared/fixtures); tests/fixtures is read too
@@ -62,7 +64,8 @@ for stage in $stages; do
   variants) # the paths kept for measuring: the older tiles (LILY_CU_GEMM=0), the chunked delta rule
             # (LILY_CU_GDN_CHUNK=1, opt-in), the decode graph without programmatic launch (LILY_CU_PDL=0),
             # decode's matrix-vector products without the tensor-core kernel or with it on every launch
-    for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_GDN_CHUNK=1 LILY_CU_SPLITK=0; do
+    for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_GDN_CHUNK=1 LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
+             LILY_CU_DENSE_XP=0 LILY_CU_SIMT8=0 LILY_CU_SIDE=0; do
       for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
         env $v "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&
           echo "$v check $d: PASS" || { echo "$v check $d: FAIL"; cat "$OUT/var_check.log"; fail=1; }
