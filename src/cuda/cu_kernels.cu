@@ -1260,9 +1260,13 @@ __global__ void k_gbeta(const float *bb, const float *aa, const float *A_log, co
     float sp = x > 20.0f ? x : log1pf(expf(x));
     g[i] = -expf(A_log[h]) * sp;
 }
+void cu_l2norm_heads(cudaStream_t s, float *u, int T, int cd, int nk, int dk) {
+    k_l2norm_heads<<<dim3(T, 2 * nk), 128, 0, s>>>(u, cd, nk, dk);
+}
+
 void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
                  const float *A_log, const float *dt_bias, int nv, float *g, float *beta, int normed) {
-    if (!normed) k_l2norm_heads<<<dim3(T, 2 * nk), 128, 0, s>>>(u, cd, nk, dk);
+    if (!normed) cu_l2norm_heads(s, u, T, cd, nk, dk);
     int n = T * nv;
     k_gbeta<<<(n + 255) / 256, 256, 0, s>>>(bb, aa, A_log, dt_bias, n, nv, g, beta);
 }

@@ -160,6 +160,20 @@ lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int
     return rc;
 }
 
+lily_code lct_conv(const float *mixed, float *state, const float *w, int cd, int K, int T, int nk, int dk, float *u,
+                   lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *dm = (float *)dput(&L, mixed, (size_t)T * cd * 4, st, &rc), *ds = (float *)dput(&L, state, (size_t)cd * (K - 1) * 4, st, &rc);
+    float *dw = (float *)dput(&L, w, (size_t)cd * K * 4, st, &rc), *du = (float *)dput(&L, NULL, (size_t)T * cd * 4, st, &rc);
+    if (!rc && !cu_conv(0, dm, ds, dw, cd, K, T, du, nk, dk)) cu_l2norm_heads(0, du, T, cd, nk, dk);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(u, du, (size_t)T * cd * 4, st);
+    if (!rc) rc = dget(state, ds, (size_t)cd * (K - 1) * 4, st);
+    dfree(&L);
+    return rc;
+}
+
 lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int packed, float *const *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d[4];

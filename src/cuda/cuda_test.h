@@ -26,6 +26,11 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
  * (silu(x G^T) * (x U^T)) D^T. */
 lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E, const float *X, int T, const int *sel, int K,
                           int bt, float *Y, lily_status *st);
+/* DeltaNet's causal conv at prefill (cu_conv, and cu_l2norm_heads where it does not norm itself):
+ * mixed [T][cd], w [cd][K], state [cd][K-1] the inputs before the first (updated to the last
+ * K - 1); u [T][cd] gets silu(conv), its first 2 nk heads of dk l2-normalized, q's times dk^-0.5. */
+lily_code lct_conv(const float *mixed, float *state, const float *w, int cd, int K, int T, int nk, int dk, float *u,
+                   lily_status *st);
 /* n <= 4 matrices of equal cols over the same T > 8 rows in one launch (cu_gemm_tc_group, the
  * prefill projection groups), Y[i] [T][W[i].rows]; packed: X packed to fp16 first, as the model
  * runs them (n = 1: cu_gemm_tc_xp, a single projection). */

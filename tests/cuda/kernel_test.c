@@ -363,6 +363,45 @@ static void test_swiglu_dense(lily_pool *pool, int rows, int cols, int T) {
     for (int i = 0; i < 2; i++) for (int k = 0; k < 3; k++) free(hold[i][k]);
 }
 
+/* The prefill conv against a double-precision loop: taps over the state then the inputs, SiLU, the
+ * q and k heads' l2 norm (q also times dk^-0.5), and the state left holding the last K - 1 inputs. */
+static void test_conv(int T, int cd, int K, int nk, int dk) {
+    float *mixed = rnd((size_t)T * cd, 1.0f), *state = rnd((size_t)cd * (K - 1), 1.0f), *w = rnd((size_t)cd * K, 0.5f);
+    float *u = malloc((size_t)T * cd * 4), *ref = malloc((size_t)T * cd * 4), *sref = malloc((size_t)cd * (K - 1) * 4);
+    for (int t = 0; t < T; t++)
+        for (int ch = 0; ch < cd; ch++) {
+            double a = 0;
+            for (int j = 0; j < K; j++) {
+                const int n = t - (K - 1) + j;
+                a += (double)w[(size_t)ch * K + j] * (n >= 0 ? mixed[(size_t)n * cd + ch] : state[(size_t)ch * (K - 1) + n + K - 1]);
+            }
+            ref[(size_t)t * cd + ch] = (float)(a / (1.0 + exp(-a)));
+        }
+    for (int t = 0; t < T; t++)
+        for (int hh = 0; hh < 2 * nk; hh++) {
+            float *v = ref + (size_t)t * cd + (size_t)hh * dk;
+            double ss = 0;
+            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+            const double r = 1.0 / sqrt(ss + 1e-6) * (hh < nk ? 1.0 / sqrt((double)dk) : 1.0);
+            for (int i = 0; i < dk; i++) v[i] = (float)(v[i] * r);
+        }
+    for (int ch = 0; ch < cd; ch++)
+        for (int j = 0; j < K - 1; j++) {
+            const int n = T - (K - 1) + j;
+            sref[(size_t)ch * (K - 1) + j] = n >= 0 ? mixed[(size_t)n * cd + ch] : state[(size_t)ch * (K - 1) + n + K - 1];
+        }
+    for (size_t i = 0; i < (size_t)T * cd; i++) u[i] = NAN;
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "conv+silu+q/k norm T=%d cd=%d K=%d nk=%d dk=%d (u, state)", T, cd, K, nk, dk);
+    if (lct_conv(mixed, state, w, cd, K, T, nk, dk, u, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        const double e1 = rel(u, ref, (size_t)T * cd), e2 = rel(state, sref, (size_t)cd * (K - 1));
+        report(what, e1 > e2 ? e1 : e2, 1e-5);
+    }
+    free(mixed); free(state); free(w); free(u); free(ref); free(sref);
+}
+
 static void test_gdn(int T, int nk, int nv, int dk, int dv) {
     int cd = 2 * nk * dk + nv * dv;
     float *u = rnd((size_t)T * cd, 1.0f), *g = malloc((size_t)T * nv * 4), *beta = malloc((size_t)T * nv * 4);
@@ -905,6 +944,12 @@ int main(int argc, char **argv) {
             test_gemm_group(pool, 1, out, small ? 384 : 4096, small ? 200 : 512);
         }
     }
+    /* the conv: the 35B-A3B widths (16 q/k heads of 128, 32 v heads), a partial token group, fewer
+     * tokens than taps (the state shifts), and dk 64 (the norm in its own launch) */
+    test_conv(small ? 20 : 512, small ? 1024 : 8192, 4, small ? 2 : 16, 128);
+    test_conv(13, 768, 4, 2, 128);
+    test_conv(2, 512, 4, 1, 128);
+    test_conv(9, 320, 4, 1, 64);
     test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
