@@ -221,6 +221,23 @@ __device__ __forceinline__ void c128_xyt(const float *X, const float *Y, int ti,
     }
 }
 
+/* out [64][68] = X Y^T (256 threads, a 4x4 tile each) times beta_i (beta NULL: 1) times e^(G_i - G_j)
+ * where j < i (strict) or j <= i, and i < C; 0 elsewhere */
+__device__ __forceinline__ void c128_tri(const float *X, const float *Y, int C, const float *sG, const float *beta, bool strict,
+                                         float *out) {
+    const int ti = threadIdx.x >> 4, tj = threadIdx.x & 15;
+    float acc[4][4];
+    c128_xyt(X, Y, ti, tj, acc);
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int i = ti + 16 * r, j = tj + 16 * q;
+            const bool in = (strict ? j < i : j <= i) && i < C;
+            out[i * 68 + j] = in ? acc[r][q] * (beta ? beta[i] : 1.f) * expf(sG[i] - sG[j]) : 0.f;
+        }
+}
+
 /* rows t0 .. t0 + C - 1 of a 128-wide slice of u (row pitch cd) into X [64][GP], zeros past C */
 __device__ __forceinline__ void c128_rows(float *X, const float *src, int cd, int C) {
     for (int x = threadIdx.x; x < 64 * 32; x += blockDim.x) {
@@ -253,18 +270,7 @@ __global__ void __launch_bounds__(256) k_c128_prep(int T, int nk, int nv, int dv
         *(float4 *)&sV[i * GP + 4 * c4] = v;
     }
     __syncthreads();
-    { /* A[i][j] = beta_i k_i.k_j e^(G_i - G_j), j < i < C */
-        const int ti = tid >> 4, tj = tid & 15;
-        float acc[4][4];
-        c128_xyt(sK, sK, ti, tj, acc);
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int i = ti + 16 * r, j = tj + 16 * q;
-                sA[i * 68 + j] = j < i && i < C ? acc[r][q] * sB[i] * expf(sG[i] - sG[j]) : 0.f;
-            }
-    }
+    c128_tri(sK, sK, C, sG, sB, true, sA); /* A[i][j] = beta_i k_i.k_j e^(G_i - G_j), j < i < C */
     __syncthreads();
     /* column tid of [U | W]: x_i = rhs_i - sum_{j<i} A[i][j] x_j, rhs = beta v (tid < dv) or
      * beta e^G k (the rest) */
@@ -429,18 +435,7 @@ __global__ void __launch_bounds__(256) k_c128_out(int T, int nk, int nv, int dv,
     c128_rows(sQ, u + (size_t)t0 * cd + kh * 128, cd, C);
     c128_rows(sK, u + (size_t)t0 * cd + kd + kh * 128, cd, C);
     __syncthreads();
-    { /* P[i][m] = q_i.k_m e^(G_i - G_m), m <= i < C */
-        const int ti = tid >> 4, tj = tid & 15;
-        float acc[4][4];
-        c128_xyt(sQ, sK, ti, tj, acc);
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int i = ti + 16 * r, m = tj + 16 * q;
-                sP[i * 68 + m] = m <= i && i < C ? acc[r][q] * expf(sG[i] - sG[m]) : 0.f;
-            }
-    }
+    c128_tri(sQ, sK, C, sG, NULL, false, sP); /* P[i][m] = q_i.k_m e^(G_i - G_m), m <= i < C */
     __syncthreads();
     for (int x = tid; x < 64 * (dv / 4); x += blockDim.x) { /* Vn over q */
         const int i = x / (dv / 4), c4 = x % (dv / 4);

@@ -40,6 +40,21 @@ static lily_code slot_order(float *Y, const float *dys, const int *pos, int n, i
     return rc;
 }
 
+/* sel [n] uploaded and sorted by expert on the GPU (cu_moe_sort), with the bt-token tile map
+ * (cu_moe_tiles), in buffers of L; all NULL where *rc is set */
+static dsort sorted_tiles(dlist *L, const int *sel, int n, int E, int bt, int mt, lily_status *st, lily_code *rc) {
+    int *ds = (int *)dput(L, sel, (size_t)n * 4, st, rc);
+    int *cnt = (int *)dput(L, NULL, (size_t)E * 4, st, rc), *off = (int *)dput(L, NULL, (size_t)E * 4, st, rc);
+    int *src = (int *)dput(L, NULL, (size_t)n * 4, st, rc), *pos = (int *)dput(L, NULL, (size_t)n * 4, st, rc);
+    int *tiles = (int *)dput(L, NULL, (size_t)mt * 4, st, rc);
+    dsort so = { NULL, NULL, NULL, NULL, NULL };
+    if (*rc) return so;
+    cu_moe_sort(0, ds, n, E, cnt, off, src, pos);
+    cu_moe_tiles(0, cnt, E, bt, tiles, mt);
+    so.count = cnt; so.off = off; so.src = src; so.pos = pos; so.tiles = tiles;
+    return so;
+}
+
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
@@ -112,19 +127,11 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
     int bt = cu_moe_tile_rows(n, E), mt = cu_moe_max_tiles(n, E, bt);
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
     float *dy = (float *)dput(&L, NULL, (size_t)n * rows * 4, st, &rc);
-    int *ds = (int *)dput(&L, sel, (size_t)n * 4, st, &rc);
-    int *cnt = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc), *off = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc);
-    int *src = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc), *pos = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc);
-    int *tiles = (int *)dput(&L, NULL, (size_t)mt * 4, st, &rc);
-    if (!rc) {
-        cu_moe_sort(0, ds, n, E, cnt, off, src, pos);
-        cu_moe_tiles(0, cnt, E, bt, tiles, mt);
-        dsort so = { cnt, off, src, pos, tiles };
-        if (!cu_gemm_swiglu_grouped(0, &dg, &du, &so, bt, mt, K, dx, cols, dy, rows))
-            rc = lily_err(st, LILY_EUNSUPPORTED, "the fused gate/up kernel does not take these matrices");
-    }
+    const dsort so = sorted_tiles(&L, sel, n, E, bt, mt, st, &rc);
+    if (!rc && !cu_gemm_swiglu_grouped(0, &dg, &du, &so, bt, mt, K, dx, cols, dy, rows))
+        rc = lily_err(st, LILY_EUNSUPPORTED, "the fused gate/up kernel does not take these matrices");
     rc = finish(st, rc);
-    if (!rc) rc = slot_order(Y, dy, pos, n, rows, st);
+    if (!rc) rc = slot_order(Y, dy, so.pos, n, rows, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;
@@ -142,19 +149,13 @@ lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int
     float *dx = (float *)dput(&L, X, (size_t)T * H * 4, st, &rc);
     float *dy = (float *)dput(&L, NULL, (size_t)n * D->rows * 4, st, &rc);
     uint16_t *xpx = (uint16_t *)dput(&L, NULL, (size_t)T * H * 2, st, &rc), *xph = (uint16_t *)dput(&L, NULL, (size_t)n * I * 2, st, &rc);
-    int *ds = (int *)dput(&L, sel, (size_t)n * 4, st, &rc);
-    int *cnt = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc), *off = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc);
-    int *src = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc), *pos = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc);
-    int *tiles = (int *)dput(&L, NULL, (size_t)mt * 4, st, &rc);
+    const dsort so = sorted_tiles(&L, sel, n, E, bt, mt, st, &rc);
     if (!rc) {
-        cu_moe_sort(0, ds, n, E, cnt, off, src, pos);
-        cu_moe_tiles(0, cnt, E, bt, tiles, mt);
-        dsort so = { cnt, off, src, pos, tiles };
         if (cu_moe_gate_up_xp(0, &dg, &du, &dd, &so, bt, mt, K, dx, H, T, xpx, xph)) cu_moe_down_xp(0, &dd, &so, bt, mt, xph, dy, D->rows);
         else rc = lily_err(st, LILY_EUNSUPPORTED, "the packed-input experts' kernels do not take these matrices");
     }
     rc = finish(st, rc);
-    if (!rc) rc = slot_order(Y, dy, pos, n, D->rows, st);
+    if (!rc) rc = slot_order(Y, dy, so.pos, n, D->rows, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;
