@@ -5,16 +5,17 @@
  * two barriers a 64-column step and keeps one 16-byte load of codes in flight a thread; the
  * experts' grouped GEMMs read their weights at a fifth of the H200's bandwidth (RESULTS.md).
  * Here codes, scales, biases and inputs stream into shared memory with cp.async, the next step
- * in flight while one computes (without holding registers); the block converts the step's inputs
- * to fp16 once (two barriers a step); a lane reads its own codes straight into the mma's A
- * fragment, so the dequantized weights never touch memory.
+ * in flight while one computes (without holding registers); the inputs come packed as fp16 in the
+ * mma's B order (XP: k_xp_pack or the producing launch wrote them so; one barrier a step) or as
+ * fp32 that the block converts once a step (two barriers); a lane reads its own codes straight
+ * into the mma's A fragment, so the dequantized weights never touch memory.
  *
  * The fragment trick (as k_mvtc): the mma's K index is a dot product's, so any pairing of
  * columns works if A and B use the same one. Lane (g, q) takes columns 32q..32q+31 of a
  * 128-column step, word w (8 codes, columns 32q + 8w + 0..7) feeding two k16 steps: the
  * pairs come out of a word as (c0,c4) (c1,c5) (c2,c6) (c3,c7), and the input is read in the
- * same pairs. The weights are rounded to fp16 as in the wmma kernel, (q s + b) 2^-8 in one half
- * FMA from the codes as subnormals (gt_deq); inputs saturate at fp16's range; fp32 accumulators.
+ * same pairs. The weights are rounded to fp16 as in the wmma kernel, (q s + b) 2^(e-24) in one
+ * half FMA from the codes as subnormals (gt_deq); inputs saturate at fp16's range; fp32 accumulators.
  *
  * A block has 4 warps; a warp owns two 16-row tiles (A, the mma's M) and the block's BT
  * tokens (B, N = 8 a mma). DUAL (the experts' gate and up): tile 0 is gate's rows, tile 1 the
@@ -26,8 +27,8 @@
 #define GT_THREADS 128
 
 /* Stages (2-4): in flight while a step computes, ns - 1 of them. A stage is 8 KB of codes, the
- * scales, and BT rows of 512 bytes of fp32 inputs; after the stages, the step's inputs in fp16,
- * BT x 256 bytes. Two: more blocks an SM (5 at 16 tokens) beat deeper stages on the H200
+ * scales, and BT rows of 512 bytes of fp32 inputs (256 of packed fp16 ones); after the stages, for
+ * fp32 inputs, the step's inputs in fp16, BT x 256 bytes. Two: more blocks an SM (5 at 16 tokens) beat deeper stages on the H200
  * (pp512 13,234 against 12,743 with three where the tile is 16 or 32 tokens, bench/RESULTS.md);
  * LILY_CU_GT_NS=n sets them all, for measuring. */
 __host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb, int xp) {
