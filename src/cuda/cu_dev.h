@@ -95,6 +95,24 @@ __device__ __forceinline__ uint32_t cu_h2sat(float a, float b) {
     return v;
 }
 
+/* a[0..n) in shared memory <- its exclusive prefix sums, by warp 0 (32 at a time, a shuffle scan
+ * each); the total goes to a[n] where total_out. The caller syncs before and after. */
+__device__ __forceinline__ void cu_warp0_exclusive_scan(int *a, int n, bool total_out) {
+    if (threadIdx.x >= WARP) return;
+    int carry = 0;
+    for (int e0 = 0; e0 < n; e0 += WARP) {
+        const int e = e0 + threadIdx.x, v = e < n ? a[e] : 0;
+        int incl = v;
+        for (int o = 1; o < WARP; o <<= 1) {
+            const int u = __shfl_up_sync(0xffffffffu, incl, o);
+            if ((int)threadIdx.x >= o) incl += u;
+        }
+        if (e < n) a[e] = carry + incl - v;
+        carry += __shfl_sync(0xffffffffu, incl, WARP - 1);
+    }
+    if (total_out && threadIdx.x == 0) a[n] = carry;
+}
+
 /* The token tile of block y of a GEMM: with so.tiles, the (expert, tile) pair of cu_moe_tiles'
  * map (rows base + t0 .. of expert e's n), else tile y of T rows. False: the block has none. */
 __device__ __forceinline__ bool cu_tile_of(const dsort &so, int y, int bt, int T, int &e, int &t0, int &n, int &base) {

@@ -202,20 +202,7 @@ __global__ void k_moe_tiles(const int *count, int E, int bt, int *tiles, int max
     __shared__ int start[1025];
     for (int e = threadIdx.x; e < E; e += blockDim.x) start[e] = (count[e] + bt - 1) / bt;
     __syncthreads();
-    if (threadIdx.x < WARP) { /* exclusive scan by one warp (one thread walking 256 experts took ~4 us) */
-        int carry = 0;
-        for (int e0 = 0; e0 < E; e0 += WARP) {
-            const int e = e0 + threadIdx.x, v = e < E ? start[e] : 0;
-            int incl = v;
-            for (int o = 1; o < WARP; o <<= 1) {
-                const int u = __shfl_up_sync(0xffffffffu, incl, o);
-                if ((int)threadIdx.x >= o) incl += u;
-            }
-            if (e < E) start[e] = carry + incl - v;
-            carry += __shfl_sync(0xffffffffu, incl, WARP - 1);
-        }
-        if (threadIdx.x == 0) start[E] = carry;
-    }
+    cu_warp0_exclusive_scan(start, E, true); /* (one thread walking 256 experts took ~4 us) */
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         for (int j = start[e]; j < start[e + 1] && j < max_tiles; j++) tiles[j] = (e << 16) | (j - start[e]);

@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
 #pragma unroll
             for (int j = 0; j < BT / 8; j++) {
                 const int t = xt + 8 * j;
-                if (8 * j < 8 * nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + xo[t]);
+                if (j < nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + xo[t]);
             }
             xsrc16 += GT_K;
         } else {

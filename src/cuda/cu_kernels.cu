@@ -1752,15 +1752,11 @@ __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, i
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[sel[i]], 1);
     __syncthreads();
-    if (threadIdx.x < WARP) { /* exclusive scan by one warp */
-        int carry = 0;
-        for (int e0 = 0; e0 < E; e0 += WARP) {
-            int e = e0 + threadIdx.x, v = e < E ? cnt[e] : 0, incl = v;
-            for (int o = 1; o < WARP; o <<= 1) { int u = __shfl_up_sync(0xffffffffu, incl, o); if ((int)threadIdx.x >= o) incl += u; }
-            if (e < E) { cur[e] = carry + incl - v; off[e] = carry + incl - v; count[e] = v; }
-            carry += __shfl_sync(0xffffffffu, incl, WARP - 1);
-        }
-    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x) { count[e] = cnt[e]; cur[e] = cnt[e]; }
+    __syncthreads();
+    cu_warp0_exclusive_scan(cur, E, false);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) off[e] = cur[e]; /* (before the scatter below moves cur) */
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         int p = atomicAdd(&cur[sel[i]], 1);

@@ -65,14 +65,12 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
     int rows = W->rows, cols = W->cols, ny = grouped ? T * K : T;
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
     float *dy = (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc);
-    int *ds = grouped ? (int *)dput(&L, sel, (size_t)T * K * 4, st, &rc) : NULL;
-    int *cnt = (variant == 4 || variant == 6) ? (int *)dput(&L, NULL, (size_t)E * 4, st, &rc) : NULL;
-    int *off = (variant == 4 || variant == 6) ? (int *)dput(&L, NULL, (size_t)E * 4, st, &rc) : NULL;
-    int *src = (variant == 4 || variant == 6) ? (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc) : NULL;
-    int *pos = (variant == 4 || variant == 6) ? (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc) : NULL;
-    float *dys = (variant == 4 || variant == 6) ? (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc) : NULL;
+    const int sorted = variant == 4 || variant == 6;
+    int *ds = variant == 3 ? (int *)dput(&L, sel, (size_t)T * K * 4, st, &rc) : NULL;
+    float *dys = sorted ? (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc) : NULL;
     int bt = cu_moe_tile_rows(T * K, E), mt = cu_moe_max_tiles(T * K, E, bt);
-    int *tiles = variant == 6 ? (int *)dput(&L, NULL, (size_t)mt * 4, st, &rc) : NULL;
+    dsort so = { NULL, NULL, NULL, NULL, NULL };
+    if (sorted) so = sorted_tiles(&L, sel, T * K, E, bt, mt, st, &rc);
     if (!rc && (variant == 5 || variant == 6) && !cu_gemm_q4_ok(&d, dx, cols))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the FP16 GEMM does not take this matrix");
     if (!rc) {
@@ -84,20 +82,14 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
         }
         else if (variant == 5) cu_gemm_q4(0, &d, dx, cols, T, dy, rows);
         else if (variant == 3) cu_matmul_slots(0, &d, ds, dx, K, cols, T * K, dy, rows);
-        else {
-            cu_moe_sort(0, ds, T * K, E, cnt, off, src, pos);
-            dsort so = { cnt, off, src, pos, NULL };
-            if (variant == 6) {
-                cu_moe_tiles(0, cnt, E, bt, tiles, mt);
-                so.tiles = tiles;
-                cu_gemm_q4_grouped(0, &d, &so, bt, mt, K, dx, cols, dys, rows);
-            } else {
-                cu_matmul_grouped(0, &d, E, &so, K, dx, cols, T, dys, rows);
-            }
+        else if (variant == 6) cu_gemm_q4_grouped(0, &d, &so, bt, mt, K, dx, cols, dys, rows);
+        else { /* the per-expert tiles read no tile map */
+            so.tiles = NULL;
+            cu_matmul_grouped(0, &d, E, &so, K, dx, cols, T, dys, rows);
         }
     }
     rc = finish(st, rc);
-    if (!rc && (variant == 4 || variant == 6)) rc = slot_order(Y, dys, pos, T * K, rows, st);
+    if (!rc && sorted) rc = slot_order(Y, dys, so.pos, T * K, rows, st);
     else if (!rc) rc = dget(Y, dy, (size_t)ny * rows * 4, st);
     dfree(&L);
     lcuda_model_free(m);
