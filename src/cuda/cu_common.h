@@ -225,6 +225,15 @@ int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const
 int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                    const float *beta, float *S, float *o, float *scratch);
 size_t cu_gdn_chunk_scratch_floats(int T, int nv, int dk, int dv);
+/* Which chunked kernels cu_gdn_chunked runs, for the kernel test: 1 the tensor-core ones (where
+ * the shape fits), 2 the tiled SIMT ones (dk 128), 3 the generic ones, 0 the environment's
+ * choice (LILY_CU_GDN_TC, LILY_CU_GDN_C128). */
+void cu_gdn_chunk_variant(int v);
+/* The chunked delta rule on the tensor cores (cu_gdn_tc.cu): dk 128, dv a multiple of 32 up to
+ * 128, u 16-byte aligned with cd % 4 == 0; 0 (nothing launched) otherwise. */
+int cu_gdn_tc(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g, const float *beta,
+              float *S, float *o, float *scratch);
+size_t cu_gdn_tc_scratch_floats(int T, int nv);
 /* The recurrence for prefill (cu_gdn_staged.cu): k_gdn_rec128's arithmetic, a block per 32
  * columns of a head and 32 steps staged in shared memory at a time; the gated norm is left to
  * cu_gated_norm. 0 (nothing launched) unless dk == 128, dv % 32 == 0 and u's rows are

@@ -80,6 +80,79 @@ __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
 #endif
 }
 
+/* x as TF32 bits, rounded to nearest (cvt.rna.tf32.f32: ties away from zero); the tensor core
+ * reads the top 19 bits of an fp32 register. The emulator keeps fp32 under LILY_EMU_TF32=fp32. */
+__device__ __forceinline__ uint32_t cu_tf32(float x) {
+#if defined(__CUDA_ARCH__)
+    uint32_t v;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(v) : "f"(x));
+    return v;
+#else
+    uint32_t u = __float_as_uint(x);
+#ifdef __CUDACC_EMU__
+    if (emu::tf32_off) return u;
+#endif
+    if ((u & 0x7f800000u) == 0x7f800000u) return u;
+    return (u + 0x1000u) & 0xffffe000u;
+#endif
+}
+/* x = hi + lo to ~22 bits: three TF32 products (lo hi, hi lo, hi hi) give an fp32-accurate one */
+__device__ __forceinline__ void cu_tf32_split(float x, uint32_t &hi, uint32_t &lo) {
+    hi = cu_tf32(x);
+    lo = cu_tf32(x - __uint_as_float(hi));
+}
+
+/* C += A B for one m16n8k8 tile, TF32 inputs and fp32 accumulators: lane t (g = t / 4, q = t % 4)
+ * holds a0 = A[g][q], a1 = A[g+8][q], a2 = A[g][q+4], a3 = A[g+8][q+4], b0 = B[q][g], b1 = B[q+4][g],
+ * and c as in tc_mma. The emulator truncates each input to TF32 (as the tensor core reads it) and
+ * sums the products exactly in fp32, in k order. */
+__device__ __forceinline__ void tc_mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                            uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    const int lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
+    uint32_t all[32][6];
+#ifdef __CUDACC_EMU__
+    const uint32_t mine[6] = { a0, a1, a2, a3, b0, b1 };
+    emu::warp_all(mine, sizeof mine, all);
+    const uint32_t keep = emu::tf32_off ? 0xffffffffu : 0xffffe000u;
+#else
+    for (int l = 0; l < 32; l++) {
+        all[l][0] = __shfl_sync(0xffffffffu, a0, l); all[l][1] = __shfl_sync(0xffffffffu, a1, l);
+        all[l][2] = __shfl_sync(0xffffffffu, a2, l); all[l][3] = __shfl_sync(0xffffffffu, a3, l);
+        all[l][4] = __shfl_sync(0xffffffffu, b0, l); all[l][5] = __shfl_sync(0xffffffffu, b1, l);
+    }
+    const uint32_t keep = 0xffffe000u;
+#endif
+    float A[2][8], B[2][8];
+    for (int k = 0; k < 4; k++) { /* column k of A and row k of B live in lanes 4r + k */
+        const uint32_t *ra = all[4 * g + k];
+        A[0][k] = __uint_as_float(ra[0] & keep); A[1][k] = __uint_as_float(ra[1] & keep);
+        A[0][k + 4] = __uint_as_float(ra[2] & keep); A[1][k + 4] = __uint_as_float(ra[3] & keep);
+        for (int j = 0; j < 2; j++) {
+            const uint32_t *rb = all[4 * (2 * q + j) + k];
+            B[j][k] = __uint_as_float(rb[4] & keep);
+            B[j][k + 4] = __uint_as_float(rb[5] & keep);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        float v = c[i];
+        for (int k = 0; k < 8; k++) v += A[i / 2][k] * B[i % 2][k];
+        c[i] = v;
+    }
+#endif
+}
+/* c += A B to ~fp32 accuracy from split operands (cu_tf32_split): the small products first */
+__device__ __forceinline__ void tc_mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
+                                              uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    tc_mma_tf32(c, al[0], al[1], al[2], al[3], bh0, bh1);
+    tc_mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+    tc_mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+}
+
 /* (a, b) as an fp16 pair, a in the low half, saturated at fp16's largest finite value (the
  * tensor-core kernels' inputs) */
 __device__ __forceinline__ uint32_t cu_h2sat(float a, float b) {

@@ -495,7 +495,13 @@ static int c128_run(cudaStream_t s, int T, int nk, int nv, int dv, const float *
     return 1;
 }
 
-size_t cu_gdn_chunk_scratch_floats(int T, int nv, int dk, int dv) { return (size_t)nv * T * (dk + dv); }
+size_t cu_gdn_chunk_scratch_floats(int T, int nv, int dk, int dv) {
+    const size_t a = (size_t)nv * T * (dk + dv), b = cu_gdn_tc_scratch_floats(T, nv);
+    return a > b ? a : b;
+}
+
+static int chunk_variant; /* cu_gdn_chunk_variant: 0 = the environment's choice */
+void cu_gdn_chunk_variant(int v) { chunk_variant = v; }
 
 static size_t smem_prep(int dk, int dv) { return sizeof(float) * ((size_t)GC * dk + (size_t)GC * dv + GC * GLD + 2 * GC); }
 static size_t smem_state(int dk, int dv) { return sizeof(float) * ((size_t)dk * dv + 2 * (size_t)GC * dk + (size_t)GC * dv + GC); }
@@ -504,8 +510,13 @@ static size_t smem_out(int dk, int dv) { return sizeof(float) * (2 * (size_t)GC 
 int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                    const float *beta, float *S, float *o, float *scratch) {
     if (T < 1 || dk > 128 || dv > 128 || nv % nk) return 0;
-    static int tiled = -1; /* LILY_CU_GDN_C128=0: the kernels above at every shape, for measuring */
-    if (dk == 128 && dv % 32 == 0 && cd % 4 == 0 && !((uintptr_t)u & 15) && cu_env_flag(&tiled, "LILY_CU_GDN_C128", 1) &&
+    /* LILY_CU_GDN_TC=0: not on the tensor cores (cu_gdn_tc.cu); LILY_CU_GDN_C128=0: not tiled either,
+     * the kernels above at every shape; for measuring */
+    static int tcs = -1, tiled = -1;
+    const int v = chunk_variant;
+    if ((v ? v == 1 : cu_env_flag(&tcs, "LILY_CU_GDN_TC", 1)) && cu_gdn_tc(s, T, nk, nv, dk, dv, u, cd, g, beta, S, o, scratch))
+        return 1;
+    if (dk == 128 && dv % 32 == 0 && cd % 4 == 0 && !((uintptr_t)u & 15) && (v ? v <= 2 : cu_env_flag(&tiled, "LILY_CU_GDN_C128", 1)) &&
         c128_run(s, T, nk, nv, dv, u, cd, g, beta, S, o, scratch))
         return 1;
     size_t a = smem_prep(dk, dv), b = smem_state(dk, dv), c = smem_out(dk, dv);
@@ -525,13 +536,14 @@ int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const 
     return 1;
 }
 
-/* Opt-in (LILY_CU_GDN_CHUNK=1). It passed the kernel test and lily check on the H200
- * (2026-11-30) but was no faster there than the recurrent kernel (pp512's delta rule 47.9 ms
- * either way: its SIMT products read shared memory with 32-way bank conflicts); the staged
- * recurrence (cu_gdn_staged.cu) replaced both at prefill. (On the emulator, with the FP16
- * GEMM's inputs, it once drifted on tests/fixtures/tinyq's continuation, rel err 3e-2; with
- * the router and shared-expert gate in fp32 it gives 1.1e-3.) */
+/* On by default at prefill (LILY_CU_GDN_CHUNK=0 gives the staged recurrence), where the tensor-core
+ * kernels (cu_gdn_tc.cu) take the shape. History: the generic kernels passed the kernel test and
+ * lily check on the H200 (2026-11-30) but were no faster than the recurrence (SIMT products with
+ * 32-way bank conflicts); the tiled ones took 194 us a layer at 512 tokens against the staged
+ * recurrence's 146. (On the emulator, with the FP16 GEMM's inputs, the generic ones once drifted
+ * on tests/fixtures/tinyq's continuation, rel err 3e-2; with the router and shared-expert gate in
+ * fp32 they give 1.1e-3.) */
 int cu_gdn_chunk_enabled(void) {
     static int on = -1;
-    return cu_env_flag(&on, "LILY_CU_GDN_CHUNK", 0);
+    return cu_env_flag(&on, "LILY_CU_GDN_CHUNK", 1);
 }

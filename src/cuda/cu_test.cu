@@ -249,9 +249,9 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
     return rc;
 }
 
-/* The delta rule through the recurrent kernel (mode 0), the chunked kernels (1) or the staged
- * prefill kernel (2). */
-static lily_code gdn_run(int mode, int T, int nk, int nv, int dk, int dv, const float *u, const float *g,
+/* The delta rule through the recurrent kernel (mode 0), the chunked kernels (1, of variant
+ * cu_gdn_chunk_variant) or the staged prefill kernel (2). */
+static lily_code gdn_run(int mode, int variant, int T, int nk, int nv, int dk, int dv, const float *u, const float *g,
                          const float *beta, float *S, float *o, lily_status *st) {
     int cd = 2 * nk * dk + nv * dv;
     dlist L = { {0}, 0 };
@@ -261,8 +261,12 @@ static lily_code gdn_run(int mode, int T, int nk, int nv, int dk, int dv, const 
     float *dout = (float *)dput(&L, NULL, (size_t)T * nv * dv * 4, st, &rc);
     float *scr = mode == 1 ? (float *)dput(&L, NULL, cu_gdn_chunk_scratch_floats(T, nv, dk, dv) * 4, st, &rc) : NULL;
     if (!rc && mode == 0) cu_gdn_rec(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout);
-    if (!rc && mode == 1 && !cu_gdn_chunked(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout, scr))
-        rc = lily_err(st, LILY_EUNSUPPORTED, "the chunked delta rule does not take this shape");
+    if (!rc && mode == 1) {
+        cu_gdn_chunk_variant(variant);
+        if (!cu_gdn_chunked(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout, scr))
+            rc = lily_err(st, LILY_EUNSUPPORTED, "the chunked delta rule does not take this shape");
+        cu_gdn_chunk_variant(0);
+    }
     if (!rc && mode == 2 && !cu_gdn_staged(0, T, nk, nv, dk, dv, du, cd, dg, db, dS, dout))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the staged delta rule does not take this shape");
     rc = finish(st, rc);
@@ -274,17 +278,17 @@ static lily_code gdn_run(int mode, int T, int nk, int nv, int dk, int dv, const 
 
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                   float *S, float *o, lily_status *st) {
-    return gdn_run(0, T, nk, nv, dk, dv, u, g, beta, S, o, st);
+    return gdn_run(0, 0, T, nk, nv, dk, dv, u, g, beta, S, o, st);
 }
 
-lily_code lct_gdn_chunked(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
-                          float *S, float *o, lily_status *st) {
-    return gdn_run(1, T, nk, nv, dk, dv, u, g, beta, S, o, st);
+lily_code lct_gdn_chunked(int variant, int T, int nk, int nv, int dk, int dv, const float *u, const float *g,
+                          const float *beta, float *S, float *o, lily_status *st) {
+    return gdn_run(1, variant, T, nk, nv, dk, dv, u, g, beta, S, o, st);
 }
 
 lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                          float *S, float *o, lily_status *st) {
-    return gdn_run(2, T, nk, nv, dk, dv, u, g, beta, S, o, st);
+    return gdn_run(2, 0, T, nk, nv, dk, dv, u, g, beta, S, o, st);
 }
 
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,

@@ -52,10 +52,11 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
  * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                   float *S, float *o, lily_status *st);
-/* The same through the chunked kernels (cu_gdn_chunked), and the staged prefill kernel
- * (cu_gdn_staged: dk 128, dv a multiple of 32; LILY_EUNSUPPORTED otherwise). */
-lily_code lct_gdn_chunked(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
-                          float *S, float *o, lily_status *st);
+/* The same through the chunked kernels (cu_gdn_chunked; variant as cu_gdn_chunk_variant: 1 tensor
+ * cores, 2 tiled, 3 generic), and the staged prefill kernel (cu_gdn_staged: dk 128, dv a multiple
+ * of 32; LILY_EUNSUPPORTED otherwise). */
+lily_code lct_gdn_chunked(int variant, int T, int nk, int nv, int dk, int dv, const float *u, const float *g,
+                          const float *beta, float *S, float *o, lily_status *st);
 lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                          float *S, float *o, lily_status *st);
 /* y = rmsnorm(x (+ add)) * w for T rows of n; x_out gets x after the add (may be NULL). */

@@ -426,16 +426,20 @@ static void test_gdn(int T, int nk, int nv, int dk, int dv) {
         cpu_gdn_recurrent(T, dk, dv, u + (size_t)kh * dk, cd, u + kd + (size_t)kh * dk, cd, u + 2 * kd + (size_t)h * dv, cd,
                           gh, bh, Sref + (size_t)h * dk * dv, oref + (size_t)h * dv, nv * dv);
     }
-    /* the recurrent kernel, the chunked (WY) kernels, the staged prefill kernel (for the shapes it takes) */
-    for (int mode = 0; mode < 3; mode++) {
-        static const char *names[3] = { "recurrent", "chunked", "staged" };
+    /* the recurrent kernel, the staged prefill kernel, the chunked (WY) kernels: on the tensor cores,
+     * tiled, generic (the first two for the shapes they take) */
+    for (int mode = 0; mode < 5; mode++) {
+        static const char *names[5] = { "recurrent", "staged", "chunked-tc", "chunked-tiled", "chunked-generic" };
         lily_status st = { 0 };
         char what[160];
-        if (mode == 2 && !(dk == 128 && dv % 32 == 0)) continue;
+        if ((mode == 1 || mode == 2 || mode == 3) && !(dk == 128 && dv % 32 == 0)) continue;
         snprintf(what, sizeof what, "gdn %s T=%d nk=%d nv=%d dk=%d dv=%d (out, state)", names[mode], T, nk, nv, dk, dv);
         memcpy(S, S0, (size_t)nv * dk * dv * 4);
         for (size_t i = 0; i < (size_t)T * nv * dv; i++) o[i] = NAN;
-        if ((mode == 2 ? lct_gdn_staged : mode ? lct_gdn_chunked : lct_gdn)(T, nk, nv, dk, dv, u, g, beta, S, o, &st)) {
+        lily_code rc = mode == 0   ? lct_gdn(T, nk, nv, dk, dv, u, g, beta, S, o, &st)
+                       : mode == 1 ? lct_gdn_staged(T, nk, nv, dk, dv, u, g, beta, S, o, &st)
+                                   : lct_gdn_chunked(mode - 1, T, nk, nv, dk, dv, u, g, beta, S, o, &st);
+        if (rc) {
             printf("%s: %s\n", what, st.msg);
             n_fail++;
         } else {

@@ -62,9 +62,9 @@ for stage in $stages; do
     "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model.log" 2>&1 || fail=1
     cat "$OUT/model.log" ;;
   variants) # the paths kept for measuring: the older tiles (LILY_CU_GEMM=0), the chunked delta rule
-            # (LILY_CU_GDN_CHUNK=1, opt-in), the decode graph without programmatic launch (LILY_CU_PDL=0),
+            # (LILY_CU_GDN_CHUNK=0: the staged recurrence; LILY_CU_GDN_TC=0: the tiled SIMT chunks), the decode graph without programmatic launch (LILY_CU_PDL=0),
             # decode's matrix-vector products without the tensor-core kernel or with it on every launch
-    for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_GDN_CHUNK=1 LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
+    for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_GDN_CHUNK=0 LILY_CU_GDN_TC=0 LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
              LILY_CU_DENSE_XP=0 LILY_CU_SIMT8=0 LILY_CU_SIDE=0; do
       for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
         env $v "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&

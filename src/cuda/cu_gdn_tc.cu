@@ -1,0 +1,288 @@
+/* The chunked gated delta rule for dk = 128 with its products on the tensor cores (TF32 mma,
+ * each operand split in two for fp32 accuracy), two launches where cu_gdn_chunk.cu's tiled
+ * form takes three. Same algebra (chunks of 64 tokens, cu_gdn_chunk.cu's comment):
+ *   prep (chunks x heads, in parallel): A = strict_lower(beta_i k_i.k_j e^(G_i-G_j)) and
+ *     P = lower(q_i.k_j e^(G_i-G_j)) on mma; (I + A) [U | W] = [beta V | beta e^G K] by forward
+ *     substitution, a column a thread in registers; U, W and P to scratch;
+ *   state (heads x 32 columns, chunks in order): Vn = U - W S and O = e^G Q S on mma, then
+ *     S = e^(G_last) S + (e^(G_last-G) K)^T Vn and O += P Vn on mma. The state lives in the
+ *     warps' accumulators for the whole prompt and in shared memory, split, for the next chunk's
+ *     products; the intra-chunk part of O (the tiled form's third launch) rides along here, as P
+ *     Vn needs only this block's columns of Vn.
+ * Why: the recurrence (cu_gdn_staged.cu) is 3 x 128 x 128 MACs a token and head on SIMT, bound by
+ * issue (146 us a layer at 512 tokens on the H200), and the tiled chunked form has as many
+ * products, also on SIMT (194 us). An m16n8k8 TF32 mma does 1,024 MACs in one instruction; the
+ * split (hi = tf32(x), lo = tf32(x - hi), three mma: lo hi, hi lo, hi hi) keeps ~22 bits, so
+ * the result matches the fp32 kernels to rounding.
+ * Shared-memory pitches (in 4-byte words) put a fragment's 32 loads in 32 banks: A fragments
+ * read rows g and columns q (pitch = 4 mod 32), B fragments rows q and columns g (pitch = 8). */
+#include "cuda/cu_dev.h"
+
+#define TQ_P 132 /* q, k, W, v rows (fp32, 128 wide) read as A fragments, or k as B (rows g) */
+#define TQ_S 40  /* the state's and Vn's 32 columns, split, read as B (rows q) */
+#define TQ_K 136 /* k in the state kernel, read as A = K'^T (rows q) */
+#define TQ_A 68  /* A and P (64 wide) read as A fragments */
+
+/* inclusive prefix sums of g over a chunk into sG[64] (past C: the chunk's total), by one warp */
+__device__ __forceinline__ void tq_g(const float *g, int nv, int h, int t0, int C, float *sG) {
+    const int l = threadIdx.x & 31;
+    const float a = 2 * l < C ? g[(size_t)(t0 + 2 * l) * nv + h] : 0.f, b = 2 * l + 1 < C ? g[(size_t)(t0 + 2 * l + 1) * nv + h] : 0.f;
+    float s = a + b;
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {
+        const float o = __shfl_up_sync(0xffffffffu, s, m);
+        if (l >= m) s += o;
+    }
+    sG[2 * l] = s - b;
+    sG[2 * l + 1] = s;
+}
+
+/* rows 0 .. C-1 of a (ncols)-wide slice of a row-major source (row pitch ld) into X (pitch p) by
+ * cp.async, zeros in rows C .. 63 */
+__device__ __forceinline__ void tq_rows(float *X, int p, const float *src, size_t ld, int C, int ncols) {
+    const int n4 = ncols / 4;
+    for (int x = threadIdx.x; x < 64 * n4; x += blockDim.x) {
+        const int i = x / n4, c4 = x % n4;
+        if (i < C) cu_cp<16>(&X[i * p + 4 * c4], src + (size_t)i * ld + 4 * c4);
+        else *(float4 *)&X[i * p + 4 * c4] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
+/* an A fragment (rows r0 + g, r0 + g + 8; columns k0 + q, k0 + q + 4) of row-major X, split */
+__device__ __forceinline__ void tq_afrag(const float *X, int p, int r0, int k0, uint32_t (&h)[4], uint32_t (&l)[4]) {
+    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+    const float *x = X + (r0 + g) * p + k0 + q;
+    cu_tf32_split(x[0], h[0], l[0]);
+    cu_tf32_split(x[8 * p], h[1], l[1]);
+    cu_tf32_split(x[4], h[2], l[2]);
+    cu_tf32_split(x[8 * p + 4], h[3], l[3]);
+}
+
+__global__ void __launch_bounds__(256) k_tq_prep(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+                                                 const float *__restrict__ g, const float *__restrict__ beta,
+                                                 float *__restrict__ U, float *__restrict__ W, float *__restrict__ P) {
+    CU_PDL();
+    extern __shared__ __align__(16) float sm[];
+    float *sK = sm;                  /* [64][TQ_P] k */
+    float *sQ = sK + 64 * TQ_P;      /* [64][TQ_P] q */
+    float *sV = sQ + 64 * TQ_P;      /* [64][TQ_P] v (dv <= 128 columns) */
+    float *sA = sV + 64 * TQ_P;      /* [64][TQ_A] A, strictly lower */
+    float *sG = sA + 64 * TQ_A, *sB = sG + 64;
+    const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
+    const int t0 = c * 64, C = T - t0 < 64 ? T - t0 : 64;
+    const int kh = h / (nv / nk), kd = nk * 128;
+    tq_rows(sK, TQ_P, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
+    tq_rows(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
+    tq_rows(sV, TQ_P, u + (size_t)t0 * cd + 2 * kd + (size_t)h * dv, cd, C, dv);
+    cu_cp_commit();
+    if (w == 0) tq_g(g, nv, h, t0, C, sG);
+    if (tid < 64) sB[tid] = tid < C ? beta[(size_t)(t0 + tid) * nv + h] : 0.f;
+    cu_cp_wait<0>();
+    __syncthreads();
+    { /* warps 0-3: A's rows 16w..; warps 4-7: P's rows 16(w-4)..; all 64 columns (B = k as rows g) */
+        const bool isp = w >= 4;
+        const int r0 = 16 * (w & 3);
+        float acc[8][4] = {};
+        for (int k0 = 0; k0 < 128; k0 += 8) {
+            uint32_t ah[4], al[4];
+            tq_afrag(isp ? sQ : sK, TQ_P, r0, k0, ah, al);
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                uint32_t bh0, bl0, bh1, bl1;
+                cu_tf32_split(sK[(8 * nt + g8) * TQ_P + k0 + q], bh0, bl0);
+                cu_tf32_split(sK[(8 * nt + g8) * TQ_P + k0 + q + 4], bh1, bl1);
+                tc_mma_3xtf32(acc[nt], ah, al, bh0, bh1, bl0, bl1);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = r0 + g8 + 8 * (e >> 1), j = 8 * nt + 2 * q + (e & 1);
+                const bool in = (isp ? j <= i : j < i) && i < C;
+                const float v = in ? acc[nt][e] * (isp ? 1.f : sB[i]) * expf(sG[i] - sG[j]) : 0.f;
+                if (isp) {
+                    if (i < C) P[((size_t)h * T + t0 + i) * 64 + j] = v;
+                } else sA[i * TQ_A + j] = v;
+            }
+    }
+    __syncthreads();
+    /* column tid of [U | W]: x_i = rhs_i - sum_{j<i} A[i][j] x_j, rhs = beta v (tid < dv) or
+     * beta e^G k (the rest) */
+    const bool isw = tid >= dv;
+    const int col = isw ? tid - dv : tid;
+    if (col < (isw ? 128 : dv) && tid < dv + 128) {
+        float x[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) {
+            float acc = isw ? sB[i] * expf(sG[i]) * sK[i * TQ_P + col] : sB[i] * sV[i * TQ_P + col];
+#pragma unroll
+            for (int j = 0; j < i; j++) acc -= sA[i * TQ_A + j] * x[j];
+            x[i] = acc;
+        }
+        float *dst = isw ? W + ((size_t)h * T + t0) * 128 + col : U + ((size_t)h * T + t0) * dv + col;
+        const int ld = isw ? 128 : dv;
+#pragma unroll
+        for (int i = 0; i < 64; i++)
+            if (i < C) dst[(size_t)i * ld] = x[i];
+    }
+}
+
+/* A block owns columns j0 .. j0 + 31 of head h's state; warp w holds rows 16w .. 16w + 15 of
+ * them in its accumulators. A chunk: [W, q, U of this chunk landed] Vn (warps 0-3, rows 16w..)
+ * and Q S (warps 4-7) while k and P land; [barrier] S update (every warp) and O += P Vn (warps
+ * 4-7) while the next chunk's W, q and U land. */
+__global__ void __launch_bounds__(256) k_tq_state(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+                                                  const float *__restrict__ g, float *__restrict__ S, float *__restrict__ U,
+                                                  const float *__restrict__ W, const float *__restrict__ P,
+                                                  float *__restrict__ o) {
+    CU_PDL();
+    extern __shared__ __align__(16) float sm[];
+    uint32_t *sSh = (uint32_t *)sm;  /* [128][TQ_S] the state's columns, split */
+    uint32_t *sSl = sSh + 128 * TQ_S;
+    float *sW = (float *)(sSl + 128 * TQ_S); /* [64][TQ_P] W */
+    float *sQ = sW + 64 * TQ_P;      /* [64][TQ_P] q */
+    float *sU = sQ + 64 * TQ_P;      /* [64][36] U's columns */
+    float *sK = sU + 64 * 36;        /* [64][TQ_K] k */
+    float *sP = sK + 64 * TQ_K;      /* [64][TQ_A] P */
+    uint32_t *sNh = (uint32_t *)(sP + 64 * TQ_A); /* [64][TQ_S] Vn, split */
+    uint32_t *sNl = sNh + 64 * TQ_S;
+    float *sG = (float *)(sNl + 64 * TQ_S); /* [2][64] */
+    float *sF = sG + 128;            /* [64] e^(G_last - G_m), 0 past C */
+    const int h = blockIdx.x, j0 = blockIdx.y * 32, tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
+    const int kh = h / (nv / nk), kd = nk * 128;
+    float *Sh = S + (size_t)h * 128 * dv + j0;
+    float acc[4][4]; /* S rows 16w + g8 (+ 8), columns 8nt + 2q (+ 1) */
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = 16 * w + g8 + 8 * (e >> 1), cc = 8 * nt + 2 * q + (e & 1);
+            acc[nt][e] = Sh[(size_t)r * dv + cc];
+            cu_tf32_split(acc[nt][e], sSh[r * TQ_S + cc], sSl[r * TQ_S + cc]);
+        }
+    auto issue_wqu = [&](int t0) {
+        const int C = T - t0 < 64 ? T - t0 : 64;
+        tq_rows(sW, TQ_P, W + ((size_t)h * T + t0) * 128, 128, C, 128);
+        tq_rows(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
+        tq_rows(sU, 36, U + ((size_t)h * T + t0) * dv + j0, dv, C, 32);
+        cu_cp_commit();
+    };
+    issue_wqu(0);
+    if (w == 7) tq_g(g, nv, h, 0, T < 64 ? T : 64, sG);
+    for (int t0 = 0, b = 0; t0 < T; t0 += 64, b ^= 1) {
+        const int C = T - t0 < 64 ? T - t0 : 64;
+        const float *G = sG + 64 * b;
+        cu_cp_wait<0>();
+        __syncthreads(); /* W, q, U and G in; the last chunk's S update and O are done */
+        tq_rows(sK, TQ_K, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
+        tq_rows(sP, TQ_A, P + ((size_t)h * T + t0) * 64, 64, C, 64);
+        cu_cp_commit();
+        const float gl = G[C - 1];
+        if (tid < 64) sF[tid] = tid < C ? expf(gl - G[tid]) : 0.f;
+        if (w == 7 && t0 + 64 < T) tq_g(g, nv, h, t0 + 64, T - t0 - 64 < 64 ? T - t0 - 64 : 64, sG + 64 * (b ^ 1));
+        /* Vn = U - W S (warps 0-3) or Q S (4-7), rows 16 (w & 3).. */
+        const int r0 = 16 * (w & 3);
+        float ao[4][4] = {};
+        for (int k0 = 0; k0 < 128; k0 += 8) {
+            uint32_t ah[4], al[4];
+            tq_afrag(w < 4 ? sW : sQ, TQ_P, r0, k0, ah, al);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int b0 = (k0 + q) * TQ_S + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
+                tc_mma_3xtf32(ao[nt], ah, al, sSh[b0], sSh[b1], sSl[b0], sSl[b1]);
+            }
+        }
+        if (w < 4) {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int i = r0 + g8 + 8 * e2, cc = 8 * nt + 2 * q;
+                    const float2 uv = *(const float2 *)&sU[i * 36 + cc];
+                    const float v0 = uv.x - ao[nt][2 * e2], v1 = uv.y - ao[nt][2 * e2 + 1]; /* 0 past C */
+                    cu_tf32_split(v0, sNh[i * TQ_S + cc], sNl[i * TQ_S + cc]);
+                    cu_tf32_split(v1, sNh[i * TQ_S + cc + 1], sNl[i * TQ_S + cc + 1]);
+                    if (i < C) *(float2 *)(U + ((size_t)h * T + t0 + i) * dv + j0 + cc) = make_float2(v0, v1);
+                }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float eg = expf(G[r0 + g8 + 8 * (e >> 1)]);
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) ao[nt][e] *= eg;
+            }
+        }
+        cu_cp_wait<0>();
+        __syncthreads(); /* Vn, k, P and sF in; W, q and U free */
+        if (t0 + 64 < T) issue_wqu(t0 + 64);
+        const float el = expf(gl);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] *= el;
+        for (int k0 = 0; k0 < 64; k0 += 8) {
+            /* A = (e^(G_last - G_m) k_m)^T: A[e][m] = k[m][e] f[m], rows 16w + g8 (+ 8), columns k0 + q (+ 4) */
+            uint32_t ah[4], al[4];
+            const float f0 = sF[k0 + q], f1 = sF[k0 + q + 4];
+            const float *kp = sK + (k0 + q) * TQ_K + 16 * w + g8;
+            cu_tf32_split(kp[0] * f0, ah[0], al[0]);
+            cu_tf32_split(kp[8] * f0, ah[1], al[1]);
+            cu_tf32_split(kp[4 * TQ_K] * f1, ah[2], al[2]);
+            cu_tf32_split(kp[4 * TQ_K + 8] * f1, ah[3], al[3]);
+            uint32_t ph[4] = {}, pl[4] = {};
+            if (w >= 4) tq_afrag(sP, TQ_A, r0, k0, ph, pl);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int b0 = (k0 + q) * TQ_S + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
+                const uint32_t bh0 = sNh[b0], bh1 = sNh[b1], bl0 = sNl[b0], bl1 = sNl[b1];
+                tc_mma_3xtf32(acc[nt], ah, al, bh0, bh1, bl0, bl1);
+                if (w >= 4) tc_mma_3xtf32(ao[nt], ph, pl, bh0, bh1, bl0, bl1);
+            }
+        }
+        if (w >= 4) {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int i = r0 + g8 + 8 * e2;
+                    if (i < C)
+                        *(float2 *)(o + (size_t)(t0 + i) * nv * dv + (size_t)h * dv + j0 + 8 * nt + 2 * q) =
+                            make_float2(ao[nt][2 * e2], ao[nt][2 * e2 + 1]);
+                }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * w + g8 + 8 * (e >> 1), cc = 8 * nt + 2 * q + (e & 1);
+                cu_tf32_split(acc[nt][e], sSh[r * TQ_S + cc], sSl[r * TQ_S + cc]);
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) Sh[(size_t)(16 * w + g8 + 8 * (e >> 1)) * dv + 8 * nt + 2 * q + (e & 1)] = acc[nt][e];
+}
+
+static size_t smem_tq_prep(void) { return sizeof(float) * (3 * 64 * TQ_P + 64 * TQ_A + 2 * 64); }
+static size_t smem_tq_state(void) {
+    return sizeof(float) * (2 * 128 * TQ_S + 2 * 64 * TQ_P + 64 * 36 + 64 * TQ_K + 64 * TQ_A + 2 * 64 * TQ_S + 3 * 64);
+}
+
+size_t cu_gdn_tc_scratch_floats(int T, int nv) { return (size_t)nv * T * (128 + 128 + 64); }
+
+int cu_gdn_tc(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g, const float *beta,
+              float *S, float *o, float *scratch) {
+    if (dk != 128 || dv % 32 || dv > 128 || nv % nk || cd % 4 || ((uintptr_t)u & 15) || T < 1) return 0;
+    static int attrs = 0; /* 1 set, -1 refused */
+    if (!attrs)
+        attrs = cudaFuncSetAttribute(k_tq_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_tq_prep()) ||
+                        cudaFuncSetAttribute(k_tq_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_tq_state())
+                    ? -1 : 1;
+    if (attrs < 0) { cudaGetLastError(); return 0; }
+    float *U = scratch, *W = U + (size_t)nv * T * dv, *P = W + (size_t)nv * T * 128;
+    k_tq_prep<<<dim3((T + 63) / 64, nv), 256, smem_tq_prep(), s>>>(T, nk, nv, dv, u, cd, g, beta, U, W, P);
+    k_tq_state<<<dim3(nv, dv / 32), 256, smem_tq_state(), s>>>(T, nk, nv, dv, u, cd, g, S, U, W, P, o);
+    return 1;
+}
