@@ -80,26 +80,16 @@ __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
 #endif
 }
 
-/* x as TF32 bits, rounded to nearest (cvt.rna.tf32.f32: ties away from zero); the tensor core
- * reads the top 19 bits of an fp32 register. The emulator keeps fp32 under LILY_EMU_TF32=fp32. */
-__device__ __forceinline__ uint32_t cu_tf32(float x) {
-#if defined(__CUDA_ARCH__)
-    uint32_t v;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(v) : "f"(x));
-    return v;
-#else
-    uint32_t u = __float_as_uint(x);
-#ifdef __CUDACC_EMU__
-    if (emu::tf32_off) return u;
-#endif
-    if ((u & 0x7f800000u) == 0x7f800000u) return u;
-    return (u + 0x1000u) & 0xffffe000u;
-#endif
-}
-/* x = hi + lo to ~22 bits: three TF32 products (lo hi, hi lo, hi hi) give an fp32-accurate one */
+/* x = hi + lo for three TF32 products (lo hi, hi lo, hi hi) that give an fp32-accurate one: hi is x
+ * cut to TF32's 19 bits, lo = x - hi exactly (13 bits), which the tensor core then cuts to its top
+ * 11: ~22 bits in all, two instructions (a rounding cvt.rna is three with its own latency). The
+ * emulator under LILY_EMU_TF32=fp32 keeps x whole in hi. */
 __device__ __forceinline__ void cu_tf32_split(float x, uint32_t &hi, uint32_t &lo) {
-    hi = cu_tf32(x);
-    lo = cu_tf32(x - __uint_as_float(hi));
+#ifdef __CUDACC_EMU__
+    if (emu::tf32_off) { hi = __float_as_uint(x); lo = 0; return; }
+#endif
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
 /* C += A B for one m16n8k8 tile, TF32 inputs and fp32 accumulators: lane t (g = t / 4, q = t % 4)

@@ -38,10 +38,12 @@ __device__ __forceinline__ void tq_g(const float *g, int nv, int h, int t0, int 
 }
 
 /* rows 0 .. C-1 of a (ncols)-wide slice of a row-major source (row pitch ld) into X (pitch p) by
- * cp.async, zeros in rows C .. 63 */
+ * cp.async from NT threads, zeros in rows C .. 63 */
+template <int NT>
 __device__ __forceinline__ void tq_rows(float *X, int p, const float *src, size_t ld, int C, int ncols) {
     const int n4 = ncols / 4;
-    for (int x = threadIdx.x; x < 64 * n4; x += blockDim.x) {
+#pragma unroll 4
+    for (int x = threadIdx.x; x < 64 * n4; x += NT) {
         const int i = x / n4, c4 = x % n4;
         if (i < C) cu_cp<16>(&X[i * p + 4 * c4], src + (size_t)i * ld + 4 * c4);
         else *(float4 *)&X[i * p + 4 * c4] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -58,27 +60,30 @@ __device__ __forceinline__ void tq_afrag(const float *X, int p, int r0, int k0, 
     cu_tf32_split(x[8 * p + 4], h[3], l[3]);
 }
 
-__global__ void __launch_bounds__(256) k_tq_prep(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
-                                                 const float *__restrict__ g, const float *__restrict__ beta,
-                                                 float *__restrict__ U, float *__restrict__ W, float *__restrict__ P) {
+/* 256 threads, 85 KB of shared memory: two blocks an SM. v is not staged: the U columns' threads
+ * load their column of it into registers after the products. */
+__global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+                                                    const float *__restrict__ g, const float *__restrict__ beta,
+                                                    float *__restrict__ U, float *__restrict__ W, float *__restrict__ P) {
     CU_PDL();
     extern __shared__ __align__(16) float sm[];
     float *sK = sm;                  /* [64][TQ_P] k */
     float *sQ = sK + 64 * TQ_P;      /* [64][TQ_P] q */
-    float *sV = sQ + 64 * TQ_P;      /* [64][TQ_P] v (dv <= 128 columns) */
-    float *sA = sV + 64 * TQ_P;      /* [64][TQ_A] A, strictly lower */
+    float *sA = sQ + 64 * TQ_P;      /* [64][TQ_A] A, strictly lower */
     float *sG = sA + 64 * TQ_A, *sB = sG + 64;
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
     const int t0 = c * 64, C = T - t0 < 64 ? T - t0 : 64;
     const int kh = h / (nv / nk), kd = nk * 128;
-    tq_rows(sK, TQ_P, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
-    tq_rows(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
-    tq_rows(sV, TQ_P, u + (size_t)t0 * cd + 2 * kd + (size_t)h * dv, cd, C, dv);
+    tq_rows<256>(sK, TQ_P, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
+    tq_rows<256>(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
     cu_cp_commit();
     if (w == 0) tq_g(g, nv, h, t0, C, sG);
     if (tid < 64) sB[tid] = tid < C ? beta[(size_t)(t0 + tid) * nv + h] : 0.f;
     cu_cp_wait<0>();
     __syncthreads();
+    const bool isw = tid >= dv, active = tid < dv + 128;
+    const int col = isw ? tid - dv : tid;
+    float x[64];
     { /* warps 0-3: A's rows 16w..; warps 4-7: P's rows 16(w-4)..; all 64 columns (B = k as rows g) */
         const bool isp = w >= 4;
         const int r0 = 16 * (w & 3);
@@ -106,19 +111,26 @@ __global__ void __launch_bounds__(256) k_tq_prep(int T, int nk, int nv, int dv, 
                 } else sA[i * TQ_A + j] = v;
             }
     }
+    /* the right-hand side: beta v (tid < dv, from global, landing during the barrier) or beta e^G k */
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        x[i] = !active || i >= C ? 0.f : isw ? sK[i * TQ_P + col] : u[(size_t)(t0 + i) * cd + 2 * kd + (size_t)h * dv + col];
     __syncthreads();
-    /* column tid of [U | W]: x_i = rhs_i - sum_{j<i} A[i][j] x_j, rhs = beta v (tid < dv) or
-     * beta e^G k (the rest) */
-    const bool isw = tid >= dv;
-    const int col = isw ? tid - dv : tid;
-    if (col < (isw ? 128 : dv) && tid < dv + 128) {
-        float x[64];
+    /* column col of [U | W]: x_i = rhs_i - sum_{j<i} A[i][j] x_j, two partial sums a row (A's
+     * row in 16-byte reads: every thread reads the same words) */
+    if (active) {
 #pragma unroll
         for (int i = 0; i < 64; i++) {
-            float acc = isw ? sB[i] * expf(sG[i]) * sK[i * TQ_P + col] : sB[i] * sV[i * TQ_P + col];
+            float a0 = x[i] * sB[i] * (isw ? expf(sG[i]) : 1.f), a1 = 0.f;
+            const float *ar = sA + i * TQ_A;
 #pragma unroll
-            for (int j = 0; j < i; j++) acc -= sA[i * TQ_A + j] * x[j];
-            x[i] = acc;
+            for (int j = 0; j + 4 <= i; j += 4) {
+                const float4 av = *(const float4 *)&ar[j];
+                a0 -= av.x * x[j]; a1 -= av.y * x[j + 1]; a0 -= av.z * x[j + 2]; a1 -= av.w * x[j + 3];
+            }
+#pragma unroll
+            for (int j = i & ~3; j < i; j++) a0 -= ar[j] * x[j];
+            x[i] = a0 + a1;
         }
         float *dst = isw ? W + ((size_t)h * T + t0) * 128 + col : U + ((size_t)h * T + t0) * dv + col;
         const int ld = isw ? 128 : dv;
@@ -128,11 +140,12 @@ __global__ void __launch_bounds__(256) k_tq_prep(int T, int nk, int nv, int dv, 
     }
 }
 
-/* A block owns columns j0 .. j0 + 31 of head h's state; warp w holds rows 16w .. 16w + 15 of
- * them in its accumulators. A chunk: [W, q, U of this chunk landed] Vn (warps 0-3, rows 16w..)
- * and Q S (warps 4-7) while k and P land; [barrier] S update (every warp) and O += P Vn (warps
- * 4-7) while the next chunk's W, q and U land. */
-__global__ void __launch_bounds__(256) k_tq_state(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+/* A block of 16 warps owns columns j0 .. j0 + 31 of head h's state; warp w holds rows
+ * 16 (w / 2) .. + 15 and columns 16 (w % 2) .. + 15 of them in its accumulators. A chunk:
+ * [W, q, U of this chunk landed] Vn (warps 0-7) and Q S (warps 8-15), rows 16 ((w / 2) % 4) ..,
+ * the same columns, while k and P land; [barrier] the S update (every warp) and O += P Vn
+ * (warps 8-15) while the next chunk's W, q and U land. */
+__global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
                                                   const float *__restrict__ g, float *__restrict__ S, float *__restrict__ U,
                                                   const float *__restrict__ W, const float *__restrict__ P,
                                                   float *__restrict__ o) {
@@ -151,54 +164,55 @@ __global__ void __launch_bounds__(256) k_tq_state(int T, int nk, int nv, int dv,
     float *sF = sG + 128;            /* [64] e^(G_last - G_m), 0 past C */
     const int h = blockIdx.x, j0 = blockIdx.y * 32, tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
     const int kh = h / (nv / nk), kd = nk * 128;
+    const int rs = 16 * (w >> 1), c0 = 16 * (w & 1), ro = 16 * ((w >> 1) & 3); /* S rows, columns; Vn/O rows */
+    const bool iso = w >= 8;
     float *Sh = S + (size_t)h * 128 * dv + j0;
-    float acc[4][4]; /* S rows 16w + g8 (+ 8), columns 8nt + 2q (+ 1) */
+    float acc[2][4]; /* S rows rs + g8 (+ 8), columns c0 + 8nt + 2q (+ 1) */
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int r = 16 * w + g8 + 8 * (e >> 1), cc = 8 * nt + 2 * q + (e & 1);
+            const int r = rs + g8 + 8 * (e >> 1), cc = c0 + 8 * nt + 2 * q + (e & 1);
             acc[nt][e] = Sh[(size_t)r * dv + cc];
             cu_tf32_split(acc[nt][e], sSh[r * TQ_S + cc], sSl[r * TQ_S + cc]);
         }
     auto issue_wqu = [&](int t0) {
         const int C = T - t0 < 64 ? T - t0 : 64;
-        tq_rows(sW, TQ_P, W + ((size_t)h * T + t0) * 128, 128, C, 128);
-        tq_rows(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
-        tq_rows(sU, 36, U + ((size_t)h * T + t0) * dv + j0, dv, C, 32);
+        tq_rows<512>(sW, TQ_P, W + ((size_t)h * T + t0) * 128, 128, C, 128);
+        tq_rows<512>(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
+        tq_rows<512>(sU, 36, U + ((size_t)h * T + t0) * dv + j0, dv, C, 32);
         cu_cp_commit();
     };
     issue_wqu(0);
-    if (w == 7) tq_g(g, nv, h, 0, T < 64 ? T : 64, sG);
+    if (w == 15) tq_g(g, nv, h, 0, T < 64 ? T : 64, sG);
     for (int t0 = 0, b = 0; t0 < T; t0 += 64, b ^= 1) {
         const int C = T - t0 < 64 ? T - t0 : 64;
         const float *G = sG + 64 * b;
         cu_cp_wait<0>();
         __syncthreads(); /* W, q, U and G in; the last chunk's S update and O are done */
-        tq_rows(sK, TQ_K, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
-        tq_rows(sP, TQ_A, P + ((size_t)h * T + t0) * 64, 64, C, 64);
+        tq_rows<512>(sK, TQ_K, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
+        tq_rows<512>(sP, TQ_A, P + ((size_t)h * T + t0) * 64, 64, C, 64);
         cu_cp_commit();
         const float gl = G[C - 1];
         if (tid < 64) sF[tid] = tid < C ? expf(gl - G[tid]) : 0.f;
-        if (w == 7 && t0 + 64 < T) tq_g(g, nv, h, t0 + 64, T - t0 - 64 < 64 ? T - t0 - 64 : 64, sG + 64 * (b ^ 1));
-        /* Vn = U - W S (warps 0-3) or Q S (4-7), rows 16 (w & 3).. */
-        const int r0 = 16 * (w & 3);
-        float ao[4][4] = {};
+        if (w == 15 && t0 + 64 < T) tq_g(g, nv, h, t0 + 64, T - t0 - 64 < 64 ? T - t0 - 64 : 64, sG + 64 * (b ^ 1));
+        /* Vn = U - W S (warps 0-7) or Q S (8-15) */
+        float ao[2][4] = {};
         for (int k0 = 0; k0 < 128; k0 += 8) {
             uint32_t ah[4], al[4];
-            tq_afrag(w < 4 ? sW : sQ, TQ_P, r0, k0, ah, al);
+            tq_afrag(iso ? sQ : sW, TQ_P, ro, k0, ah, al);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int b0 = (k0 + q) * TQ_S + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
+            for (int nt = 0; nt < 2; nt++) {
+                const int b0 = (k0 + q) * TQ_S + c0 + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
                 tc_mma_3xtf32(ao[nt], ah, al, sSh[b0], sSh[b1], sSl[b0], sSl[b1]);
             }
         }
-        if (w < 4) {
+        if (!iso) {
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int e2 = 0; e2 < 2; e2++) {
-                    const int i = r0 + g8 + 8 * e2, cc = 8 * nt + 2 * q;
+                    const int i = ro + g8 + 8 * e2, cc = c0 + 8 * nt + 2 * q;
                     const float2 uv = *(const float2 *)&sU[i * 36 + cc];
                     const float v0 = uv.x - ao[nt][2 * e2], v1 = uv.y - ao[nt][2 * e2 + 1]; /* 0 past C */
                     cu_tf32_split(v0, sNh[i * TQ_S + cc], sNl[i * TQ_S + cc]);
@@ -208,9 +222,9 @@ __global__ void __launch_bounds__(256) k_tq_state(int T, int nk, int nv, int dv,
         } else {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float eg = expf(G[r0 + g8 + 8 * (e >> 1)]);
+                const float eg = expf(G[ro + g8 + 8 * (e >> 1)]);
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) ao[nt][e] *= eg;
+                for (int nt = 0; nt < 2; nt++) ao[nt][e] *= eg;
             }
         }
         cu_cp_wait<0>();
@@ -218,54 +232,54 @@ __global__ void __launch_bounds__(256) k_tq_state(int T, int nk, int nv, int dv,
         if (t0 + 64 < T) issue_wqu(t0 + 64);
         const float el = expf(gl);
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[nt][e] *= el;
         for (int k0 = 0; k0 < 64; k0 += 8) {
-            /* A = (e^(G_last - G_m) k_m)^T: A[e][m] = k[m][e] f[m], rows 16w + g8 (+ 8), columns k0 + q (+ 4) */
+            /* A = (e^(G_last - G_m) k_m)^T: A[e][m] = k[m][e] f[m], rows rs + g8 (+ 8), columns k0 + q (+ 4) */
             uint32_t ah[4], al[4];
             const float f0 = sF[k0 + q], f1 = sF[k0 + q + 4];
-            const float *kp = sK + (k0 + q) * TQ_K + 16 * w + g8;
+            const float *kp = sK + (k0 + q) * TQ_K + rs + g8;
             cu_tf32_split(kp[0] * f0, ah[0], al[0]);
             cu_tf32_split(kp[8] * f0, ah[1], al[1]);
             cu_tf32_split(kp[4 * TQ_K] * f1, ah[2], al[2]);
             cu_tf32_split(kp[4 * TQ_K + 8] * f1, ah[3], al[3]);
             uint32_t ph[4] = {}, pl[4] = {};
-            if (w >= 4) tq_afrag(sP, TQ_A, r0, k0, ph, pl);
+            if (iso) tq_afrag(sP, TQ_A, ro, k0, ph, pl);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int b0 = (k0 + q) * TQ_S + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
+            for (int nt = 0; nt < 2; nt++) {
+                const int b0 = (k0 + q) * TQ_S + c0 + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
                 const uint32_t bh0 = sNh[b0], bh1 = sNh[b1], bl0 = sNl[b0], bl1 = sNl[b1];
                 tc_mma_3xtf32(acc[nt], ah, al, bh0, bh1, bl0, bl1);
-                if (w >= 4) tc_mma_3xtf32(ao[nt], ph, pl, bh0, bh1, bl0, bl1);
+                if (iso) tc_mma_3xtf32(ao[nt], ph, pl, bh0, bh1, bl0, bl1);
             }
         }
-        if (w >= 4) {
+        if (iso) {
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int e2 = 0; e2 < 2; e2++) {
-                    const int i = r0 + g8 + 8 * e2;
+                    const int i = ro + g8 + 8 * e2;
                     if (i < C)
-                        *(float2 *)(o + (size_t)(t0 + i) * nv * dv + (size_t)h * dv + j0 + 8 * nt + 2 * q) =
+                        *(float2 *)(o + (size_t)(t0 + i) * nv * dv + (size_t)h * dv + j0 + c0 + 8 * nt + 2 * q) =
                             make_float2(ao[nt][2 * e2], ao[nt][2 * e2 + 1]);
                 }
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < 2; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int r = 16 * w + g8 + 8 * (e >> 1), cc = 8 * nt + 2 * q + (e & 1);
+                const int r = rs + g8 + 8 * (e >> 1), cc = c0 + 8 * nt + 2 * q + (e & 1);
                 cu_tf32_split(acc[nt][e], sSh[r * TQ_S + cc], sSl[r * TQ_S + cc]);
             }
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) Sh[(size_t)(16 * w + g8 + 8 * (e >> 1)) * dv + 8 * nt + 2 * q + (e & 1)] = acc[nt][e];
+        for (int e = 0; e < 4; e++) Sh[(size_t)(rs + g8 + 8 * (e >> 1)) * dv + c0 + 8 * nt + 2 * q + (e & 1)] = acc[nt][e];
 }
 
-static size_t smem_tq_prep(void) { return sizeof(float) * (3 * 64 * TQ_P + 64 * TQ_A + 2 * 64); }
+static size_t smem_tq_prep(void) { return sizeof(float) * (2 * 64 * TQ_P + 64 * TQ_A + 2 * 64); }
 static size_t smem_tq_state(void) {
     return sizeof(float) * (2 * 128 * TQ_S + 2 * 64 * TQ_P + 64 * 36 + 64 * TQ_K + 64 * TQ_A + 2 * 64 * TQ_S + 3 * 64);
 }
@@ -283,6 +297,6 @@ int cu_gdn_tc(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float
     if (attrs < 0) { cudaGetLastError(); return 0; }
     float *U = scratch, *W = U + (size_t)nv * T * dv, *P = W + (size_t)nv * T * 128;
     k_tq_prep<<<dim3((T + 63) / 64, nv), 256, smem_tq_prep(), s>>>(T, nk, nv, dv, u, cd, g, beta, U, W, P);
-    k_tq_state<<<dim3(nv, dv / 32), 256, smem_tq_state(), s>>>(T, nk, nv, dv, u, cd, g, S, U, W, P, o);
+    k_tq_state<<<dim3(nv, dv / 32), 512, smem_tq_state(), s>>>(T, nk, nv, dv, u, cd, g, S, U, W, P, o);
     return 1;
 }
