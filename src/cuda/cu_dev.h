@@ -99,7 +99,7 @@ __device__ __forceinline__ void cu_tf32_split(float x, uint32_t &hi, uint32_t &l
 __device__ __forceinline__ void tc_mma_tf32(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                             uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #else
@@ -135,12 +135,18 @@ __device__ __forceinline__ void tc_mma_tf32(float (&c)[4], uint32_t a0, uint32_t
     }
 #endif
 }
-/* c += A B to ~fp32 accuracy from split operands (cu_tf32_split): the small products first */
-__device__ __forceinline__ void tc_mma_3xtf32(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
-                                              uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    tc_mma_tf32(c, al[0], al[1], al[2], al[3], bh0, bh1);
-    tc_mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-    tc_mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+/* c[n] += A B[n] to ~fp32 accuracy from split operands (cu_tf32_split), N tiles sharing A: the
+ * small products first, and the products term by term across the tiles, so that consecutive mma
+ * are independent (an accumulator's three in a row wait on each other). */
+template <int N>
+__device__ __forceinline__ void tc_mma_3xtf32(float (&c)[N][4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                              const uint32_t (&bh)[N][2], const uint32_t (&bl)[N][2]) {
+#pragma unroll
+    for (int n = 0; n < N; n++) tc_mma_tf32(c[n], al[0], al[1], al[2], al[3], bh[n][0], bh[n][1]);
+#pragma unroll
+    for (int n = 0; n < N; n++) tc_mma_tf32(c[n], ah[0], ah[1], ah[2], ah[3], bl[n][0], bl[n][1]);
+#pragma unroll
+    for (int n = 0; n < N; n++) tc_mma_tf32(c[n], ah[0], ah[1], ah[2], ah[3], bh[n][0], bh[n][1]);
 }
 
 /* (a, b) as an fp16 pair, a in the low half, saturated at fp16's largest finite value (the

@@ -20,7 +20,7 @@
 
 #define TQ_P 132 /* q, k, W, v rows (fp32, 128 wide) read as A fragments, or k as B (rows g) */
 #define TQ_S 40  /* the state's and Vn's 32 columns, split, read as B (rows q) */
-#define TQ_K 136 /* k in the state kernel, read as A = K'^T (rows q) */
+#define TQ_K 136 /* k in the state kernel (read as A = K'^T) and v in the prep (read as B): rows q */
 #define TQ_A 68  /* A and P (64 wide) read as A fragments */
 
 /* inclusive prefix sums of g over a chunk into sG[64] (past C: the chunk's total), by one warp */
@@ -60,83 +60,139 @@ __device__ __forceinline__ void tq_afrag(const float *X, int p, int r0, int k0, 
     cu_tf32_split(x[8 * p + 4], h[3], l[3]);
 }
 
-/* 256 threads, 85 KB of shared memory: two blocks an SM. v is not staged: the U columns' threads
- * load their column of it into registers after the products. */
-__global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
-                                                    const float *__restrict__ g, const float *__restrict__ beta,
-                                                    float *__restrict__ U, float *__restrict__ W, float *__restrict__ P) {
+/* 256 threads, a block a chunk and head (1 an SM: 134 KB of shared memory). Three phases, a
+ * barrier apart:
+ *   A = beta_i k_i.k_j e^(G_i - G_j) (j < i) on mma, every warp;
+ *   M = (I + A)^-1 by forward substitution, a column a thread on warps 0-1 (the only sequential
+ *   part: 64 rows), while warps 2-7 find P = q_i.k_j e^(G_i - G_j) (j <= i) on mma;
+ *   [U | W] = M [beta V | beta e^G K] on mma, every warp (M is lower: a row tile's products stop
+ *   at its diagonal). */
+__global__ void __launch_bounds__(256) k_tq_prep(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+                                                 const float *__restrict__ g, const float *__restrict__ beta,
+                                                 float *__restrict__ U, float *__restrict__ W, float *__restrict__ P) {
     CU_PDL();
     extern __shared__ __align__(16) float sm[];
     float *sK = sm;                  /* [64][TQ_P] k */
     float *sQ = sK + 64 * TQ_P;      /* [64][TQ_P] q */
-    float *sA = sQ + 64 * TQ_P;      /* [64][TQ_A] A, strictly lower */
-    float *sG = sA + 64 * TQ_A, *sB = sG + 64;
+    float *sV = sQ + 64 * TQ_P;      /* [64][TQ_K] v (dv <= 128 columns), read as B (rows q) */
+    float *sA = sV + 64 * TQ_K;      /* [64][TQ_A] A, strictly lower */
+    float *sM = sA + 64 * TQ_A;      /* [64][TQ_A] M, lower with a unit diagonal */
+    float *sG = sM + 64 * TQ_A, *sB = sG + 64, *sE = sB + 64; /* G, beta, beta e^G */
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
     const int t0 = c * 64, C = T - t0 < 64 ? T - t0 : 64;
     const int kh = h / (nv / nk), kd = nk * 128;
     tq_rows<256>(sK, TQ_P, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
     tq_rows<256>(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
+    tq_rows<256>(sV, TQ_K, u + (size_t)t0 * cd + 2 * kd + (size_t)h * dv, cd, C, dv);
     cu_cp_commit();
     if (w == 0) tq_g(g, nv, h, t0, C, sG);
     if (tid < 64) sB[tid] = tid < C ? beta[(size_t)(t0 + tid) * nv + h] : 0.f;
     cu_cp_wait<0>();
     __syncthreads();
-    const bool isw = tid >= dv, active = tid < dv + 128;
-    const int col = isw ? tid - dv : tid;
-    float x[64];
-    { /* warps 0-3: A's rows 16w..; warps 4-7: P's rows 16(w-4)..; all 64 columns (B = k as rows g) */
-        const bool isp = w >= 4;
-        const int r0 = 16 * (w & 3);
-        float acc[8][4] = {};
+    if (tid < 64) sE[tid] = sB[tid] * expf(sG[tid]);
+    { /* A: warp w, rows 16 (w / 2).., columns 32 (w % 2).. (B = k as rows g) */
+        const int r0 = 16 * (w >> 1), n0 = 32 * (w & 1);
+        float acc[4][4] = {};
         for (int k0 = 0; k0 < 128; k0 += 8) {
-            uint32_t ah[4], al[4];
-            tq_afrag(isp ? sQ : sK, TQ_P, r0, k0, ah, al);
+            uint32_t ah[4], al[4], bh[4][2], bl[4][2];
+            tq_afrag(sK, TQ_P, r0, k0, ah, al);
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++) {
-                uint32_t bh0, bl0, bh1, bl1;
-                cu_tf32_split(sK[(8 * nt + g8) * TQ_P + k0 + q], bh0, bl0);
-                cu_tf32_split(sK[(8 * nt + g8) * TQ_P + k0 + q + 4], bh1, bl1);
-                tc_mma_3xtf32(acc[nt], ah, al, bh0, bh1, bl0, bl1);
+            for (int n = 0; n < 4; n++) {
+                cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q], bh[n][0], bl[n][0]);
+                cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q + 4], bh[n][1], bl[n][1]);
             }
+            tc_mma_3xtf32<4>(acc, ah, al, bh, bl);
         }
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+        for (int n = 0; n < 4; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int i = r0 + g8 + 8 * (e >> 1), j = 8 * nt + 2 * q + (e & 1);
-                const bool in = (isp ? j <= i : j < i) && i < C;
-                const float v = in ? acc[nt][e] * (isp ? 1.f : sB[i]) * expf(sG[i] - sG[j]) : 0.f;
-                if (isp) {
-                    if (i < C) P[((size_t)h * T + t0 + i) * 64 + j] = v;
-                } else sA[i * TQ_A + j] = v;
+                const int i = r0 + g8 + 8 * (e >> 1), j = n0 + 8 * n + 2 * q + (e & 1);
+                sA[i * TQ_A + j] = j < i && i < C ? acc[n][e] * sB[i] * expf(sG[i] - sG[j]) : 0.f;
             }
     }
-    /* the right-hand side: beta v (tid < dv, from global, landing during the barrier) or beta e^G k */
-#pragma unroll
-    for (int i = 0; i < 64; i++)
-        x[i] = !active || i >= C ? 0.f : isw ? sK[i * TQ_P + col] : u[(size_t)(t0 + i) * cd + 2 * kd + (size_t)h * dv + col];
     __syncthreads();
-    /* column col of [U | W]: x_i = rhs_i - sum_{j<i} A[i][j] x_j, two partial sums a row (A's
-     * row in 16-byte reads: every thread reads the same words) */
-    if (active) {
+    if (w < 2) {
+        /* column j of M: x_i = [i == j] - sum_{l<i} A[i][l] x_l, two partial sums a row (A's row in
+         * 16-byte reads: every lane reads the same words) */
+        const int j = tid;
+        float x[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) {
-            float a0 = x[i] * sB[i] * (isw ? expf(sG[i]) : 1.f), a1 = 0.f;
+            float a0 = 0.f, a1 = 0.f;
             const float *ar = sA + i * TQ_A;
 #pragma unroll
-            for (int j = 0; j + 4 <= i; j += 4) {
-                const float4 av = *(const float4 *)&ar[j];
-                a0 -= av.x * x[j]; a1 -= av.y * x[j + 1]; a0 -= av.z * x[j + 2]; a1 -= av.w * x[j + 3];
+            for (int l = 0; l + 4 <= i; l += 4) {
+                const float4 av = *(const float4 *)&ar[l];
+                a0 -= av.x * x[l]; a1 -= av.y * x[l + 1]; a0 -= av.z * x[l + 2]; a1 -= av.w * x[l + 3];
             }
 #pragma unroll
-            for (int j = i & ~3; j < i; j++) a0 -= ar[j] * x[j];
-            x[i] = a0 + a1;
+            for (int l = i & ~3; l < i; l++) a0 -= ar[l] * x[l];
+            x[i] = i == j ? 1.f : i < j ? 0.f : a0 + a1;
         }
-        float *dst = isw ? W + ((size_t)h * T + t0) * 128 + col : U + ((size_t)h * T + t0) * dv + col;
-        const int ld = isw ? 128 : dv;
 #pragma unroll
-        for (int i = 0; i < 64; i++)
-            if (i < C) dst[(size_t)i * ld] = x[i];
+        for (int i = 0; i < 64; i++) sM[i * TQ_A + j] = x[i];
+    } else {
+        /* P in pairs of 8-column tiles: pair t of 16 is rows 16 (t / 4).., columns 16 (t % 4).. */
+        for (int t = w - 2; t < 16; t += 6) {
+            const int r0 = 16 * (t >> 2), n0 = 16 * (t & 3);
+            float acc[2][4] = {};
+            if (n0 <= r0 + 15) /* else above the diagonal: zeros */
+                for (int k0 = 0; k0 < 128; k0 += 8) {
+                    uint32_t ah[4], al[4], bh[2][2], bl[2][2];
+                    tq_afrag(sQ, TQ_P, r0, k0, ah, al);
+#pragma unroll
+                    for (int n = 0; n < 2; n++) {
+                        cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q], bh[n][0], bl[n][0]);
+                        cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q + 4], bh[n][1], bl[n][1]);
+                    }
+                    tc_mma_3xtf32<2>(acc, ah, al, bh, bl);
+                }
+#pragma unroll
+            for (int n = 0; n < 2; n++)
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int i = r0 + g8 + 8 * e2, j = n0 + 8 * n + 2 * q;
+                    if (i >= C) continue;
+                    const float v0 = j <= i ? acc[n][2 * e2] * expf(sG[i] - sG[j]) : 0.f;
+                    const float v1 = j + 1 <= i ? acc[n][2 * e2 + 1] * expf(sG[i] - sG[j + 1]) : 0.f;
+                    *(float2 *)(P + ((size_t)h * T + t0 + i) * 64 + j) = make_float2(v0, v1);
+                }
+        }
+    }
+    __syncthreads();
+    { /* [U | W] = M R: warp w, rows 16 (w % 4).., 8-column tiles 16 (w / 4) .. + 15 of the dv + 128 */
+        const int r0 = 16 * (w & 3), nb = 16 * (w >> 2), ntiles = (dv + 128) / 8;
+        float acc[16][4] = {};
+        for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
+            uint32_t ah[4], al[4], bh[16][2], bl[16][2];
+            tq_afrag(sM, TQ_A, r0, k0, ah, al);
+            const float b0 = sB[k0 + q], b1 = sB[k0 + q + 4], e0 = sE[k0 + q], e1 = sE[k0 + q + 4];
+#pragma unroll
+            for (int n = 0; n < 16; n++) {
+                const int col = 8 * (nb + n) + g8;
+                float r0v = 0.f, r1v = 0.f;
+                if (nb + n < ntiles) {
+                    if (col < dv) { r0v = sV[(k0 + q) * TQ_K + col] * b0; r1v = sV[(k0 + q + 4) * TQ_K + col] * b1; }
+                    else { r0v = sK[(k0 + q) * TQ_P + col - dv] * e0; r1v = sK[(k0 + q + 4) * TQ_P + col - dv] * e1; }
+                }
+                cu_tf32_split(r0v, bh[n][0], bl[n][0]);
+                cu_tf32_split(r1v, bh[n][1], bl[n][1]);
+            }
+            tc_mma_3xtf32<16>(acc, ah, al, bh, bl);
+        }
+#pragma unroll
+        for (int n = 0; n < 16; n++) {
+            if (nb + n >= ntiles) continue;
+            const int col = 8 * (nb + n) + 2 * q;
+#pragma unroll
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int i = r0 + g8 + 8 * e2;
+                if (i >= C) continue;
+                float *dst = col < dv ? U + ((size_t)h * T + t0 + i) * dv + col : W + ((size_t)h * T + t0 + i) * 128 + col - dv;
+                *(float2 *)dst = make_float2(acc[n][2 * e2], acc[n][2 * e2 + 1]);
+            }
+        }
     }
 }
 
@@ -201,11 +257,13 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
         for (int k0 = 0; k0 < 128; k0 += 8) {
             uint32_t ah[4], al[4];
             tq_afrag(iso ? sQ : sW, TQ_P, ro, k0, ah, al);
+            uint32_t bh[2][2], bl[2][2];
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 const int b0 = (k0 + q) * TQ_S + c0 + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
-                tc_mma_3xtf32(ao[nt], ah, al, sSh[b0], sSh[b1], sSl[b0], sSl[b1]);
+                bh[nt][0] = sSh[b0]; bh[nt][1] = sSh[b1]; bl[nt][0] = sSl[b0]; bl[nt][1] = sSl[b1];
             }
+            tc_mma_3xtf32<2>(ao, ah, al, bh, bl);
         }
         if (!iso) {
 #pragma unroll
@@ -246,13 +304,14 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
             cu_tf32_split(kp[4 * TQ_K + 8] * f1, ah[3], al[3]);
             uint32_t ph[4] = {}, pl[4] = {};
             if (iso) tq_afrag(sP, TQ_A, ro, k0, ph, pl);
+            uint32_t bh[2][2], bl[2][2];
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 const int b0 = (k0 + q) * TQ_S + c0 + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
-                const uint32_t bh0 = sNh[b0], bh1 = sNh[b1], bl0 = sNl[b0], bl1 = sNl[b1];
-                tc_mma_3xtf32(acc[nt], ah, al, bh0, bh1, bl0, bl1);
-                if (iso) tc_mma_3xtf32(ao[nt], ph, pl, bh0, bh1, bl0, bl1);
+                bh[nt][0] = sNh[b0]; bh[nt][1] = sNh[b1]; bl[nt][0] = sNl[b0]; bl[nt][1] = sNl[b1];
             }
+            tc_mma_3xtf32<2>(acc, ah, al, bh, bl);
+            if (iso) tc_mma_3xtf32<2>(ao, ph, pl, bh, bl);
         }
         if (iso) {
 #pragma unroll
@@ -279,7 +338,7 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
         for (int e = 0; e < 4; e++) Sh[(size_t)(rs + g8 + 8 * (e >> 1)) * dv + c0 + 8 * nt + 2 * q + (e & 1)] = acc[nt][e];
 }
 
-static size_t smem_tq_prep(void) { return sizeof(float) * (2 * 64 * TQ_P + 64 * TQ_A + 2 * 64); }
+static size_t smem_tq_prep(void) { return sizeof(float) * (2 * 64 * TQ_P + 64 * TQ_K + 2 * 64 * TQ_A + 3 * 64); }
 static size_t smem_tq_state(void) {
     return sizeof(float) * (2 * 128 * TQ_S + 2 * 64 * TQ_P + 64 * 36 + 64 * TQ_K + 64 * TQ_A + 2 * 64 * TQ_S + 3 * 64);
 }
