@@ -60,108 +60,108 @@ __device__ __forceinline__ void tq_afrag(const float *X, int p, int r0, int k0, 
     cu_tf32_split(x[8 * p + 4], h[3], l[3]);
 }
 
-/* 256 threads, a block a chunk and head (1 an SM: 134 KB of shared memory). Three phases, a
- * barrier apart:
- *   A = beta_i k_i.k_j e^(G_i - G_j) (j < i) on mma, every warp;
- *   M = (I + A)^-1 by forward substitution, a column a thread on warps 0-1 (the only sequential
- *   part: 64 rows), while warps 2-7 find P = q_i.k_j e^(G_i - G_j) (j <= i) on mma;
- *   [U | W] = M [beta V | beta e^G K] on mma, every warp (M is lower: a row tile's products stop
- *   at its diagonal). */
-__global__ void __launch_bounds__(256) k_tq_prep(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
-                                                 const float *__restrict__ g, const float *__restrict__ beta,
-                                                 float *__restrict__ U, float *__restrict__ W, float *__restrict__ P) {
+/* 256 threads, a block a chunk and head, 104 KB of shared memory (two blocks an SM). Phases, a
+ * barrier or more apart:
+ *   A = beta_i k_i.k_j e^(G_i - G_j) (j < i) and P = q_i.k_j e^(G_i - G_j) (j <= i) on mma, one
+ *   pass over k for both (they share the B fragments);
+ *   M = (I + A)^-1 by 16 x 16 blocks: the diagonal blocks' inverses D_i by substitution (a column
+ *   a thread, 16 rows: 64 threads), then M_ij = -D_i sum_{j<=k<i} A_ik M_kj a block diagonal at a
+ *   time (three levels, SIMT; the partial sums sit in A's unused upper blocks), while v lands in
+ *   q's place;
+ *   [U | W] = M [beta V | beta e^G K] on mma (M is lower: a row tile's products stop at its
+ *   diagonal). */
+__global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int dv, const float *__restrict__ u, int cd,
+                                                    const float *__restrict__ g, const float *__restrict__ beta,
+                                                    float *__restrict__ U, float *__restrict__ W, float *__restrict__ P) {
     CU_PDL();
     extern __shared__ __align__(16) float sm[];
     float *sK = sm;                  /* [64][TQ_P] k */
-    float *sQ = sK + 64 * TQ_P;      /* [64][TQ_P] q */
-    float *sV = sQ + 64 * TQ_P;      /* [64][TQ_K] v (dv <= 128 columns), read as B (rows q) */
-    float *sA = sV + 64 * TQ_K;      /* [64][TQ_A] A, strictly lower */
-    float *sM = sA + 64 * TQ_A;      /* [64][TQ_A] M, lower with a unit diagonal */
+    float *sQ = sK + 64 * TQ_P;      /* [64][TQ_P] q, then [64][TQ_K] v (dv <= 128 columns, read as B: rows q) */
+    float *sA = sQ + 64 * TQ_K;      /* [64][TQ_A] A, strictly lower; upper blocks: partial sums */
+    float *sM = sA + 64 * TQ_A;      /* [64][TQ_A] M, lower with a unit diagonal (upper blocks unset) */
     float *sG = sM + 64 * TQ_A, *sB = sG + 64, *sE = sB + 64; /* G, beta, beta e^G */
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
     const int t0 = c * 64, C = T - t0 < 64 ? T - t0 : 64;
     const int kh = h / (nv / nk), kd = nk * 128;
     tq_rows<256>(sK, TQ_P, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
     tq_rows<256>(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
-    tq_rows<256>(sV, TQ_K, u + (size_t)t0 * cd + 2 * kd + (size_t)h * dv, cd, C, dv);
     cu_cp_commit();
     if (w == 0) tq_g(g, nv, h, t0, C, sG);
     if (tid < 64) sB[tid] = tid < C ? beta[(size_t)(t0 + tid) * nv + h] : 0.f;
     cu_cp_wait<0>();
     __syncthreads();
     if (tid < 64) sE[tid] = sB[tid] * expf(sG[tid]);
-    { /* A: warp w, rows 16 (w / 2).., columns 32 (w % 2).. (B = k as rows g) */
+    { /* warp w: rows 16 (w / 2).., columns 32 (w % 2).. of A (from k) and P (from q); B = k as rows g */
         const int r0 = 16 * (w >> 1), n0 = 32 * (w & 1);
-        float acc[4][4] = {};
+        const bool pz = n0 > r0 + 15; /* P's tiles all above its diagonal */
+        float acc[4][4] = {}, acp[4][4] = {};
         for (int k0 = 0; k0 < 128; k0 += 8) {
             uint32_t ah[4], al[4], bh[4][2], bl[4][2];
-            tq_afrag(sK, TQ_P, r0, k0, ah, al);
 #pragma unroll
             for (int n = 0; n < 4; n++) {
                 cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q], bh[n][0], bl[n][0]);
                 cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q + 4], bh[n][1], bl[n][1]);
             }
+            tq_afrag(sK, TQ_P, r0, k0, ah, al);
             tc_mma_3xtf32<4>(acc, ah, al, bh, bl);
+            if (!pz) {
+                tq_afrag(sQ, TQ_P, r0, k0, ah, al);
+                tc_mma_3xtf32<4>(acp, ah, al, bh, bl);
+            }
         }
 #pragma unroll
         for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = r0 + g8 + 8 * (e >> 1), j = n0 + 8 * n + 2 * q + (e & 1);
-                sA[i * TQ_A + j] = j < i && i < C ? acc[n][e] * sB[i] * expf(sG[i] - sG[j]) : 0.f;
+            for (int e2 = 0; e2 < 2; e2++) {
+                const int i = r0 + g8 + 8 * e2, j = n0 + 8 * n + 2 * q;
+                const float d0 = expf(sG[i] - sG[j]), d1 = expf(sG[i] - sG[j + 1]);
+                sA[i * TQ_A + j] = j < i && i < C ? acc[n][2 * e2] * sB[i] * d0 : 0.f;
+                sA[i * TQ_A + j + 1] = j + 1 < i && i < C ? acc[n][2 * e2 + 1] * sB[i] * d1 : 0.f;
+                if (i < C)
+                    *(float2 *)(P + ((size_t)h * T + t0 + i) * 64 + j) =
+                        make_float2(j <= i ? acp[n][2 * e2] * d0 : 0.f, j + 1 <= i ? acp[n][2 * e2 + 1] * d1 : 0.f);
             }
     }
-    __syncthreads();
-    if (w < 2) {
-        /* column j of M: x_i = [i == j] - sum_{l<i} A[i][l] x_l, two partial sums a row (A's row in
-         * 16-byte reads: every lane reads the same words) */
-        const int j = tid;
-        float x[64];
+    __syncthreads(); /* A in; q free */
+    tq_rows<256>(sQ, TQ_K, u + (size_t)t0 * cd + 2 * kd + (size_t)h * dv, cd, C, dv);
+    cu_cp_commit();
+    if (tid < 64) { /* D_b, column cc: x_r = [r == cc] - sum_{l<r} A[16b + r][16b + l] x_l */
+        const int b16 = 16 * (tid >> 4), cc = tid & 15;
+        float x[16];
 #pragma unroll
-        for (int i = 0; i < 64; i++) {
-            float a0 = 0.f, a1 = 0.f;
-            const float *ar = sA + i * TQ_A;
+        for (int r = 0; r < 16; r++) {
+            float a = r == cc ? 1.f : 0.f;
 #pragma unroll
-            for (int l = 0; l + 4 <= i; l += 4) {
-                const float4 av = *(const float4 *)&ar[l];
-                a0 -= av.x * x[l]; a1 -= av.y * x[l + 1]; a0 -= av.z * x[l + 2]; a1 -= av.w * x[l + 3];
-            }
-#pragma unroll
-            for (int l = i & ~3; l < i; l++) a0 -= ar[l] * x[l];
-            x[i] = i == j ? 1.f : i < j ? 0.f : a0 + a1;
+            for (int l = 0; l < r; l++) a -= sA[(b16 + r) * TQ_A + b16 + l] * x[l];
+            x[r] = a;
         }
 #pragma unroll
-        for (int i = 0; i < 64; i++) sM[i * TQ_A + j] = x[i];
-    } else {
-        /* P in pairs of 8-column tiles: pair t of 16 is rows 16 (t / 4).., columns 16 (t % 4).. */
-        for (int t = w - 2; t < 16; t += 6) {
-            const int r0 = 16 * (t >> 2), n0 = 16 * (t & 3);
-            float acc[2][4] = {};
-            if (n0 <= r0 + 15) /* else above the diagonal: zeros */
-                for (int k0 = 0; k0 < 128; k0 += 8) {
-                    uint32_t ah[4], al[4], bh[2][2], bl[2][2];
-                    tq_afrag(sQ, TQ_P, r0, k0, ah, al);
-#pragma unroll
-                    for (int n = 0; n < 2; n++) {
-                        cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q], bh[n][0], bl[n][0]);
-                        cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q + 4], bh[n][1], bl[n][1]);
-                    }
-                    tc_mma_3xtf32<2>(acc, ah, al, bh, bl);
-                }
-#pragma unroll
-            for (int n = 0; n < 2; n++)
-#pragma unroll
-                for (int e2 = 0; e2 < 2; e2++) {
-                    const int i = r0 + g8 + 8 * e2, j = n0 + 8 * n + 2 * q;
-                    if (i >= C) continue;
-                    const float v0 = j <= i ? acc[n][2 * e2] * expf(sG[i] - sG[j]) : 0.f;
-                    const float v1 = j + 1 <= i ? acc[n][2 * e2 + 1] * expf(sG[i] - sG[j + 1]) : 0.f;
-                    *(float2 *)(P + ((size_t)h * T + t0 + i) * 64 + j) = make_float2(v0, v1);
-                }
-        }
+        for (int r = 0; r < 16; r++) sM[(b16 + r) * TQ_A + b16 + cc] = x[r];
     }
     __syncthreads();
+    for (int L = 1; L < 4; L++) { /* blocks (i, j = i - L) */
+        for (int e = tid; e < (4 - L) * 256; e += 256) { /* partial sums into A's upper block (j, i) */
+            const int j = e >> 8, i = j + L, r = (e >> 4) & 15, cc = e & 15;
+            float a = 0.f;
+            for (int k = j; k < i; k++)
+#pragma unroll
+                for (int l = 0; l < 16; l++) a += sA[(16 * i + r) * TQ_A + 16 * k + l] * sM[(16 * k + l) * TQ_A + 16 * j + cc];
+            sA[(16 * j + r) * TQ_A + 16 * i + cc] = a;
+        }
+        __syncthreads();
+        for (int e = tid; e < (4 - L) * 256; e += 256) { /* M_ij = -D_i (the sums) */
+            const int j = e >> 8, i = j + L, r = (e >> 4) & 15, cc = e & 15;
+            float a = 0.f;
+#pragma unroll
+            for (int l = 0; l < 16; l++) a -= sM[(16 * i + r) * TQ_A + 16 * i + l] * sA[(16 * j + l) * TQ_A + 16 * i + cc];
+            sM[(16 * i + r) * TQ_A + 16 * j + cc] = a;
+        }
+        __syncthreads();
+    }
+    cu_cp_wait<0>();
+    __syncthreads(); /* v in */
     { /* [U | W] = M R: warp w, rows 16 (w % 4).., 8-column tiles 16 (w / 4) .. + 15 of the dv + 128 */
+        const float *sV = sQ;
         const int r0 = 16 * (w & 3), nb = 16 * (w >> 2), ntiles = (dv + 128) / 8;
         float acc[16][4] = {};
         for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
         for (int e = 0; e < 4; e++) Sh[(size_t)(rs + g8 + 8 * (e >> 1)) * dv + c0 + 8 * nt + 2 * q + (e & 1)] = acc[nt][e];
 }
 
-static size_t smem_tq_prep(void) { return sizeof(float) * (2 * 64 * TQ_P + 64 * TQ_K + 2 * 64 * TQ_A + 3 * 64); }
+static size_t smem_tq_prep(void) { return sizeof(float) * (64 * TQ_P + 64 * TQ_K + 2 * 64 * TQ_A + 3 * 64); }
 static size_t smem_tq_state(void) {
     return sizeof(float) * (2 * 128 * TQ_S + 2 * 64 * TQ_P + 64 * 36 + 64 * TQ_K + 64 * TQ_A + 2 * 64 * TQ_S + 3 * 64);
 }
