@@ -135,18 +135,18 @@ __device__ __forceinline__ void tc_mma_tf32(float (&c)[4], uint32_t a0, uint32_t
     }
 #endif
 }
-/* c[n] += A B[n] to ~fp32 accuracy from split operands (cu_tf32_split), N tiles sharing A: the
- * small products first, and the products term by term across the tiles, so that consecutive mma
- * are independent (an accumulator's three in a row wait on each other). */
+/* c[n] (+ d[n]) += A B[n] to ~fp32 accuracy from split operands (cu_tf32_split), N tiles sharing A:
+ * the products term by term across the tiles, and the two small ones into d (which may be c), so
+ * that consecutive mma are independent (an accumulator's three in a row would wait on each other). */
 template <int N>
-__device__ __forceinline__ void tc_mma_3xtf32(float (&c)[N][4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+__device__ __forceinline__ void tc_mma_3xtf32(float (&c)[N][4], float (&d)[N][4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
                                               const uint32_t (&bh)[N][2], const uint32_t (&bl)[N][2]) {
 #pragma unroll
-    for (int n = 0; n < N; n++) tc_mma_tf32(c[n], al[0], al[1], al[2], al[3], bh[n][0], bh[n][1]);
-#pragma unroll
-    for (int n = 0; n < N; n++) tc_mma_tf32(c[n], ah[0], ah[1], ah[2], ah[3], bl[n][0], bl[n][1]);
+    for (int n = 0; n < N; n++) tc_mma_tf32(d[n], al[0], al[1], al[2], al[3], bh[n][0], bh[n][1]);
 #pragma unroll
     for (int n = 0; n < N; n++) tc_mma_tf32(c[n], ah[0], ah[1], ah[2], ah[3], bh[n][0], bh[n][1]);
+#pragma unroll
+    for (int n = 0; n < N; n++) tc_mma_tf32(d[n], ah[0], ah[1], ah[2], ah[3], bl[n][0], bl[n][1]);
 }
 
 /* (a, b) as an fp16 pair, a in the low half, saturated at fp16's largest finite value (the

@@ -37,12 +37,27 @@ __device__ __forceinline__ void tq_g(const float *g, int nv, int h, int t0, int 
     sG[2 * l + 1] = s;
 }
 
-/* rows 0 .. C-1 of a (ncols)-wide slice of a row-major source (row pitch ld) into X (pitch p) by
- * cp.async from NT threads, zeros in rows C .. 63 */
+/* rows 0 .. C-1 of an NC-wide slice of a row-major source (row pitch ld) into X (pitch p) by
+ * cp.async from NT threads, zeros in rows C .. 63: a thread's copies are one column of 16 bytes,
+ * NT / (NC / 4) rows apart, so its addresses step by constants (a chunk's staging had been a third
+ * of the state kernel's instructions, as a generic loop's divisions and 64-bit products) */
+template <int NT, int NC>
+__device__ __forceinline__ void tq_rows(float *X, int p, const float *src, size_t ld, int C) {
+    constexpr int n4 = NC / 4, rs = NT / n4;
+    static_assert(NT % n4 == 0 && 64 % rs == 0, "tq_rows: whole rows a pass");
+    const int c4 = threadIdx.x % n4, i0 = threadIdx.x / n4;
+    const float *sp = src + (size_t)i0 * ld + 4 * c4;
+    float *dp = X + i0 * p + 4 * c4;
+#pragma unroll
+    for (int r = 0; r < 64 / rs; r++) {
+        if (i0 + r * rs < C) cu_cp<16>(dp + r * rs * p, sp + (size_t)r * rs * ld);
+        else *(float4 *)(dp + r * rs * p) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+/* the same for a width known at run time (v's dv columns in the prep, unless 128) */
 template <int NT>
-__device__ __forceinline__ void tq_rows(float *X, int p, const float *src, size_t ld, int C, int ncols) {
+__device__ __forceinline__ void tq_rows_n(float *X, int p, const float *src, size_t ld, int C, int ncols) {
     const int n4 = ncols / 4;
-#pragma unroll 4
     for (int x = threadIdx.x; x < 64 * n4; x += NT) {
         const int i = x / n4, c4 = x % n4;
         if (i < C) cu_cp<16>(&X[i * p + 4 * c4], src + (size_t)i * ld + 4 * c4);
@@ -83,8 +98,8 @@ __global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int d
     const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
     const int t0 = c * 64, C = T - t0 < 64 ? T - t0 : 64;
     const int kh = h / (nv / nk), kd = nk * 128;
-    tq_rows<256>(sK, TQ_P, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
-    tq_rows<256>(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
+    tq_rows<256, 128>(sK, TQ_P, u + (size_t)t0 * cd + kd + kh * 128, cd, C);
+    tq_rows<256, 128>(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C);
     cu_cp_commit();
     if (w == 0) tq_g(g, nv, h, t0, C, sG);
     if (tid < 64) sB[tid] = tid < C ? beta[(size_t)(t0 + tid) * nv + h] : 0.f;
@@ -103,10 +118,10 @@ __global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int d
                 cu_tf32_split(sK[(n0 + 8 * n + g8) * TQ_P + k0 + q + 4], bh[n][1], bl[n][1]);
             }
             tq_afrag(sK, TQ_P, r0, k0, ah, al);
-            tc_mma_3xtf32<4>(acc, ah, al, bh, bl);
+            tc_mma_3xtf32<4>(acc, acc, ah, al, bh, bl);
             if (!pz) {
                 tq_afrag(sQ, TQ_P, r0, k0, ah, al);
-                tc_mma_3xtf32<4>(acp, ah, al, bh, bl);
+                tc_mma_3xtf32<4>(acp, acp, ah, al, bh, bl);
             }
         }
 #pragma unroll
@@ -123,7 +138,8 @@ __global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int d
             }
     }
     __syncthreads(); /* A in; q free */
-    tq_rows<256>(sQ, TQ_K, u + (size_t)t0 * cd + 2 * kd + (size_t)h * dv, cd, C, dv);
+    if (dv == 128) tq_rows<256, 128>(sQ, TQ_K, u + (size_t)t0 * cd + 2 * kd + (size_t)h * dv, cd, C);
+    else tq_rows_n<256>(sQ, TQ_K, u + (size_t)t0 * cd + 2 * kd + (size_t)h * dv, cd, C, dv);
     cu_cp_commit();
     if (tid < 64) { /* D_b, column cc: x_r = [r == cc] - sum_{l<r} A[16b + r][16b + l] x_l */
         const int b16 = 16 * (tid >> 4), cc = tid & 15;
@@ -179,7 +195,7 @@ __global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int d
                 cu_tf32_split(r0v, bh[n][0], bl[n][0]);
                 cu_tf32_split(r1v, bh[n][1], bl[n][1]);
             }
-            tc_mma_3xtf32<16>(acc, ah, al, bh, bl);
+            tc_mma_3xtf32<16>(acc, acc, ah, al, bh, bl);
         }
 #pragma unroll
         for (int n = 0; n < 16; n++) {
@@ -234,9 +250,9 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
         }
     auto issue_wqu = [&](int t0) {
         const int C = T - t0 < 64 ? T - t0 : 64;
-        tq_rows<512>(sW, TQ_P, W + ((size_t)h * T + t0) * 128, 128, C, 128);
-        tq_rows<512>(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C, 128);
-        tq_rows<512>(sU, 36, U + ((size_t)h * T + t0) * dv + j0, dv, C, 32);
+        tq_rows<512, 128>(sW, TQ_P, W + ((size_t)h * T + t0) * 128, 128, C);
+        tq_rows<512, 128>(sQ, TQ_P, u + (size_t)t0 * cd + kh * 128, cd, C);
+        tq_rows<512, 32>(sU, 36, U + ((size_t)h * T + t0) * dv + j0, dv, C);
         cu_cp_commit();
     };
     issue_wqu(0);
@@ -246,14 +262,14 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
         const float *G = sG + 64 * b;
         cu_cp_wait<0>();
         __syncthreads(); /* W, q, U and G in; the last chunk's S update and O are done */
-        tq_rows<512>(sK, TQ_K, u + (size_t)t0 * cd + kd + kh * 128, cd, C, 128);
-        tq_rows<512>(sP, TQ_A, P + ((size_t)h * T + t0) * 64, 64, C, 64);
+        tq_rows<512, 128>(sK, TQ_K, u + (size_t)t0 * cd + kd + kh * 128, cd, C);
+        tq_rows<512, 64>(sP, TQ_A, P + ((size_t)h * T + t0) * 64, 64, C);
         cu_cp_commit();
         const float gl = G[C - 1];
         if (tid < 64) sF[tid] = tid < C ? expf(gl - G[tid]) : 0.f;
         if (w == 15 && t0 + 64 < T) tq_g(g, nv, h, t0 + 64, T - t0 - 64 < 64 ? T - t0 - 64 : 64, sG + 64 * (b ^ 1));
         /* Vn = U - W S (warps 0-7) or Q S (8-15) */
-        float ao[2][4] = {};
+        float ao[2][4] = {}, aod[2][4] = {}; /* the products, their small terms */
         for (int k0 = 0; k0 < 128; k0 += 8) {
             uint32_t ah[4], al[4];
             tq_afrag(iso ? sQ : sW, TQ_P, ro, k0, ah, al);
@@ -263,8 +279,12 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
                 const int b0 = (k0 + q) * TQ_S + c0 + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
                 bh[nt][0] = sSh[b0]; bh[nt][1] = sSh[b1]; bl[nt][0] = sSl[b0]; bl[nt][1] = sSl[b1];
             }
-            tc_mma_3xtf32<2>(ao, ah, al, bh, bl);
+            tc_mma_3xtf32<2>(ao, aod, ah, al, bh, bl);
         }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) { ao[nt][e] += aod[nt][e]; aod[nt][e] = 0.f; }
         if (!iso) {
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
@@ -289,6 +309,7 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
         __syncthreads(); /* Vn, k, P and sF in; W, q and U free */
         if (t0 + 64 < T) issue_wqu(t0 + 64);
         const float el = expf(gl);
+        float acd[2][4] = {};
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -310,9 +331,13 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
                 const int b0 = (k0 + q) * TQ_S + c0 + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
                 bh[nt][0] = sNh[b0]; bh[nt][1] = sNh[b1]; bl[nt][0] = sNl[b0]; bl[nt][1] = sNl[b1];
             }
-            tc_mma_3xtf32<2>(acc, ah, al, bh, bl);
-            if (iso) tc_mma_3xtf32<2>(ao, ph, pl, bh, bl);
+            tc_mma_3xtf32<2>(acc, acd, ah, al, bh, bl);
+            if (iso) tc_mma_3xtf32<2>(ao, aod, ph, pl, bh, bl);
         }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) { acc[nt][e] += acd[nt][e]; ao[nt][e] += aod[nt][e]; }
         if (iso) {
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
