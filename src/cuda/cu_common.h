@@ -109,12 +109,15 @@ lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *
 /* ---- launchers (all asynchronous on `s`) ---- */
 /* Y[T][rows] = X[T][ldx..] . W^T; picks the matrix-vector kernel for small T. */
 void cu_matmul(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
-/* The same in fp32 whatever T (the router and the shared expert's gate, whose outputs are
- * decisions): matrix-vector, a warp a token for <= 8 weight rows, or fp32 tiles, split along
- * the columns when the tiles alone are too few blocks (partials in scr, [S][T][ldy], S <= 8,
- * as many as scr_floats holds). */
+/* The same to fp32 accuracy whatever T (the router and the shared expert's gate, whose outputs are
+ * decisions): matrix-vector, a warp a token for <= 8 weight rows, or tiles (tensor cores with
+ * split TF32 operands, ~22 bits; fp32 SIMT with LILY_CU_ROUTER_TC=0), split along the columns when
+ * the tiles alone are too few blocks (partials in scr, [S][T][ldy], S <= 16, as many as
+ * scr_floats holds). */
 void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
                      size_t scr_floats);
+/* For the kernel test: 1 the tensor-core tiles, 0 the SIMT ones, -1 the environment's choice */
+void cu_matmul_exact_tc(int on);
 int cu_splitk_enabled(void);
 /* With the GEMM off (LILY_CU_GEMM=0), batches of at least this many rows run on the TF32 tiles. */
 #define CU_TC_MIN_T 128

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int d
 #pragma unroll
             for (int e2 = 0; e2 < 2; e2++) {
                 const int i = r0 + g8 + 8 * e2, j = n0 + 8 * n + 2 * q;
-                const float d0 = expf(sG[i] - sG[j]), d1 = expf(sG[i] - sG[j + 1]);
+                const float d0 = __expf(sG[i] - sG[j]), d1 = __expf(sG[i] - sG[j + 1]);
                 sA[i * TQ_A + j] = j < i && i < C ? acc[n][2 * e2] * sB[i] * d0 : 0.f;
                 sA[i * TQ_A + j + 1] = j + 1 < i && i < C ? acc[n][2 * e2 + 1] * sB[i] * d1 : 0.f;
                 if (i < C)
@@ -234,6 +234,7 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
     uint32_t *sNl = sNh + 64 * TQ_S;
     float *sG = (float *)(sNl + 64 * TQ_S); /* [2][64] */
     float *sF = sG + 128;            /* [64] e^(G_last - G_m), 0 past C */
+    float *sX = sF + 64;             /* [64] e^G */
     const int h = blockIdx.x, j0 = blockIdx.y * 32, tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
     const int kh = h / (nv / nk), kd = nk * 128;
     const int rs = 16 * (w >> 1), c0 = 16 * (w & 1), ro = 16 * ((w >> 1) & 3); /* S rows, columns; Vn/O rows */
@@ -266,7 +267,7 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
         tq_rows<512, 64>(sP, TQ_A, P + ((size_t)h * T + t0) * 64, 64, C);
         cu_cp_commit();
         const float gl = G[C - 1];
-        if (tid < 64) sF[tid] = tid < C ? expf(gl - G[tid]) : 0.f;
+        if (tid < 64) { sF[tid] = tid < C ? __expf(gl - G[tid]) : 0.f; sX[tid] = __expf(G[tid]); }
         if (w == 15 && t0 + 64 < T) tq_g(g, nv, h, t0 + 64, T - t0 - 64 < 64 ? T - t0 - 64 : 64, sG + 64 * (b ^ 1));
         /* Vn = U - W S (warps 0-7) or Q S (8-15) */
         float ao[2][4] = {}, aod[2][4] = {}; /* the products, their small terms */
@@ -295,19 +296,18 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
                     const float v0 = uv.x - ao[nt][2 * e2], v1 = uv.y - ao[nt][2 * e2 + 1]; /* 0 past C */
                     cu_tf32_split(v0, sNh[i * TQ_S + cc], sNl[i * TQ_S + cc]);
                     cu_tf32_split(v1, sNh[i * TQ_S + cc + 1], sNl[i * TQ_S + cc + 1]);
-                    if (i < C) *(float2 *)(U + ((size_t)h * T + t0 + i) * dv + j0 + cc) = make_float2(v0, v1);
                 }
-        } else {
+        }
+        cu_cp_wait<0>();
+        __syncthreads(); /* Vn, k, P, sF and sX in; W, q and U free */
+        if (t0 + 64 < T) issue_wqu(t0 + 64);
+        if (iso) /* O = e^G Q S so far */
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float eg = expf(G[ro + g8 + 8 * (e >> 1)]);
+                const float eg = sX[ro + g8 + 8 * (e >> 1)];
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) ao[nt][e] *= eg;
             }
-        }
-        cu_cp_wait<0>();
-        __syncthreads(); /* Vn, k, P and sF in; W, q and U free */
-        if (t0 + 64 < T) issue_wqu(t0 + 64);
         const float el = expf(gl);
         float acd[2][4] = {};
 #pragma unroll
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
 
 static size_t smem_tq_prep(void) { return sizeof(float) * (64 * TQ_P + 64 * TQ_K + 2 * 64 * TQ_A + 3 * 64); }
 static size_t smem_tq_state(void) {
-    return sizeof(float) * (2 * 128 * TQ_S + 2 * 64 * TQ_P + 64 * 36 + 64 * TQ_K + 64 * TQ_A + 2 * 64 * TQ_S + 3 * 64);
+    return sizeof(float) * (2 * 128 * TQ_S + 2 * 64 * TQ_P + 64 * 36 + 64 * TQ_K + 64 * TQ_A + 2 * 64 * TQ_S + 4 * 64);
 }
 
 size_t cu_gdn_tc_scratch_floats(int T, int nv) { return (size_t)nv * T * (128 + 128 + 64); }

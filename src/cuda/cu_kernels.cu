@@ -1081,6 +1081,69 @@ __global__ void __launch_bounds__(64) k_mm_simt8(dmat m, const float *__restrict
     }
 }
 
+/* k_mm_simt8's tiles and loads with the products on the tensor cores, each operand split in two
+ * TF32 parts (three mma: ~22 bits, cu_tf32_split), so the router's choice does not turn on the
+ * tensor cores' 10-bit mantissas: warp w owns rows 32w .. 32w + 31 of the tile and its 64 tokens.
+ * A row pitch of 72 floats (8 mod 32) puts a fragment's loads (rows q, columns g) in 32 banks. */
+__global__ void __launch_bounds__(64) k_mm_tc3(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
+                                               int ldy, int kslice, size_t pstride) {
+    CU_PDL();
+    __shared__ __align__(16) float Ws[S8_K][72]; /* [k][row of the tile] */
+    __shared__ __align__(16) float Xs[S8_K][72]; /* [k][token of the tile] */
+    const int tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
+    const int r0 = blockIdx.x * 64, t0 = blockIdx.y * 64;
+    const int kbeg = blockIdx.z * kslice, kend = min(kbeg + kslice, m.cols);
+    Y += (size_t)blockIdx.z * pstride;
+    const bool wok = r0 + tid < m.rows, xok = t0 + tid < T;
+    const float *xrow = X + (size_t)(xok ? t0 + tid : 0) * ldx;
+    float acc[2][8][4] = {}; /* rows 32w + 16i + g8 (+ 8), tokens 8j + 2q (+ 1) */
+    float wn[S8_K];
+    float4 xn[S8_K / 4];
+    s8_load(m, r0 + tid, wok, xrow, xok, kbeg, kend, wn, xn);
+    for (int k0 = kbeg; k0 < kend; k0 += S8_K) {
+#pragma unroll
+        for (int j = 0; j < S8_K; j++) Ws[j][tid] = wn[j];
+#pragma unroll
+        for (int j = 0; j < S8_K / 4; j++) {
+            Xs[4 * j][tid] = xn[j].x; Xs[4 * j + 1][tid] = xn[j].y; Xs[4 * j + 2][tid] = xn[j].z; Xs[4 * j + 3][tid] = xn[j].w;
+        }
+        __syncthreads();
+        if (k0 + S8_K < kend) s8_load(m, r0 + tid, wok, xrow, xok, k0 + S8_K, kend, wn, xn);
+#pragma unroll
+        for (int k = 0; k < S8_K; k += 8) {
+            uint32_t bh[8][2], bl[8][2];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                cu_tf32_split(Xs[k + q][8 * j + g8], bh[j][0], bl[j][0]);
+                cu_tf32_split(Xs[k + q + 4][8 * j + g8], bh[j][1], bl[j][1]);
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int r = 32 * w + 16 * i + g8;
+                uint32_t ah[4], al[4];
+                cu_tf32_split(Ws[k + q][r], ah[0], al[0]);
+                cu_tf32_split(Ws[k + q][r + 8], ah[1], al[1]);
+                cu_tf32_split(Ws[k + q + 4][r], ah[2], al[2]);
+                cu_tf32_split(Ws[k + q + 4][r + 8], ah[3], al[3]);
+                tc_mma_3xtf32<8>(acc[i], acc[i], ah, al, bh, bl);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + 32 * w + 16 * i + g8 + 8 * (e >> 1), t = t0 + 8 * j + 2 * q + (e & 1);
+                if (r < m.rows && t < T) Y[(size_t)t * ldy + r] = acc[i][j][e];
+            }
+}
+
+static int exact_tc_force = -1; /* cu_matmul_exact_tc: -1 the environment's choice */
+void cu_matmul_exact_tc(int on) { exact_tc_force = on; }
+
 /* The router at prefill is 256 rows: 64x64 fp32 tiles give 32 blocks at 512 tokens on 132
  * SMs (~6 ms of pp512 over 40 layers, bench/RESULTS.md). Splitting the columns into slices
  * (up to 16, ~512 blocks of k_mm_simt8's two warps) fills the GPU; the slices' partials go to
@@ -1103,7 +1166,10 @@ void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int
     int kslice = ((W->cols + S - 1) / S + TBK - 1) / TBK * TBK;
     S = (W->cols + kslice - 1) / kslice;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
-    if (wide) k_mm_simt8<<<dim3(gx, gy, S), 64, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
+    static int tc3 = -1; /* LILY_CU_ROUTER_TC=0: the fp32 SIMT tiles */
+    if (wide && (exact_tc_force >= 0 ? exact_tc_force : cu_env_flag(&tc3, "LILY_CU_ROUTER_TC", 1)))
+        k_mm_tc3<<<dim3(gx, gy, S), 64, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
+    else if (wide) k_mm_simt8<<<dim3(gx, gy, S), 64, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
     else k_mm_simt<<<dim3(gx, gy, S), 256, 0, s>>>(*W, X, ldx, T, scr, ldy, none, 0, kslice, pstride);
     size_t n = (size_t)T * W->rows;
     k_sum_splits<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(scr, S, pstride, T, W->rows, Y, ldy);

@@ -75,10 +75,12 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
         rc = lily_err(st, LILY_EUNSUPPORTED, "the FP16 GEMM does not take this matrix");
     if (!rc) {
         if (variant <= 2 || variant == 7) cu_matmul_variant(0, variant, &d, dx, cols, T, dy, rows);
-        else if (variant == 8) {
+        else if (variant == 8 || variant == 9) {
             size_t nscr = (size_t)8 * T * rows;
             float *scr = (float *)dput(&L, NULL, nscr * 4, st, &rc);
+            cu_matmul_exact_tc(variant == 8);
             if (!rc) cu_matmul_exact(0, &d, dx, cols, T, dy, rows, scr, nscr);
+            cu_matmul_exact_tc(-1);
         }
         else if (variant == 5) cu_gemm_q4(0, &d, dx, cols, T, dy, rows);
         else if (variant == 3) cu_matmul_slots(0, &d, ds, dx, K, cols, T * K, dy, rows);

@@ -9,8 +9,8 @@
 /* variant 0: matrix-vector (W[0], any T), 1: tiled fp32 (W[0]), 2: tiled TF32 tensor cores,
  * 3: per-slot experts, 4: grouped by expert after the on-GPU sort, 5: the FP16 GEMM for 4- and
  * 8-bit weights (cu_gemm_q4), 6: its grouped form over the on-GPU tile map, 7: a warp a token
- * (few weight rows, fp32), 8: cu_matmul_exact (fp32; split along the columns where it would
- * be too few blocks). For 3, 4 and 6, W holds E experts, sel [T*K]
+ * (few weight rows, fp32), 8: cu_matmul_exact (~fp32 on the tensor cores; split along the
+ * columns where it would be too few blocks), 9: the same on fp32 SIMT tiles. For 3, 4 and 6, W holds E experts, sel [T*K]
  * the expert of slot t*K+k (distinct within a token), and Y gets [T*K][rows] in slot order;
  * otherwise Y is [T][rows]. X is [T][cols]. */
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,

@@ -102,15 +102,16 @@ static void test_matmul(lily_pool *pool, lw_type t, int bits, int group, int row
     float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * rows * 4), *Y = malloc((size_t)T * rows * 4);
     cpu_matmul(pool, &W, X, T, ref);
     int nv = t == LW_Q && cols % 64 == 0 ? 4 : 3; /* the FP16 GEMM takes 4- and 8-bit, cols % 64 */
-    int extra[2], ne = 0;
+    int extra[3], ne = 0;
     if (rows <= 8) extra[ne++] = 7;          /* a warp a token for few rows */
-    if (T > 8 && rows > 8) extra[ne++] = 8;  /* the exact router's split tiles */
+    if (T > 8 && rows > 8) extra[ne++] = 8;  /* the exact router's split tiles, tensor cores */
+    if (T > 8 && rows > 8) extra[ne++] = 9;  /* and SIMT */
     for (int vi = 0; vi < nv + ne; vi++) {
         int v = vi >= nv ? extra[vi - nv] : vi == 3 ? 5 : vi;
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "matmul %s %s %dx%d T=%d",
-                 v == 8 ? "exact-splitk" : v == 7 ? "rows-fp32" : v == 5 ? "gemm-fp16" : v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv",
+                 v == 9 ? "exact-splitk-simt" : v == 8 ? "exact-splitk" : v == 7 ? "rows-fp32" : v == 5 ? "gemm-fp16" : v == 2 ? "tiled-tf32" : v ? "tiled-fp32" : "mv",
                  tname(t, bits), rows, cols, T);
         for (size_t i = 0; i < (size_t)T * rows; i++) Y[i] = NAN;
         if (lct_matmul(&W, 1, X, T, v, NULL, 0, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }

@@ -262,6 +262,10 @@ static inline float __cosf(float x) { return cosf(x); }
 static inline float __powf(float a, float b) { return powf(a, b); }
 #endif
 static inline float __fdividef(float a, float b) { return a / b; }
+#ifdef __GLIBC__ /* glibc declares __expf but does not export it: the device's ex2.approx of x log2(e) is expf here */
+static inline float emu_expf(float x) { return expf(x); }
+#define __expf emu_expf
+#endif
 static inline float __frcp_rn(float x) { return 1.0f / x; }
 static inline float __fsqrt_rn(float x) { return sqrtf(x); }
 static inline float __saturatef(float x) { return x < 0.f ? 0.f : x > 1.f ? 1.f : x; }
