@@ -24,10 +24,15 @@
 #define AT_VLD (AT_KEYS + 8) /* halves a transposed V row */
 
 /* q [T][nh][256] (normed, rotated), qg [T][nh][512] (the gate in its second half), kc/vc
- * [ctx][nkv][256] with this chunk's keys already written; token t sees keys 0 .. *pos + t. */
+ * [ctx][nkv][256] with this chunk's keys already written; token t sees keys 0 .. *pos + t.
+ * np > 1: the keys in np splits of ks keys (a multiple of a stage, from *pos + T), a block a split
+ * (blockIdx.z); a block leaves its rows' (max, sum, unnormalized output) in part [T][nh][np][258]
+ * for k_attn_merge, which normalizes and gates. Why: a block's stages run one after another, and
+ * the last token tiles of a 512-token prompt had 16 of them while the first had one. */
 __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, const float *__restrict__ qg,
                                                  const float *__restrict__ kc, const float *__restrict__ vc, int T, int nh,
-                                                 int nkv, const int *__restrict__ pos, float *__restrict__ o) {
+                                                 int nkv, const int *__restrict__ pos, float *__restrict__ o, int np,
+                                                 float *__restrict__ part) {
     CU_PDL();
     extern __shared__ __align__(16) unsigned char at_sm[];
     float *Kf = (float *)at_sm;                     /* [32 keys][256] fp32: the next stage, landing (cp.async) */
@@ -40,6 +45,16 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
     const size_t kld = (size_t)nkv * AT_HD;
     const int tl = min(t0 + AT_TOK, T) - 1;          /* the block's last token */
     const int nkeys = p0 + tl + 1, mylim = p0 + min(t0 + g, T - 1); /* this lane's rows see keys <= mylim */
+    const int ks = np > 1 ? (p0 + T + np * AT_KEYS - 1) / (np * AT_KEYS) * AT_KEYS : nkeys;
+    const int jb = blockIdx.z * ks, je = min(jb + ks, nkeys); /* this block's keys */
+    if (jb >= nkeys) { /* an empty split: no keys for this tile */
+        if (tid < 8 * AT_TOK && t0 + (tid & 7) < T) {
+            float *pp = part + (((size_t)(t0 + (tid & 7)) * nh + kvh * 8 + (tid >> 3)) * np + blockIdx.z) * (AT_HD + 2);
+            pp[0] = -INFINITY;
+            pp[1] = 0.f;
+        }
+        return;
+    }
     /* keys j0 .. j0 + 31 (past nkeys: key nkeys - 1 again, masked) into Kf, Vf */
     auto fetch = [&](int j0) {
         for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += 128) {
@@ -49,7 +64,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
         }
         cu_cp_commit();
     };
-    fetch(0);
+    fetch(jb);
     /* Q: 8 heads x 8 tokens x 256, scaled, to fp16 (tokens past T read token T - 1: not written) */
     for (int i = tid; i < 8 * AT_TOK * (AT_HD / 4); i += 128) {
         const int hh = i / (AT_TOK * 64), tt = (i / 64) % AT_TOK, c = i % 64;
@@ -64,7 +79,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
 #pragma unroll
     for (int i = 0; i < 32; i++) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.f;
     const __half *qa = Qs + ((2 * warp) * AT_TOK + g) * AT_QLD, *qb = Qs + ((2 * warp + 1) * AT_TOK + g) * AT_QLD;
-    for (int j0 = 0; j0 < nkeys; j0 += AT_KEYS) {
+    for (int j0 = jb; j0 < je; j0 += AT_KEYS) {
         cu_cp_wait<0>();
         __syncthreads(); /* this stage's keys are in, Q too; the last stage's readers are done */
         for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += 128) {
@@ -81,7 +96,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
             Vt[(4 * c + 3) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 >> 16));
         }
         __syncthreads(); /* the fp16 stage is in; Kf, Vf are free for the next keys */
-        if (j0 + AT_KEYS < nkeys) fetch(j0 + AT_KEYS);
+        if (j0 + AT_KEYS < je) fetch(j0 + AT_KEYS);
         /* S = Q K^T for the stage's keys: n-tiles of 8 */
         constexpr int NT = AT_KEYS / 8;
         float S[NT][4];
@@ -148,6 +163,16 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
     }
     const int t = t0 + g;
     if (t >= T) return;
+    if (np > 1) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float *pp = part + (((size_t)t * nh + kvh * 8 + 2 * warp + r) * np + blockIdx.z) * (AT_HD + 2);
+            if (qd == 0) { pp[0] = m[r]; pp[1] = l[r]; }
+#pragma unroll
+            for (int d = 0; d < 32; d++) *(float2 *)(pp + 2 + 8 * d + 2 * qd) = make_float2(O[d][2 * r], O[d][2 * r + 1]);
+        }
+        return;
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int h = kvh * 8 + 2 * warp + r;
@@ -171,11 +196,15 @@ int cu_attn_tc_ok(int T, int nh, int nkv, int hd) {
     return cu_env_flag(&on, "LILY_CU_ATTN_TC", 1) && T > 1 && hd == AT_HD && nkv > 0 && nh == 8 * nkv;
 }
 
-void cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
-                const int *pos, float *o) {
+int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+               const int *pos, float *o, float *part, size_t part_floats) {
     const size_t smem = (size_t)2 * AT_KEYS * AT_HD * sizeof(float) +
                         ((size_t)8 * AT_TOK * AT_QLD + (size_t)AT_KEYS * AT_QLD + (size_t)AT_HD * AT_VLD) * sizeof(__half);
     static int attr = 0;
     if (!attr) attr = cudaFuncSetAttribute(k_attn_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;
-    k_attn_tc<<<dim3((T + AT_TOK - 1) / AT_TOK, nkv), 128, smem, s>>>(q, qg, kc, vc, T, nh, nkv, pos, o);
+    /* four splits from 128 tokens (LILY_CU_ATTN_SPLIT=0: none, for measuring), where part holds them */
+    static int split = -1;
+    const int np = T >= 128 && cu_env_flag(&split, "LILY_CU_ATTN_SPLIT", 1) && (size_t)T * nh * 4 * (AT_HD + 2) <= part_floats ? 4 : 1;
+    k_attn_tc<<<dim3((T + AT_TOK - 1) / AT_TOK, nkv, np), 128, smem, s>>>(q, qg, kc, vc, T, nh, nkv, pos, o, np, part);
+    return np;
 }

@@ -199,8 +199,9 @@ int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X,
 /* Prefill attention on the tensor cores (cu_attn_tc.cu), which cu_attention takes where _ok:
  * T > 1 rows of one session, head dim 256, 8 query heads a KV head (LILY_CU_ATTN_TC=0: never). */
 int cu_attn_tc_ok(int T, int nh, int nkv, int hd);
-void cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
-                const int *pos, float *o);
+/* Returns the key splits it left in part for k_attn_merge (1: o is written). */
+int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+               const int *pos, float *o, float *part, size_t part_floats);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 /* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);

@@ -1736,7 +1736,11 @@ size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
 }
 static void attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                       int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw) {
-    if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) { cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o); return; }
+    if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) {
+        const int np = cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o, part, cu_attention_part_floats(T, nh, hd, 1));
+        if (np > 1) k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, np, o);
+        return;
+    }
     int hg = nh / nkv, np = splits;
     dim3 gq(T * nkv, splits);
     if (hd == 256 && hg == 8) k_attn_gqa<8, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);

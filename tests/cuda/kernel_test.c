@@ -940,6 +940,8 @@ int main(int argc, char **argv) {
          * a 64-key stage, a partial token tile) */
         test_attention(small ? 20 : 512, 16, 2, 256, 0);
         test_attention(small ? 13 : 37, 16, 2, 256, small ? 70 : 300);
+        /* from 128 tokens the keys in four splits, merged after (an empty last split here) */
+        test_attention(small ? 130 : 200, 16, 2, 256, small ? 40 : 700);
         { /* DeltaNet's in-projections qkv|z|b|a at their widths, and odd row counts */
             const int big[4] = { 8192, 4096, 32, 32 }, odd[4] = { 200, 37, 128, 5 };
             test_gemm_group(pool, 4, small ? odd : big, small ? 256 : 2048, small ? 70 : 512);
