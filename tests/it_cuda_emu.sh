@@ -36,14 +36,15 @@ for d in ../shared/fixtures/tiny tests/fixtures/tinyq tests/fixtures/pe tests/fi
 done
 
 # the other paths the forward pass keeps (docs/cuda.md): the TF32/SIMT tiles instead of the FP16
-# GEMM (LILY_CU_GEMM=0), decode's unfused residual norm and top-k (LILY_CU_FUSE=0), and the opt-in
-# chunked delta rule with the exact tiles' inputs
+# GEMM (LILY_CU_GEMM=0), decode's unfused residual norm and top-k (LILY_CU_FUSE=0), the staged
+# recurrent delta rule instead of the chunked one (LILY_CU_GDN_CHUNK=0) and the SIMT router tiles
+# (LILY_CU_ROUTER_TC=0)
 for d in ../shared/fixtures/tiny tests/fixtures/tinyq; do
   t0=$(date +%s.%N)
-  LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=1 LILY_CU_FUSE=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
+  LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=0 LILY_CU_FUSE=0 LILY_CU_ROUTER_TC=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
   if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then
-    ok "emulated lily check --backend cuda $d, LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=1 LILY_CU_FUSE=0 ($(secs "$t0") s)"
-  else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the fallback tiles and the chunked delta rule (rc=$rc)"; fi
+    ok "emulated lily check --backend cuda $d, LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=0 LILY_CU_FUSE=0 LILY_CU_ROUTER_TC=0 ($(secs "$t0") s)"
+  else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the fallback tiles and the staged delta rule (rc=$rc)"; fi
 done
 
 # the fused decode MoE with the shared expert in its own launches (LILY_CU_SHSLOT=0), as before it
