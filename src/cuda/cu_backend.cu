@@ -600,7 +600,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
             moe_shared_side(s, L, T);
             cudaEventRecord(s->evj, s->st2);
         }
-        cu_matmul_exact(q, &L->router, s->t, H, T, s->rl, E, s->D, (size_t)T * K * H);
+        cu_router_exact_topk(q, &L->router, s->t, H, T, s->rl, s->D, (size_t)T * K * H, K, s->sel, s->wt);
         if (SI && !side) {
             /* the shared gate and up, sg = silu(gate) * up in one launch where the kernel takes them */
             sh_swiglu = cu_gemm_swiglu(q, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI, s->xpx);
@@ -609,8 +609,8 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         }
     }
     if (!add) {
-        PM(s, "moe router|shared gate|up|gate");
-        cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
+        PM(s, "moe router|shared gate|up|gate (+ top-k past 8 rows)");
+        if (T <= 8) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe top-k");
     }
     const int *pos = NULL;

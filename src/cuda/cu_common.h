@@ -276,6 +276,10 @@ void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits);
 /* Router: softmax, top-k (lower index on ties), renormalized weights. */
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt);
+/* cu_matmul_exact (Y = logits [T][W->rows]) then cu_router_topk, the column slices' sum done by the
+ * top-k's launch (one launch fewer; the same sums in the same order) */
+void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *logits, float *scr,
+                          size_t scr_floats, int K, int *sel, float *wt);
 void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos);
 void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long long n);
 /* x[t] = (x[t] (+ add[t])) + sum_k wt[t,k] D[row(t,k)] (+ sigmoid(sr[t]) SD[t] when SD).

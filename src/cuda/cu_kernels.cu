@@ -1081,51 +1081,71 @@ __global__ void __launch_bounds__(64) k_mm_simt8(dmat m, const float *__restrict
     }
 }
 
-/* k_mm_simt8's tiles and loads with the products on the tensor cores, each operand split in two
- * TF32 parts (three mma: ~22 bits, cu_tf32_split), so the router's choice does not turn on the
- * tensor cores' 10-bit mantissas: warp w owns rows 32w .. 32w + 31 of the tile and its 64 tokens.
- * A row pitch of 72 floats (8 mod 32) puts a fragment's loads (rows q, columns g) in 32 banks. */
-__global__ void __launch_bounds__(64) k_mm_tc3(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
-                                               int ldy, int kslice, size_t pstride) {
+/* k_mm_simt8's 64 x 64 tiles with the products on the tensor cores, each operand split in two TF32
+ * parts (three mma: ~22 bits, cu_tf32_split), so the router's choice does not turn on the tensor
+ * cores' 10-bit mantissas. Four warps: warp w owns rows 32 (w % 2) .. + 31 and tokens 32 (w / 2)
+ * .. + 31 of the tile; threads 0-63 load the weight rows, 64-127 the input rows (k_mm_simt8's 64
+ * threads load both, s8_load), the next step into registers while this one multiplies. A row pitch of 72 floats (8 mod 32) puts a fragment's loads (rows q, columns
+ * g) in 32 banks. */
+__global__ void __launch_bounds__(128) k_mm_tc3(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
+                                                int ldy, int kslice, size_t pstride) {
     CU_PDL();
     __shared__ __align__(16) float Ws[S8_K][72]; /* [k][row of the tile] */
     __shared__ __align__(16) float Xs[S8_K][72]; /* [k][token of the tile] */
-    const int tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3;
-    const int r0 = blockIdx.x * 64, t0 = blockIdx.y * 64;
+    const int tid = threadIdx.x, w = tid >> 5, g8 = (tid & 31) >> 2, q = tid & 3, lr = tid & 63;
+    const int r0 = blockIdx.x * 64, t0 = blockIdx.y * 64, wr = 32 * (w & 1), wt = 32 * (w >> 1);
     const int kbeg = blockIdx.z * kslice, kend = min(kbeg + kslice, m.cols);
     Y += (size_t)blockIdx.z * pstride;
-    const bool wok = r0 + tid < m.rows, xok = t0 + tid < T;
-    const float *xrow = X + (size_t)(xok ? t0 + tid : 0) * ldx;
-    float acc[2][8][4] = {}; /* rows 32w + 16i + g8 (+ 8), tokens 8j + 2q (+ 1) */
-    float wn[S8_K];
-    float4 xn[S8_K / 4];
-    s8_load(m, r0 + tid, wok, xrow, xok, kbeg, kend, wn, xn);
-    for (int k0 = kbeg; k0 < kend; k0 += S8_K) {
+    const bool isw = tid < 64, wok = isw && r0 + lr < m.rows, xok = !isw && t0 + lr < T;
+    const float *xrow = X + (size_t)(xok ? t0 + lr : 0) * ldx;
+    float acc[2][4][4] = {}; /* rows wr + 16i + g8 (+ 8), tokens wt + 8j + 2q (+ 1) */
+    float rn[S8_K];             /* the next step's weight row (threads 0-63) or input row (64-127) */
+    auto load = [&](int c) {
+        if (isw) {
 #pragma unroll
-        for (int j = 0; j < S8_K; j++) Ws[j][tid] = wn[j];
+            for (int sg = 0; sg < S8_K / 8; sg++) {
+                const int cc = c + 8 * sg;
+                float w8[8];
+                if (wok && cc < kend) load8(m, 0, r0 + lr, cc, w8);
+                else for (int j = 0; j < 8; j++) w8[j] = 0.f;
 #pragma unroll
-        for (int j = 0; j < S8_K / 4; j++) {
-            Xs[4 * j][tid] = xn[j].x; Xs[4 * j + 1][tid] = xn[j].y; Xs[4 * j + 2][tid] = xn[j].z; Xs[4 * j + 3][tid] = xn[j].w;
+                for (int j = 0; j < 8; j++) rn[8 * sg + j] = cc + j < kend ? w8[j] : 0.f;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < S8_K / 4; j++) {
+                const int cc = c + 4 * j;
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (xok && cc + 4 <= kend) v = *(const float4 *)(xrow + cc);
+                else if (xok && cc < kend) v.x = xrow[cc], v.y = cc + 1 < kend ? xrow[cc + 1] : 0.f, v.z = cc + 2 < kend ? xrow[cc + 2] : 0.f;
+                rn[4 * j] = v.x; rn[4 * j + 1] = v.y; rn[4 * j + 2] = v.z; rn[4 * j + 3] = v.w;
+            }
         }
+    };
+    load(kbeg);
+    for (int k0 = kbeg; k0 < kend; k0 += S8_K) {
+        float (*dst)[72] = isw ? Ws : Xs;
+#pragma unroll
+        for (int j = 0; j < S8_K; j++) dst[j][lr] = rn[j];
         __syncthreads();
-        if (k0 + S8_K < kend) s8_load(m, r0 + tid, wok, xrow, xok, k0 + S8_K, kend, wn, xn);
+        if (k0 + S8_K < kend) load(k0 + S8_K);
 #pragma unroll
         for (int k = 0; k < S8_K; k += 8) {
-            uint32_t bh[8][2], bl[8][2];
+            uint32_t bh[4][2], bl[4][2];
 #pragma unroll
-            for (int j = 0; j < 8; j++) {
-                cu_tf32_split(Xs[k + q][8 * j + g8], bh[j][0], bl[j][0]);
-                cu_tf32_split(Xs[k + q + 4][8 * j + g8], bh[j][1], bl[j][1]);
+            for (int j = 0; j < 4; j++) {
+                cu_tf32_split(Xs[k + q][wt + 8 * j + g8], bh[j][0], bl[j][0]);
+                cu_tf32_split(Xs[k + q + 4][wt + 8 * j + g8], bh[j][1], bl[j][1]);
             }
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                const int r = 32 * w + 16 * i + g8;
+                const int r = wr + 16 * i + g8;
                 uint32_t ah[4], al[4];
                 cu_tf32_split(Ws[k + q][r], ah[0], al[0]);
                 cu_tf32_split(Ws[k + q][r + 8], ah[1], al[1]);
                 cu_tf32_split(Ws[k + q + 4][r], ah[2], al[2]);
                 cu_tf32_split(Ws[k + q + 4][r + 8], ah[3], al[3]);
-                tc_mma_3xtf32<8>(acc[i], acc[i], ah, al, bh, bl);
+                tc_mma_3xtf32<4>(acc[i], acc[i], ah, al, bh, bl);
             }
         }
         __syncthreads();
@@ -1133,10 +1153,10 @@ __global__ void __launch_bounds__(64) k_mm_tc3(dmat m, const float *__restrict__
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 8; j++)
+        for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int r = r0 + 32 * w + 16 * i + g8 + 8 * (e >> 1), t = t0 + 8 * j + 2 * q + (e & 1);
+                const int r = r0 + wr + 16 * i + g8 + 8 * (e >> 1), t = t0 + wt + 8 * j + 2 * q + (e & 1);
                 if (r < m.rows && t < T) Y[(size_t)t * ldy + r] = acc[i][j][e];
             }
 }
@@ -1150,9 +1170,11 @@ void cu_matmul_exact_tc(int on) { exact_tc_force = on; }
  * `scr` and are added in a second launch. Still fp32 throughout (each output is a sum of slice
  * sums instead of one running sum: a different rounding, as the CPU's 8-lane order is).
  * LILY_CU_SIMT8=0: k_mm_simt's 4x4 tiles, up to 8 slices, for measuring. */
-void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
-                     size_t scr_floats) {
-    if (T <= 8 || W->rows <= 8) { cu_matmul_variant(s, T <= 8 ? 0 : 7, W, X, ldx, T, Y, ldy); return; }
+/* The products of cu_matmul_exact: the number of column slices left in scr ([S][T][ldy], S >= 2) for
+ * the caller to add in slice order, or 1 when Y is written. */
+static int exact_parts(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
+                       size_t scr_floats) {
+    if (T <= 8 || W->rows <= 8) { cu_matmul_variant(s, T <= 8 ? 0 : 7, W, X, ldx, T, Y, ldy); return 1; }
     static int s8 = -1;
     const int wide = cu_env_flag(&s8, "LILY_CU_SIMT8", 1) && ldx % 4 == 0 && !((uintptr_t)X & 15), want = wide ? 512 : 256,
               smax = wide ? 16 : 8;
@@ -1162,17 +1184,25 @@ void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int
     if (S > smax) S = smax;
     if (S > W->cols / TBK) S = W->cols / TBK;
     while (S > 1 && (size_t)S * pstride > scr_floats) S--;
-    if (S <= 1) { cu_matmul_variant(s, 1, W, X, ldx, T, Y, ldy); return; }
+    if (S <= 1) { cu_matmul_variant(s, 1, W, X, ldx, T, Y, ldy); return 1; }
     int kslice = ((W->cols + S - 1) / S + TBK - 1) / TBK * TBK;
     S = (W->cols + kslice - 1) / kslice;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     static int tc3 = -1; /* LILY_CU_ROUTER_TC=0: the fp32 SIMT tiles */
     if (wide && (exact_tc_force >= 0 ? exact_tc_force : cu_env_flag(&tc3, "LILY_CU_ROUTER_TC", 1)))
-        k_mm_tc3<<<dim3(gx, gy, S), 64, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
+        k_mm_tc3<<<dim3(gx, gy, S), 128, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
     else if (wide) k_mm_simt8<<<dim3(gx, gy, S), 64, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
     else k_mm_simt<<<dim3(gx, gy, S), 256, 0, s>>>(*W, X, ldx, T, scr, ldy, none, 0, kslice, pstride);
-    size_t n = (size_t)T * W->rows;
-    k_sum_splits<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(scr, S, pstride, T, W->rows, Y, ldy);
+    return S;
+}
+
+void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
+                     size_t scr_floats) {
+    const int S = exact_parts(s, W, X, ldx, T, Y, ldy, scr, scr_floats);
+    if (S > 1) {
+        size_t n = (size_t)T * W->rows;
+        k_sum_splits<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(scr, S, T * (size_t)ldy, T, W->rows, Y, ldy);
+    }
 }
 
 /* On by default; LILY_CU_SPLITK=0 runs the router's tiles unsplit, for measuring. */
@@ -1799,17 +1829,34 @@ __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, fl
     }
     for (int j = lane; j < K; j += WARP) wt[j] = wt[j] / tot;
 }
-__global__ void k_router_topk(const float *logits, int T, int E, int K, int *sel, float *wt) {
+/* P: the logits are first the sum of S column slices P [S][T][E] (pstride apart), added in slice
+ * order as k_sum_splits does and written to logits, which the warp then reads back (each lane its
+ * own elements) */
+__global__ void k_router_topk(float *logits, int T, int E, int K, int *sel, float *wt, const float *P, int S, size_t pstride) {
     CU_PDL();
     extern __shared__ float pr[]; /* [warps][E] */
     int warp = threadIdx.x / WARP;
     int t = blockIdx.x * (blockDim.x / WARP) + warp;
     if (t >= T) return;
+    if (P)
+        for (int e = threadIdx.x % WARP; e < E; e += WARP) {
+            const size_t o = (size_t)t * E + e;
+            float v = P[o];
+            for (int z = 1; z < S; z++) v += P[(size_t)z * pstride + o];
+            logits[o] = v;
+        }
     route_warp(logits + (size_t)t * E, E, K, pr + (size_t)warp * E, sel + (size_t)t * K, wt + (size_t)t * K);
 }
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt) {
     int wpb = 4;
-    k_router_topk<<<(T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s>>>(logits, T, E, K, sel, wt);
+    k_router_topk<<<(T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s>>>((float *)logits, T, E, K, sel, wt,
+                                                                                          NULL, 0, 0);
+}
+void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *logits, float *scr,
+                          size_t scr_floats, int K, int *sel, float *wt) {
+    const int E = W->rows, S = exact_parts(s, W, X, ldx, T, logits, E, scr, scr_floats), wpb = 4;
+    k_router_topk<<<(T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s>>>(logits, T, E, K, sel, wt,
+                                                                                          S > 1 ? scr : NULL, S, (size_t)T * E);
 }
 
 /* Counting sort of the n = T*K slots by expert. The order inside an expert follows the

@@ -338,6 +338,26 @@ lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *
     return rc;
 }
 
+lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, float *logits, int *sel, float *wt, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d;
+    lily_code rc = cu_upload_mats(m, W, 1, &d, st);
+    dlist L = { {0}, 0 };
+    const int E = W->rows, cols = W->cols;
+    const size_t nscr = (size_t)16 * T * E;
+    float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc), *dl = (float *)dput(&L, NULL, (size_t)T * E * 4, st, &rc);
+    float *scr = (float *)dput(&L, NULL, nscr * 4, st, &rc), *dw = (float *)dput(&L, NULL, (size_t)T * K * 4, st, &rc);
+    int *ds = (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc);
+    if (!rc) cu_router_exact_topk(0, &d, dx, cols, T, dl, scr, nscr, K, ds, dw);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(logits, dl, (size_t)T * E * 4, st);
+    if (!rc) rc = dget(sel, ds, (size_t)T * K * 4, st);
+    if (!rc) rc = dget(wt, dw, (size_t)T * K * 4, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;

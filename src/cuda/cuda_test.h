@@ -66,6 +66,9 @@ lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, i
 lily_code lct_moe_combine(float *x, const float *add, const float *D, const float *wt, int T, int K, int H, const float *SD,
                           const float *sr, const float *nw, float eps, float *tout, int reps, lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
+/* The prefill router: logits [T][W->rows] = X W^T to fp32 accuracy and their top-K, with the column
+ * slices' sum in the top-k's launch (cu_router_exact_topk). */
+lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, float *logits, int *sel, float *wt, lily_status *st);
 /* out[0] = argmax, out[1] = its log-probability bits. */
 lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st);
 /* `steps` sampling steps of the GPU sampler (cu_sample.cu) on one logits row [V], as the

@@ -542,6 +542,30 @@ static void test_router(int T, int E, int K) {
     free(lg); free(sel); free(sref); free(wt); free(wref);
 }
 
+/* The prefill router end to end (cu_router_exact_topk): the logits against the CPU's matmul, the
+ * choice and weights against router_ref on the GPU's own logits (so a near-tie cannot flip it). */
+static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K) {
+    void *hold[3];
+    lw_mat W = mk_mat(LW_Q, 8, 64, E, cols, hold);
+    float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * E * 4), *lg = malloc((size_t)T * E * 4);
+    int *sel = malloc((size_t)T * K * 4), *sref = malloc((size_t)T * K * 4);
+    float *wt = malloc((size_t)T * K * 4), *wref = malloc((size_t)T * K * 4);
+    cpu_matmul(pool, &W, X, T, ref);
+    for (size_t i = 0; i < (size_t)T * E; i++) lg[i] = NAN;
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "router exact matmul + top-k T=%d E=%d cols=%d K=%d (logits, weights; ids must match)", T, E, cols, K);
+    if (lct_router_exact(&W, X, T, K, lg, sel, wt, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        for (int t = 0; t < T; t++) router_ref(lg + (size_t)t * E, E, K, sref + t * K, wref + t * K);
+        const int same = !memcmp(sel, sref, (size_t)T * K * 4);
+        const double e1 = rel(lg, ref, (size_t)T * E), e2 = rel(wt, wref, (size_t)T * K);
+        report(what, same ? (e1 > e2 ? e1 : e2) : INFINITY, 1e-5);
+    }
+    free(X); free(ref); free(lg); free(sel); free(sref); free(wt); free(wref);
+    for (int i = 0; i < 3; i++) free(hold[i]);
+}
+
 static void test_argmax(int V) {
     float *x = rnd(V, 3.0f);
     int at = (int)(lily_rng_u64(&rng) % (uint64_t)V);
@@ -977,6 +1001,8 @@ int main(int argc, char **argv) {
     test_router(1, 256, 8);
     test_router(small ? 40 : 333, 256, 8);
     test_router(5, 17, 3);
+    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8); /* split tiles, the sum in the top-k */
+    test_router_exact(pool, 5, 40, 128, 3);                                 /* matrix-vector, no split */
     if (!small) batch_tests(0);
     test_argmax(248320);
     test_argmax(1);
