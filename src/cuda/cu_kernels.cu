@@ -1829,22 +1829,30 @@ __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, fl
     }
     for (int j = lane; j < K; j += WARP) wt[j] = wt[j] / tot;
 }
-/* P: the logits are first the sum of S column slices P [S][T][E] (pstride apart), added in slice
- * order as k_sum_splits does and written to logits, which the warp then reads back (each lane its
- * own elements) */
+/* P: the logits are first the sum of S <= 16 column slices P [S][T][E] (pstride apart), added in
+ * slice order as k_sum_splits does, by the whole block for its tokens (the slices' loads all in
+ * flight before the adds), and written to logits for the warps to read back after the barrier */
 __global__ void k_router_topk(float *logits, int T, int E, int K, int *sel, float *wt, const float *P, int S, size_t pstride) {
     CU_PDL();
     extern __shared__ float pr[]; /* [warps][E] */
     int warp = threadIdx.x / WARP;
     int t = blockIdx.x * (blockDim.x / WARP) + warp;
-    if (t >= T) return;
-    if (P)
-        for (int e = threadIdx.x % WARP; e < E; e += WARP) {
-            const size_t o = (size_t)t * E + e;
-            float v = P[o];
-            for (int z = 1; z < S; z++) v += P[(size_t)z * pstride + o];
+    if (P) {
+        const int t0 = blockIdx.x * (blockDim.x / WARP), n = min(T - t0, (int)(blockDim.x / WARP)) * E;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const size_t o = (size_t)t0 * E + i;
+            float pz[16];
+#pragma unroll
+            for (int z = 0; z < 16; z++) pz[z] = z < S ? P[(size_t)z * pstride + o] : 0.f;
+            float v = pz[0];
+#pragma unroll
+            for (int z = 1; z < 16; z++)
+                if (z < S) v += pz[z];
             logits[o] = v;
         }
+        __syncthreads();
+    }
+    if (t >= T) return;
     route_warp(logits + (size_t)t * E, E, K, pr + (size_t)warp * E, sel + (size_t)t * K, wt + (size_t)t * K);
 }
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt) {
