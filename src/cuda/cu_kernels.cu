@@ -1175,9 +1175,10 @@ void cu_matmul_exact_tc(int on) { exact_tc_force = on; }
 static int exact_parts(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
                        size_t scr_floats) {
     if (T <= 8 || W->rows <= 8) { cu_matmul_variant(s, T <= 8 ? 0 : 7, W, X, ldx, T, Y, ldy); return 1; }
-    static int s8 = -1;
-    const int wide = cu_env_flag(&s8, "LILY_CU_SIMT8", 1) && ldx % 4 == 0 && !((uintptr_t)X & 15), want = wide ? 512 : 256,
-              smax = wide ? 16 : 8;
+    static int s8 = -1, smx = INT_MIN;
+    const int wide = cu_env_flag(&s8, "LILY_CU_SIMT8", 1) && ldx % 4 == 0 && !((uintptr_t)X & 15), want = wide ? 512 : 256;
+    int smax = wide ? cu_env_int(&smx, "LILY_CU_EXACT_SPLITS", 16) : 8; /* (for measuring: 2..16) */
+    smax = smax < 2 ? 2 : smax > 16 ? 16 : smax;
     int gx = (W->rows + TBM - 1) / TBM, gy = (T + TBN - 1) / TBN, tiles = gx * gy;
     int S = tiles >= want / 2 || !cu_splitk_enabled() ? 1 : want / tiles;
     size_t pstride = (size_t)T * ldy;
