@@ -8,7 +8,7 @@
  * runs the products on the tensor cores; the next 32 keys land (cp.async, fp32) while a stage
  * computes.
  *
- * Layout: warp w owns query heads 2w and 2w + 1 of the group; its mma rows are g (head 2w, token
+ * Layout: warp w (and w + 4, below) owns query heads 2w and 2w + 1 of the group; its mma rows are g (head 2w, token
  * g) and g + 8 (head 2w + 1, token g), so both rows of a lane end at the same key (causal). Q is
  * scaled by 1/sqrt(256) = 1/16 (exact) into fp16; a lane takes head dims 16s + 4q .. +3 of k step
  * s for Q and K alike (the mma's K index only has to pair the two). S's accumulators become P's
@@ -19,6 +19,11 @@
 #define AT_HD 256
 #define AT_TOK 8    /* query tokens a block */
 #define AT_KEYS 32  /* keys a stage */
+/* Eight warps: warp w and w + 4 own the same rows (query heads 2 (w % 4), + 1) and find the same
+ * scores, each for half of the output's 256 dims: twice the warps an SM to hide the stage's
+ * latencies (one warp a scheduler had waited on every load), half the output registers, and the
+ * staging's conversions shared by twice the threads, for a duplicated QK^T (a quarter of the mma). */
+#define AT_THREADS 256
 #define AT_QLD (AT_HD + 16)  /* halves a Q or K row in shared memory: 8 banks apart, so the 8-byte
                               * loads of rows g = 0..3 (a half-warp) cover all 32 banks */
 #define AT_VLD (AT_KEYS + 8) /* halves a transposed V row */
@@ -29,7 +34,7 @@
  * (blockIdx.z); a block leaves its rows' (max, sum, unnormalized output) in part [T][nh][np][258]
  * for k_attn_merge, which normalizes and gates. Why: a block's stages run one after another, and
  * the last token tiles of a 512-token prompt had 16 of them while the first had one. */
-__global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, const float *__restrict__ qg,
+__global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict__ q, const float *__restrict__ qg,
                                                  const float *__restrict__ kc, const float *__restrict__ vc, int T, int nh,
                                                  int nkv, const int *__restrict__ pos, float *__restrict__ o, int np,
                                                  float *__restrict__ part) {
@@ -40,7 +45,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
     __half *Qs = (__half *)(Vf + AT_KEYS * AT_HD);  /* [8 heads][8 tokens][AT_QLD] */
     __half *Ks = Qs + 8 * AT_TOK * AT_QLD;          /* [32 keys][AT_QLD] */
     __half *Vt = Ks + AT_KEYS * AT_QLD;             /* [256 dims][AT_VLD] */
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, qd = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, dh = tid >> 7, g = lane >> 2, qd = lane & 3;
     const int t0 = blockIdx.x * AT_TOK, kvh = blockIdx.y, p0 = *pos;
     const size_t kld = (size_t)nkv * AT_HD;
     const int tl = min(t0 + AT_TOK, T) - 1;          /* the block's last token */
@@ -57,7 +62,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
     }
     /* keys j0 .. j0 + 31 (past nkeys: key nkeys - 1 again, masked) into Kf, Vf */
     auto fetch = [&](int j0) {
-        for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += 128) {
+        for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += AT_THREADS) {
             const int kk = i / 64, c = i % 64, j = j0 + kk < nkeys ? j0 + kk : nkeys - 1;
             cu_cp<16>(Kf + kk * AT_HD + 4 * c, kc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
             cu_cp<16>(Vf + kk * AT_HD + 4 * c, vc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
@@ -66,7 +71,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
     };
     fetch(jb);
     /* Q: 8 heads x 8 tokens x 256, scaled, to fp16 (tokens past T read token T - 1: not written) */
-    for (int i = tid; i < 8 * AT_TOK * (AT_HD / 4); i += 128) {
+    for (int i = tid; i < 8 * AT_TOK * (AT_HD / 4); i += AT_THREADS) {
         const int hh = i / (AT_TOK * 64), tt = (i / 64) % AT_TOK, c = i % 64;
         const int t = t0 + tt < T ? t0 + tt : T - 1;
         const float4 v = *(const float4 *)(q + ((size_t)t * nh + kvh * 8 + hh) * AT_HD + 4 * c);
@@ -75,14 +80,14 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
         h.y = cu_h2sat(v.z * 0.0625f, v.w * 0.0625f);
         *(uint2 *)(Qs + (hh * AT_TOK + tt) * AT_QLD + 4 * c) = h;
     }
-    float O[32][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.f, 0.f };
+    float O[16][4], m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.f, 0.f }; /* dims 128 dh + 8i + 2qd (+ 1) */
 #pragma unroll
-    for (int i = 0; i < 32; i++) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.f;
+    for (int i = 0; i < 16; i++) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.f;
     const __half *qa = Qs + ((2 * warp) * AT_TOK + g) * AT_QLD, *qb = Qs + ((2 * warp + 1) * AT_TOK + g) * AT_QLD;
     for (int j0 = jb; j0 < je; j0 += AT_KEYS) {
         cu_cp_wait<0>();
         __syncthreads(); /* this stage's keys are in, Q too; the last stage's readers are done */
-        for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += 128) {
+        for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += AT_THREADS) {
             const int kk = i / 64, c = i % 64;
             const float4 kv = *(const float4 *)(Kf + kk * AT_HD + 4 * c), vv = *(const float4 *)(Vf + kk * AT_HD + 4 * c);
             uint2 h;
@@ -131,7 +136,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
             l[r] *= corr[r];
         }
 #pragma unroll
-        for (int i = 0; i < 32; i++) { O[i][0] *= corr[0]; O[i][1] *= corr[0]; O[i][2] *= corr[1]; O[i][3] *= corr[1]; }
+        for (int i = 0; i < 16; i++) { O[i][0] *= corr[0]; O[i][1] *= corr[0]; O[i][2] *= corr[1]; O[i][3] *= corr[1]; }
         uint32_t P[NT][2]; /* rows g and g + 8 of each 8-key tile, fp16 pairs */
 #pragma unroll
         for (int n = 0; n < NT; n++) {
@@ -144,12 +149,12 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
             P[n][0] = cu_h2sat(e[0], e[1]);
             P[n][1] = cu_h2sat(e[2], e[3]);
         }
-        /* O += P V: k steps of 16 keys (tiles 2ks, 2ks + 1), 32 n-tiles of 8 dims */
+        /* O += P V: k steps of 16 keys (tiles 2ks, 2ks + 1), this warp's 16 n-tiles of 8 dims */
 #pragma unroll
         for (int ks = 0; ks < NT / 2; ks++) {
 #pragma unroll
-            for (int d = 0; d < 32; d++) {
-                const __half *vr = Vt + (8 * d + g) * AT_VLD + 16 * ks + 2 * qd;
+            for (int d = 0; d < 16; d++) {
+                const __half *vr = Vt + (128 * dh + 8 * d + g) * AT_VLD + 16 * ks + 2 * qd;
                 const uint32_t b0 = *(const uint32_t *)vr, b1 = *(const uint32_t *)(vr + 8);
                 tc_mma(O[d], P[2 * ks][0], P[2 * ks][1], P[2 * ks + 1][0], P[2 * ks + 1][1], b0, b1);
             }
@@ -167,9 +172,9 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             float *pp = part + (((size_t)t * nh + kvh * 8 + 2 * warp + r) * np + blockIdx.z) * (AT_HD + 2);
-            if (qd == 0) { pp[0] = m[r]; pp[1] = l[r]; }
+            if (qd == 0 && dh == 0) { pp[0] = m[r]; pp[1] = l[r]; }
 #pragma unroll
-            for (int d = 0; d < 32; d++) *(float2 *)(pp + 2 + 8 * d + 2 * qd) = make_float2(O[d][2 * r], O[d][2 * r + 1]);
+            for (int d = 0; d < 16; d++) *(float2 *)(pp + 2 + 128 * dh + 8 * d + 2 * qd) = make_float2(O[d][2 * r], O[d][2 * r + 1]);
         }
         return;
     }
@@ -180,8 +185,8 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *__restrict__ q, co
         const float *gate = qg + ((size_t)t * nh + h) * 2 * AT_HD + AT_HD;
         float *out = o + ((size_t)t * nh + h) * AT_HD;
 #pragma unroll
-        for (int d = 0; d < 32; d++) {
-            const int dim = 8 * d + 2 * qd;
+        for (int d = 0; d < 16; d++) {
+            const int dim = 128 * dh + 8 * d + 2 * qd;
             const float2 gg = *(const float2 *)(gate + dim);
             float2 v;
             v.x = O[d][2 * r] * inv * (1.f / (1.f + expf(-gg.x)));
@@ -205,6 +210,6 @@ int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc,
     /* four splits from 128 tokens (LILY_CU_ATTN_SPLIT=0: none, for measuring), where part holds them */
     static int split = -1;
     const int np = T >= 128 && cu_env_flag(&split, "LILY_CU_ATTN_SPLIT", 1) && (size_t)T * nh * 4 * (AT_HD + 2) <= part_floats ? 4 : 1;
-    k_attn_tc<<<dim3((T + AT_TOK - 1) / AT_TOK, nkv, np), 128, smem, s>>>(q, qg, kc, vc, T, nh, nkv, pos, o, np, part);
+    k_attn_tc<<<dim3((T + AT_TOK - 1) / AT_TOK, nkv, np), AT_THREADS, smem, s>>>(q, qg, kc, vc, T, nh, nkv, pos, o, np, part);
     return np;
 }

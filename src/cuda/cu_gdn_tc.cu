@@ -176,16 +176,16 @@ __global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int d
     }
     cu_cp_wait<0>();
     __syncthreads(); /* v in */
-    { /* [U | W] = M R: warp w, rows 16 (w % 4).., 8-column tiles 16 (w / 4) .. + 15 of the dv + 128 */
+    { /* [U | W] = M R: warp w, row tiles p = w % 2 and 3 - p (M is lower, so a row tile's products stop
+       * at its diagonal: the pair is 10 k steps for every warp), 8-column tiles 8 (w / 2) .. + 7 */
         const float *sV = sQ;
-        const int r0 = 16 * (w & 3), nb = 16 * (w >> 2), ntiles = (dv + 128) / 8;
-        float acc[16][4] = {};
-        for (int k0 = 0; k0 < r0 + 16; k0 += 8) {
-            uint32_t ah[4], al[4], bh[16][2], bl[16][2];
-            tq_afrag(sM, TQ_A, r0, k0, ah, al);
+        const int p = w & 1, rlo = 16 * p, rhi = 16 * (3 - p), nb = 8 * (w >> 1), ntiles = (dv + 128) / 8;
+        float acc[2][8][4] = {}; /* [0]: rows rlo.., [1]: rows rhi.. */
+        for (int k0 = 0; k0 < rhi + 16; k0 += 8) {
+            uint32_t ah[4], al[4], bh[8][2], bl[8][2];
             const float b0 = sB[k0 + q], b1 = sB[k0 + q + 4], e0 = sE[k0 + q], e1 = sE[k0 + q + 4];
 #pragma unroll
-            for (int n = 0; n < 16; n++) {
+            for (int n = 0; n < 8; n++) {
                 const int col = 8 * (nb + n) + g8;
                 float r0v = 0.f, r1v = 0.f;
                 if (nb + n < ntiles) {
@@ -195,20 +195,27 @@ __global__ void __launch_bounds__(256, 2) k_tq_prep(int T, int nk, int nv, int d
                 cu_tf32_split(r0v, bh[n][0], bl[n][0]);
                 cu_tf32_split(r1v, bh[n][1], bl[n][1]);
             }
-            tc_mma_3xtf32<16>(acc, acc, ah, al, bh, bl);
-        }
-#pragma unroll
-        for (int n = 0; n < 16; n++) {
-            if (nb + n >= ntiles) continue;
-            const int col = 8 * (nb + n) + 2 * q;
-#pragma unroll
-            for (int e2 = 0; e2 < 2; e2++) {
-                const int i = r0 + g8 + 8 * e2;
-                if (i >= C) continue;
-                float *dst = col < dv ? U + ((size_t)h * T + t0 + i) * dv + col : W + ((size_t)h * T + t0 + i) * 128 + col - dv;
-                *(float2 *)dst = make_float2(acc[n][2 * e2], acc[n][2 * e2 + 1]);
+            tq_afrag(sM, TQ_A, rhi, k0, ah, al);
+            tc_mma_3xtf32<8>(acc[1], acc[1], ah, al, bh, bl);
+            if (k0 < rlo + 16) {
+                tq_afrag(sM, TQ_A, rlo, k0, ah, al);
+                tc_mma_3xtf32<8>(acc[0], acc[0], ah, al, bh, bl);
             }
         }
+#pragma unroll
+        for (int rt = 0; rt < 2; rt++)
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                if (nb + n >= ntiles) continue;
+                const int col = 8 * (nb + n) + 2 * q;
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    const int i = (rt ? rhi : rlo) + g8 + 8 * e2;
+                    if (i >= C) continue;
+                    float *dst = col < dv ? U + ((size_t)h * T + t0 + i) * dv + col : W + ((size_t)h * T + t0 + i) * 128 + col - dv;
+                    *(float2 *)dst = make_float2(acc[rt][n][2 * e2], acc[rt][n][2 * e2 + 1]);
+                }
+            }
     }
 }
 
