@@ -33,6 +33,24 @@ __device__ __forceinline__ float mvq_sb(const char *p, int sbt, int i) {
     return ld_sb(p, sbt, (size_t)i);
 }
 
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
+/* The emulator's mma: every lane's six operand registers, in one exchange (emu::warp_all) or by
+ * shuffles */
+__device__ __forceinline__ void cu_mma_lanes(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
+                                             uint32_t (&all)[32][6]) {
+#ifdef __CUDACC_EMU__
+    const uint32_t mine[6] = { a0, a1, a2, a3, b0, b1 };
+    emu::warp_all(mine, sizeof mine, all);
+#else
+    for (int l = 0; l < 32; l++) {
+        all[l][0] = __shfl_sync(0xffffffffu, a0, l); all[l][1] = __shfl_sync(0xffffffffu, a1, l);
+        all[l][2] = __shfl_sync(0xffffffffu, a2, l); all[l][3] = __shfl_sync(0xffffffffu, a3, l);
+        all[l][4] = __shfl_sync(0xffffffffu, b0, l); all[l][5] = __shfl_sync(0xffffffffu, b1, l);
+    }
+#endif
+}
+#endif
+
 /* C += A B for one m16n8k16 tile, fp16 inputs and fp32 accumulators, in the PTX fragment
  * layout: lane t (g = t / 4, q = t % 4) holds a0 = A[g][2q..2q+1], a1 = A[g+8][2q..2q+1],
  * a2 = A[g][2q+8..2q+9], a3 = A[g+8][2q+8..2q+9], b0 = B[2q..2q+1][g], b1 = B[2q+8..2q+9][g]
@@ -46,19 +64,9 @@ __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 #else
-    /* the emulator: the lanes' operands in one exchange (emu::warp_all), or by shuffles */
     const int lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
     uint32_t all[32][6];
-#ifdef __CUDACC_EMU__
-    const uint32_t mine[6] = { a0, a1, a2, a3, b0, b1 };
-    emu::warp_all(mine, sizeof mine, all);
-#else
-    for (int l = 0; l < 32; l++) {
-        all[l][0] = __shfl_sync(0xffffffffu, a0, l); all[l][1] = __shfl_sync(0xffffffffu, a1, l);
-        all[l][2] = __shfl_sync(0xffffffffu, a2, l); all[l][3] = __shfl_sync(0xffffffffu, a3, l);
-        all[l][4] = __shfl_sync(0xffffffffu, b0, l); all[l][5] = __shfl_sync(0xffffffffu, b1, l);
-    }
-#endif
+    cu_mma_lanes(a0, a1, a2, a3, b0, b1, all);
     float A[2][16], B[2][16];
     for (int kq = 0; kq < 4; kq++) /* the k pairs 2kq, 2kq+1 and 2kq+8, 2kq+9 live in lanes 4r + kq */
         for (int h = 0; h < 2; h++) { /* low, high half */
@@ -105,16 +113,10 @@ __device__ __forceinline__ void tc_mma_tf32(float (&c)[4], uint32_t a0, uint32_t
 #else
     const int lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
     uint32_t all[32][6];
+    cu_mma_lanes(a0, a1, a2, a3, b0, b1, all);
 #ifdef __CUDACC_EMU__
-    const uint32_t mine[6] = { a0, a1, a2, a3, b0, b1 };
-    emu::warp_all(mine, sizeof mine, all);
     const uint32_t keep = emu::tf32_off ? 0xffffffffu : 0xffffe000u;
 #else
-    for (int l = 0; l < 32; l++) {
-        all[l][0] = __shfl_sync(0xffffffffu, a0, l); all[l][1] = __shfl_sync(0xffffffffu, a1, l);
-        all[l][2] = __shfl_sync(0xffffffffu, a2, l); all[l][3] = __shfl_sync(0xffffffffu, a3, l);
-        all[l][4] = __shfl_sync(0xffffffffu, b0, l); all[l][5] = __shfl_sync(0xffffffffu, b1, l);
-    }
     const uint32_t keep = 0xffffe000u;
 #endif
     float A[2][8], B[2][8];

@@ -75,6 +75,19 @@ __device__ __forceinline__ void tq_afrag(const float *X, int p, int r0, int k0, 
     cu_tf32_split(x[8 * p + 4], h[3], l[3]);
 }
 
+/* the B fragments (rows k0 + q, k0 + q + 4; columns c0 + 8n + g) of N 8-column tiles of a split
+ * matrix in shared memory (hi, lo; pitch TQ_S) */
+template <int N>
+__device__ __forceinline__ void tq_bfrag(const uint32_t *hi, const uint32_t *lo, int k0, int c0, uint32_t (&bh)[N][2],
+                                         uint32_t (&bl)[N][2]) {
+    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        const int b0 = (k0 + q) * TQ_S + c0 + 8 * n + g, b1 = b0 + 4 * TQ_S;
+        bh[n][0] = hi[b0]; bh[n][1] = hi[b1]; bl[n][0] = lo[b0]; bl[n][1] = lo[b1];
+    }
+}
+
 /* 256 threads, a block a chunk and head, 104 KB of shared memory (two blocks an SM). Phases, a
  * barrier or more apart:
  *   A = beta_i k_i.k_j e^(G_i - G_j) (j < i) and P = q_i.k_j e^(G_i - G_j) (j <= i) on mma, one
@@ -282,11 +295,7 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
             uint32_t ah[4], al[4];
             tq_afrag(iso ? sQ : sW, TQ_P, ro, k0, ah, al);
             uint32_t bh[2][2], bl[2][2];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const int b0 = (k0 + q) * TQ_S + c0 + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
-                bh[nt][0] = sSh[b0]; bh[nt][1] = sSh[b1]; bl[nt][0] = sSl[b0]; bl[nt][1] = sSl[b1];
-            }
+            tq_bfrag<2>(sSh, sSl, k0, c0, bh, bl);
             tc_mma_3xtf32<2>(ao, aod, ah, al, bh, bl);
         }
 #pragma unroll
@@ -333,11 +342,7 @@ __global__ void __launch_bounds__(512) k_tq_state(int T, int nk, int nv, int dv,
             uint32_t ph[4] = {}, pl[4] = {};
             if (iso) tq_afrag(sP, TQ_A, ro, k0, ph, pl);
             uint32_t bh[2][2], bl[2][2];
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const int b0 = (k0 + q) * TQ_S + c0 + 8 * nt + g8, b1 = b0 + 4 * TQ_S;
-                bh[nt][0] = sNh[b0]; bh[nt][1] = sNh[b1]; bl[nt][0] = sNl[b0]; bl[nt][1] = sNl[b1];
-            }
+            tq_bfrag<2>(sNh, sNl, k0, c0, bh, bl);
             tc_mma_3xtf32<2>(acc, acd, ah, al, bh, bl);
             if (iso) tc_mma_3xtf32<2>(ao, aod, ph, pl, bh, bl);
         }

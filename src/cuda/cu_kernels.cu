@@ -1004,9 +1004,9 @@ __global__ void k_sum_splits(const float *P, int S, size_t pstride, int T, int r
  * split-K as k_mm_simt (block z sums columns [z kslice, (z+1) kslice) into Y + z pstride), each
  * output a running fp32 sum over its slice in column order. */
 #define S8_K 32
-/* thread tid's share of a k step: weight row r0 + tid and input row t0 + tid, columns c .. c + 31 */
-__device__ __forceinline__ void s8_load(const dmat &m, int row, bool wok, const float *xrow, bool xok, int c, int kend,
-                                        float (&w)[S8_K], float4 (&x)[S8_K / 4]) {
+/* a thread's share of a k step, columns c .. c + 31 (zeros past kend or where not ok): a weight row,
+ * or an input row */
+__device__ __forceinline__ void s8_load_w(const dmat &m, int row, bool wok, int c, int kend, float (&w)[S8_K]) {
 #pragma unroll
     for (int sg = 0; sg < S8_K / 8; sg++) {
         const int cc = c + 8 * sg;
@@ -1016,13 +1016,15 @@ __device__ __forceinline__ void s8_load(const dmat &m, int row, bool wok, const 
 #pragma unroll
         for (int j = 0; j < 8; j++) w[8 * sg + j] = cc + j < kend ? w8[j] : 0.f;
     }
+}
+__device__ __forceinline__ void s8_load_x(const float *xrow, bool xok, int c, int kend, float (&x)[S8_K]) {
 #pragma unroll
     for (int j = 0; j < S8_K / 4; j++) {
         const int cc = c + 4 * j;
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (xok && cc + 4 <= kend) v = *(const float4 *)(xrow + cc);
         else if (xok && cc < kend) v.x = xrow[cc], v.y = cc + 1 < kend ? xrow[cc + 1] : 0.f, v.z = cc + 2 < kend ? xrow[cc + 2] : 0.f;
-        x[j] = v;
+        x[4 * j] = v.x; x[4 * j + 1] = v.y; x[4 * j + 2] = v.z; x[4 * j + 3] = v.w;
     }
 }
 
@@ -1043,18 +1045,17 @@ __global__ void __launch_bounds__(64) k_mm_simt8(dmat m, const float *__restrict
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[i][j] = 0.f;
     /* the next step's share is loaded into registers while this step multiplies */
-    float wn[S8_K];
-    float4 xn[S8_K / 4];
-    s8_load(m, r0 + tid, wok, xrow, xok, kbeg, kend, wn, xn);
+    float wn[S8_K], xn[S8_K];
+    s8_load_w(m, r0 + tid, wok, kbeg, kend, wn);
+    s8_load_x(xrow, xok, kbeg, kend, xn);
     for (int k0 = kbeg; k0 < kend; k0 += S8_K) {
 #pragma unroll
-        for (int j = 0; j < S8_K; j++) Ws[j][tid] = wn[j];
-#pragma unroll
-        for (int j = 0; j < S8_K / 4; j++) {
-            Xs[4 * j][tid] = xn[j].x; Xs[4 * j + 1][tid] = xn[j].y; Xs[4 * j + 2][tid] = xn[j].z; Xs[4 * j + 3][tid] = xn[j].w;
-        }
+        for (int j = 0; j < S8_K; j++) { Ws[j][tid] = wn[j]; Xs[j][tid] = xn[j]; }
         __syncthreads();
-        if (k0 + S8_K < kend) s8_load(m, r0 + tid, wok, xrow, xok, k0 + S8_K, kend, wn, xn);
+        if (k0 + S8_K < kend) {
+            s8_load_w(m, r0 + tid, wok, k0 + S8_K, kend, wn);
+            s8_load_x(xrow, xok, k0 + S8_K, kend, xn);
+        }
 #pragma unroll 4
         for (int k = 0; k < S8_K; k++) {
             const float4 a0 = *(const float4 *)&Ws[k][4 * tx], a1 = *(const float4 *)&Ws[k][32 + 4 * tx];
@@ -1085,7 +1086,7 @@ __global__ void __launch_bounds__(64) k_mm_simt8(dmat m, const float *__restrict
  * parts (three mma: ~22 bits, cu_tf32_split), so the router's choice does not turn on the tensor
  * cores' 10-bit mantissas. Four warps: warp w owns rows 32 (w % 2) .. + 31 and tokens 32 (w / 2)
  * .. + 31 of the tile; threads 0-63 load the weight rows, 64-127 the input rows (k_mm_simt8's 64
- * threads load both, s8_load), the next step into registers while this one multiplies. A row pitch of 72 floats (8 mod 32) puts a fragment's loads (rows q, columns
+ * threads load both), the next step into registers while this one multiplies. A row pitch of 72 floats (8 mod 32) puts a fragment's loads (rows q, columns
  * g) in 32 banks. */
 __global__ void __launch_bounds__(128) k_mm_tc3(dmat m, const float *__restrict__ X, int ldx, int T, float *__restrict__ Y,
                                                 int ldy, int kslice, size_t pstride) {
@@ -1101,26 +1102,8 @@ __global__ void __launch_bounds__(128) k_mm_tc3(dmat m, const float *__restrict_
     float acc[2][4][4] = {}; /* rows wr + 16i + g8 (+ 8), tokens wt + 8j + 2q (+ 1) */
     float rn[S8_K];             /* the next step's weight row (threads 0-63) or input row (64-127) */
     auto load = [&](int c) {
-        if (isw) {
-#pragma unroll
-            for (int sg = 0; sg < S8_K / 8; sg++) {
-                const int cc = c + 8 * sg;
-                float w8[8];
-                if (wok && cc < kend) load8(m, 0, r0 + lr, cc, w8);
-                else for (int j = 0; j < 8; j++) w8[j] = 0.f;
-#pragma unroll
-                for (int j = 0; j < 8; j++) rn[8 * sg + j] = cc + j < kend ? w8[j] : 0.f;
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < S8_K / 4; j++) {
-                const int cc = c + 4 * j;
-                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (xok && cc + 4 <= kend) v = *(const float4 *)(xrow + cc);
-                else if (xok && cc < kend) v.x = xrow[cc], v.y = cc + 1 < kend ? xrow[cc + 1] : 0.f, v.z = cc + 2 < kend ? xrow[cc + 2] : 0.f;
-                rn[4 * j] = v.x; rn[4 * j + 1] = v.y; rn[4 * j + 2] = v.z; rn[4 * j + 3] = v.w;
-            }
-        }
+        if (isw) s8_load_w(m, r0 + lr, wok, c, kend, rn);
+        else s8_load_x(xrow, xok, c, kend, rn);
     };
     load(kbeg);
     for (int k0 = kbeg; k0 < kend; k0 += S8_K) {
