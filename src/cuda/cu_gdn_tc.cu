@@ -2,8 +2,8 @@
  * each operand split in two for fp32 accuracy), two launches where cu_gdn_chunk.cu's tiled
  * form takes three. Same algebra (chunks of 64 tokens, cu_gdn_chunk.cu's comment):
  *   prep (chunks x heads, in parallel): A = strict_lower(beta_i k_i.k_j e^(G_i-G_j)) and
- *     P = lower(q_i.k_j e^(G_i-G_j)) on mma; (I + A) [U | W] = [beta V | beta e^G K] by forward
- *     substitution, a column a thread in registers; U, W and P to scratch;
+ *     P = lower(q_i.k_j e^(G_i-G_j)) on mma; (I + A)^-1 by 16 x 16 blocks; [U | W] =
+ *     (I + A)^-1 [beta V | beta e^G K] on mma; U, W and P to scratch;
  *   state (heads x 32 columns, chunks in order): Vn = U - W S and O = e^G Q S on mma, then
  *     S = e^(G_last) S + (e^(G_last-G) K)^T Vn and O += P Vn on mma. The state lives in the
  *     warps' accumulators for the whole prompt and in shared memory, split, for the next chunk's
@@ -12,8 +12,8 @@
  * Why: the recurrence (cu_gdn_staged.cu) is 3 x 128 x 128 MACs a token and head on SIMT, bound by
  * issue (146 us a layer at 512 tokens on the H200), and the tiled chunked form has as many
  * products, also on SIMT (194 us). An m16n8k8 TF32 mma does 1,024 MACs in one instruction; the
- * split (hi = tf32(x), lo = tf32(x - hi), three mma: lo hi, hi lo, hi hi) keeps ~22 bits, so
- * the result matches the fp32 kernels to rounding.
+ * split (hi = x's top 19 bits, lo = x - hi, three mma: lo hi, hi lo, hi hi) keeps ~22 bits, so
+ * the result matches the fp32 kernels to rounding (1e-6 against the CPU's recurrence).
  * Shared-memory pitches (in 4-byte words) put a fragment's 32 loads in 32 banks: A fragments
  * read rows g and columns q (pitch = 4 mod 32), B fragments rows q and columns g (pitch = 8). */
 #include "cuda/cu_dev.h"
