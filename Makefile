@@ -78,9 +78,11 @@ $$(BUILD)/mutant/%/$(1).o: $$(BUILD)/mutant/%/$(1).cpp
 	$$(EMU_CXX) -c $$< -o $$@
 endef
 $(foreach f,$(MUT_SRC),$(eval $(call MUT_RULES,$(f))))
-MUT_OBJ = $(MUT_SRC:=.o)
-$(BUILD)/mutant/%/cuda-kernel-test: $(addprefix $(BUILD)/mutant/%/,$(MUT_OBJ)) $(BUILD)/tests/cuda/kernel_test.o $(LIB)
-	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a $(MUT_OBJ) && ar rcs $@.a $(filter $(addprefix %/,$(MUT_OBJ)),$^)
+# Only the source the mutant changes is rebuilt (cu2cpp.py --target NAME); the rest is the library's.
+.SECONDEXPANSION:
+$(BUILD)/mutant/%/cuda-kernel-test: $(BUILD)/mutant/%/$$(shell python3 $(EMU_DIR)/cu2cpp.py --target $$*).o \
+                                    $(BUILD)/tests/cuda/kernel_test.o $(LIB)
+	@rm -f $@.a && cp $(LIB) $@.a && ar d $@.a $(notdir $<) && ar rcs $@.a $<
 	$(CC) $(CFLAGS) $(BUILD)/tests/cuda/kernel_test.o $@.a -o $@ $(LDLIBS)
 
 $(LIB): $(LIB_OBJ)

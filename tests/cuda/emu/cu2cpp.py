@@ -107,6 +107,12 @@ def convert(text):
 
 def main(argv):
     mut = None
+    if len(argv) == 3 and argv[1] == "--target":  # the source a mutant changes, for the Makefile
+        if argv[2] not in MUTANTS:
+            sys.stderr.write("cu2cpp: unknown mutant %s\n" % argv[2])
+            return 2
+        print((MUTANTS[argv[2]][3] if len(MUTANTS[argv[2]]) > 3 else "cu_kernels.cu")[:-3])
+        return 0
     if len(argv) > 1 and argv[1] == "--mutate":
         mut = argv[2]
         argv = [argv[0]] + argv[3:]
