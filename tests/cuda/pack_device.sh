@@ -1,7 +1,7 @@
 #!/bin/bash
 # Packs the CUDA=1 binaries (built here, where the Debian libraries are) with the shared libraries they
 # load into .devrun/pack.tar.xz (66 MB of binaries are 8 MB packed; a device call carries 64 MB at most),
-# and the shared fixtures into .fixtures/, for the device tool to carry (both in .git/info/exclude).
+# and the shared fixtures into .fixtures/, for the device tool to carry (both in .gitignore: never commit them).
 # On the device:  mkdir -p /tmp/d && tar -C /tmp/d -xJf .devrun/pack.tar.xz &&
 #   LD_LIBRARY_PATH=/tmp/d/lib BIN=/tmp/d/bin FIX=.fixtures bash tests/cuda/run_device.sh kernels check ...
 set -eu
