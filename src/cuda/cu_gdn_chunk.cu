@@ -516,6 +516,10 @@ int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const 
     const int v = chunk_variant;
     if ((v ? v == 1 : cu_env_flag(&tcs, "LILY_CU_GDN_TC", 1)) && cu_gdn_tc(s, T, nk, nv, dk, dv, u, cd, g, beta, S, o, scratch))
         return 1;
+    /* the SIMT chunks only where asked (a variant, or LILY_CU_GDN_CHUNK=1 set): at other shapes the
+     * forward pass keeps the staged or recurrent kernels, no slower (RESULTS.md) */
+    static int asked = -1;
+    if (!v && !cu_env_flag(&asked, "LILY_CU_GDN_CHUNK", 0)) return 0;
     if (dk == 128 && dv % 32 == 0 && cd % 4 == 0 && !((uintptr_t)u & 15) && (v ? v <= 2 : cu_env_flag(&tiled, "LILY_CU_GDN_C128", 1)) &&
         c128_run(s, T, nk, nv, dv, u, cd, g, beta, S, o, scratch))
         return 1;
@@ -537,7 +541,8 @@ int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const 
 }
 
 /* On by default at prefill (LILY_CU_GDN_CHUNK=0 gives the staged recurrence), where the tensor-core
- * kernels (cu_gdn_tc.cu) take the shape. History: the generic kernels passed the kernel test and
+ * kernels (cu_gdn_tc.cu) take the shape; the SIMT ones run only when LILY_CU_GDN_CHUNK=1 is set
+ * (or LILY_CU_GDN_TC=0 with it). History: the generic kernels passed the kernel test and
  * lily check on the H200 (2026-11-30) but were no faster than the recurrence (SIMT products with
  * 32-way bank conflicts); the tiled ones took 194 us a layer at 512 tokens against the staged
  * recurrence's 146. (On the emulator, with the FP16 GEMM's inputs, the generic ones once drifted

@@ -6,7 +6,7 @@
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
 #   variants: check and pp512/pp2048 with LILY_CU_GEMM=0, LILY_CU_GEMM_TC=0 (the wmma GEMM), LILY_CU_ATTN_TC=0
-#             (SIMT prefill attention), LILY_CU_ATTN_SPLIT=0, LILY_CU_GDN_CHUNK=0, LILY_CU_GDN_TC=0,
+#             (SIMT prefill attention), LILY_CU_ATTN_SPLIT=0, LILY_CU_GDN_CHUNK=0, LILY_CU_GDN_CHUNK=1 with LILY_CU_GDN_TC=0,
 #             LILY_CU_ROUTER_TC=0, LILY_CU_SPLITK=0, LILY_CU_MOE_XP=0 and
 #             LILY_CU_DENSE_XP=0 (fp32 GEMM inputs), LILY_CU_SIMT8=0 (k_mm_simt router), LILY_CU_SIDE=0
 #             (one stream); tg128 and tg128s
@@ -63,15 +63,16 @@ for stage in $stages; do
     "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model.log" 2>&1 || fail=1
     cat "$OUT/model.log" ;;
   variants) # the paths kept for measuring: the older tiles (LILY_CU_GEMM=0), the chunked delta rule
-            # (LILY_CU_GDN_CHUNK=0: the staged recurrence; LILY_CU_GDN_TC=0: the tiled SIMT chunks), the decode graph without programmatic launch (LILY_CU_PDL=0),
+            # (LILY_CU_GDN_CHUNK=0: the staged recurrence; LILY_CU_GDN_CHUNK=1,LILY_CU_GDN_TC=0: the tiled SIMT
+            # chunks; a comma joins variables), the decode graph without programmatic launch (LILY_CU_PDL=0),
             # decode's matrix-vector products without the tensor-core kernel or with it on every launch
-    for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_ATTN_SPLIT=0 LILY_CU_GDN_CHUNK=0 LILY_CU_GDN_TC=0 LILY_CU_ROUTER_TC=0 LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
+    for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_ATTN_SPLIT=0 LILY_CU_GDN_CHUNK=0 LILY_CU_GDN_CHUNK=1,LILY_CU_GDN_TC=0 LILY_CU_ROUTER_TC=0 LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
              LILY_CU_DENSE_XP=0 LILY_CU_SIMT8=0 LILY_CU_SIDE=0; do
       for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
-        env $v "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&
+        env ${v//,/ } "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&
           echo "$v check $d: PASS" || { echo "$v check $d: FAIL"; cat "$OUT/var_check.log"; fail=1; }
       done
-      echo "## $v"; env $v "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
+      echo "## $v"; env ${v//,/ } "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done
     for v in LILY_CU_PDL=0 LILY_CU_FUSE=0 LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 LILY_CU_MVTC=0 LILY_CU_MVTC_MIN=0 X=default; do
       echo "## $v"; env $v "$BIN/lily-bench" --tests tg128,tg128s --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
