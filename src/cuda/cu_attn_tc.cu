@@ -210,6 +210,6 @@ int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc,
     /* four splits from 128 tokens (LILY_CU_ATTN_SPLIT=0: none, for measuring), where part holds them */
     static int split = -1;
     const int np = T >= 128 && cu_env_flag(&split, "LILY_CU_ATTN_SPLIT", 1) && (size_t)T * nh * 4 * (AT_HD + 2) <= part_floats ? 4 : 1;
-    k_attn_tc<<<dim3((T + AT_TOK - 1) / AT_TOK, nkv, np), AT_THREADS, smem, s>>>(q, qg, kc, vc, T, nh, nkv, pos, o, np, part);
+    cu_go(k_attn_tc, dim3((T + AT_TOK - 1) / AT_TOK, nkv, np), AT_THREADS, smem, s)(q, qg, kc, vc, T, nh, nkv, pos, o, np, part);
     return np;
 }

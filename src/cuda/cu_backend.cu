@@ -317,6 +317,7 @@ void lcuda_session_free(lcuda_session *s) {
     for (int i = 0; i < 4; i++) if (s->ev[i]) cudaEventDestroy(s->ev[i]);
     if (s->evf) cudaEventDestroy(s->evf);
     if (s->evj) cudaEventDestroy(s->evj);
+    if (s->evp) cudaEventDestroy(s->evp);
     if (s->st2) { cudaStreamSynchronize(s->st2); cudaStreamDestroy(s->st2); }
     if (s->st) cudaStreamDestroy(s->st);
     free(s);
@@ -382,6 +383,7 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         e = cudaStreamCreateWithFlags(&s->st2, cudaStreamNonBlocking);
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->evf, cudaEventDisableTiming);
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->evj, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->evp, cudaEventDisableTiming);
         if (e != cudaSuccess) { rc = cu_fail(st, e, "second stream", __FILE__, __LINE__); goto fail; }
     }
     lcuda_session_reset(s);
@@ -425,8 +427,34 @@ static void PM(lcuda_session *s, const char *lab) {
     cudaEventRecord(prof.ev[prof.n++], s->st);
 }
 
-/* Matrix-vector products of matrices reading the same row: one launch when they all have
- * the fast quantized form, else one matmul each. */
+/* Decode's weights into L2 ahead of their launches, on the second stream (cu_l2_prefetch): a
+ * decode step's launches are latency chains that leave the DRAM mostly idle (a token reads 1.8 GB
+ * in 2.6 ms, 16% of the H200's bandwidth), so a launch whose weights already sit in L2 waits less
+ * on each load. Forks: a layer's out-projection and router group when its mixer starts; the
+ * chosen experts' down and the next layer's in-projection once the top-k is known (the experts'
+ * gate|up run meanwhile). Joined before the lm_head. Decode only (T <= 8): prefill's GEMMs keep
+ * the DRAM busy themselves. */
+static int pf_on(const lcuda_session *s, int T) { return T <= 8 && s->st2 && s->evp && cu_prefetch_enabled(); }
+static void pf_fork(lcuda_session *s, int n, const dmat *const *W, const int *sel, int slots) {
+    /* (a failed record or wait is the caller's cudaGetLastError, as a failed launch) */
+    cudaEventRecord(s->evp, s->st);
+    cudaStreamWaitEvent(s->st2, s->evp, 0);
+    cu_l2_prefetch(s->st2, n, W, sel, slots);
+    s->pf_open = 1;
+}
+static void pf_join(lcuda_session *s) {
+    if (!s->pf_open) return;
+    cudaEventRecord(s->evp, s->st2);
+    cudaStreamWaitEvent(s->st, s->evp, 0);
+    s->pf_open = 0;
+}
+/* the mixer's input projections (what the layer reads first) */
+static int pf_mixer_in(const cu_layer *L, const dmat **W) {
+    if (L->full) { W[0] = &L->q; W[1] = &L->k; W[2] = &L->v; return 3; }
+    W[0] = &L->qkv; W[1] = &L->z; W[2] = &L->b; W[3] = &L->a;
+    return 4;
+}
+
 /* One prefill projection, Y [T][W->rows] = X W^T: through the packed-input tensor-core GEMM where
  * it takes the matrix, else cu_matmul. */
 static void proj(lcuda_session *s, const dmat *W, const float *X, int ldx, int T, float *Y) {
@@ -613,6 +641,11 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
         if (T <= 8) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe top-k");
     }
+    if (pf_on(s, T)) { /* the chosen experts' down, then the next layer's in-projection */
+        const dmat *Wd[1] = { &L->down }, *Wn[4];
+        pf_fork(s, 1, Wd, s->sel, T * K);
+        if (s->pf_next) cu_l2_prefetch(s->st2, pf_mixer_in((const cu_layer *)s->pf_next, Wn), Wn, NULL, 0);
+    }
     const int *pos = NULL;
     if (T <= 8) { /* decode (and batches of up to 8 rows): one matrix-vector pass per (token, expert) slot */
         const dmat *W[2] = { &L->gate, &L->up };
@@ -704,9 +737,19 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     cu_embed(s->st, &m->embed, s->d_ids, T, s->x);
     cu_rmsnorm(s->st, s->x, NULL, m->L[0].ln1, H, T, eps, s->t);
     PM(s, "embed + norm");
+    const int pf = pf_on(s, T);
+    if (pf) {
+        const dmat *W[4];
+        pf_fork(s, pf_mixer_in(&m->L[0], W), W, NULL, 0);
+    }
     int li = 0, fi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &m->L[l];
+        if (pf) { /* what the layer reads after its in-projection: the out-projection, the router group */
+            const dmat *W[6] = { L->full ? &L->o : &L->out, &L->router, &L->sh_gate, &L->sh_up, &L->sh_router, &L->sh_down };
+            pf_fork(s, c->shared_inter ? 6 : 2, W, NULL, 0);
+        }
+        s->pf_next = l + 1 < c->n_layers ? &m->L[l + 1] : NULL;
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);
         const int fused = moe_fused(s, L, T);
@@ -717,6 +760,7 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
         /* the combine leaves the next layer's normed input, or the final norm's */
         moe(s, L, T, l + 1 < c->n_layers ? m->L[l + 1].ln1 : m->norm, fused ? s->y : NULL);
     }
+    pf_join(s);
     if (!logits) return;
     if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
     else cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);

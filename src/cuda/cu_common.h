@@ -26,6 +26,42 @@ extern "C" {
 #define CU_PDL() do { } while (0)
 #endif
 
+/* Kernel launches: cu_go(kernel, grid, block[, smem[, stream]])(args...), in place of <<<>>>,
+ * so that a launch can carry attributes. LILY_CU_PDL_STREAM=1 gives every launch programmatic
+ * stream serialization (Hopper), the stream form of the decode graph's programmatic edges: a
+ * kernel is scheduled while its predecessor still runs and waits in CU_PDL (every kernel here
+ * starts with it, which makes that safe). Off by default: prefill measured 2.3% slower with it
+ * on the H200 (pp512 21,856 against 22,373, bench/RESULTS.md), the waiting blocks holding SM
+ * room that the predecessor's last wave and the second stream's launches want. The emulator
+ * (tests/cuda/emu) rewrites cu_go into its own launch, as it does <<<>>>. */
+int cu_pdl_stream(void);
+#ifndef __CUDACC_EMU__
+template <class... P> struct cu_launcher {
+    void (*k)(P...);
+    cudaLaunchConfig_t c;
+    cudaLaunchAttribute at[1];
+    void operator()(P... a) {
+        c.attrs = at;
+        c.numAttrs = cu_pdl_stream() ? 1 : 0;
+        (void)cudaLaunchKernelEx(&c, k, a...); /* errors stay for cudaGetLastError, as with <<<>>> */
+    }
+};
+template <class... P>
+static inline cu_launcher<P...> cu_go(void (*k)(P...), dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) {
+    cu_launcher<P...> l;
+    l.k = k;
+    l.c.gridDim = g;
+    l.c.blockDim = b;
+    l.c.dynamicSmemBytes = smem;
+    l.c.stream = s;
+    l.c.attrs = NULL;
+    l.c.numAttrs = 0;
+    l.at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    l.at[0].val.programmaticStreamSerializationAllowed = 1;
+    return l;
+}
+#endif
+
 /* An on/off switch from the environment, read once into *cache (start it at -1): unset or
  * empty gives def, a value starting with '0' off, any other on. (LILY_CU_GEMM, LILY_MVQB, ...) */
 int cu_env_flag(int *cache, const char *name, int def);
@@ -276,6 +312,13 @@ void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits);
 /* Router: softmax, top-k (lower index on ties), renormalized weights. */
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt);
+/* Weights into L2 ahead of their launch (decode's side stream, cu_backend.cu): the codes, scales
+ * and biases of n matrices (expert 0's where they are a stack), or with sel the experts
+ * sel[0..slots-1] of W[0] (sel written by an earlier kernel). Fire and forget: nothing is read
+ * into registers, so this only moves bytes from DRAM into L2 while the main stream's kernels,
+ * bound by latency, leave the DRAM idle. LILY_CU_PREFETCH=0 turns it off (cu_prefetch_enabled). */
+void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel, int slots);
+int cu_prefetch_enabled(void);
 /* cu_matmul_exact (Y = logits [T][W->rows]) then cu_router_topk, the column slices' sum done by the
  * top-k's launch (one launch fewer; the same sums in the same order) */
 void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *logits, float *scr,

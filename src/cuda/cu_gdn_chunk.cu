@@ -489,9 +489,9 @@ static int c128_run(cudaStream_t s, int T, int nk, int nv, int dv, const float *
     if (attrs < 0) { cudaGetLastError(); return 0; }
     float *U = scratch, *W = scratch + (size_t)nv * T * dv;
     dim3 gc((T + GC - 1) / GC, nv);
-    k_c128_prep<<<gc, 256, smem_c128_prep(), s>>>(T, nk, nv, dv, u, cd, g, beta, U, W);
-    k_c128_state<<<dim3(nv, dv / 32), 256, smem_c128_state(), s>>>(T, nk, nv, dv, u, cd, g, S, U, W, o);
-    k_c128_out<<<gc, 256, smem_c128_out(), s>>>(T, nk, nv, dv, u, cd, g, U, o);
+    cu_go(k_c128_prep, gc, 256, smem_c128_prep(), s)(T, nk, nv, dv, u, cd, g, beta, U, W);
+    cu_go(k_c128_state, dim3(nv, dv / 32), 256, smem_c128_state(), s)(T, nk, nv, dv, u, cd, g, S, U, W, o);
+    cu_go(k_c128_out, gc, 256, smem_c128_out(), s)(T, nk, nv, dv, u, cd, g, U, o);
     return 1;
 }
 
@@ -534,9 +534,9 @@ int cu_gdn_chunked(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const 
     }
     float *U = scratch, *W = scratch + (size_t)nv * T * dv;
     dim3 gc((T + GC - 1) / GC, nv);
-    k_gdn_chunk_prep<<<gc, 256, a, s>>>(T, nk, nv, dk, dv, u, cd, g, beta, U, W);
-    k_gdn_chunk_state<<<nv, 512, b, s>>>(T, nk, nv, dk, dv, u, cd, g, S, U, W, o);
-    k_gdn_chunk_out<<<gc, 256, c, s>>>(T, nk, nv, dk, dv, u, cd, g, U, o);
+    cu_go(k_gdn_chunk_prep, gc, 256, a, s)(T, nk, nv, dk, dv, u, cd, g, beta, U, W);
+    cu_go(k_gdn_chunk_state, nv, 512, b, s)(T, nk, nv, dk, dv, u, cd, g, S, U, W, o);
+    cu_go(k_gdn_chunk_out, gc, 256, c, s)(T, nk, nv, dk, dv, u, cd, g, U, o);
     return 1;
 }
 

@@ -110,6 +110,6 @@ int cu_gdn_staged_ok(int dk, int dv, int cd) { return dk == 128 && dv % GS_J == 
 int cu_gdn_staged(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float *u, int cd, const float *g,
                   const float *beta, float *S, float *o) {
     if (!cu_gdn_staged_ok(dk, dv, cd) || ((uintptr_t)u & 15)) return 0;
-    k_gdn_staged<<<dim3(nv, dv / GS_J), GS_C * GS_J, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o);
+    cu_go(k_gdn_staged, dim3(nv, dv / GS_J), GS_C * GS_J, 0, s)(T, nk, nv, dv, u, cd, g, beta, S, o);
     return 1;
 }

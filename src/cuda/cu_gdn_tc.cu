@@ -392,7 +392,7 @@ int cu_gdn_tc(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const float
                     ? -1 : 1;
     if (attrs < 0) { cudaGetLastError(); return 0; }
     float *U = scratch, *W = U + (size_t)nv * T * dv, *P = W + (size_t)nv * T * 128;
-    k_tq_prep<<<dim3((T + 63) / 64, nv), 256, smem_tq_prep(), s>>>(T, nk, nv, dv, u, cd, g, beta, U, W, P);
-    k_tq_state<<<dim3(nv, dv / 32), 512, smem_tq_state(), s>>>(T, nk, nv, dv, u, cd, g, S, U, W, P, o);
+    cu_go(k_tq_prep, dim3((T + 63) / 64, nv), 256, smem_tq_prep(), s)(T, nk, nv, dv, u, cd, g, beta, U, W, P);
+    cu_go(k_tq_state, dim3(nv, dv / 32), 512, smem_tq_state(), s)(T, nk, nv, dv, u, cd, g, S, U, W, P, o);
     return 1;
 }

@@ -178,8 +178,8 @@ void cu_gemm_q4(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, f
     if (cu_gemm_tc_ok(W, X, ldx, T)) { cu_gemm_tc(s, W, X, ldx, T, Y, ldy); return; }
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     dim3 g((W->rows + QR - 1) / QR, (T + 63) / 64, 1);
-    if (W->bits == 8) k_gemm_q4<64, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
-    else k_gemm_q4<64, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+    if (W->bits == 8) cu_go(k_gemm_q4<64, 8>, g, QTHREADS, 0, s)(*W, X, ldx, T, Y, ldy, none, 0);
+    else cu_go(k_gemm_q4<64, 4>, g, QTHREADS, 0, s)(*W, X, ldx, T, Y, ldy, none, 0);
 }
 
 /* LILY_CU_MOE_BT=16/32/64 fixes the tile, for measuring. */
@@ -210,7 +210,7 @@ __global__ void k_moe_tiles(const int *count, int E, int bt, int *tiles, int max
 }
 
 void cu_moe_tiles(cudaStream_t s, const int *count, int E, int bt, int *tiles, int max_tiles) {
-    k_moe_tiles<<<1, 256, 0, s>>>(count, E, bt, tiles, max_tiles);
+    cu_go(k_moe_tiles, 1, 256, 0, s)(count, E, bt, tiles, max_tiles);
 }
 
 void cu_gemm_q4_grouped(cudaStream_t s, const dmat *W, const dsort *so, int bt, int max_tiles, int xdiv,
@@ -218,10 +218,10 @@ void cu_gemm_q4_grouped(cudaStream_t s, const dmat *W, const dsort *so, int bt, 
     if (cu_gemm_tc_ok(W, X, ldx, (long long)max_tiles * bt)) { cu_gemm_tc_grouped(s, W, NULL, so, bt, max_tiles, xdiv, X, ldx, Y, ldy); return; }
     dim3 g((W->rows + QR - 1) / QR, max_tiles, 1);
     if (W->bits == 8) { /* (experts are 4-bit in the checkpoints; kept for completeness) */
-        if (bt == 16) k_gemm_q4<16, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
-        else if (bt == 32) k_gemm_q4<32, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
-        else k_gemm_q4<64, 8><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
-    } else if (bt == 16) k_gemm_q4<16, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
-    else if (bt == 32) k_gemm_q4<32, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
-    else k_gemm_q4<64, 4><<<g, QTHREADS, 0, s>>>(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+        if (bt == 16) cu_go(k_gemm_q4<16, 8>, g, QTHREADS, 0, s)(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+        else if (bt == 32) cu_go(k_gemm_q4<32, 8>, g, QTHREADS, 0, s)(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+        else cu_go(k_gemm_q4<64, 8>, g, QTHREADS, 0, s)(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+    } else if (bt == 16) cu_go(k_gemm_q4<16, 4>, g, QTHREADS, 0, s)(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+    else if (bt == 32) cu_go(k_gemm_q4<32, 4>, g, QTHREADS, 0, s)(*W, X, ldx, 0, Y, ldy, *so, xdiv);
+    else cu_go(k_gemm_q4<64, 4>, g, QTHREADS, 0, s)(*W, X, ldx, 0, Y, ldy, *so, xdiv);
 }

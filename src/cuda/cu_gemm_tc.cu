@@ -327,7 +327,7 @@ static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx,
     if (smem > opted &&
         cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT, XP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
         opted = smem;
-    k_gemm_tc<BT, DUAL, SBT, XP><<<grid, GT_THREADS, smem, s>>>(*G, X, ldx, T, *so, xdiv, sbb, ns);
+    cu_go(k_gemm_tc<BT, DUAL, SBT, XP>, grid, GT_THREADS, smem, s)(*G, X, ldx, T, *so, xdiv, sbb, ns);
 }
 
 template <int DUAL, int XP>
@@ -363,7 +363,7 @@ static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, cons
     const dim3 grid(gx, (T + bt - 1) / bt);
     if (xp) {
         const int C = W[0]->cols, nc = T * (C / 8);
-        k_xp_pack<<<(nc + 255) / 256, 256, 0, s>>>(X, ldx, T, C, (uint4 *)xp);
+        cu_go(k_xp_pack, (nc + 255) / 256, 256, 0, s)(X, ldx, T, C, (uint4 *)xp);
         if (dual) gt_launch_bt<1, 1>(s, bt, &G, xp, C, T, &none, 0, grid);
         else gt_launch_bt<0, 1>(s, bt, &G, xp, C, T, &none, 0, grid);
     } else if (dual) gt_launch_bt<1, 0>(s, bt, &G, X, ldx, T, &none, 0, grid);
@@ -444,7 +444,7 @@ int cu_moe_gate_up_xp(cudaStream_t s, const dmat *G, const dmat *U, const dmat *
         (long long)xrows * G->cols >= (1ll << 31) || slots * D->cols >= (1ll << 31) || ((uintptr_t)xpx & 15) || ((uintptr_t)xph & 15))
         return 0;
     const int C = G->cols, nc = xrows * (C / 8);
-    k_xp_pack<<<(nc + 255) / 256, 256, 0, s>>>(X, ldx, xrows, C, (uint4 *)xpx);
+    cu_go(k_xp_pack, (nc + 255) / 256, 256, 0, s)(X, ldx, xrows, C, (uint4 *)xpx);
     gt_group g;
     memset(&g, 0, sizeof g);
     g.n = 1;

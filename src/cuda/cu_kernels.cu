@@ -626,14 +626,14 @@ static void mvq_launch(int tiles, int nslots, int one_a_tile, int bt, size_t sm,
                        const float *X, const float *X2, int ldx, const int *eidx, int xdiv) {
     static mvq_kstate ks;
     int gx = mvq_grid(k_mvq<LPR, RW>, ks, tiles, nslots, one_a_tile, bt, sm);
-    k_mvq<LPR, RW><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    cu_go(k_mvq<LPR, RW>, dim3(gx, nslots), bt, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int SBT>
 static void mvq4_launch_t(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
                           const float *X2, int ldx, const int *eidx, int xdiv) {
     static mvq_kstate ks;
     int gx = mvq_grid(k_mvq4<LPR, SBT>, ks, tiles, nslots, 0, bt, sm);
-    k_mvq4<LPR, SBT><<<dim3(gx, nslots), bt, sm, s>>>(a, X, X2, ldx, eidx, xdiv);
+    cu_go(k_mvq4<LPR, SBT>, dim3(gx, nslots), bt, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 /* bf16 group constants (MLX's) get their own kernel, without the type's branch a load;
  * sbt: the launch's matrices' common type, -1 when they differ */
@@ -836,7 +836,7 @@ template <int LPR, int NB, int RW, int BITS>
 static void mvqb_launch(cudaStream_t s, dim3 g, size_t sm, const mvq_args &a, const float *X, const float *X2, int ldx, int T) {
     static int attr_set; /* above the default 48 KB of dynamic shared memory */
     if (!attr_set) { cudaFuncSetAttribute(k_mvqb<LPR, NB, RW, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQB_SMEM); attr_set = 1; }
-    k_mvqb<LPR, NB, RW, BITS><<<g, 256, sm, s>>>(a, X, X2, ldx, T);
+    cu_go(k_mvqb<LPR, NB, RW, BITS>, g, 256, sm, s)(a, X, X2, ldx, T);
 }
 
 template <int LPR, int RW>
@@ -858,6 +858,22 @@ int cu_env_flag(int *cache, const char *name, int def) {
         *cache = v && *v ? *v != '0' : def;
     }
     return *cache;
+}
+
+int cu_pdl_stream(void) {
+#ifdef __CUDACC_EMU__ /* (cu_go's emulated form never asks) */
+    return 0;
+#else
+    static int on = -1, env = -1, envs = -1;
+    if (on < 0) {
+        int dev = 0, major = 0;
+        on = cu_env_flag(&env, "LILY_CU_PDL", 1) && cu_env_flag(&envs, "LILY_CU_PDL_STREAM", 0) &&
+             cudaGetDevice(&dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+        cudaGetLastError();
+    }
+    return on;
+#endif
 }
 
 int cu_env_int(int *cache, const char *name, int def) {
@@ -942,10 +958,10 @@ static void mv_launch(cudaStream_t s, const dmat *W, const float *X, int ldx, in
     if (T == 1 && mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, NULL, 1, 1); return; }
     if (T >= 2 && mv4_ok(W) && cu_mvqb_enabled()) { cu_matvec_rows(s, 1, &W, X, NULL, ldx, T, &Y, &ldy); return; }
     dim3 g((W->rows + 7) / 8, 1);
-    if (T <= 1) k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
-    else if (T <= 2) k_mv<2><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
-    else if (T <= 4) k_mv<4><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
-    else k_mv<8><<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, NULL, 1);
+    if (T <= 1) cu_go(k_mv<1>, g, 256, 0, s)(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else if (T <= 2) cu_go(k_mv<2>, g, 256, 0, s)(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else if (T <= 4) cu_go(k_mv<4>, g, 256, 0, s)(*W, X, ldx, T, Y, ldy, NULL, 1);
+    else cu_go(k_mv<8>, g, 256, 0, s)(*W, X, ldx, T, Y, ldy, NULL, 1);
 }
 
 /* A matrix of a few rows (the shared expert's gate: one) for many tokens, in fp32: a warp a
@@ -971,7 +987,7 @@ __global__ void k_mm_rows(dmat m, const float *__restrict__ X, int ldx, int T, f
 
 void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
     if (variant == 7) {
-        k_mm_rows<<<(T + 7) / 8, 256, 0, s>>>(*W, X, ldx, T, Y, ldy);
+        cu_go(k_mm_rows, (T + 7) / 8, 256, 0, s)(*W, X, ldx, T, Y, ldy);
         return;
     }
     if (variant == 0) {
@@ -980,8 +996,8 @@ void cu_matmul_variant(cudaStream_t s, int variant, const dmat *W, const float *
     }
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     dim3 g((W->rows + TBM - 1) / TBM, (T + TBN - 1) / TBN, 1);
-    if (variant == 1) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0, W->cols, 0);
-    else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, T, Y, ldy, none, 0);
+    if (variant == 1) cu_go(k_mm_simt, g, 256, 0, s)(*W, X, ldx, T, Y, ldy, none, 0, W->cols, 0);
+    else cu_go(k_mm_tiled, g, 256, 0, s)(*W, X, ldx, T, Y, ldy, none, 0);
 }
 
 /* Y[t][r] = sum over splits, in split order (deterministic, unlike atomics). */
@@ -1174,9 +1190,9 @@ static int exact_parts(cudaStream_t s, const dmat *W, const float *X, int ldx, i
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     static int tc3 = -1; /* LILY_CU_ROUTER_TC=0: the fp32 SIMT tiles */
     if (wide && (exact_tc_force >= 0 ? exact_tc_force : cu_env_flag(&tc3, "LILY_CU_ROUTER_TC", 1)))
-        k_mm_tc3<<<dim3(gx, gy, S), 128, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
-    else if (wide) k_mm_simt8<<<dim3(gx, gy, S), 64, 0, s>>>(*W, X, ldx, T, scr, ldy, kslice, pstride);
-    else k_mm_simt<<<dim3(gx, gy, S), 256, 0, s>>>(*W, X, ldx, T, scr, ldy, none, 0, kslice, pstride);
+        cu_go(k_mm_tc3, dim3(gx, gy, S), 128, 0, s)(*W, X, ldx, T, scr, ldy, kslice, pstride);
+    else if (wide) cu_go(k_mm_simt8, dim3(gx, gy, S), 64, 0, s)(*W, X, ldx, T, scr, ldy, kslice, pstride);
+    else cu_go(k_mm_simt, dim3(gx, gy, S), 256, 0, s)(*W, X, ldx, T, scr, ldy, none, 0, kslice, pstride);
     return S;
 }
 
@@ -1185,7 +1201,7 @@ void cu_matmul_exact(cudaStream_t s, const dmat *W, const float *X, int ldx, int
     const int S = exact_parts(s, W, X, ldx, T, Y, ldy, scr, scr_floats);
     if (S > 1) {
         size_t n = (size_t)T * W->rows;
-        k_sum_splits<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(scr, S, T * (size_t)ldy, T, W->rows, Y, ldy);
+        cu_go(k_sum_splits, (unsigned)((n + 255) / 256), 256, 0, s)(scr, S, T * (size_t)ldy, T, W->rows, Y, ldy);
     }
 }
 
@@ -1206,14 +1222,14 @@ void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float
                      int ldx, int nslots, float *Y, int ldy) {
     if (mv4_ok(W)) { mv4_launch(s, W, X, ldx, Y, ldy, eidx, xdiv, nslots); return; }
     dim3 g((W->rows + 7) / 8, nslots);
-    k_mv<1><<<g, 256, 0, s>>>(*W, X, ldx, 1, Y, ldy, eidx, xdiv);
+    cu_go(k_mv<1>, g, 256, 0, s)(*W, X, ldx, 1, Y, ldy, eidx, xdiv);
 }
 
 void cu_matmul_grouped(cudaStream_t s, const dmat *W, int E, const dsort *so, int xdiv, const float *X,
                        int ldx, int maxcount, float *Y, int ldy) {
     dim3 g((W->rows + TBM - 1) / TBM, (maxcount + TBN - 1) / TBN, E);
-    if (maxcount < CU_TC_MIN_T) k_mm_simt<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv, W->cols, 0);
-    else k_mm_tiled<<<g, 256, 0, s>>>(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
+    if (maxcount < CU_TC_MIN_T) cu_go(k_mm_simt, g, 256, 0, s)(*W, X, ldx, maxcount, Y, ldy, *so, xdiv, W->cols, 0);
+    else cu_go(k_mm_tiled, g, 256, 0, s)(*W, X, ldx, maxcount, Y, ldy, *so, xdiv);
 }
 
 /* ---- embedding, norms ---- */
@@ -1227,7 +1243,7 @@ __global__ void k_embed(dmat m, const int *ids, float *x) {
     }
 }
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x) {
-    k_embed<<<T, 256, 0, s>>>(*E, ids, x);
+    cu_go(k_embed, T, 256, 0, s)(*E, ids, x);
 }
 
 __global__ void k_rmsnorm(float *x, const float *add, const float *w, int n, float eps, float *y) {
@@ -1247,7 +1263,7 @@ __global__ void k_rmsnorm(float *x, const float *add, const float *w, int n, flo
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y) {
-    k_rmsnorm<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, add, w, n, eps, y);
+    cu_go(k_rmsnorm, T, T <= 8 ? 1024 : 256, 0, s)(x, add, w, n, eps, y);
 }
 
 /* ---- Gated DeltaNet ---- */
@@ -1313,8 +1329,8 @@ __global__ void k_conv_state(const float *mixed, float *state, int cd, int K, in
 }
 int cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nk, int dk) {
     const int nnorm = dk == 128 && cd % 128 == 0 && 2 * nk * dk <= cd ? 2 * nk : 0;
-    k_conv<<<dim3((cd + 127) / 128, (T + CONV_TT - 1) / CONV_TT), 128, 0, s>>>(mixed, state, w, cd, K, T, u, nnorm);
-    k_conv_state<<<(cd + 127) / 128, 128, 0, s>>>(mixed, state, cd, K, T);
+    cu_go(k_conv, dim3((cd + 127) / 128, (T + CONV_TT - 1) / CONV_TT), 128, 0, s)(mixed, state, w, cd, K, T, u, nnorm);
+    cu_go(k_conv_state, (cd + 127) / 128, 128, 0, s)(mixed, state, cd, K, T);
     return nnorm > 0;
 }
 
@@ -1341,14 +1357,14 @@ __global__ void k_gbeta(const float *bb, const float *aa, const float *A_log, co
     g[i] = -expf(A_log[h]) * sp;
 }
 void cu_l2norm_heads(cudaStream_t s, float *u, int T, int cd, int nk, int dk) {
-    k_l2norm_heads<<<dim3(T, 2 * nk), 128, 0, s>>>(u, cd, nk, dk);
+    cu_go(k_l2norm_heads, dim3(T, 2 * nk), 128, 0, s)(u, cd, nk, dk);
 }
 
 void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
                  const float *A_log, const float *dt_bias, int nv, float *g, float *beta, int normed) {
     if (!normed) cu_l2norm_heads(s, u, T, cd, nk, dk);
     int n = T * nv;
-    k_gbeta<<<(n + 255) / 256, 256, 0, s>>>(bb, aa, A_log, dt_bias, n, nv, g, beta);
+    cu_go(k_gbeta, (n + 255) / 256, 256, 0, s)(bb, aa, A_log, dt_bias, n, nv, g, beta);
 }
 
 /* Decode (T = 1) in one launch: blocks [0, 2nk) do conv + SiLU + L2 norm of one q/k head,
@@ -1403,13 +1419,13 @@ void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float 
     int nb = 2 * nk + (vd + 127) / 128 + 1;
     cu_rows none;
     memset(&none, 0, sizeof none);
-    k_gdn_prep1<<<nb, 128, 0, s>>>(mixed, state, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta, none);
+    cu_go(k_gdn_prep1, nb, 128, 0, s)(mixed, state, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta, none);
 }
 void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mixed, const float *w, int K, int nk, int dk,
                        int vd, const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
                        float *u, float *g, float *beta) {
     dim3 nb(2 * nk + (vd + 127) / 128 + 1, n);
-    k_gdn_prep1<<<nb, 128, 0, s>>>(mixed, NULL, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta, *R);
+    cu_go(k_gdn_prep1, nb, 128, 0, s)(mixed, NULL, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta, *R);
 }
 
 /* One block per value head. Fast form (dk = 128): four threads per state column j, each
@@ -1501,8 +1517,8 @@ void cu_gdn_rec(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const flo
                 const float *g, const float *beta, float *S, float *o) {
     cu_rows none;
     memset(&none, 0, sizeof none);
-    if (dk == 128 && dv * 4 <= 512 && dv >= 64) k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, NULL, NULL, 0.f, none);
-    else k_gdn_rec_gen<<<nv, dv, 2 * (size_t)dk * sizeof(float), s>>>(T, nk, nv, dk, dv, u, cd, g, beta, S, o, none);
+    if (dk == 128 && dv * 4 <= 512 && dv >= 64) cu_go(k_gdn_rec128, nv, dv * 4, 0, s)(T, nk, nv, dv, u, cd, g, beta, S, o, NULL, NULL, 0.f, none);
+    else cu_go(k_gdn_rec_gen, nv, dv, 2 * (size_t)dk * sizeof(float), s)(T, nk, nv, dk, dv, u, cd, g, beta, S, o, none);
 }
 
 static int rec_norm_ok(int dk, int dv) { return dk == 128 && dv * 4 <= 512 && dv >= 64 && dv % 8 == 0; }
@@ -1511,18 +1527,18 @@ int cu_gdn_rec_norm(cudaStream_t s, int T, int nk, int nv, int dk, int dv, const
     if (!rec_norm_ok(dk, dv)) return 0;
     cu_rows none;
     memset(&none, 0, sizeof none);
-    k_gdn_rec128<<<nv, dv * 4, 0, s>>>(T, nk, nv, dv, u, cd, g, beta, S, o, z, gw, eps, none);
+    cu_go(k_gdn_rec128, nv, dv * 4, 0, s)(T, nk, nv, dv, u, cd, g, beta, S, o, z, gw, eps, none);
     return 1;
 }
 int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, const float *u, int cd,
                     const float *g, const float *beta, float *o, const float *z, const float *gw, float eps) {
     if (rec_norm_ok(dk, dv)) {
-        k_gdn_rec128<<<dim3(nv, n), dv * 4, 0, s>>>(1, nk, nv, dv, u, cd, g, beta, NULL, o, z, gw, eps, *R);
+        cu_go(k_gdn_rec128, dim3(nv, n), dv * 4, 0, s)(1, nk, nv, dv, u, cd, g, beta, NULL, o, z, gw, eps, *R);
         return 1;
     }
     if (dk == 128 && dv * 4 <= 512 && dv >= 64)
-        k_gdn_rec128<<<dim3(nv, n), dv * 4, 0, s>>>(1, nk, nv, dv, u, cd, g, beta, NULL, o, NULL, NULL, 0.f, *R);
-    else k_gdn_rec_gen<<<dim3(nv, n), dv, 2 * (size_t)dk * sizeof(float), s>>>(1, nk, nv, dk, dv, u, cd, g, beta, NULL, o, *R);
+        cu_go(k_gdn_rec128, dim3(nv, n), dv * 4, 0, s)(1, nk, nv, dv, u, cd, g, beta, NULL, o, NULL, NULL, 0.f, *R);
+    else cu_go(k_gdn_rec_gen, dim3(nv, n), dv, 2 * (size_t)dk * sizeof(float), s)(1, nk, nv, dk, dv, u, cd, g, beta, NULL, o, *R);
     return 0;
 }
 
@@ -1553,8 +1569,8 @@ __global__ void k_gated_norm128(float *o, const float *z, const float *gw, int n
 }
 void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps) {
     if (dv == 128 && ((uintptr_t)o & 15) == 0 && ((uintptr_t)z & 15) == 0 && ((uintptr_t)gw & 15) == 0)
-        k_gated_norm128<<<(T * nv + 7) / 8, 256, 0, s>>>(o, z, gw, T * nv, eps);
-    else k_gated_norm<<<T * nv, 128, 0, s>>>(o, z, gw, nv, dv, eps);
+        cu_go(k_gated_norm128, (T * nv + 7) / 8, 256, 0, s)(o, z, gw, T * nv, eps);
+    else cu_go(k_gated_norm, T * nv, 128, 0, s)(o, z, gw, nv, dv, eps);
 }
 
 /* ---- gated attention ---- */
@@ -1605,11 +1621,11 @@ void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const
                 const int *pos, float *kc, float *vc) {
     cu_rows none;
     memset(&none, 0, sizeof none);
-    k_qk_prep<<<dim3(T, nh + nkv), 128, (size_t)hd * sizeof(float), s>>>(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps, pos, kc, vc, none);
+    cu_go(k_qk_prep, dim3(T, nh + nkv), 128, (size_t)hd * sizeof(float), s)(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps, pos, kc, vc, none);
 }
 void cu_qk_prep_rows(cudaStream_t s, const cu_rows *R, int n, const float *qg, float *q, const float *k, const float *v,
                      const float *qn, const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps) {
-    k_qk_prep<<<dim3(n, nh + nkv), 128, (size_t)hd * sizeof(float), s>>>(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps,
+    cu_go(k_qk_prep, dim3(n, nh + nkv), 128, (size_t)hd * sizeof(float), s)(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps,
                                                                          R->pos, NULL, NULL, *R);
 }
 
@@ -1752,20 +1768,20 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const flo
                       int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw) {
     if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) {
         const int np = cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o, part, cu_attention_part_floats(T, nh, hd, 1));
-        if (np > 1) k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, np, o);
+        if (np > 1) cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o);
         return;
     }
     int hg = nh / nkv, np = splits;
     dim3 gq(T * nkv, splits);
-    if (hd == 256 && hg == 8) k_attn_gqa<8, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);
-    else if (hd == 256 && hg == 4) k_attn_gqa<4, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);
-    else if (hd == 256 && hg == 2) k_attn_gqa<2, 8><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);
-    else if (hd == 128 && hg == 8) k_attn_gqa<8, 4><<<gq, ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, pos, splits, part, rw);
+    if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw);
+    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw);
+    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw);
+    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw);
     else {
-        k_attn<<<dim3(T * nh, splits), ATT_WARPS * WARP, 0, s>>>(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
+        cu_go(k_attn, dim3(T * nh, splits), ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
         np = splits * ATT_WARPS;
     }
-    k_attn_merge<<<T * nh, 128, 0, s>>>(part, qg, nh, hd, np, o);
+    cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o);
 }
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                   int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {
@@ -1841,13 +1857,13 @@ __global__ void k_router_topk(float *logits, int T, int E, int K, int *sel, floa
 }
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt) {
     int wpb = 4;
-    k_router_topk<<<(T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s>>>((float *)logits, T, E, K, sel, wt,
+    cu_go(k_router_topk, (T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s)((float *)logits, T, E, K, sel, wt,
                                                                                           NULL, 0, 0);
 }
 void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *logits, float *scr,
                           size_t scr_floats, int K, int *sel, float *wt) {
     const int E = W->rows, S = exact_parts(s, W, X, ldx, T, logits, E, scr, scr_floats), wpb = 4;
-    k_router_topk<<<(T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s>>>(logits, T, E, K, sel, wt,
+    cu_go(k_router_topk, (T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s)(logits, T, E, K, sel, wt,
                                                                                           S > 1 ? scr : NULL, S, (size_t)T * E);
 }
 
@@ -1874,7 +1890,7 @@ __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, i
     }
 }
 void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
-    k_moe_sort<<<1, 1024, 2 * (size_t)E * sizeof(int), s>>>(sel, n, E, count, off, src, pos);
+    cu_go(k_moe_sort, 1, 1024, 2 * (size_t)E * sizeof(int), s)(sel, n, E, count, off, src, pos);
 }
 
 __global__ void k_swiglu(const float *g, const float *u, float *h, long long n) {
@@ -1883,7 +1899,7 @@ __global__ void k_swiglu(const float *g, const float *u, float *h, long long n) 
     if (i < n) h[i] = silu_f(g[i]) * u[i];
 }
 void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long long n) {
-    k_swiglu<<<(unsigned)((n + 255) / 256), 256, 0, s>>>(g, u, h, n);
+    cu_go(k_swiglu, (unsigned)((n + 255) / 256), 256, 0, s)(g, u, h, n);
 }
 
 __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ D, const int *__restrict__ pos,
@@ -1967,8 +1983,8 @@ void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, 
                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout) {
     if (T > 8 && K <= COMB_KMAX && H % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)D & 15) == 0 && (!SD || ((uintptr_t)SD & 15) == 0) &&
         (!add || ((uintptr_t)add & 15) == 0))
-        k_moe_combine4<<<T, 256, 0, s>>>(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
-    else k_moe_combine<<<T, T <= 8 ? 1024 : 256, 0, s>>>(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
+        cu_go(k_moe_combine4, T, 256, 0, s)(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
+    else cu_go(k_moe_combine, T, T <= 8 ? 1024 : 256, 0, s)(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
 }
 
 /* ---- token choice ---- */
@@ -2038,13 +2054,80 @@ __global__ void k_argmax_fin(const float *part, int np, int *out) {
     }
 }
 void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part) {
-    k_argmax_part<<<CU_ARGMAX_PARTS, 256, 0, s>>>(logits, V, part);
-    k_argmax_fin<<<1, WARP, 0, s>>>(part, CU_ARGMAX_PARTS, out);
+    cu_go(k_argmax_part, CU_ARGMAX_PARTS, 256, 0, s)(logits, V, part);
+    cu_go(k_argmax_fin, 1, WARP, 0, s)(part, CU_ARGMAX_PARTS, out);
+}
+
+/* ---- L2 prefetch (cu_l2_prefetch) ---- */
+#define PF_MAX 12
+#define PF_CHUNK 4096 /* bytes a bulk prefetch */
+typedef struct {
+    const char *p[PF_MAX];       /* region start (16-byte aligned) */
+    unsigned long long n[PF_MAX]; /* bytes, a multiple of 16 */
+    long long es[PF_MAX];        /* bytes between experts (with sel) */
+    const int *sel;              /* [gridDim.y] experts, or NULL */
+    int nr;
+} pf_args;
+
+__global__ void __launch_bounds__(128) k_l2_prefetch(pf_args a) {
+    CU_PDL();
+    const long long e = a.sel ? a.sel[blockIdx.y] : 0;
+    const unsigned long long i0 = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x, step = (unsigned long long)gridDim.x * blockDim.x;
+    for (int r = 0; r < a.nr; r++) {
+        const char *base = a.p[r] + e * a.es[r];
+        for (unsigned long long c = i0 * PF_CHUNK; c < a.n[r]; c += step * PF_CHUNK) {
+            const unsigned long long left = a.n[r] - c;
+            const unsigned sz = (unsigned)(left < PF_CHUNK ? left : PF_CHUNK);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + c), "r"(sz) : "memory");
+#else
+            (void)base; (void)sz; /* (the emulator and older GPUs: nothing to do) */
+#endif
+        }
+    }
+}
+
+int cu_prefetch_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_PREFETCH", 1);
+}
+
+void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel, int slots) {
+    pf_args a;
+    memset(&a, 0, sizeof a);
+    unsigned long long tot = 0;
+    for (int i = 0; i < n && a.nr + 3 <= PF_MAX; i++) {
+        const dmat *m = W[i];
+        unsigned long long wb = (unsigned long long)m->rows * m->cols, sb = 0;
+        if (m->type == LW_Q) {
+            wb = wb * m->bits / 8;
+            sb = (unsigned long long)m->rows * (m->cols / m->group) * (m->sbt == LW_F32 ? 4 : 2);
+        } else wb *= m->type == LW_F32 ? 4 : 2;
+        const void *ps[3] = { m->w, m->s, m->b };
+        const unsigned long long ns[3] = { wb, sb, sb };
+        const long long es[3] = { m->ew, m->es, m->es };
+        for (int k = 0; k < 3; k++) {
+            /* whole 16-byte units inside the buffer: a bulk prefetch wants both aligned */
+            const uintptr_t p0 = ((uintptr_t)ps[k] + 15) & ~(uintptr_t)15, end = ((uintptr_t)ps[k] + ns[k]) & ~(uintptr_t)15;
+            if (!ps[k] || end <= p0) continue;
+            a.p[a.nr] = (const char *)p0;
+            a.n[a.nr] = end - p0;
+            a.es[a.nr] = es[k];
+            tot += end - p0;
+            a.nr++;
+        }
+    }
+    if (!a.nr) return;
+    a.sel = sel;
+    const unsigned long long chunks = (tot + PF_CHUNK - 1) / PF_CHUNK;
+    int gx = (int)((chunks + 127) / 128);
+    gx = gx < 1 ? 1 : gx > 32 ? 32 : gx;
+    cu_go(k_l2_prefetch, dim3(gx, sel ? slots : 1), 128, 0, s)(a);
 }
 
 __global__ void k_set_int(int *p, int v) {
     CU_PDL(); *p = v; }
-void cu_set_int(cudaStream_t s, int *p, int v) { k_set_int<<<1, 1, 0, s>>>(p, v); }
+void cu_set_int(cudaStream_t s, int *p, int v) { cu_go(k_set_int, 1, 1, 0, s)(p, v); }
 const void *cu_probe_kernel(void) { return (const void *)k_set_int; }
 
 __global__ void k_step_advance(const int *tok, int *ids, int *pos, int *step, int *ring, int ring_n) {
@@ -2058,5 +2141,5 @@ __global__ void k_step_advance(const int *tok, int *ids, int *pos, int *step, in
     *step += 1;
 }
 void cu_step_advance(cudaStream_t s, const int *tok, int *ids, int *pos, int *step, int *ring, int ring_n) {
-    k_step_advance<<<1, 1, 0, s>>>(tok, ids, pos, step, ring, ring_n);
+    cu_go(k_step_advance, 1, 1, 0, s)(tok, ids, pos, step, ring, ring_n);
 }

@@ -260,7 +260,7 @@ static void mvtc_launch(cudaStream_t s, const mvq_args &a, int groups, int nslot
     const int cols = a.m[0].cols;
     const size_t sm = (size_t)(8 + cols / 8 * 2) * 16 + (size_t)(cols / 64) * 8;
     const int gx = mvq_grid(k_mvtc<SBT>, ks, groups, nslots, 0, TC_WARPS * WARP, sm);
-    k_mvtc<SBT><<<dim3(gx, nslots), TC_WARPS * WARP, sm, s>>>(a, X, X2, ldx, eidx, xdiv, ksl);
+    cu_go(k_mvtc<SBT>, dim3(gx, nslots), TC_WARPS * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv, ksl);
 }
 
 int cu_mvtc_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,

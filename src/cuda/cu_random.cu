@@ -49,9 +49,9 @@ static lily_code rmat(rctx *r, int n, int rows, int cols, int bits, dmat *d) {
     if (rc) return rc;
     float amp = 1.7f / sqrtf((float)cols), qmax = (float)((1 << bits) - 1);
     float sc = 2 * amp / qmax;
-    k_fill_u32<<<fill_blocks(wb * n / 4), 256>>>((uint32_t *)w, wb * n / 4, ++r->seed);
-    k_fill_bf16<<<fill_blocks(sb * n / 2), 256>>>((uint16_t *)s, sb * n / 2, ++r->seed, 0.8f * sc, 1.2f * sc);
-    k_fill_bf16<<<fill_blocks(sb * n / 2), 256>>>((uint16_t *)b, sb * n / 2, ++r->seed, -1.1f * amp, -0.9f * amp);
+    cu_go(k_fill_u32, fill_blocks(wb * n / 4), 256)((uint32_t *)w, wb * n / 4, ++r->seed);
+    cu_go(k_fill_bf16, fill_blocks(sb * n / 2), 256)((uint16_t *)s, sb * n / 2, ++r->seed, 0.8f * sc, 1.2f * sc);
+    cu_go(k_fill_bf16, fill_blocks(sb * n / 2), 256)((uint16_t *)b, sb * n / 2, ++r->seed, -1.1f * amp, -0.9f * amp);
     d->w = w; d->s = s; d->b = b;
     d->sexp = cu_q_sexp(1.2f * sc);
     return LILY_OK;
@@ -59,7 +59,7 @@ static lily_code rmat(rctx *r, int n, int rows, int cols, int bits, dmat *d) {
 
 static lily_code rvec(rctx *r, size_t n, float lo, float hi, float **d) {
     lily_code rc = cu_model_alloc(r->m, (void **)d, n * sizeof(float), r->st);
-    if (!rc) k_fill_f32<<<fill_blocks(n), 256>>>(*d, n, ++r->seed, lo, hi);
+    if (!rc) cu_go(k_fill_f32, fill_blocks(n), 256)(*d, n, ++r->seed, lo, hi);
     return rc;
 }
 

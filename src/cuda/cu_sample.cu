@@ -540,9 +540,9 @@ __global__ void __launch_bounds__(FB) k_samp_finish(const samp_par *P, const flo
 }
 
 void cu_sampler_enqueue(cu_sampler *c, cudaStream_t s, const float *logits, int *tok, const int *step) {
-    k_samp_z<<<c->G, SB, 0, s>>>(c->d, logits);
-    k_samp_mass<<<c->G, SB, 0, s>>>(c->d, logits);
-    k_samp_plan<<<1, 32, 0, s>>>(c->d);
-    k_samp_gather<<<c->G, SB, 0, s>>>(c->d);
-    k_samp_finish<<<1, FB, 0, s>>>(c->d, logits, tok, step);
+    cu_go(k_samp_z, c->G, SB, 0, s)(c->d, logits);
+    cu_go(k_samp_mass, c->G, SB, 0, s)(c->d, logits);
+    cu_go(k_samp_plan, 1, 32, 0, s)(c->d);
+    cu_go(k_samp_gather, c->G, SB, 0, s)(c->d);
+    cu_go(k_samp_finish, 1, FB, 0, s)(c->d, logits, tok, step);
 }

@@ -67,14 +67,14 @@ for stage in $stages; do
             # chunks; a comma joins variables), the decode graph without programmatic launch (LILY_CU_PDL=0),
             # decode's matrix-vector products without the tensor-core kernel or with it on every launch
     for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_ATTN_SPLIT=0 LILY_CU_GDN_CHUNK=0 LILY_CU_GDN_CHUNK=1,LILY_CU_GDN_TC=0 LILY_CU_ROUTER_TC=0 LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
-             LILY_CU_DENSE_XP=0 LILY_CU_SIMT8=0 LILY_CU_SIDE=0; do
+             LILY_CU_DENSE_XP=0 LILY_CU_SIMT8=0 LILY_CU_SIDE=0 LILY_CU_PDL_STREAM=1; do
       for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
         env ${v//,/ } "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&
           echo "$v check $d: PASS" || { echo "$v check $d: FAIL"; cat "$OUT/var_check.log"; fail=1; }
       done
       echo "## $v"; env ${v//,/ } "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done
-    for v in LILY_CU_PDL=0 LILY_CU_FUSE=0 LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 LILY_CU_MVTC=0 LILY_CU_MVTC_MIN=0 X=default; do
+    for v in LILY_CU_PDL=0 LILY_CU_PREFETCH=0 LILY_CU_FUSE=0 LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 LILY_CU_MVTC=0 LILY_CU_MVTC_MIN=0 X=default; do
       echo "## $v"; env $v "$BIN/lily-bench" --tests tg128,tg128s --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done ;;
   batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)

@@ -8,6 +8,8 @@ lines, so line numbers stay those of the .cu file (a #line directive points back
       -> emu::launch("name", name, emu::cfg(grid, block[, smem[, stream]])[, bound])(args)
          (bound: the kernel's __launch_bounds__ maximum when it is declared in the same file;
          a launch with more threads fails as on the GPU)
+  cu_go(name, grid, block[, smem[, stream]])(args)   (cu_common.h's launch with the PDL attribute)
+      -> emu::go("name", name, bound, grid, block[, smem[, stream]])(args)   (bound 0: none)
   extern __shared__ T name[];
       -> T *name = (T *)emu::dyn_smem(sizeof(T));
   __shared__ [attrs] T a[..], b;   (static shared memory)
@@ -58,6 +60,7 @@ MUTANTS = {
                        "k_attn_tc lets each query see the key after its own", "cu_attn_tc.cu"),
 }
 
+GO = re.compile(r"\bcu_go\(\s*([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*,")
 LAUNCH = re.compile(r"([A-Za-z_]\w*(?:\s*<[^<>;()]*>)?)\s*<<<(.*?)>>>", re.S)
 DYN = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w\s]*?)\s+([A-Za-z_]\w*)\s*\[\s*\]\s*;")
 BOUNDS = re.compile(r"__launch_bounds__\(\s*([^,()]+?)\s*(?:,[^()]*)?\)\s*([A-Za-z_]\w*)\s*\(")
@@ -102,6 +105,13 @@ def convert(text):
     text = DYN.sub(lambda m: "%s *%s = (%s *)emu::dyn_smem(sizeof(%s));" % (m.group(1), m.group(2), m.group(1), m.group(1)), text)
     text = STATIC.sub(static_shared, text)
     text = LAUNCH.sub(launch, text)
+
+    def go(m):
+        name = m.group(1)
+        base = re.match(r"[A-Za-z_]\w*", name).group(0)
+        return 'emu::go("%s", %s, (%s),' % (re.sub(r"\s+", " ", name), name, bounds.get(base, "0"))
+
+    text = GO.sub(go, text)
     return text
 
 

@@ -63,6 +63,9 @@ enum cudaError_t {
     cudaErrorLaunchOutOfResources = 701,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureUnjoined = 904,
+    cudaErrorStreamCaptureIsolation = 905,
+    cudaErrorStreamCaptureImplicit = 906,
     cudaErrorStreamCaptureWrongThread = 908,
 };
 typedef cudaError_t cudaError;
@@ -340,6 +343,13 @@ template <class... P> struct launcher {
 };
 template <class... P> static inline launcher<P...> launch(const char *name, void (*k)(P...), launch_cfg c, int max_threads = 0) {
     return launcher<P...>{ name, k, c, max_threads };
+}
+/* cu_go's form (cu_common.h): the programmatic-launch attribute means nothing here, where a
+ * stream runs its launches in order */
+template <class... P>
+static inline launcher<P...> go(const char *name, void (*k)(P...), int max_threads, dim3 g, dim3 b, size_t smem = 0,
+                                cudaStream_t s = 0) {
+    return launcher<P...>{ name, k, launch_cfg{ g, b, smem, s }, max_threads };
 }
 } // namespace emu
 #endif

@@ -463,16 +463,29 @@ void run_grid(const char *name, const emu::launch_cfg &c, const std::function<vo
 /* ---- streams, events, graphs ---- */
 } // namespace
 
-struct emu_graph { std::vector<std::function<void()>> ops; };
+/* A capture: the stream that began it (origin) owns it; another stream joins it by waiting on an
+ * event recorded into it (a fork), and must be waited on by a stream of the capture again before it
+ * ends (the join), as with CUDA. Ops go in host-call order, a valid order of the captured graph. */
+struct emu_stream;
+struct emu_graph {
+    std::vector<std::function<void()>> ops;
+    bool invalidated = false;
+    std::vector<emu_stream *> forked; /* streams that joined the capture */
+};
 struct emu_stream {
     unsigned flags;
-    emu_graph *capture; /* non-NULL while capturing */
-    bool invalidated;
+    emu_graph *capture; /* non-NULL while capturing (its own or, forked, the origin's) */
+    unsigned long long nops; /* ops enqueued so far (which an event's record saw) */
+    bool forked;             /* capture is another stream's */
+    unsigned long long joined_at; /* forked: nops when the capture last waited on it */
 };
 struct emu_event {
     unsigned flags;
     double t;
     bool recorded;
+    emu_graph *cap;       /* recorded into this capture (NULL: outside any) */
+    emu_stream *from;     /* where, and after how many of its ops */
+    unsigned long long nops;
 };
 
 namespace {
@@ -487,6 +500,7 @@ double now_ms(void) {
 bool capturing(cudaStream_t s) { return s && s->capture; }
 /* runs op now, or records it into the stream's capture */
 void enqueue(cudaStream_t s, std::function<void()> op) {
+    if (s) s->nops++;
     if (capturing(s)) s->capture->ops.push_back(std::move(op));
     else op();
 }
@@ -624,7 +638,7 @@ void submit(const char *name, const void *kernel, const launch_cfg &c, std::shar
     auto it = func_smem_max.find(kernel);
     if (it != func_smem_max.end() && (size_t)it->second > lim) lim = (size_t)it->second;
     if (c.smem > lim) { fail(cudaErrorInvalidValue); return; }
-    if (c.stream && c.stream->invalidated) { fail(cudaErrorStreamCaptureInvalidated); return; }
+    if (c.stream && c.stream->capture && c.stream->capture->invalidated) { fail(cudaErrorStreamCaptureInvalidated); return; }
     cur_kernel = name;
     for (int i = 0; i < nptrs; i++)
         if (ptrs[i] && !dev_ok(ptrs[i], 0))
@@ -746,6 +760,9 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     }
     return "cudaErrorUnknown";
@@ -766,6 +783,9 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnjoined: return "capture sequence contains a fork that was not joined to the primary stream";
+    case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
     case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
     }
     return "unknown error";
@@ -851,19 +871,19 @@ cudaError_t cudaMemset(void *p, int v, size_t n) { return cudaMemsetAsync(p, v, 
 /* ---- streams and graphs ---- */
 cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
-    *s = new emu_stream{ flags, NULL, false };
+    *s = new emu_stream{ flags, NULL, 0, false, 0 };
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
     LOCK;
     if (!s) return fail(cudaErrorInvalidResourceHandle);
-    delete s->capture;
+    if (!s->forked) delete s->capture;
     delete s;
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     LOCK;
-    if (capturing(s)) { s->invalidated = true; return fail(cudaErrorStreamCaptureUnsupported); }
+    if (capturing(s)) { s->capture->invalidated = true; return fail(cudaErrorStreamCaptureUnsupported); }
     return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
@@ -871,16 +891,26 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
     if (!s) return fail(cudaErrorStreamCaptureUnsupported); /* the legacy stream cannot capture */
     if (s->capture) return fail(cudaErrorInvalidValue);
     s->capture = new emu_graph;
-    s->invalidated = false;
+    s->forked = false;
     return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
     LOCK;
-    if (!s || !s->capture) return fail(cudaErrorInvalidValue);
+    if (!s || !s->capture || s->forked) return fail(cudaErrorInvalidValue);
     emu_graph *c = s->capture;
     s->capture = NULL;
-    if (s->invalidated) {
-        s->invalidated = false;
+    bool unjoined = false;
+    for (emu_stream *f : c->forked) {
+        unjoined |= f->joined_at != f->nops; /* work after its last join */
+        f->capture = NULL;
+        f->forked = false;
+    }
+    if (unjoined) {
+        delete c;
+        *g = NULL;
+        return fail(cudaErrorStreamCaptureUnjoined);
+    }
+    if (c->invalidated) {
         delete c;
         *g = NULL;
         return fail(cudaErrorStreamCaptureInvalidated);
@@ -909,7 +939,7 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
 /* ---- events: the work before a record has run by the time it returns ---- */
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
-    *e = new emu_event{ flags, 0, false };
+    *e = new emu_event{ flags, 0, false, NULL, NULL, 0 };
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
@@ -920,7 +950,10 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     LOCK;
     if (!e) return fail(cudaErrorInvalidResourceHandle);
-    if (capturing(s)) { s->invalidated = true; return fail(cudaErrorStreamCaptureUnsupported); }
+    e->cap = capturing(s) ? s->capture : NULL;
+    e->from = s;
+    e->nops = s ? s->nops : 0;
+    if (e->cap) return cudaSuccess; /* a node of the capture, for a fork or a join (no time) */
     e->t = now_ms();
     e->recorded = true;
     return cudaSuccess;
@@ -933,4 +966,21 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     *ms = (float)(b->t - a->t);
     return cudaSuccess;
 }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) { return e ? cudaSuccess : fail(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    LOCK;
+    if (!e) return fail(cudaErrorInvalidResourceHandle);
+    if (!e->cap) return cudaSuccess; /* (streams run in order: the work before the record is done) */
+    if (!s) { e->cap->invalidated = true; return fail(cudaErrorStreamCaptureImplicit); }
+    if (!s->capture) { /* a fork: s joins the capture */
+        s->capture = e->cap;
+        s->forked = true;
+        s->joined_at = s->nops;
+        e->cap->forked.push_back(s);
+    } else if (s->capture != e->cap) {
+        s->capture->invalidated = true;
+        return fail(cudaErrorStreamCaptureIsolation);
+    }
+    if (e->from && e->from->forked && e->from->capture == e->cap && e->nops == e->from->nops)
+        e->from->joined_at = e->nops; /* a join: everything e's stream did so far is waited on */
+    return cudaSuccess;
+}

@@ -248,6 +248,42 @@ static void test_errors_graphs_events(void) {
           "graph capture: nothing runs while capturing, arguments captured by value, copies read at replay");
     if (e == cudaSuccess) { cudaGraphExecDestroy(ge); cudaGraphDestroy(g); }
 
+    /* a fork to a second stream inside a capture, joined back (decode's L2 prefetch does this);
+     * and one left unjoined, which ending the capture refuses */
+    cudaStream_t s2;
+    cudaEvent_t fk;
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&fk, cudaEventDisableTiming);
+    cudaMemsetAsync(d + 2, 0, 4, s);
+    cudaStreamSynchronize(s);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    k_add<<<1, 1, 0, s>>>(d + 3, 1);
+    cudaEventRecord(fk, s);
+    cudaStreamWaitEvent(s2, fk, 0);
+    k_add<<<1, 1, 0, s2>>>(d + 2, 7);
+    cudaEventRecord(fk, s2);
+    cudaStreamWaitEvent(s, fk, 0);
+    e = cudaStreamEndCapture(s, &g);
+    int mid = -1;
+    cudaMemcpy(&mid, d + 2, 4, cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&ge, g, 0);
+    if (e == cudaSuccess) { cudaGraphLaunch(ge, s); cudaGraphLaunch(ge, s); }
+    cudaStreamSynchronize(s);
+    int r2 = -1;
+    cudaMemcpy(&r2, d + 2, 4, cudaMemcpyDeviceToHost);
+    check(e == cudaSuccess && mid == 0 && r2 == 14, "graph capture: a fork to another stream and its join, replayed");
+    if (e == cudaSuccess) { cudaGraphExecDestroy(ge); cudaGraphDestroy(g); }
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    cudaEventRecord(fk, s);
+    cudaStreamWaitEvent(s2, fk, 0);
+    k_add<<<1, 1, 0, s2>>>(d + 2, 7);
+    e = cudaStreamEndCapture(s, &g);
+    check(e == cudaErrorStreamCaptureUnjoined, "graph capture: a fork never joined fails the capture");
+    if (e == cudaSuccess) cudaGraphDestroy(g);
+    cudaGetLastError();
+    cudaEventDestroy(fk);
+    cudaStreamDestroy(s2);
+
     cudaEvent_t a, b, nt;
     cudaEventCreate(&a); cudaEventCreate(&b);
     cudaEventCreateWithFlags(&nt, cudaEventDisableTiming);
