@@ -460,6 +460,14 @@ static int pf_mixer_in(const cu_layer *L, const dmat **W) {
 static void proj(lcuda_session *s, const dmat *W, const float *X, int ldx, int T, float *Y) {
     if (!cu_gemm_tc_xp(s->st, W, X, ldx, T, Y, W->rows, s->xpx)) cu_matmul(s->st, W, X, ldx, T, Y, W->rows);
 }
+/* A mixer's out-projection into s->y, which the residual add reads with s->y2: the launch may
+ * split its columns in two (cu_gemm_tc_xp2), the second part into s->D (the experts' down
+ * outputs, free until this layer's experts run). */
+static void proj_out(lcuda_session *s, const dmat *W, const float *X, int ldx, int T) {
+    const int parts = cu_gemm_tc_xp2(s->st, W, X, ldx, T, s->y, s->D, W->rows, s->xpx);
+    if (!parts) cu_matmul(s->st, W, X, ldx, T, s->y, W->rows);
+    s->y2 = parts == 2 ? s->D : NULL;
+}
 
 static void proj_group(lcuda_session *s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
     int ok = (T == 1 || (T <= 8 && cu_mvqb_enabled())) && n <= MVQ_MAX, ld[MVQ_MAX];
@@ -490,7 +498,7 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         if (!cu_gdn_rec_rows(q, &R, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, s->o, s->zb, L->gnorm, (float)c->eps))
             cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
         PM(s, "gdn delta rule + gated norm");
-        proj(s, &L->out, s->o, vd, T, s->y);
+        proj_out(s, &L->out, s->o, vd, T);
         PM(s, "gdn out-proj");
         return;
     }
@@ -510,7 +518,7 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
     }
     PM(s, "gdn delta rule + gated norm");
-    proj(s, &L->out, s->o, vd, T, s->y);
+    proj_out(s, &L->out, s->o, vd, T);
     PM(s, "gdn out-proj");
 }
 
@@ -529,7 +537,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
         PM(s, "attn q/k norm + rope + cache");
         cu_attention_rows(q, &R, T, s->q, s->qg, nh, nkv, hd, cu_decode_splits(s, T), s->part, s->ao);
         PM(s, "attn core");
-        proj(s, &L->o, s->ao, nh * hd, T, s->y);
+        proj_out(s, &L->o, s->ao, nh * hd, T);
         PM(s, "attn out-proj");
         return;
     }
@@ -539,7 +547,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     PM(s, "attn q/k norm + rope + cache");
     cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
     PM(s, "attn core");
-    proj(s, &L->o, s->ao, nh * hd, T, s->y);
+    proj_out(s, &L->o, s->ao, nh * hd, T);
     PM(s, "attn out-proj");
 }
 
@@ -753,8 +761,9 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);
         const int fused = moe_fused(s, L, T);
+        LILY_ASSERT(!fused || !s->y2); /* (the fused norm reads s->y alone; it is decode's, never split) */
         if (!fused) {
-            cu_rmsnorm(s->st, s->x, s->y, L->ln2, H, T, eps, s->t);
+            cu_rmsnorm2(s->st, s->x, s->y, s->y2, L->ln2, H, T, eps, s->t);
             PM(s, "residual + norm");
         }
         /* the combine leaves the next layer's normed input, or the final norm's */

@@ -230,6 +230,10 @@ void cu_moe_down_xp(cudaStream_t s, const dmat *D, const dsort *so, int bt, int 
 int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, uint16_t *xp);
 /* The same for one matrix; 0 when not taken (T <= 8 or the kernel declines). */
 int cu_gemm_tc_xp(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp);
+/* The same with Y2 (NULL, or [T][ldy] as Y): where the launch is small for the GPU it splits the
+ * columns in two, Y + Y2 the product; returns the parts written (1: Y alone, 2: Y and Y2), 0 when
+ * not taken. */
+int cu_gemm_tc_xp2(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, float *Y2, int ldy, uint16_t *xp);
 /* The same for one gate/up pair of T > 8 rows (the shared expert at prefill), Y [T][rows]. */
 int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp);
 /* Prefill attention on the tensor cores (cu_attn_tc.cu), which cu_attention takes where _ok:
@@ -241,6 +245,8 @@ int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc,
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 /* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);
+/* The same with x += add + add2 (add2 may be NULL): a split projection's two parts (cu_gemm_tc_xp2). */
+void cu_rmsnorm2(cudaStream_t s, float *x, const float *add, const float *add2, const float *w, int n, int T, float eps, float *y);
 /* Causal depthwise conv + SiLU, updating the [cd][K-1] state. */
 /* (returns 1 when it also l2-normalized the q and k heads, which it does for head dim 128:
  * then cu_gdn_prep's normed) */

@@ -80,6 +80,7 @@ static int gt_sbb(const dmat *W) { return GT_K / W->group * gt_sbytes(W->sbt); }
 typedef struct {
     dmat m[GT_MAX];
     void *y[GT_MAX]; /* float, or (DUAL with XP 2) fp16 in the packed input order (gt_xp_pos) */
+    float *y2[GT_MAX]; /* split in K (gridDim.z = 2, not DUAL): the second half's sums, y the first's */
     int ldy[GT_MAX];
     int blk0[GT_MAX + 1];
     int n;
@@ -197,7 +198,16 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
     const int e0 = m.sexp, e1 = DUAL ? m2.sexp : m.sexp;
     const float se[2] = { ldexpf(1.f, e0), ldexpf(1.f, e1) }, be[2] = { ldexpf(1.f, e0 - 24), ldexpf(1.f, e1 - 24) };
     const float ye[2] = { ldexpf(1.f, 24 - e0), ldexpf(1.f, 24 - e1) };
-    const int nk = m.cols / GT_K;
+    /* split in K: block z takes steps k0 .. k0 + nk - 1 of the row's nkt */
+    const int nkt = m.cols / GT_K, k0 = (int)blockIdx.z * nkt / (int)gridDim.z;
+    const int nk = ((int)blockIdx.z + 1) * nkt / (int)gridDim.z - k0;
+#pragma unroll
+    for (int j = 0; j < 4; j++) wsrc[j] += (size_t)k0 * (GT_K / 2);
+    ssrc += (size_t)k0 * sbb;
+    bsrc += (size_t)k0 * sbb;
+    xsrc += (size_t)k0 * GT_K;
+    xsrc16 += (size_t)k0 * GT_K;
+    float *const yout = blockIdx.z ? G.y2[mi] : (float *)G.y[mi];
     const int sboff = (32 * q / m.group) * gt_sbytes(m.sbt); /* this lane's group among a row's sbb bytes */
     for (int s = 0; s < NS - 1; s++) {
         if (s < nk) stage();
@@ -290,7 +300,7 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
                     const int p = gt_xp_pos(row, f);
                     ((__half *)G.y[mi])[(size_t)(base + t) * ldy + p] = gt_hsat(v * f);
                 } else {
-                    ((float *)G.y[mi])[(size_t)(base + t) * ldy + row] = v;
+                    yout[(size_t)(base + t) * ldy + row] = v;
                 }
             }
 }
@@ -321,6 +331,7 @@ int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
 
 template <int BT, int DUAL, int SBT, int XP>
 static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
+    LILY_ASSERT(grid.z == 1 || !DUAL);
     const int sbb = gt_sbb(&G->m[0]), ns = gt_ns();
     const size_t smem = ns * gt_stage_bytes(BT, sbb, XP) + (XP ? 0 : (size_t)BT * 256);
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
@@ -343,8 +354,13 @@ static void gt_launch_bt(cudaStream_t s, int bt, const gt_group *G, const void *
  * gives every SM a block (wider tiles read each input for fewer row blocks, but few rows need
  * narrow ones to fill the GPU). xp (fp16, T x cols) not NULL: X packed there first (XP), so a
  * 64-token tile's block holds half the shared memory and three fit an SM, not two. */
-static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const float *X, int ldx, int T, float *const *Y,
-                     const int *ldy, uint16_t *xp) {
+/* Y2 not NULL: where a launch would leave SMs with fewer than three blocks, it splits each row's
+ * columns in two (grid z), the first half's sums into Y, the second's into Y2 (their sum is the
+ * product; the caller adds them, as k_rmsnorm's add2 does): the out-projections at 512 tokens
+ * (2,048 rows: 16 row blocks of 16 token tiles, ~2 blocks an SM) were latency-bound at 40% issue.
+ * Returns the parts written (1 or 2). LILY_CU_GT_SPLIT=0: never split, for measuring. */
+static int gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const float *X, int ldx, int T, float *const *Y,
+                    float *const *Y2, const int *ldy, uint16_t *xp) {
     gt_group G;
     memset(&G, 0, sizeof G);
     const int rb = dual ? 64 : 128;
@@ -360,7 +376,12 @@ static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, cons
     const int v = cu_env_int(&env, "LILY_CU_GT_BT", 0);
     const int bt = v == 16 || v == 32 || v == 64 ? v : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
-    const dim3 grid(gx, (T + bt - 1) / bt);
+    static int spl = -1;
+    const int ty = (T + bt - 1) / bt,
+              parts = Y2 && !dual && W[0]->cols / GT_K >= 2 && (long long)gx * ty < 3ll * sms && cu_env_flag(&spl, "LILY_CU_GT_SPLIT", 1) ? 2 : 1;
+    if (parts == 2)
+        for (int i = 0; i < G.n; i++) G.y2[i] = Y2[i];
+    const dim3 grid(gx, ty, parts);
     if (xp) {
         const int C = W[0]->cols, nc = T * (C / 8);
         cu_go(k_xp_pack, (nc + 255) / 256, 256, 0, s)(X, ldx, T, C, (uint4 *)xp);
@@ -368,6 +389,7 @@ static void gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, cons
         else gt_launch_bt<0, 1>(s, bt, &G, xp, C, T, &none, 0, grid);
     } else if (dual) gt_launch_bt<1, 0>(s, bt, &G, X, ldx, T, &none, 0, grid);
     else gt_launch_bt<0, 0>(s, bt, &G, X, ldx, T, &none, 0, grid);
+    return parts;
 }
 
 /* the packed input for a dense launch of these columns: xp itself, or NULL (then fp32 inputs)
@@ -378,13 +400,16 @@ static uint16_t *gt_xp(uint16_t *xp, int T, int cols) {
 }
 
 void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, &ldy, NULL);
+    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, NULL, &ldy, NULL);
 }
 
 int cu_gemm_tc_xp(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp) {
+    return cu_gemm_tc_xp2(s, W, X, ldx, T, Y, NULL, ldy, xp);
+}
+
+int cu_gemm_tc_xp2(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, float *Y2, int ldy, uint16_t *xp) {
     if (T <= 8 || !cu_gemm_q4_enabled() || !cu_gemm_tc_ok(W, X, ldx, T)) return 0;
-    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, &ldy, gt_xp(xp, T, W->cols));
-    return 1;
+    return gt_dense(s, 1, &W, 0, X, ldx, T, &Y, Y2 ? &Y2 : NULL, &ldy, gt_xp(xp, T, W->cols));
 }
 
 int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, uint16_t *xp) {
@@ -395,7 +420,7 @@ int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X
             return 0;
         ld[i] = W[i]->rows;
     }
-    gt_dense(s, n, W, 0, X, ldx, T, Y, ld, gt_xp(xp, T, W[0]->cols));
+    gt_dense(s, n, W, 0, X, ldx, T, Y, NULL, ld, gt_xp(xp, T, W[0]->cols));
     return 1;
 }
 
@@ -422,7 +447,7 @@ static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx, lon
 int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp) {
     if (T <= 8 || !cu_gemm_q4_enabled() || !gt_pair_ok(G, U, X, ldx, T)) return 0;
     const dmat *W[2] = { G, U };
-    gt_dense(s, 2, W, 1, X, ldx, T, &Y, &ldy, gt_xp(xp, T, G->cols));
+    gt_dense(s, 2, W, 1, X, ldx, T, &Y, NULL, &ldy, gt_xp(xp, T, G->cols));
     return 1;
 }
 

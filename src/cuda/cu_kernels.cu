@@ -1246,15 +1246,15 @@ void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x) {
     cu_go(k_embed, T, 256, 0, s)(*E, ids, x);
 }
 
-__global__ void k_rmsnorm(float *x, const float *add, const float *w, int n, float eps, float *y) {
+__global__ void k_rmsnorm(float *x, const float *add, const float *add2, const float *w, int n, float eps, float *y) {
     CU_PDL();
     __shared__ float sh[32];
     float *xr = x + (size_t)blockIdx.x * n;
-    const float *ar = add ? add + (size_t)blockIdx.x * n : NULL;
+    const float *ar = add ? add + (size_t)blockIdx.x * n : NULL, *ar2 = add2 ? add2 + (size_t)blockIdx.x * n : NULL;
     float ss = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float v = xr[i];
-        if (ar) { v += ar[i]; xr[i] = v; }
+        if (ar) { v += ar2 ? ar[i] + ar2[i] : ar[i]; xr[i] = v; } /* (the parts summed first: the product, then the residual) */
         ss += v * v;
     }
     ss = block_sum(ss, sh);
@@ -1263,7 +1263,10 @@ __global__ void k_rmsnorm(float *x, const float *add, const float *w, int n, flo
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y) {
-    cu_go(k_rmsnorm, T, T <= 8 ? 1024 : 256, 0, s)(x, add, w, n, eps, y);
+    cu_rmsnorm2(s, x, add, NULL, w, n, T, eps, y);
+}
+void cu_rmsnorm2(cudaStream_t s, float *x, const float *add, const float *add2, const float *w, int n, int T, float eps, float *y) {
+    cu_go(k_rmsnorm, T, T <= 8 ? 1024 : 256, 0, s)(x, add, add ? add2 : NULL, w, n, eps, y);
 }
 
 /* ---- Gated DeltaNet ---- */

@@ -47,6 +47,7 @@ struct lcuda_session {
     int *d_ids, *d_pos, *d_tok, *d_step;
     int *ring_h, *ring_d;          /* pinned, mapped: [LCU_RING][2] (token, logprob bits) */
     /* scratch for up to `chunk` tokens */
+    float *y2;                     /* NULL, or the out-projection's second part (proj_out): s->y + s->y2 */
     float *x, *t, *y, *mixed, *u, *zb, *bb, *aa, *g, *beta, *o;
     float *qg, *q, *kb, *vb, *ao, *part;
     float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;

@@ -193,6 +193,34 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int pack
     return rc;
 }
 
+lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, float *Y, int *parts, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d;
+    dlist L = { {0}, 0 };
+    lily_code rc = cu_upload_mats(m, W, 1, &d, st);
+    const size_t ny = (size_t)T * W->rows;
+    float *dy = (float *)dput(&L, NULL, ny * 4, st, &rc), *dy2 = (float *)dput(&L, NULL, ny * 4, st, &rc);
+    float *dx = (float *)dput(&L, X, (size_t)T * W->cols * 4, st, &rc);
+    uint16_t *xp = (uint16_t *)dput(&L, NULL, (size_t)T * W->cols * 2, st, &rc);
+    *parts = 0;
+    if (!rc) {
+        cudaMemset(dy2, 0xff, ny * 4); /* NaN: a second part claimed but not written shows */
+        *parts = cu_gemm_tc_xp2(0, &d, dx, W->cols, T, dy, dy2, W->rows, xp);
+        if (!*parts) rc = lily_err(st, LILY_EUNSUPPORTED, "the tensor-core GEMM does not take this matrix");
+    }
+    rc = finish(st, rc);
+    if (!rc) rc = dget(Y, dy, ny * 4, st);
+    if (!rc && *parts == 2) {
+        float *y2 = (float *)malloc(ny * 4);
+        rc = y2 ? dget(y2, dy2, ny * 4, st) : lily_err(st, LILY_ENOMEM, "out of memory");
+        for (size_t i = 0; !rc && i < ny; i++) Y[i] += y2[i];
+        free(y2);
+    }
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
                         int pos0, int ctx, float *o, lily_status *st) {
     dlist L = { {0}, 0 };

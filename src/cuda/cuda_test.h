@@ -35,6 +35,9 @@ lily_code lct_conv(const float *mixed, float *state, const float *w, int cd, int
  * prefill projection groups), Y[i] [T][W[i].rows]; packed: X packed to fp16 first, as the model
  * runs them (n = 1: cu_gemm_tc_xp, a single projection). */
 lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int packed, float *const *Y, lily_status *st);
+/* One projection through cu_gemm_tc_xp2 (packed inputs), Y [T][W->rows] = the parts' sum;
+ * *parts: how many it wrote (2: split in K). */
+lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, float *Y, int *parts, lily_status *st);
 /* Prefill attention (cu_attention, one split): q [T][nh][hd], qg [T][nh][2 hd] (the gate in the
  * second half), kc/vc [ctx][nkv][hd] holding keys 0 .. pos0 + T - 1; token t sees 0 .. pos0 + t.
  * o [T][nh][hd]. */

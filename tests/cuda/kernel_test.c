@@ -343,6 +343,28 @@ static void test_gemm_group(lily_pool *pool, int n, const int *rows, int cols, i
     free(X);
 }
 
+/* An out-projection whose launch is small for the GPU, split in two halves of its columns
+ * (cu_gemm_tc_xp2): the parts must add up to the product, and the split must happen
+ * (LILY_CU_GT_SPLIT=0 turns it off: then one part). */
+static void test_gemm_split(lily_pool *pool, int rows, int cols, int T) {
+    void *hold[3];
+    lw_mat W = mk_mat(LW_Q, 4, 64, rows, cols, hold);
+    float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * rows * 4), *Y = malloc((size_t)T * rows * 4);
+    cpu_matmul(pool, &W, X, T, ref);
+    for (size_t k = 0; k < (size_t)T * rows; k++) Y[k] = NAN;
+    lily_status st = { 0 };
+    char what[160];
+    int parts = 0;
+    const char *off = getenv("LILY_CU_GT_SPLIT");
+    const int want = off && *off == '0' ? 1 : 2;
+    snprintf(what, sizeof what, "gemm split-K q4 %dx%d T=%d (%d parts)", rows, cols, T, want);
+    if (lct_gemm_split(&W, X, T, Y, &parts, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else if (parts != want) { printf("%s: wrote %d parts\n", what, parts); n_fail++; }
+    else report(what, rel(Y, ref, (size_t)T * rows), 3e-3);
+    free(X); free(ref); free(Y);
+    for (int k = 0; k < 3; k++) free(hold[k]);
+}
+
 /* The shared expert's gate and up at prefill, silu(x G^T) * (x U^T) in one launch (k_gemm_tc). */
 static void test_swiglu_dense(lily_pool *pool, int rows, int cols, int T) {
     void *hold[2][3];
@@ -973,6 +995,9 @@ int main(int argc, char **argv) {
             /* an out-projection (one matrix: cu_gemm_tc_xp packed), 64-token tiles */
             const int out[1] = { small ? 130 : 2048 };
             test_gemm_group(pool, 1, out, small ? 384 : 4096, small ? 200 : 512);
+            /* the same split in two halves of its columns (an odd step count in the small form) */
+            test_gemm_split(pool, out[0], small ? 384 : 4096, small ? 200 : 512);
+            test_gemm_split(pool, 40, 256, 9);
         }
     }
     /* the conv: the 35B-A3B widths (16 q/k heads of 128, 32 v heads), a partial token group, fewer
