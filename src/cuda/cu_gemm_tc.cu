@@ -102,19 +102,15 @@ __device__ __forceinline__ __half gt_hsat(float v) { return __float2half_rn(fmin
  * (the same for all the launch's matrices, as their columns).
  * XP: X is the packed fp16 input (ldx in halves); XP 2 (DUAL): silu(gate) * up is written packed
  * too (the experts' down reads it so). A step then has no conversion, one barrier. */
-template <int BT, int DUAL, int SBT, int XP>
-__global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
-                                                        int T, dsort so, int xdiv, int sbb, int ns) {
-    CU_PDL();
+/* The block's work once its tile is known: NJ (<= BT / 8) bounds the n-tiles of 8 tokens it
+ * computes, so a 32-token tile holding at most 16 tokens (half the experts' at 512 tokens) runs a
+ * loop with half the mma, B loads and accumulators, not the same loop with half its mma predicated
+ * off (those still take issue slots). */
+template <int BT, int DUAL, int SBT, int XP, int NJ>
+__device__ __forceinline__ void gt_body(const gt_group &G, const void *__restrict__ Xv, int ldx, const dsort &so, int xdiv,
+                                        int sbb, int ns, int e, int n, int base, int t0, int nj, unsigned char *gt_sm, int *xo) {
     const int NS = ns;
-    extern __shared__ __align__(16) unsigned char gt_sm[];
-    __shared__ int xo[BT]; /* each token's input row, in elements of X (the launcher checks it fits) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
-    int e, n, base, t0;
-    if (!cu_tile_of(so, blockIdx.y, BT, T, e, t0, n, base)) return;
-    /* the tile's n-tiles of 8 tokens that hold any: the rest skip their loads and mma (an expert
-     * with 17-32 tokens is one 32-token tile, one pass over its weights, not two) */
-    const int nj = min(BT / 8, (n - t0 + 7) >> 3);
     int mi = 0;
     while (mi + 1 < G.n && (int)blockIdx.x >= G.blk0[mi + 1]) mi++;
     const dmat &m = G.m[mi], &m2 = G.m[DUAL ? 1 : mi];
@@ -169,7 +165,7 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
              * tokens 2i and 2i + 1 then hits all 32 banks */
             uint4 *xs = (uint4 *)(bs + 128 * sbb);
 #pragma unroll
-            for (int j = 0; j < BT / 8; j++) {
+            for (int j = 0; j < NJ; j++) {
                 const int t = xt + 8 * j;
                 if (j < nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + xo[t]);
             }
@@ -186,11 +182,11 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
         wslot = wslot + 1 == NS ? 0 : wslot + 1;
     };
 
-    float acc[2][BT / 8][4];
+    float acc[2][NJ][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < BT / 8; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[i][j][c] = 0.f;
 
@@ -260,9 +256,9 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
         const uint4 *xb = XP ? (const uint4 *)(bs + 128 * sbb) : xh;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            uint4 bf[BT / 8];
+            uint4 bf[NJ];
 #pragma unroll
-            for (int j = 0; j < BT / 8; j++)
+            for (int j = 0; j < NJ; j++)
                 if (j < nj) bf[j] = XP ? xb[(8 * j + g) * 16 + ((4 * w + q) ^ ((g & 1) << 2))] : xb[(4 * j + w) * 32 + lane];
             uint32_t pa[2][4], pb[2][4]; /* rows g and g + 8 of both tiles */
 #pragma unroll
@@ -276,12 +272,12 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < BT / 8; j++)
+                for (int j = 0; j < NJ; j++)
                     if (j < nj) tc_mma(acc[i][j], pa[i][0], pb[i][0], pa[i][1], pb[i][1], bf[j].x, bf[j].y);
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < BT / 8; j++)
+                for (int j = 0; j < NJ; j++)
                     if (j < nj) tc_mma(acc[i][j], pa[i][2], pb[i][2], pa[i][3], pb[i][3], bf[j].z, bf[j].w);
         }
     }
@@ -289,7 +285,7 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
 #pragma unroll
     for (int i = 0; i < (DUAL ? 1 : 2); i++)
 #pragma unroll
-        for (int j = 0; j < BT / 8; j++)
+        for (int j = 0; j < NJ; j++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int row = gt_row<DUAL>(r0, warp, i, c >> 1, g), t = t0 + 8 * j + 2 * q + (c & 1);
@@ -303,6 +299,21 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
                     yout[(size_t)(base + t) * ldy + row] = v;
                 }
             }
+}
+
+template <int BT, int DUAL, int SBT, int XP>
+__global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
+                                                        int T, dsort so, int xdiv, int sbb, int ns, int njv) {
+    CU_PDL();
+    extern __shared__ __align__(16) unsigned char gt_sm[];
+    __shared__ int xo[BT]; /* each token's input row, in elements of X (the launcher checks it fits) */
+    int e, n, base, t0;
+    if (!cu_tile_of(so, blockIdx.y, BT, T, e, t0, n, base)) return;
+    /* the tile's n-tiles of 8 tokens that hold any: the rest skip their loads and mma (an expert
+     * with 17-32 tokens is one 32-token tile, one pass over its weights, not two) */
+    const int nj = min(BT / 8, (n - t0 + 7) >> 3);
+    if (XP && BT == 32 && nj <= 2 && njv) gt_body<BT, DUAL, SBT, XP, 2>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
+    else gt_body<BT, DUAL, SBT, XP, BT / 8>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
 }
 
 /* X [T][ldx] fp32 -> Y [T][C] packed (gt_xp_pos), a thread a chunk of 8 */
@@ -338,7 +349,8 @@ static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx,
     if (smem > opted &&
         cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT, XP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
         opted = smem;
-    cu_go(k_gemm_tc<BT, DUAL, SBT, XP>, grid, GT_THREADS, smem, s)(*G, X, ldx, T, *so, xdiv, sbb, ns);
+    static int env = -1; /* LILY_CU_GT_NJ=0: one loop for every tile (predicated n-tiles), for measuring */
+    cu_go(k_gemm_tc<BT, DUAL, SBT, XP>, grid, GT_THREADS, smem, s)(*G, X, ldx, T, *so, xdiv, sbb, ns, cu_env_flag(&env, "LILY_CU_GT_NJ", 1));
 }
 
 template <int DUAL, int XP>

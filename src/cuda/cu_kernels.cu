@@ -2065,6 +2065,7 @@ void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part
 #define PF_MAX 12
 #define PF_CHUNK 4096 /* bytes a bulk prefetch */
 typedef struct {
+    int mode;                    /* LILY_CU_PF_MODE (measuring): 0 bulk, 1 a line at a time evict_last, 2 a line */
     const char *p[PF_MAX];       /* region start (16-byte aligned) */
     unsigned long long n[PF_MAX]; /* bytes, a multiple of 16 */
     long long es[PF_MAX];        /* bytes between experts (with sel) */
@@ -2082,7 +2083,11 @@ __global__ void __launch_bounds__(128) k_l2_prefetch(pf_args a) {
             const unsigned long long left = a.n[r] - c;
             const unsigned sz = (unsigned)(left < PF_CHUNK ? left : PF_CHUNK);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + c), "r"(sz) : "memory");
+            if (a.mode == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + c), "r"(sz) : "memory");
+            else if (a.mode == 1)
+                for (unsigned o = 0; o < sz; o += 128) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base + c + o) : "memory");
+            else
+                for (unsigned o = 0; o < sz; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + c + o) : "memory");
 #else
             (void)base; (void)sz; /* (the emulator and older GPUs: nothing to do) */
 #endif
@@ -2122,6 +2127,8 @@ void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel,
     }
     if (!a.nr) return;
     a.sel = sel;
+    static int env = INT_MIN;
+    a.mode = cu_env_int(&env, "LILY_CU_PF_MODE", 0);
     const unsigned long long chunks = (tot + PF_CHUNK - 1) / PF_CHUNK;
     int gx = (int)((chunks + 127) / 128);
     gx = gx < 1 ? 1 : gx > 32 ? 32 : gx;
