@@ -313,6 +313,8 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 
      * with 17-32 tokens is one 32-token tile, one pass over its weights, not two) */
     const int nj = min(BT / 8, (n - t0 + 7) >> 3);
     if (XP && BT == 32 && nj <= 2 && njv) gt_body<BT, DUAL, SBT, XP, 2>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
+    else if (XP && BT == 32 && nj == 3 && njv > 1) gt_body<BT, DUAL, SBT, XP, 3>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
+    else if (XP && BT == 64 && nj <= 4 && njv > 1) gt_body<BT, DUAL, SBT, XP, 4>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
     else gt_body<BT, DUAL, SBT, XP, BT / 8>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
 }
 
@@ -349,8 +351,11 @@ static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx,
     if (smem > opted &&
         cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT, XP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
         opted = smem;
-    static int env = -1; /* LILY_CU_GT_NJ=0: one loop for every tile (predicated n-tiles), for measuring */
-    cu_go(k_gemm_tc<BT, DUAL, SBT, XP>, grid, GT_THREADS, smem, s)(*G, X, ldx, T, *so, xdiv, sbb, ns, cu_env_flag(&env, "LILY_CU_GT_NJ", 1));
+    /* LILY_CU_GT_NJ (measuring): 0 one loop for every tile (n-tiles predicated), 1 the two-n-tile
+     * loop for 32-token tiles of up to 16 tokens, 2 also three n-tiles and 64-token tiles' four */
+    static int env = INT_MIN;
+    const int njv = cu_env_int(&env, "LILY_CU_GT_NJ", 2);
+    cu_go(k_gemm_tc<BT, DUAL, SBT, XP>, grid, GT_THREADS, smem, s)(*G, X, ldx, T, *so, xdiv, sbb, ns, njv);
 }
 
 template <int DUAL, int XP>
