@@ -67,7 +67,7 @@ for stage in $stages; do
             # chunks; a comma joins variables), the decode graph without programmatic launch (LILY_CU_PDL=0),
             # decode's matrix-vector products without the tensor-core kernel or with it on every launch
     for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_ATTN_SPLIT=0 LILY_CU_GDN_CHUNK=0 LILY_CU_GDN_CHUNK=1,LILY_CU_GDN_TC=0 LILY_CU_ROUTER_TC=0 LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
-             LILY_CU_DENSE_XP=0 LILY_CU_SIMT8=0 LILY_CU_SIDE=0 LILY_CU_PDL_STREAM=1; do
+             LILY_CU_DENSE_XP=0 LILY_CU_SIMT8=0 LILY_CU_SIDE=0 LILY_CU_PDL_STREAM=1 LILY_CU_GT_SPLIT=0 LILY_CU_GT_NJ=0; do
       for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
         env ${v//,/ } "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&
           echo "$v check $d: PASS" || { echo "$v check $d: FAIL"; cat "$OUT/var_check.log"; fail=1; }
