@@ -2062,7 +2062,7 @@ void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part
 }
 
 /* ---- L2 prefetch (cu_l2_prefetch) ---- */
-#define PF_MAX 12
+#define PF_MAX 18 /* regions: three (codes, scales, biases) for each of up to six matrices */
 #define PF_CHUNK 4096 /* bytes a bulk prefetch */
 typedef struct {
     int mode;                    /* LILY_CU_PF_MODE (measuring): 0 bulk, 1 a line at a time evict_last, 2 a line */
@@ -2104,7 +2104,8 @@ void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel,
     pf_args a;
     memset(&a, 0, sizeof a);
     unsigned long long tot = 0;
-    for (int i = 0; i < n && a.nr + 3 <= PF_MAX; i++) {
+    LILY_ASSERT(n >= 0 && 3 * n <= PF_MAX);
+    for (int i = 0; i < n; i++) {
         const dmat *m = W[i];
         unsigned long long wb = (unsigned long long)m->rows * m->cols, sb = 0;
         if (m->type == LW_Q) {
