@@ -83,6 +83,23 @@ static lily_code ks_cpu(const float *x, int V, const lily_sampling *p, const int
     return rc;
 }
 
+/* Whether a 1e-6 nudge of the input mass (u +- 1e-6, top_p x (1 +- 1e-6)) moves the CPU's choice
+ * at u53 to gid: a boundary case (the equivalence rule above). */
+static int ks_near(const float *x, int V, const lily_sampling *p, const int32_t *cnt, const uint8_t *pm, uint64_t u53,
+                   int gid) {
+    const uint64_t d = (uint64_t)(KS_DELTA * 9007199254740992.0);
+    for (int k = 0; k < 4; k++) {
+        lily_sampling q = *p;
+        uint64_t u = u53;
+        if (k == 0) u = u53 + d < (1ull << 53) ? u53 + d : (1ull << 53) - 1;
+        if (k == 1) u = u53 > d ? u53 - d : 0;
+        if (k == 2) q.top_p = fminf(1.0f, (float)(p->top_p * (1 + KS_DELTA)));
+        if (k == 3) q.top_p = (float)(p->top_p * (1 - KS_DELTA));
+        lily_token t;
+        if (!ks_cpu(x, V, &q, cnt, pm, u, &t, NULL) && t.id == gid) return 1;
+    }
+    return 0;
+}
 /* One case: fresh logits of the kind, random parameters, counts, prompt mask and u. */
 static void ks_case(int V, int kind, ks_stats *S) {
     float *x = ks_logits(V, kind);
@@ -123,19 +140,7 @@ static void ks_case(int V, int kind, ks_stats *S) {
         S->bad++;
     }
     if (g.id != c.id) { /* a boundary case only if a 1e-6 nudge moves the CPU there */
-        int near = 0;
-        uint64_t d = (uint64_t)(KS_DELTA * 9007199254740992.0);
-        for (int k = 0; k < 4 && !near; k++) {
-            lily_sampling q = p;
-            uint64_t u = u53;
-            if (k == 0) u = u53 + d < (1ull << 53) ? u53 + d : (1ull << 53) - 1;
-            if (k == 1) u = u53 > d ? u53 - d : 0;
-            if (k == 2) q.top_p = fminf(1.0f, (float)(p.top_p * (1 + KS_DELTA)));
-            if (k == 3) q.top_p = (float)(p.top_p * (1 - KS_DELTA));
-            lily_token t;
-            if (!ks_cpu(x, V, &q, cnt, pm, u, &t, NULL) && t.id == g.id) near = 1;
-        }
-        if (near) S->boundary++;
+        if (ks_near(x, V, &p, cnt, pm, u53, g.id)) S->boundary++;
         else {
             printf("sample %s u=%.17g: cpu %d (z %g), gpu %d (z %g)\n", what, u53 * 0x1.0p-53, c.id, x[c.id], g.id,
                    g.id >= 0 && g.id < V ? x[g.id] : NAN);
@@ -245,7 +250,10 @@ out:
 }
 
 /* Steps on one row with the penalties on: the device counts each chosen token itself, so
- * the sequence must follow the CPU loop that counts on the host (same seed). */
+ * each step must match the CPU's choice from the same u with the counts of the device's own
+ * earlier tokens (followed, so that one boundary case does not shift every later count), up to
+ * the boundary cases of the equivalence rule, which are counted and bounded as there: a draw
+ * within 1e-6 of a cumulative-mass edge (about 1 in 1,000 runs of 500 steps met one on the H200). */
 static void test_sample_steps(int V, int steps) {
     float *x = ks_logits(V, 0);
     int32_t *cnt = calloc((size_t)V, 4);
@@ -259,19 +267,25 @@ static void test_sample_steps(int V, int steps) {
     lily_rng_seed(&r0, lily_rng_u64(&rng));
     rc = r0;
     lily_token *g = malloc((size_t)steps * sizeof *g);
-    int *err = calloc((size_t)steps, sizeof *err), differ = 0, errs = 0;
+    int *err = calloc((size_t)steps, sizeof *err), differ = 0, boundary = 0, errs = 0;
     lily_status st = { 0 };
     if (lct_sample(x, V, &p, NULL, pm, r0.s, steps, g, err, &st)) { printf("penalty steps: %s\n", st.msg); n_fail++; goto out; }
     for (int i = 0; i < steps; i++) {
         lily_token t;
+        const uint64_t u53 = (rc.s[0] + rc.s[1]) >> 11; /* this step's draw (xoroshiro128+, 53 bits) */
         lily_sample_logits_ex(x, V, &p, &rc, cnt, pm, &t, NULL);
-        cnt[t.id]++;
-        differ += t.id != g[i].id;
+        if (t.id != g[i].id) {
+            if (g[i].id >= 0 && g[i].id < V && ks_near(x, V, &p, cnt, pm, u53, g[i].id)) boundary++;
+            else differ++;
+        }
+        if (g[i].id >= 0 && g[i].id < V) cnt[g[i].id]++;
+        else differ++;
         errs += err[i];
     }
     char what[160];
-    snprintf(what, sizeof what, "GPU sampler, %d steps with penalties counted on the device: %d differ from CPU", steps, differ);
-    report(what, differ == 0 && errs == 0 && r0.s[0] == rc.s[0] && r0.s[1] == rc.s[1] ? 0 : INFINITY, 0);
+    snprintf(what, sizeof what, "GPU sampler, %d steps with penalties counted on the device: %d differ from CPU, %d boundary", steps,
+             differ, boundary);
+    report(what, differ == 0 && boundary <= 1 + steps / 100 && errs == 0 && r0.s[0] == rc.s[0] && r0.s[1] == rc.s[1] ? 0 : INFINITY, 0);
 out:
     free(x); free(cnt); free(pm); free(g); free(err);
 }
