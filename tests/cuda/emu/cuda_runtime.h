@@ -6,7 +6,8 @@
  * the calling OS thread (emu_runtime.cpp), switched only at __syncthreads, __syncwarp and
  * the warp shuffles, so block and warp barriers have their real meaning and code that
  * depends on lockstep execution without them fails here. Device memory is host memory;
- * streams run synchronously; graphs replay recorded launches with captured arguments.
+ * streams run synchronously; graphs replay recorded launches with captured arguments (a
+ * capture takes in the streams that fork from it by an event, and checks they join back).
  *
  * Faults the emulator detects (a barrier some threads never reach, a shuffle naming an
  * absent lane, shared memory past its size, a host pointer passed to a kernel) print a
