@@ -66,14 +66,8 @@ typedef struct {
     lily_status *st;
 } up_ctx;
 
-static size_t sb_size(int t) { return t == LW_F32 ? 4 : 2; }
-static size_t mat_w_bytes(const lw_mat *w) {
-    if (w->type == LW_Q) return (size_t)w->rows * w->cols * w->bits / 8;
-    return (size_t)w->rows * w->cols * (w->type == LW_F32 ? 4 : 2);
-}
-static size_t mat_s_bytes(const lw_mat *w) {
-    return w->type == LW_Q ? (size_t)w->rows * (w->cols / w->group) * sb_size(w->sb_type) : 0;
-}
+static size_t mat_w_bytes(const lw_mat *w) { return cu_mat_w_bytes(w->type, w->rows, w->cols, w->bits); }
+static size_t mat_s_bytes(const lw_mat *w) { return cu_mat_s_bytes(w->type, w->rows, w->cols, w->group, w->sb_type); }
 
 /* the largest |scale| of a quantized matrix (host copy), for dmat.sexp */
 static float max_scale(const lw_mat *w) {
@@ -440,13 +434,10 @@ static void pf_fork(lcuda_session *s, int n, const dmat *const *W, const int *se
     cudaEventRecord(s->evp, s->st);
     cudaStreamWaitEvent(s->st2, s->evp, 0);
     cu_l2_prefetch(s->st2, n, W, sel, slots);
-    s->pf_open = 1;
 }
 static void pf_join(lcuda_session *s) {
-    if (!s->pf_open) return;
     cudaEventRecord(s->evp, s->st2);
     cudaStreamWaitEvent(s->st, s->evp, 0);
-    s->pf_open = 0;
 }
 /* the mixer's input projections (what the layer reads first) */
 static int pf_mixer_in(const cu_layer *L, const dmat **W) {
@@ -595,8 +586,9 @@ static void moe_shared_side(lcuda_session *s, const cu_layer *L, int T) {
     if (!cu_gemm_tc_xp(q2, &L->sh_down, s->sg, SI, T, s->SD, H, s->xps)) cu_matmul(q2, &L->sh_down, s->sg, SI, T, s->SD, H);
 }
 
-/* add: the mixer's output when moe_fused (the residual add and norm not done yet), else NULL. */
-static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, const float *add) {
+/* add: the mixer's output when moe_fused (the residual add and norm not done yet), else NULL.
+ * next: the next layer (its in-projection is prefetched in decode), or NULL. */
+static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T, const float *nw, const float *add) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter;
@@ -652,7 +644,7 @@ static void moe(lcuda_session *s, const cu_layer *L, int T, const float *nw, con
     if (pf_on(s, T)) { /* the chosen experts' down, then the next layer's in-projection */
         const dmat *Wd[1] = { &L->down }, *Wn[4];
         pf_fork(s, 1, Wd, s->sel, T * K);
-        if (s->pf_next) cu_l2_prefetch(s->st2, pf_mixer_in((const cu_layer *)s->pf_next, Wn), Wn, NULL, 0);
+        if (next) cu_l2_prefetch(s->st2, pf_mixer_in(next, Wn), Wn, NULL, 0);
     }
     const int *pos = NULL;
     if (T <= 8) { /* decode (and batches of up to 8 rows): one matrix-vector pass per (token, expert) slot */
@@ -757,7 +749,6 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
             const dmat *W[6] = { L->full ? &L->o : &L->out, &L->router, &L->sh_gate, &L->sh_up, &L->sh_router, &L->sh_down };
             pf_fork(s, c->shared_inter ? 6 : 2, W, NULL, 0);
         }
-        s->pf_next = l + 1 < c->n_layers ? &m->L[l + 1] : NULL;
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);
         const int fused = moe_fused(s, L, T);
@@ -767,9 +758,10 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
             PM(s, "residual + norm");
         }
         /* the combine leaves the next layer's normed input, or the final norm's */
-        moe(s, L, T, l + 1 < c->n_layers ? m->L[l + 1].ln1 : m->norm, fused ? s->y : NULL);
+        const cu_layer *next = l + 1 < c->n_layers ? &m->L[l + 1] : NULL;
+        moe(s, L, next, T, next ? next->ln1 : m->norm, fused ? s->y : NULL);
     }
-    pf_join(s);
+    if (pf) pf_join(s); /* (every fork above was under the same condition) */
     if (!logits) return;
     if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
     else cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);

@@ -35,6 +35,9 @@ extern "C" {
  * room that the predecessor's last wave and the second stream's launches want. The emulator
  * (tests/cuda/emu) rewrites cu_go into its own launch, as it does <<<>>>. */
 int cu_pdl_stream(void);
+/* Programmatic launch at all: LILY_CU_PDL not 0 and a GPU of compute capability 9.0 or more (the
+ * decode graph's edges, cu_decode.cu, and cu_pdl_stream). */
+int cu_pdl_on(void);
 #ifndef __CUDACC_EMU__
 template <class... P> struct cu_launcher {
     void (*k)(P...);
@@ -80,6 +83,16 @@ typedef struct {
     int sexp;            /* LW_Q: k_gemm_tc's dequantization exponent e, every |scale| 2^e within fp16
                           * (cu_q_sexp); 0: none (NaN or huge scales), the kernel declines */
 } dmat;
+
+/* Bytes of a matrix's codes/values (type lw_type, bits for LW_Q), and of its scales (as many of
+ * its biases; 0 unless LW_Q): for lw_mat's fields at upload and dmat's on the device. */
+static inline size_t cu_mat_w_bytes(int type, int rows, int cols, int bits) {
+    if (type == LW_Q) return (size_t)rows * cols * bits / 8;
+    return (size_t)rows * cols * (type == LW_F32 ? 4 : 2);
+}
+static inline size_t cu_mat_s_bytes(int type, int rows, int cols, int group, int sbt) {
+    return type == LW_Q ? (size_t)rows * (cols / group) * (sbt == LW_F32 ? 4 : 2) : 0;
+}
 
 /* e for dmat.sexp from the largest |scale|: the most (for precision: a weight below 2^(10 - e)
  * is an fp16 subnormal there, within 2^-e) that keeps s 2^e below fp16's largest, at most 24. */

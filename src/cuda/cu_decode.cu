@@ -15,14 +15,8 @@ static void graph_pdl(cudaGraph_t g) {
 #ifdef __CUDACC_EMU__ /* the emulator's graphs replay launches in order: nothing to overlap */
     (void)g;
 #else
-    static int env = -1, on = -1;
-    if (on < 0) {
-        int dev = 0, major = 0;
-        on = cu_env_flag(&env, "LILY_CU_PDL", 1) && cudaGetDevice(&dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-    }
     size_t n = 0;
-    if (!on || cudaGraphGetEdges(g, NULL, NULL, NULL, &n) != cudaSuccess || n == 0) return;
+    if (!cu_pdl_on() || cudaGraphGetEdges(g, NULL, NULL, NULL, &n) != cudaSuccess || n == 0) return;
     cudaGraphNode_t *from = (cudaGraphNode_t *)malloc(n * sizeof *from), *to = (cudaGraphNode_t *)malloc(n * sizeof *to);
     cudaGraphEdgeData *ed = (cudaGraphEdgeData *)malloc(n * sizeof *ed);
     if (from && to && ed && cudaGraphGetEdges(g, from, to, ed, &n) == cudaSuccess) {

@@ -860,19 +860,27 @@ int cu_env_flag(int *cache, const char *name, int def) {
     return *cache;
 }
 
-int cu_pdl_stream(void) {
-#ifdef __CUDACC_EMU__ /* (cu_go's emulated form never asks) */
+int cu_pdl_on(void) {
+#ifdef __CUDACC_EMU__ /* (the emulator runs launches in order: nothing to overlap) */
     return 0;
 #else
-    static int on = -1, env = -1, envs = -1;
+    static int on = -1, env = -1;
     if (on < 0) {
         int dev = 0, major = 0;
-        on = cu_env_flag(&env, "LILY_CU_PDL", 1) && cu_env_flag(&envs, "LILY_CU_PDL_STREAM", 0) &&
-             cudaGetDevice(&dev) == cudaSuccess &&
+        on = cu_env_flag(&env, "LILY_CU_PDL", 1) && cudaGetDevice(&dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
         cudaGetLastError();
     }
     return on;
+#endif
+}
+
+int cu_pdl_stream(void) {
+#ifdef __CUDACC_EMU__ /* (cu_go's emulated form never asks) */
+    return 0;
+#else
+    static int env = -1;
+    return cu_env_flag(&env, "LILY_CU_PDL_STREAM", 0) && cu_pdl_on();
 #endif
 }
 
@@ -2107,11 +2115,8 @@ void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel,
     LILY_ASSERT(n >= 0 && 3 * n <= PF_MAX);
     for (int i = 0; i < n; i++) {
         const dmat *m = W[i];
-        unsigned long long wb = (unsigned long long)m->rows * m->cols, sb = 0;
-        if (m->type == LW_Q) {
-            wb = wb * m->bits / 8;
-            sb = (unsigned long long)m->rows * (m->cols / m->group) * (m->sbt == LW_F32 ? 4 : 2);
-        } else wb *= m->type == LW_F32 ? 4 : 2;
+        const unsigned long long wb = cu_mat_w_bytes(m->type, m->rows, m->cols, m->bits),
+                                 sb = cu_mat_s_bytes(m->type, m->rows, m->cols, m->group, m->sbt);
         const void *ps[3] = { m->w, m->s, m->b };
         const unsigned long long ns[3] = { wb, sb, sb };
         const long long es[3] = { m->ew, m->es, m->es };

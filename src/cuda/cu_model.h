@@ -37,8 +37,6 @@ struct lcuda_session {
     cudaStream_t st2;              /* the shared expert at prefill, beside the routed ones (moe_shared_side); may be NULL */
     cudaEvent_t evf, evj;          /* fork to st2, join back */
     cudaEvent_t evp;               /* decode's L2 prefetch forks to st2 and their join (pf_fork); may be NULL */
-    int pf_open;                   /* a prefetch fork not joined yet */
-    const void *pf_next;           /* the next layer (cu_layer), whose in-proj the MoE's fork prefetches; or NULL */
     int n_lin, n_full;
     size_t conv_n, S_n, kv_n;     /* floats per layer */
     float *conv, *S, *kc, *vc;

@@ -8,7 +8,7 @@ lines, so line numbers stay those of the .cu file (a #line directive points back
       -> emu::launch("name", name, emu::cfg(grid, block[, smem[, stream]])[, bound])(args)
          (bound: the kernel's __launch_bounds__ maximum when it is declared in the same file;
          a launch with more threads fails as on the GPU)
-  cu_go(name, grid, block[, smem[, stream]])(args)   (cu_common.h's launch with the PDL attribute)
+  cu_go(name, grid, block[, smem[, stream]])(args)   (cu_common.h's launch that can carry attributes)
       -> emu::go("name", name, bound, grid, block[, smem[, stream]])(args)   (bound 0: none)
   extern __shared__ T name[];
       -> T *name = (T *)emu::dyn_smem(sizeof(T));
@@ -99,10 +99,12 @@ def static_shared(m):
 def convert(text):
     bounds = {m.group(2): m.group(1) for m in BOUNDS.finditer(text)}
 
+    def bound_of(name):  # the kernel's __launch_bounds__ maximum, or None
+        return bounds.get(re.match(r"[A-Za-z_]\w*", name).group(0))
+
     def launch(m):
         name, cfg = m.group(1), m.group(2)
-        base = re.match(r"[A-Za-z_]\w*", name).group(0)
-        bound = ", (%s)" % bounds[base] if base in bounds else ""
+        bound = ", (%s)" % bound_of(name) if bound_of(name) else ""
         return 'emu::launch("%s", %s, emu::cfg(%s)%s)' % (re.sub(r"\s+", " ", name), name, cfg, bound)
 
     text = DYN.sub(lambda m: "%s *%s = (%s *)emu::dyn_smem(sizeof(%s));" % (m.group(1), m.group(2), m.group(1), m.group(1)), text)
@@ -111,8 +113,7 @@ def convert(text):
 
     def go(m):
         name = m.group(1)
-        base = re.match(r"[A-Za-z_]\w*", name).group(0)
-        return 'emu::go("%s", %s, (%s),' % (re.sub(r"\s+", " ", name), name, bounds.get(base, "0"))
+        return 'emu::go("%s", %s, (%s),' % (re.sub(r"\s+", " ", name), name, bound_of(name) or "0")
 
     text = GO.sub(go, text)
     return text
