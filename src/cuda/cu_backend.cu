@@ -355,12 +355,12 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         struct { int **p; size_t n; } ii[] = { { &s->d_ids, T }, { &s->d_pos, 1 }, { &s->d_tok, 2 }, { &s->d_step, 1 }, { &s->sel, T * K },
                                                 { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K },
                                                 { &s->tiles, (size_t)cu_moe_max_tiles((int)(T * K), (int)E, 16) },
-                                                { (int **)&s->fcount, 1 } };
+                                                { (int **)&s->fcount, 2 } };
         for (size_t i = 0; i < sizeof ii / sizeof *ii; i++) {
             e = cudaMalloc((void **)ii[i].p, ii[i].n * sizeof(int));
             if (e != cudaSuccess) goto oom;
         }
-        e = cudaMemset(s->fcount, 0, sizeof(unsigned));
+        e = cudaMemset(s->fcount, 0, 2 * sizeof(unsigned));
         if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaMemset", __FILE__, __LINE__); goto fail; }
     }
     e = cudaHostAlloc((void **)&s->ring_h, LCU_RING * 2 * sizeof(int), cudaHostAllocMapped);
@@ -663,6 +663,14 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             }
             cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx ? &xg : NULL);
             PM(s, "moe experts gate|up");
+            /* one token with the shared expert riding (or none): the down, the combine and the
+             * next norm in one launch */
+            if (T == 1 && (shx || !SI) &&
+                cu_moe_down_combine(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add, nw,
+                                    (float)c->eps, s->t, s->fcount + 1)) {
+                PM(s, "moe experts swiglu+down + combine + next norm");
+                return;
+            }
             const dmat *Wd[1] = { &L->down };
             float *Yd[1] = { s->D };
             int ldd[1] = { H };

@@ -349,6 +349,13 @@ void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long lo
  * (mvq_fuse). With nw: tout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, fused). */
 void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout);
+/* Decode's experts' down, the combine and the next norm in one launch (cu_moe_dec.cu), T = 1:
+ * x = (x + add) + sum_k wt[k] D_sel[k] h_k (+ sigmoid(sr) SD h_K with the shared expert's down SD),
+ * h_k = silu(hg[k]) * hu[k] ([K (+1)][I]), then tout = rmsnorm(x) * nw. count: a zeroed unsigned,
+ * left zero. 0 when it declines (and nothing is launched). */
+int cu_moe_down_combine(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
+                        const float *hu, const float *sr, float *x, const float *add, const float *nw, float eps, float *tout,
+                        unsigned *count);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part /* [3 * CU_ARGMAX_PARTS] scratch */);

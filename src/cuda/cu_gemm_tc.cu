@@ -301,8 +301,11 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
             }
 }
 
+#ifndef GT_OCC32 /* blocks an SM the packed-input 32-token tiles are compiled for (measuring: 5) */
+#define GT_OCC32 4
+#endif
 template <int BT, int DUAL, int SBT, int XP>
-__global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? 4 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
+__global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? GT_OCC32 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
                                                         int T, dsort so, int xdiv, int sbb, int ns, int njv) {
     CU_PDL();
     extern __shared__ __align__(16) unsigned char gt_sm[];

@@ -23,7 +23,6 @@ __device__ __forceinline__ float q8_f1(uint32_t v) {
     uint32_t t = J <= 1 ? v << (15 - 8 * J) : v >> (8 * J - 15);
     return __uint_as_float((t & 0x007F8000u) | 0x3F800000u);
 }
-__device__ __forceinline__ float sigm_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -300,63 +299,6 @@ __global__ void __launch_bounds__(256) k_mm_simt(dmat m, const float *__restrict
  * float4 reads hit distinct banks), optionally as silu(X) * X2 (SwiGLU fused into the
  * down projection). Needs 4- or 8-bit codes, cols % 32 == 0, group % 32 == 0. ---- */
 __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, float *wt);
-
-/* The 4-bit codes become floats without int-to-float conversions, which run at a quarter of
- * the FMA rate and bound this kernel near 2 TB/s of weights on the H200: a nibble masked in
- * place and put under the exponent of 2^23 (0x4B000000) is the float 2^23 + q 2^s, exact, and
- * subtracting 2^23 leaves q 2^s. Nibble k of a word sits at bit 4k; those at bits 20-31 are
- * first shifted down by 12 so that every q 2^s stays under 2^20. The staged input element that
- * meets nibble k is stored times 2^-s instead, so each product is the same float as q * x
- * (scaling by a power of two is exact), and the sums are bit-identical to converting q.
- * s by nibble: 0 4 8 12 16 8 12 16. */
-__device__ __forceinline__ float q4m(uint32_t v, uint32_t mask) {
-    return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f;
-}
-/* Where the staged input's float4 j of chunk c (columns c*32 + 4j .. +3) lies: rotated by the
- * chunk (j XOR c mod 8), so the lanes of a warp, each on its own chunk, read distinct banks; as an
- * XOR, a lane finds every float4 of its chunk from one base, (c*8 + (c & 7)) ^ j. */
-__device__ __forceinline__ int mvq_sw(int c, int j) { return c * 8 + (j ^ (c & 7)); }
-/* the input's float4 j of chunk c times 2^-s, in place */
-__device__ __forceinline__ void mvq_scale(float4 *xs, int c, int j) {
-    float4 &v = xs[mvq_sw(c, j)];
-    if (j & 1) { v.x *= 0x1p-16f; v.y *= 0x1p-8f; v.z *= 0x1p-12f; v.w *= 0x1p-16f; }
-    else { v.y *= 0x1p-4f; v.z *= 0x1p-8f; v.w *= 0x1p-12f; }
-}
-/* undoes mvq_scale for the 8-bit codes, which are converted as before */
-__device__ __forceinline__ float4 mvq_unscale(float4 v, int j) {
-    if (j & 1) { v.x *= 0x1p16f; v.y *= 0x1p8f; v.z *= 0x1p12f; v.w *= 0x1p16f; }
-    else { v.y *= 0x1p4f; v.z *= 0x1p8f; v.w *= 0x1p12f; }
-    return v;
-}
-/* chunk c's input sum (for the group biases), unscaled, in the order the kernel always used */
-__device__ __forceinline__ float mvq_chunk_sum(const float4 *xs, int c) {
-    float sx = 0;
-    for (int j = 0; j < 8; j++) {
-        float4 v = mvq_unscale(xs[mvq_sw(c, j)], j);
-        sx += (v.x + v.y) + (v.z + v.w);
-    }
-    return sx;
-}
-/* float4s of staged input before the chunk sums: all matrices of a launch share cols */
-__device__ __forceinline__ int m_cols_f4(const mvq_args &a) { return a.m[0].cols / 4; }
-
-/* One 16-byte chunk of 4-bit codes (one row, columns c*32 .. c*32+31) against the staged,
- * scaled input: the group's scale times the codes' dot product plus its bias times the chunk's
- * input sum. The input is read word by word as it is used, which keeps registers low. */
-/* (rot = c & 7: constant for a lane, whose chunks are LPR apart, LPR a multiple of 8) */
-__device__ __forceinline__ float mvq_chunk4(uint4 q, float sc, float bi, const float4 *xs, const float *sxs, int c, int rot) {
-    uint32_t wv[4] = { q.x, q.y, q.z, q.w };
-    const int b = c * 8 + rot; /* mvq_sw(c, j) == b ^ j */
-    float sq = 0;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        float4 u = xs[b ^ (2 * w)], t = xs[b ^ (2 * w + 1)];
-        uint32_t v = wv[w], h = v >> 12;
-        sq += q4m(v, 0xFu) * u.x + q4m(v, 0xF0u) * u.y + q4m(v, 0xF00u) * u.z + q4m(v, 0xF000u) * u.w
-            + q4m(v, 0xF0000u) * t.x + q4m(h, 0xF00u) * t.y + q4m(h, 0xF000u) * t.z + q4m(h, 0xF0000u) * t.w;
-    }
-    return sc * sq + bi * sxs[c];
-}
 
 /* Where a lane group's row of tile t lies: its matrix (mi only grows, as t does) and its row. */
 struct mvq_pos {

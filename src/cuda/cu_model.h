@@ -53,7 +53,7 @@ struct lcuda_session {
     uint16_t *xpx, *xph;           /* fp16 [T][widest projection input] and [T*K][I]: packed GEMM inputs (cu_gemm_tc_xp, cu_moe_gate_up_xp) */
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
-    unsigned *fcount;              /* [1] the fused router group's block counter (mvq_fuse), 0 between launches */
+    unsigned *fcount;              /* [2] block counters, 0 between launches: the fused router group's (mvq_fuse), cu_moe_down_combine's */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;

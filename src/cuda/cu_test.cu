@@ -352,6 +352,36 @@ lily_code lct_moe_combine(float *x, const float *add, const float *D, const floa
     return rc;
 }
 
+lily_code lct_moe_down_combine(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
+                               const float *hu, const float *sr, float *x, const float *add, const float *nw, float eps,
+                               float *tout, int reps, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat dd, ds;
+    lily_code rc = cu_upload_mats(m, D, E, &dd, st);
+    if (!rc && SD) rc = cu_upload_mats(m, SD, 1, &ds, st);
+    dlist L = { {0}, 0 };
+    const int H = D->rows, I = D->cols, ns = K + (SD != NULL);
+    int *dsel = (int *)dput(&L, sel, (size_t)K * 4, st, &rc);
+    float *dwt = (float *)dput(&L, wt, (size_t)K * 4, st, &rc), *dhg = (float *)dput(&L, hg, (size_t)ns * I * 4, st, &rc);
+    float *dhu = (float *)dput(&L, hu, (size_t)ns * I * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
+    float *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
+    float *dn = (float *)dput(&L, nw, (size_t)H * 4, st, &rc), *dt = (float *)dput(&L, NULL, (size_t)H * 4, st, &rc);
+    unsigned *dc = (unsigned *)dput(&L, NULL, 4, st, &rc);
+    if (!rc && cudaMemset(dc, 0, 4) != cudaSuccess) rc = lily_err(st, LILY_EIO, "cudaMemset");
+    for (int i = 0; !rc && i < reps; i++)
+        if (!cu_moe_down_combine(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da, dn, eps, dt, dc))
+            rc = lily_err(st, LILY_EUNSUPPORTED, "cu_moe_down_combine declined");
+    rc = finish(st, rc);
+    unsigned left = 1;
+    if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
+    if (!rc) rc = dget(tout, dt, (size_t)H * 4, st);
+    if (!rc) rc = dget(&left, dc, 4, st);
+    if (!rc && left) rc = lily_err(st, LILY_EIO, "the block counter was left at %u, not 0", left);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;

@@ -527,6 +527,56 @@ static void test_moe_combine(int T, int K, int H, int with_add, int with_sd, int
     free(x); free(add); free(D); free(wt); free(SD); free(sr); free(nw); free(t); free(xr); free(tr);
 }
 
+/* Decode's down + combine + norm in one launch (cu_moe_down_combine) against cpu_matmul per slot
+ * and the combine's loops in double: E experts [H][I], K chosen (distinct), the shared expert's
+ * down as slot K when shared, reps launches in place on x. */
+static void test_moe_down_combine(lily_pool *pool, int E, int H, int I, int K, int shared, int with_add) {
+    const int reps = 2, ns = K + shared;
+    void **hold = malloc((size_t)(E + 1) * 3 * sizeof *hold);
+    lw_mat *D = malloc((size_t)E * sizeof *D), SD;
+    for (int e = 0; e < E; e++) D[e] = mk_mat(LW_Q, 4, 64, H, I, hold + 3 * e);
+    SD = mk_mat(LW_Q, 4, 64, H, I, hold + 3 * E);
+    int *sel = malloc((size_t)K * 4), *perm = malloc((size_t)E * 4);
+    for (int e = 0; e < E; e++) perm[e] = e;
+    for (int e = E - 1; e > 0; e--) { int j = (int)(lily_rng_u64(&rng) % (uint64_t)(e + 1)), t = perm[e]; perm[e] = perm[j]; perm[j] = t; }
+    for (int k = 0; k < K; k++) sel[k] = perm[k];
+    float *wt = rnd((size_t)K, 0.3f), *hg = rnd((size_t)ns * I, 1.0f), *hu = rnd((size_t)ns * I, 1.0f), *sr = rnd(1, 1.0f);
+    float *x = rnd((size_t)H, 1.0f), *add = with_add ? rnd((size_t)H, 1.0f) : NULL, *nw = rnd((size_t)H, 1.0f);
+    float *h = malloc((size_t)I * 4), *y = malloc((size_t)ns * H * 4), *xr = malloc((size_t)H * 4), *tr = malloc((size_t)H * 4);
+    float *t = malloc((size_t)H * 4);
+    for (int k = 0; k < ns; k++) {
+        for (int i = 0; i < I; i++) h[i] = hg[(size_t)k * I + i] / (1.0f + expf(-hg[(size_t)k * I + i])) * hu[(size_t)k * I + i];
+        cpu_matmul(pool, k < K ? &D[sel[k]] : &SD, h, 1, y + (size_t)k * H);
+    }
+    memcpy(xr, x, (size_t)H * 4);
+    const double gs = 1.0 / (1.0 + exp(-(double)sr[0]));
+    for (int rep = 0; rep < reps; rep++) {
+        double ss = 0;
+        for (int r = 0; r < H; r++) {
+            double v = (double)xr[r] + (add ? add[r] : 0.0);
+            for (int k = 0; k < ns; k++) v += (k < K ? (double)wt[k] : gs) * y[(size_t)k * H + r];
+            xr[r] = (float)v;
+            ss += v * v;
+        }
+        const double rs = 1.0 / sqrt(ss / H + 1e-6);
+        for (int r = 0; r < H; r++) tr[r] = (float)(xr[r] * rs * nw[r]);
+    }
+    for (int r = 0; r < H; r++) t[r] = NAN;
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "moe down+combine E=%d %dx%d K=%d%s%s x%d", E, H, I, K, shared ? " shared" : "", add ? " add" : "", reps);
+    if (lct_moe_down_combine(D, E, shared ? &SD : NULL, sel, wt, K, hg, hu, sr, x, add, nw, 1e-6f, t, reps, &st)) {
+        printf("%s: %s\n", what, st.msg);
+        n_fail++;
+    } else {
+        const double e1 = rel(x, xr, (size_t)H), e2 = rel(t, tr, (size_t)H);
+        report(what, e1 > e2 ? e1 : e2, 1e-5);
+    }
+    for (int i = 0; i < 3 * (E + 1); i++) free(hold[i]);
+    free(hold); free(D); free(sel); free(perm); free(wt); free(hg); free(hu); free(sr); free(x); free(add); free(nw);
+    free(h); free(y); free(xr); free(tr); free(t);
+}
+
 /* The reference routing of src/cpu/forward.c (softmax, top-k by selection, renormalize). */
 static void router_ref(const float *lg, int E, int K, int *sel, float *wt) {
     float *p = malloc((size_t)E * 4), mx = -INFINITY;
@@ -1022,6 +1072,11 @@ int main(int argc, char **argv) {
     test_moe_combine(40, 8, 2048, 0, 1, 1);  /* prefill rows: four columns a thread (k_moe_combine4) */
     test_moe_combine(37, 8, 2048, 1, 0, 1);
     test_moe_combine(20, 3, 100, 0, 1, 0);
+    test_moe_down_combine(pool, small ? 12 : 32, 2048, 512, 8, 1, 1); /* the 35B-A3B decode MoE tail */
+    test_moe_down_combine(pool, 9, small ? 300 : 2048, 512, 8, 1, 0);
+    test_moe_down_combine(pool, 6, 100, 64, 4, 0, 1);                    /* two chunks a row: lanes idle */
+    test_moe_down_combine(pool, 5, 37, 1024, 3, 1, 1);                   /* 32 lanes a slot, odd rows */
+    test_moe_down_combine(pool, 20, 70, 128, 17, 1, 0);                  /* more slots than a pass of loads */
     test_rmsnorm(129, 3);
     test_router(1, 256, 8);
     test_router(small ? 40 : 333, 256, 8);
