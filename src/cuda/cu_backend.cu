@@ -664,8 +664,8 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx ? &xg : NULL);
             PM(s, "moe experts gate|up");
             /* one token with the shared expert riding (or none): the down, the combine and the
-             * next norm in one launch */
-            if (T == 1 && (shx || !SI) &&
+             * next norm in one launch, where asked (LILY_CU_DOWNCOMB=1; slower on the H200) */
+            if (T == 1 && (shx || !SI) && cu_moe_down_combine_enabled() &&
                 cu_moe_down_combine(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add, nw,
                                     (float)c->eps, s->t, s->fcount + 1)) {
                 PM(s, "moe experts swiglu+down + combine + next norm");

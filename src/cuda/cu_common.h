@@ -352,7 +352,10 @@ void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, 
 /* Decode's experts' down, the combine and the next norm in one launch (cu_moe_dec.cu), T = 1:
  * x = (x + add) + sum_k wt[k] D_sel[k] h_k (+ sigmoid(sr) SD h_K with the shared expert's down SD),
  * h_k = silu(hg[k]) * hu[k] ([K (+1)][I]), then tout = rmsnorm(x) * nw. count: a zeroed unsigned,
- * left zero. 0 when it declines (and nothing is launched). */
+ * left zero. 0 when it declines (and nothing is launched). Off in the forward pass unless
+ * LILY_CU_DOWNCOMB=1 (_enabled): it measured slower on the H200 than the two launches it replaces
+ * (bench/RESULTS.md, session 12). */
+int cu_moe_down_combine_enabled(void);
 int cu_moe_down_combine(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
                         const float *hu, const float *sr, float *x, const float *add, const float *nw, float eps, float *tout,
                         unsigned *count);
