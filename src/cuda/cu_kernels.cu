@@ -509,73 +509,57 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
     }
 }
 
-/* The same for one row a lane group and 4-bit codes only, software-pipelined: PD chunks' codes
- * (running on into the next tile at a tile's end) are loaded before a chunk is computed, so each
- * warp keeps PD loads in flight, and PD + 1 chunks of codes live in registers. (k_mvq held eight
- * float4s of input a chunk, two chunks unrolled: 64 registers with spills, 4 blocks an SM.)
- * PD 1 at 5 blocks an SM was the form; four ahead in a register ring had measured slower on the
- * H200 (the lm_head is bound by the instructions it issues). PD 2 (4 blocks an SM) needs every
- * lane to hold the same chunks a tile (nch % LPR == 0): the decode launches of a few MB, whose
- * lanes walk two to four chunks, wait on their loads one after another at PD 1. No fused top-k. */
-template <int LPR, int SBT, int PD>
-__global__ void __launch_bounds__(256, PD == 1 ? 5 : 4) k_mvq4(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
-                                                             int ldx, const int *eidx, int xdiv) {
+/* The same for one row a lane group and 4-bit codes only, software-pipelined: the next chunk's
+ * codes (the next tile's first, at a tile's last) are loaded before this chunk is computed, so
+ * each warp keeps a load in flight, and only two chunks of codes live in registers. (k_mvq held
+ * eight float4s of input a chunk, two chunks unrolled: 64 registers with spills, 4 blocks an SM.)
+ * Four chunks ahead in a register ring measured slower on the H200: the kernel is bound by the
+ * instructions it issues, not by loads in flight (bench/RESULTS.md). No fused top-k. */
+template <int LPR, int SBT>
+__global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
+                                              const int *eidx, int xdiv) {
     extern __shared__ float4 xs[];
     float *sxs = (float *)(xs + m_cols_f4(a));
     const int RPW = 32 / LPR, ntiles = a.blk0[a.n], nch = a.m[0].cols / 32;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
     const int rpt = (int)(blockDim.x / WARP) * RPW, rib = warp * RPW + grp, slot = blockIdx.y;
     const bool xsl = a.f.xslot && slot == a.f.xslot;
-    int tile = blockIdx.x, e = 0;
-    /* the load side: the next chunk to load is lc of tile lt (lp) */
-    int lt = tile, lmi = 0, lc = sub;
-    mvq_pos lp;
-    uint4 q[PD + 1];
-    float sc[PD + 1], bi[PD + 1];
-    auto load = [&](int k) {
-        q[k] = make_uint4(0, 0, 0, 0);
-        sc[k] = bi[k] = 0.f;
-        if (lt < ntiles && lc < nch) mvq_load<SBT>(lp, lc, q[k], sc[k], bi[k]);
-        if ((lc += LPR) >= nch && PD > 1) { /* (PD 1 walks a tile's chunks itself, below) */
-            lc = sub;
-            if ((lt += gridDim.x) < ntiles) lp = mvq_locate(a, xsl, e, lt, lmi, rpt, rib);
-        }
-    };
-    /* a dense matrix's first chunks are loaded before the wait on the predecessor (weights are
+    int tile = blockIdx.x, mi = 0, e = 0;
+    uint4 q = make_uint4(0, 0, 0, 0);
+    float sc = 0.f, bi = 0.f;
+    mvq_pos p;
+    /* a dense matrix's first chunk is loaded before the wait on the predecessor (weights are
      * never written); an expert's index comes from that kernel */
     if (!eidx) {
-        lp = mvq_locate(a, xsl, 0, tile, lmi, rpt, rib);
-#pragma unroll
-        for (int k = 0; k < PD; k++) load(k);
+        p = mvq_locate(a, xsl, 0, tile, mi, rpt, rib);
+        if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
     CU_PDL();
     const float *x = X, *x2 = X2;
     if (eidx) {
         e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-        lp = mvq_locate(a, xsl, e, tile, lmi, rpt, rib);
-#pragma unroll
-        for (int k = 0; k < PD; k++) load(k);
+        p = mvq_locate(a, xsl, e, tile, mi, rpt, rib);
+        if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
     mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs);
-    int mi = 0;
     while (tile < ntiles) {
-        while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
-        const int row = (tile - a.blk0[mi]) * rpt + rib, rows = (xsl ? a.f.xm[mi] : a.m[mi]).rows;
         float acc = 0.f;
+        int nt = tile + gridDim.x, nmi = mi;
+        mvq_pos np = p;
         for (int c = sub; c < nch; c += LPR) {
-            if (PD == 1 && lc >= nch) { /* the next tile's first chunk */
-                lc = sub;
-                if ((lt += gridDim.x) < ntiles) lp = mvq_locate(a, xsl, e, lt, lmi, rpt, rib);
-            }
-            load(PD);
-            acc += mvq_chunk4(q[0], sc[0], bi[0], xs, sxs, c, sub & 7);
-#pragma unroll
-            for (int k = 0; k < PD; k++) { q[k] = q[k + 1]; sc[k] = sc[k + 1]; bi[k] = bi[k + 1]; }
+            uint4 qn = make_uint4(0, 0, 0, 0);
+            float scn = 0.f, bin = 0.f;
+            int cn = c + LPR;
+            bool ld = cn < nch;
+            if (!ld && nt < ntiles) { np = mvq_locate(a, xsl, e, nt, nmi, rpt, rib); cn = sub; ld = sub < nch; }
+            if (ld) mvq_load<SBT>(np, cn, qn, scn, bin);
+            acc += mvq_chunk4(q, sc, bi, xs, sxs, c, sub & 7);
+            q = qn; sc = scn; bi = bin;
         }
 #pragma unroll
         for (int o = LPR / 2; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (row < rows && sub == 0) a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + row] = acc;
-        tile += gridDim.x;
+        if (p.row < p.rows && sub == 0) a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + p.row] = acc;
+        tile = nt; mi = nmi; p = np;
     }
 }
 
@@ -586,21 +570,12 @@ static void mvq_launch(int tiles, int nslots, int one_a_tile, int bt, size_t sm,
     int gx = mvq_grid(k_mvq<LPR, RW>, ks, tiles, nslots, one_a_tile, bt, sm);
     cu_go(k_mvq<LPR, RW>, dim3(gx, nslots), bt, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
-template <int LPR, int SBT, int PD>
-static void mvq4_launch_pd(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
-                           const float *X2, int ldx, const int *eidx, int xdiv) {
-    static mvq_kstate ks;
-    int gx = mvq_grid(k_mvq4<LPR, SBT, PD>, ks, tiles, nslots, 0, bt, sm);
-    cu_go(k_mvq4<LPR, SBT, PD>, dim3(gx, nslots), bt, sm, s)(a, X, X2, ldx, eidx, xdiv);
-}
-/* LILY_CU_MVQ4_PD=1: one chunk ahead everywhere, for measuring (2 where the chunks divide evenly) */
 template <int LPR, int SBT>
 static void mvq4_launch_t(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
                           const float *X2, int ldx, const int *eidx, int xdiv) {
-    static int env = INT_MIN;
-    if ((a.m[0].cols / 32) % LPR == 0 && cu_env_int(&env, "LILY_CU_MVQ4_PD", 2) == 2)
-        mvq4_launch_pd<LPR, SBT, 2>(tiles, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
-    else mvq4_launch_pd<LPR, SBT, 1>(tiles, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    static mvq_kstate ks;
+    int gx = mvq_grid(k_mvq4<LPR, SBT>, ks, tiles, nslots, 0, bt, sm);
+    cu_go(k_mvq4<LPR, SBT>, dim3(gx, nslots), bt, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 /* bf16 group constants (MLX's) get their own kernel, without the type's branch a load;
  * sbt: the launch's matrices' common type, -1 when they differ */
