@@ -256,7 +256,16 @@ __device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X,
  * (scaling by a power of two is exact), and the sums are bit-identical to converting q.
  * s by nibble: 0 4 8 12 16 8 12 16. */
 __device__ __forceinline__ float q4m(uint32_t v, uint32_t mask) {
+#ifdef __CUDA_ARCH__
+    /* (v & mask) | 2^23's bits as one LOP3, the exponent in a register: written in C, it compiled to
+     * an and and an or (one LOP3 takes one immediate), 64 of a chunk's ~200 instructions (Nsight's
+     * SASS of k_mvq4, bench/RESULTS.md session 12) */
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "r"(mask), "r"(0x4B000000u));
+    return __uint_as_float(r) - 8388608.0f;
+#else
     return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f;
+#endif
 }
 /* Where the staged input's float4 j of chunk c (columns c*32 + 4j .. +3) lies: rotated by the
  * chunk (j XOR c mod 8), so the lanes of a warp, each on its own chunk, read distinct banks; as an
