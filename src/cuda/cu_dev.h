@@ -255,17 +255,21 @@ __device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X,
  * meets nibble k is stored times 2^-s instead, so each product is the same float as q * x
  * (scaling by a power of two is exact), and the sums are bit-identical to converting q.
  * s by nibble: 0 4 8 12 16 8 12 16. */
-__device__ __forceinline__ float q4m(uint32_t v, uint32_t mask) {
+/* (v & mask) | k as one LOP3, k in a register: written in C with both constants literal, it
+ * compiled to an and and an or (one LOP3 takes one immediate), 64 of a 4-bit chunk's ~200
+ * instructions in k_mvq4 (Nsight's SASS, bench/RESULTS.md session 12). For the codes put under a
+ * float exponent (q4m here, tc_nib in cu_mvtc.cu). */
+__device__ __forceinline__ uint32_t cu_and_or(uint32_t v, uint32_t mask, uint32_t k) {
 #ifdef __CUDA_ARCH__
-    /* (v & mask) | 2^23's bits as one LOP3, the exponent in a register: written in C, it compiled to
-     * an and and an or (one LOP3 takes one immediate), 64 of a chunk's ~200 instructions (Nsight's
-     * SASS of k_mvq4, bench/RESULTS.md session 12) */
     uint32_t r;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "r"(mask), "r"(0x4B000000u));
-    return __uint_as_float(r) - 8388608.0f;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(v), "r"(mask), "r"(k));
+    return r;
 #else
-    return __uint_as_float(0x4B000000u | (v & mask)) - 8388608.0f;
+    return (v & mask) | k;
 #endif
+}
+__device__ __forceinline__ float q4m(uint32_t v, uint32_t mask) {
+    return __uint_as_float(cu_and_or(v, mask, 0x4B000000u)) - 8388608.0f;
 }
 /* Where the staged input's float4 j of chunk c (columns c*32 + 4j .. +3) lies: rotated by the
  * chunk (j XOR c mod 8), so the lanes of a warp, each on its own chunk, read distinct banks; as an
@@ -316,6 +320,7 @@ __device__ __forceinline__ float mvq_chunk4(uint4 q, float sc, float bi, const f
 /* The staged input of 12,288 columns (49,152 bytes) plus the chunk sums and the kernel's static
  * shared arrays is above the 48 KB a launch gets without asking. */
 #define MVQ_SMEM (64 * 1024)
+static inline int cu_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 static inline int cu_sm_count(void) {
     static const int n = [] {
         cudaDeviceProp p;

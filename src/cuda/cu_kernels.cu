@@ -586,7 +586,6 @@ static void mvq4_launch(int sbt, int tiles, int nslots, int bt, size_t sm, cudaS
     else mvq4_launch_t<LPR, -1>(tiles, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
 }
 
-static int pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 /* LILY_CU_MVQ4_SBT=0: the kernel that reads the group constants' type at run time for all, for
  * measuring (the kernel test covers that kernel with f16 and f32 scales) */
@@ -642,7 +641,7 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     size_t sm = (size_t)cols * sizeof(float) + (size_t)nch * sizeof(float);
     int bt = warps * WARP, one = fu && fu->sel, all4 = 1;
     for (int i = 0; i < n; i++) { /* (k_mvq4 shifts chunk indices to group indices) */
-        all4 &= W[i]->bits == 4 && pow2(W[i]->group / 32) && (!fu || !fu->xslot || (fu->xm[i].bits == 4 && fu->xm[i].group == W[i]->group));
+        all4 &= W[i]->bits == 4 && cu_pow2(W[i]->group / 32) && (!fu || !fu->xslot || (fu->xm[i].bits == 4 && fu->xm[i].group == W[i]->group));
     }
     /* the group constants' type common to the launch's matrices, -1 when they differ */
     int sbt = W[0]->sbt;

@@ -168,10 +168,9 @@ static void dc_launch(cudaStream_t s, const dc_args &a, int gx, size_t sm) {
     cu_go(k_moe_down_comb<LPR, SBT>, gx, DC_WARPS * WARP, sm, s)(a);
 }
 
-static int dc_pow2(int v) { return v > 0 && !(v & (v - 1)); }
 /* 4-bit, a row of at most 32 chunks of 32 columns (a chunk a lane), chunks and groups powers of two */
 static int dc_mat_ok(const dmat *m) {
-    return cu_mvq_ok(m) && m->bits == 4 && m->cols <= 1024 && dc_pow2(m->cols / 32) && m->group >= 32 && dc_pow2(m->group / 32) &&
+    return cu_mvq_ok(m) && m->bits == 4 && m->cols <= 1024 && cu_pow2(m->cols / 32) && m->group >= 32 && cu_pow2(m->group / 32) &&
            m->group <= m->cols;
 }
 

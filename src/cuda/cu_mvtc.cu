@@ -34,12 +34,7 @@
  * exponent of 1024 (0x6400) read 1024 + q 2^s, exactly; subtracting 1024 leaves q 2^s. */
 __device__ __forceinline__ uint32_t tc_nib(uint32_t w, uint32_t mask) {
     const uint32_t k1024 = 0x64006400u; /* (1024, 1024) as bits: no conversion a call */
-#ifdef __CUDA_ARCH__
-    uint32_t v; /* one LOP3 with the exponent in a register, as q4m (cu_dev.h) */
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "r"(mask), "r"(k1024));
-#else
-    uint32_t v = (w & mask) | k1024;
-#endif
+    uint32_t v = cu_and_or(w, mask, k1024);
     __half2 h, k;
     memcpy(&h, &v, 4);
     memcpy(&k, &k1024, 4);
