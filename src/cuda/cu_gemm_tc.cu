@@ -25,6 +25,9 @@
 
 #define GT_K 128      /* columns a step; a lane's 32 lie in one group (group % 32 == 0) */
 #define GT_THREADS 128
+#ifndef GT_HX /* the most n-tiles whose input rows a thread keeps in registers */
+#define GT_HX 2
+#endif
 
 /* Stages (2-4): in flight while a step computes, ns - 1 of them. A stage is 8 KB of codes, the
  * scales, and BT rows of 512 bytes of fp32 inputs (256 of packed fp16 ones); after the stages, for
@@ -105,7 +108,9 @@ __device__ __forceinline__ __half gt_hsat(float v) { return __float2half_rn(fmin
 /* The block's work once its tile is known: NJ (<= BT / 8) bounds the n-tiles of 8 tokens it
  * computes, so a 32-token tile holding at most 16 tokens (half the experts' at 512 tokens) runs a
  * loop with half the mma, B loads and accumulators, not the same loop with half its mma predicated
- * off (those still take issue slots). */
+ * off (those still take issue slots). (Loops of exactly the tile's n-tiles, nothing predicated,
+ * ran 8-10% fewer instructions, no WARPSYNC before each mma, but were no faster: RESULTS.md,
+ * session 13.) */
 template <int BT, int DUAL, int SBT, int XP, int NJ>
 __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restrict__ Xv, int ldx, const dsort &so, int xdiv,
                                         int sbb, int ns, int e, int n, int base, int t0, int nj, unsigned char *gt_sm, int *xo) {
@@ -121,6 +126,12 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
         xo[t] = xr * ldx;
     }
     __syncthreads();
+    /* XP: the rows this thread copies, read once where registers allow (a read of xo a copy a
+     * step cost an LDS and a short-scoreboard wait in front of each copy) */
+    constexpr int HX = XP && NJ <= GT_HX;
+    int xoj[HX ? NJ : 1];
+#pragma unroll
+    for (int j = 0; j < (HX ? NJ : 1); j++) xoj[j] = HX && j < nj ? xo[(tid >> 4) + 8 * j] : 0;
 
     /* this thread's copies a step: codes chunk (wp = j, tile, half, lane) for j = 0..3, the
      * scale and bias of row tid (the same order), inputs chunk `lane` of tokens warp + 4j
@@ -167,7 +178,7 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const int t = xt + 8 * j;
-                if (j < nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + xo[t]);
+                if (j < nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + (HX ? xoj[HX ? j : 0] : xo[t]));
             }
             xsrc16 += GT_K;
         } else {

@@ -1747,12 +1747,68 @@ void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, 
 }
 
 /* ---- MoE ---- */
-/* One warp per token: softmax over E, then K rounds of argmax (lowest index on ties). */
-/* One warp: softmax of a token's E router logits into p (shared), then K rounds of argmax
- * (lowest id on ties) into sel/wt, the weights renormalized over the K. Logits are read
- * past L1 (__ldcg): in k_mvq's fused form other blocks wrote them in this launch. */
+/* One warp: softmax of a token's E router logits, then K rounds of argmax (lowest id on ties)
+ * into sel/wt, the weights renormalized over the K. route_regs holds the lane's logits in
+ * registers (lane l: experts l, l + 32, ..), so a round is NV compares and the warp's shuffles;
+ * route_warp's shared-memory form (E > 512 or K > 32) re-reads all E probabilities from p each
+ * round, a chain of dependent loads (~6 us of latency a decode layer's top-k launch, ~19 us at
+ * 512 tokens, bench/RESULTS.md session 13). Both give the same choices and weights bit for bit.
+ * Logits are read past L1 (__ldcg): in k_mvq's fused form other blocks wrote them in this launch. */
+template <int NV>
+__device__ void route_regs(float (&v)[NV], int E, int K, int *sel, float *wt) {
+    const int lane = threadIdx.x % WARP;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+        if (lane + WARP * i < E) mx = fmaxf(mx, v[i]);
+    mx = warp_max(mx);
+    float sum = 0;
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+        if (lane + WARP * i < E) { v[i] = expf(v[i] - mx); sum += v[i]; }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] = lane + WARP * i < E ? v[i] / sum : -3.0f; /* below any round's -1 */
+    float tot = 0, mw = 0;
+    int ms = 0;
+    for (int j = 0; j < K; j++) {
+        float bv = -1.0f;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            if (v[i] > bv) { bv = v[i]; bi = lane + WARP * i; }
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (bi >= E) bi = 0; /* only NaN logits (a defect upstream) leave no choice: stay in range */
+        if (lane == j) { ms = bi; mw = bv; }
+        tot += bv;
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            if (lane + WARP * i == bi) v[i] = -2.0f; /* taken */
+    }
+    if (lane < K) { sel[lane] = ms; wt[lane] = mw / tot; }
+}
+
 __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, float *wt) {
     int lane = threadIdx.x % WARP;
+    if (K <= WARP && E <= 8 * WARP) {
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = lane + WARP * i < E ? __ldcg(lg + lane + WARP * i) : 0.f;
+        route_regs<8>(v, E, K, sel, wt);
+        return;
+    }
+    if (K <= WARP && E <= 16 * WARP) {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) v[i] = lane + WARP * i < E ? __ldcg(lg + lane + WARP * i) : 0.f;
+        route_regs<16>(v, E, K, sel, wt);
+        return;
+    }
+
     float mx = -INFINITY;
     for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, __ldcg(lg + e));
     mx = warp_max(mx);
@@ -1789,6 +1845,36 @@ __global__ void k_router_topk(float *logits, int T, int E, int K, int *sel, floa
     extern __shared__ float pr[]; /* [warps][E] */
     int warp = threadIdx.x / WARP;
     int t = blockIdx.x * (blockDim.x / WARP) + warp;
+    if (P && K <= WARP && E <= 8 * WARP) {
+        /* each warp sums its own token's slices into registers (all 16 x 4 loads of a half in
+         * flight before the adds, in slice order as below), writes the logits, routes */
+        if (t >= T) return;
+        const int lane = threadIdx.x % WARP;
+        float v[8];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float pz[4][16];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int e = lane + WARP * (4 * h + i);
+                const size_t o = (size_t)t * E + e;
+#pragma unroll
+                for (int z = 0; z < 16; z++) pz[i][z] = z < S && e < E ? P[(size_t)z * pstride + o] : 0.f;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int e = lane + WARP * (4 * h + i);
+                float a = pz[i][0];
+#pragma unroll
+                for (int z = 1; z < 16; z++)
+                    if (z < S) a += pz[i][z];
+                v[4 * h + i] = a;
+                if (e < E) logits[(size_t)t * E + e] = a;
+            }
+        }
+        route_regs<8>(v, E, K, sel + (size_t)t * K, wt + (size_t)t * K);
+        return;
+    }
     if (P) {
         const int t0 = blockIdx.x * (blockDim.x / WARP), n = min(T - t0, (int)(blockDim.x / WARP)) * E;
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
