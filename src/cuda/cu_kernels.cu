@@ -1792,23 +1792,19 @@ __device__ void route_regs(float (&v)[NV], int E, int K, int *sel, float *wt) {
     if (lane < K) { sel[lane] = ms; wt[lane] = mw / tot; }
 }
 
+template <int NV>
+__device__ __forceinline__ void route_ld(const float *lg, int E, int K, int *sel, float *wt) {
+    const int lane = threadIdx.x % WARP;
+    float v[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] = lane + WARP * i < E ? __ldcg(lg + lane + WARP * i) : 0.f;
+    route_regs<NV>(v, E, K, sel, wt);
+}
+
 __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, float *wt) {
     int lane = threadIdx.x % WARP;
-    if (K <= WARP && E <= 8 * WARP) {
-        float v[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) v[i] = lane + WARP * i < E ? __ldcg(lg + lane + WARP * i) : 0.f;
-        route_regs<8>(v, E, K, sel, wt);
-        return;
-    }
-    if (K <= WARP && E <= 16 * WARP) {
-        float v[16];
-#pragma unroll
-        for (int i = 0; i < 16; i++) v[i] = lane + WARP * i < E ? __ldcg(lg + lane + WARP * i) : 0.f;
-        route_regs<16>(v, E, K, sel, wt);
-        return;
-    }
-
+    if (K <= WARP && E <= 8 * WARP) { route_ld<8>(lg, E, K, sel, wt); return; }
+    if (K <= WARP && E <= 16 * WARP) { route_ld<16>(lg, E, K, sel, wt); return; }
     float mx = -INFINITY;
     for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, __ldcg(lg + e));
     mx = warp_max(mx);
