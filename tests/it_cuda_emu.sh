@@ -130,10 +130,10 @@ if "$E/lily" synth --out "$tmp/model" --layout mlx4 --preset tiny --seed "$seed"
 else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
-# reduction, a missing __syncwarp, the router's tie within a lane to the higher id, a misplaced tensor-core tile, a decode batch whose rows all
-# take the first row's position, a batched matrix-vector product reading input row 0 for every
-# row, the tensor-core matrix-vector kernel's input in the wrong mma column, a prefill GEMM step
-# computed before its copies land, attention seeing one key past its own, the chunked delta rule's
+# reduction, a missing __syncwarp, the router's tie within a lane going to the higher id, a
+# misplaced tensor-core tile, a decode batch whose rows all take the first row's position, a
+# batched matrix-vector product reading input row 0 for every row, the tensor-core matrix-vector
+# kernel's input in the wrong mma column, a prefill GEMM step computed before its copies land, attention seeing one key past its own, the chunked delta rule's
 # state update reading its chunk before the copies land, an expert tile of 17-24 tokens computed as
 # one of up to 16, the decode MoE tail normalizing in a block before the last) must fail the kernel test
 for m in rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dc-last-early; do

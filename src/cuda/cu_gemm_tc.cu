@@ -128,10 +128,10 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
     __syncthreads();
     /* XP: the rows this thread copies, read once where registers allow (a read of xo a copy a
      * step cost an LDS and a short-scoreboard wait in front of each copy) */
-    constexpr int HX = XP && NJ <= GT_HX;
-    int xoj[HX ? NJ : 1];
+    constexpr bool HX = XP && NJ <= GT_HX;
+    int xoj[NJ];
 #pragma unroll
-    for (int j = 0; j < (HX ? NJ : 1); j++) xoj[j] = HX && j < nj ? xo[(tid >> 4) + 8 * j] : 0;
+    for (int j = 0; j < NJ; j++) xoj[j] = HX && j < nj ? xo[(tid >> 4) + 8 * j] : 0;
 
     /* this thread's copies a step: codes chunk (wp = j, tile, half, lane) for j = 0..3, the
      * scale and bias of row tid (the same order), inputs chunk `lane` of tokens warp + 4j
@@ -178,7 +178,7 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const int t = xt + 8 * j;
-                if (j < nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + (HX ? xoj[HX ? j : 0] : xo[t]));
+                if (j < nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + (HX ? xoj[j] : xo[t]));
             }
             xsrc16 += GT_K;
         } else {
