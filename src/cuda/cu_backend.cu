@@ -446,16 +446,33 @@ static int pf_mixer_in(const cu_layer *L, const dmat **W) {
     return 4;
 }
 
+/* Whether xpx holds X packed for the GEMM about to read X (the producer's _p form wrote it: no
+ * k_xp_pack launch). A GEMM that packs its own input into xpx ends that (xp_used). Prefill's three
+ * a layer that go this way: the norms' t (in-projection, experts, shared expert) and the gated
+ * norm's o (out-projection). */
+static int xp_ready(const lcuda_session *s, const float *X) { return X && s->xp_src == X; }
+/* where a producer writes its packed output: xpx, or NULL with LILY_CU_XP_OUT=0 (the GEMMs pack
+ * their inputs themselves, for measuring) */
+static uint16_t *xp_out(const lcuda_session *s) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_XP_OUT", 1) ? s->xpx : NULL;
+}
+static void xp_used(lcuda_session *s, int ready) { if (!ready) s->xp_src = NULL; }
+
 /* One prefill projection, Y [T][W->rows] = X W^T: through the packed-input tensor-core GEMM where
  * it takes the matrix, else cu_matmul. */
 static void proj(lcuda_session *s, const dmat *W, const float *X, int ldx, int T, float *Y) {
-    if (!cu_gemm_tc_xp(s->st, W, X, ldx, T, Y, W->rows, s->xpx)) cu_matmul(s->st, W, X, ldx, T, Y, W->rows);
+    const int in = xp_ready(s, X);
+    if (!cu_gemm_tc_xp2(s->st, W, X, ldx, T, Y, NULL, W->rows, s->xpx, in)) cu_matmul(s->st, W, X, ldx, T, Y, W->rows);
+    xp_used(s, in);
 }
 /* A mixer's out-projection into s->y, which the residual add reads with s->y2: the launch may
  * split its columns in two (cu_gemm_tc_xp2), the second part into s->D (the experts' down
  * outputs, free until this layer's experts run). */
 static void proj_out(lcuda_session *s, const dmat *W, const float *X, int ldx, int T) {
-    const int parts = cu_gemm_tc_xp2(s->st, W, X, ldx, T, s->y, s->D, W->rows, s->xpx);
+    const int in = xp_ready(s, X);
+    const int parts = cu_gemm_tc_xp2(s->st, W, X, ldx, T, s->y, s->D, W->rows, s->xpx, in);
+    xp_used(s, in);
     if (!parts) cu_matmul(s->st, W, X, ldx, T, s->y, W->rows);
     s->y2 = parts == 2 ? s->D : NULL;
 }
@@ -467,7 +484,10 @@ static void proj_group(lcuda_session *s, int n, const dmat *const *W, const floa
         ld[i] = W[i]->rows;
     }
     if (ok) { cu_matvec_rows(s->st, n, W, X, NULL, ldx, T, Y, ld); return; }
-    if (T > 8 && cu_gemm_tc_group(s->st, n, W, X, ldx, T, Y, s->xpx)) return; /* prefill: one launch for the group */
+    const int in = xp_ready(s, X);
+    const int done = T > 8 && cu_gemm_tc_group(s->st, n, W, X, ldx, T, Y, s->xpx, in); /* prefill: one launch for the group */
+    xp_used(s, in);
+    if (done) return;
     for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
 }
 
@@ -478,6 +498,7 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
     float *Y[4] = { s->mixed, s->zb, s->bb, s->aa };
     proj_group(s, 4, W, s->t, c->hidden, T, Y);
+    s->xp_src = NULL; /* (o is written below) */
     PM(s, "gdn in-proj qkv|z|b|a");
     if (s->rows) { /* decode batch: each row one step on its own session's conv and S */
         cu_rows R = *s->rows;
@@ -503,7 +524,7 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     if ((T >= 64 && cu_gdn_chunk_enabled() &&
          cu_gdn_chunked(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->gdn_scr)) ||
         (T > 1 && cu_gdn_staged(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o))) {
-        cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+        if (cu_gated_norm_p(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps, xp_out(s))) s->xp_src = s->o;
     } else if (!cu_gdn_rec_norm(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o, s->zb, L->gnorm, (float)c->eps)) {
         cu_gdn_rec(q, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, s->u, cd, s->g, s->beta, S, s->o);
         cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
@@ -520,6 +541,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     const dmat *W[3] = { &L->q, &L->k, &L->v };
     float *Y[3] = { s->qg, s->kb, s->vb };
     proj_group(s, 3, W, s->t, H, T, Y);
+    s->xp_src = NULL;
     PM(s, "attn in-proj q|k|v");
     if (s->rows) { /* decode batch: each row at its own position in its own session's cache */
         cu_rows R = *s->rows;
@@ -577,13 +599,16 @@ static void moe_shared_side(lcuda_session *s, const cu_layer *L, int T) {
     const lily_config *c = &s->m->cfg;
     const int H = c->hidden, SI = c->shared_inter;
     cudaStream_t q2 = s->st2;
-    if (!cu_gemm_swiglu(q2, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI, s->xps)) {
+    /* t's packed form where the norm left it in xpx: read there (nothing on the first stream
+     * writes xpx before the combine, which waits for this side) */
+    const int in = xp_ready(s, s->t);
+    if (!cu_gemm_swiglu(q2, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI, in ? s->xpx : s->xps, in)) {
         cu_matmul(q2, &L->sh_gate, s->t, H, T, s->sg, SI);
         cu_matmul(q2, &L->sh_up, s->t, H, T, s->su, SI);
         cu_swiglu(q2, s->sg, s->su, s->sg, (long long)T * SI);
     }
     cu_matmul_exact(q2, &L->sh_router, s->t, H, T, s->sr, 1, NULL, 0);
-    if (!cu_gemm_tc_xp(q2, &L->sh_down, s->sg, SI, T, s->SD, H, s->xps)) cu_matmul(q2, &L->sh_down, s->sg, SI, T, s->SD, H);
+    if (!cu_gemm_tc_xp2(q2, &L->sh_down, s->sg, SI, T, s->SD, NULL, H, s->xps, 0)) cu_matmul(q2, &L->sh_down, s->sg, SI, T, s->SD, H);
 }
 
 /* add: the mixer's output when moe_fused (the residual add and norm not done yet), else NULL.
@@ -631,7 +656,9 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         cu_router_exact_topk(q, &L->router, s->t, H, T, s->rl, s->D, (size_t)T * K * H, K, s->sel, s->wt);
         if (SI && !side) {
             /* the shared gate and up, sg = silu(gate) * up in one launch where the kernel takes them */
-            sh_swiglu = cu_gemm_swiglu(q, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI, s->xpx);
+            const int in = xp_ready(s, s->t);
+            sh_swiglu = cu_gemm_swiglu(q, &L->sh_gate, &L->sh_up, s->t, H, T, s->sg, SI, s->xpx, in);
+            xp_used(s, in);
             if (!sh_swiglu) proj_group(s, 2, RW + 1, s->t, H, T, RY + 1);
             cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1, NULL, 0);
         }
@@ -684,15 +711,19 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             PM(s, "moe experts");
         }
     } else { /* prefill: tokens sorted by expert, one tiled GEMM per expert */
-        cu_moe_sort(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos);
-        PM(s, "moe sort");
         dsort so = { s->cnt, s->off, s->src, s->spos, NULL };
         int bt = cu_moe_tile_rows(T * K, E), mt = cu_moe_max_tiles(T * K, E, bt);
-        if (E <= 1024 && cu_gemm_q4_enabled() && cu_gemm_q4_ok(&L->gate, s->t, H) && cu_gemm_q4_ok(&L->up, s->t, H) &&
-            cu_gemm_q4_ok(&L->down, s->hg, I)) { /* FP16 tensor cores over the (expert, tile) map */
-            cu_moe_tiles(q, s->cnt, E, bt, s->tiles, mt);
+        const int tc = E <= 1024 && cu_gemm_q4_enabled() && cu_gemm_q4_ok(&L->gate, s->t, H) && cu_gemm_q4_ok(&L->up, s->t, H) &&
+                       cu_gemm_q4_ok(&L->down, s->hg, I);
+        if (tc) cu_moe_sort_tiles(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos, bt, s->tiles, mt);
+        else cu_moe_sort(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos);
+        PM(s, "moe sort (+ tile map)");
+        if (tc) { /* FP16 tensor cores over the (expert, tile) map */
             so.tiles = s->tiles;
-            if (cu_moe_gate_up_xp(q, &L->gate, &L->up, &L->down, &so, bt, mt, K, s->t, H, T, s->xpx, s->xph)) {
+            const int in = xp_ready(s, s->t);
+            const int xp = cu_moe_gate_up_xp(q, &L->gate, &L->up, &L->down, &so, bt, mt, K, s->t, H, T, s->xpx, s->xph, in);
+            xp_used(s, in);
+            if (xp) {
                 PM(s, "moe experts gate|up (grouped)");
                 cu_moe_down_xp(q, &L->down, &so, bt, mt, s->xph, s->D, H);
             } else {
@@ -732,7 +763,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         PM(s, "moe shared swiglu+down");
         SD = s->SD;
     }
-    cu_moe_combine(q, s->x, add, s->D, pos, s->wt, T, K, H, SD, s->sr, nw, (float)c->eps, s->t);
+    s->xp_src = cu_moe_combine_p(q, s->x, add, s->D, pos, s->wt, T, K, H, SD, s->sr, nw, (float)c->eps, s->t, xp_out(s)) ? s->t : NULL;
     PM(s, "moe combine + next norm");
 }
 
@@ -743,7 +774,7 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     float eps = (float)c->eps;
     PM(s, "start");
     cu_embed(s->st, &m->embed, s->d_ids, T, s->x);
-    cu_rmsnorm(s->st, s->x, NULL, m->L[0].ln1, H, T, eps, s->t);
+    s->xp_src = cu_rmsnorm2p(s->st, s->x, NULL, NULL, m->L[0].ln1, H, T, eps, s->t, xp_out(s)) ? s->t : NULL;
     PM(s, "embed + norm");
     const int pf = pf_on(s, T);
     if (pf) {
@@ -762,9 +793,9 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
         const int fused = moe_fused(s, L, T);
         LILY_ASSERT(!fused || !s->y2); /* (the fused norm reads s->y alone; it is decode's, never split) */
         if (!fused) {
-            cu_rmsnorm2(s->st, s->x, s->y, s->y2, L->ln2, H, T, eps, s->t);
+            s->xp_src = cu_rmsnorm2p(s->st, s->x, s->y, s->y2, L->ln2, H, T, eps, s->t, xp_out(s)) ? s->t : NULL;
             PM(s, "residual + norm");
-        }
+        } else s->xp_src = NULL; /* (the router group writes t unpacked) */
         /* the combine leaves the next layer's normed input, or the final norm's */
         const cu_layer *next = l + 1 < c->n_layers ? &m->L[l + 1] : NULL;
         moe(s, L, next, T, next ? next->ln1 : m->norm, fused ? s->y : NULL);

@@ -221,6 +221,8 @@ void cu_gemm_q4_grouped(cudaStream_t s, const dmat *W, const dsort *so, int bt, 
  * 128 with (128 / group) scale bytes 4, 8 or 16, X under 2^31 floats; LILY_CU_GEMM_TC=0: never). W2 != NULL (the
  * experts' gate and up, the same shape): Y = silu(X W^T) * (X W2^T). */
 int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows); /* xrows: X's rows, at most */
+/* X [T][ldx] fp32 -> xp [T][C] in the packed GEMM input form (xp_chunk in cu_dev.h), C % 128 == 0 */
+void cu_xp_pack(cudaStream_t s, const float *X, int ldx, int T, int C, uint16_t *xp);
 void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy);
 void cu_gemm_tc_grouped(cudaStream_t s, const dmat *W, const dmat *W2, const dsort *so, int bt, int max_tiles, int xdiv,
                         const float *X, int ldx, float *Y, int ldy);
@@ -234,21 +236,25 @@ int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const d
  * order), 0 (and nothing launched) when the kernel does not take G, U and D; cu_moe_down_xp
  * then writes Y [T*K][ldy] in sorted order, as cu_gemm_q4_grouped. */
 int cu_moe_gate_up_xp(cudaStream_t s, const dmat *G, const dmat *U, const dmat *D, const dsort *so, int bt, int max_tiles,
-                      int xdiv, const float *X, int ldx, int xrows, uint16_t *xpx, uint16_t *xph);
+                      int xdiv, const float *X, int ldx, int xrows, uint16_t *xpx, uint16_t *xph, int xp_in);
 void cu_moe_down_xp(cudaStream_t s, const dmat *D, const dsort *so, int bt, int max_tiles, const uint16_t *xph, float *Y, int ldy);
 /* n <= 4 matrices of the same columns, group and scale type reading the same T > 8 rows of X, in
  * one launch, Y[i] [T][W[i]->rows]; 0 when the kernel does not take them all. xp: NULL, or fp16
  * scratch of T x cols for X packed in the mma's order first (then the launch's blocks copy their
- * inputs as they are and more fit an SM). */
-int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, uint16_t *xp);
+ * inputs as they are and more fit an SM). xp_in (here and below): xp holds X packed already (a
+ * producer's _p form wrote it), so where the launch takes the packed input it packs nothing. */
+int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, uint16_t *xp,
+                     int xp_in);
 /* The same for one matrix; 0 when not taken (T <= 8 or the kernel declines). */
 int cu_gemm_tc_xp(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp);
 /* The same with Y2 (NULL, or [T][ldy] as Y): where the launch is small for the GPU it splits the
  * columns in two, Y + Y2 the product; returns the parts written (1: Y alone, 2: Y and Y2), 0 when
  * not taken. */
-int cu_gemm_tc_xp2(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, float *Y2, int ldy, uint16_t *xp);
+int cu_gemm_tc_xp2(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, float *Y2, int ldy, uint16_t *xp,
+                   int xp_in);
 /* The same for one gate/up pair of T > 8 rows (the shared expert at prefill), Y [T][rows]. */
-int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp);
+int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp,
+                   int xp_in);
 /* Prefill attention on the tensor cores (cu_attn_tc.cu), which cu_attention takes where _ok:
  * T > 1 rows of one session, head dim 256, 8 query heads a KV head (LILY_CU_ATTN_TC=0: never). */
 int cu_attn_tc_ok(int T, int nh, int nkv, int hd);
@@ -260,6 +266,11 @@ void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);
 /* The same with x += add + add2 (add2 may be NULL): a split projection's two parts (cu_gemm_tc_xp2). */
 void cu_rmsnorm2(cudaStream_t s, float *x, const float *add, const float *add2, const float *w, int n, int T, float eps, float *y);
+/* Producers that also write their output as the prefill GEMMs' packed fp16 input (xp_chunk in
+ * cu_dev.h, [T][n] halves at yp), so the GEMM that reads it packs nothing (its xp_in): each
+ * returns 1 where it did (T > 8, n % 128 == 0, aligned), 0 where it wrote the fp32 output alone. */
+int cu_rmsnorm2p(cudaStream_t s, float *x, const float *add, const float *add2, const float *w, int n, int T, float eps, float *y,
+                 uint16_t *yp);
 /* Causal depthwise conv + SiLU, updating the [cd][K-1] state. */
 /* (returns 1 when it also l2-normalized the q and k heads, which it does for head dim 128:
  * then cu_gdn_prep's normed) */
@@ -319,6 +330,7 @@ void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, 
                        int splits, float *part, float *o);
 /* o = rmsnorm(o) * gw * silu(z), per head of dv. */
 void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps);
+int cu_gated_norm_p(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, uint16_t *op);
 /* q (from qg) and k: per-head rmsnorm + partial RoPE at positions *pos + t; k and v go to the
  * cache rows *pos + t. */
 void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const float *v, const float *qn,
@@ -343,12 +355,17 @@ int cu_prefetch_enabled(void);
 void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *logits, float *scr,
                           size_t scr_floats, int K, int *sel, float *wt);
 void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos);
+/* The same and cu_moe_tiles' map in one launch. */
+void cu_moe_sort_tiles(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos, int bt, int *tiles,
+                       int max_tiles);
 void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long long n);
 /* x[t] = (x[t] (+ add[t])) + sum_k wt[t,k] D[row(t,k)] (+ sigmoid(sr[t]) SD[t] when SD).
  * row = pos ? pos[t*K+k] : t*K+k. add: the mixer's output when the residual add was left to here
  * (mvq_fuse). With nw: tout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, fused). */
 void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout);
+int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
+                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout, uint16_t *tp);
 /* Decode's experts' down, the combine and the next norm in one launch (cu_moe_dec.cu), T = 1:
  * x = (x + add) + sum_k wt[k] D_sel[k] h_k (+ sigmoid(sr) SD h_K with the shared expert's down SD),
  * h_k = silu(hg[k]) * hu[k] ([K (+1)][I]), then tout = rmsnorm(x) * nw. count: a zeroed unsigned,

@@ -167,6 +167,16 @@ __device__ __forceinline__ uint32_t cu_h2sat(float a, float b) {
     return v;
 }
 
+/* The packed fp16 GEMM input (k_gemm_tc's XP, gt_xp_pos in cu_gemm_tc.cu): a row's chunk cc (8
+ * halves) holds the 8 consecutive columns from xp_chunk_col(cc), a = the first four, b = the
+ * last four, paired (a.x b.x) (a.y b.y)/16 (a.z b.z) (a.w b.w)/16. A launch that produces a GEMM's
+ * fp32 input writes this form beside it, so the GEMM packs nothing (k_xp_pack's launch gone). */
+__device__ __forceinline__ int xp_chunk_col(int cc) { return 128 * (cc >> 4) + 32 * (cc & 3) + 8 * ((cc >> 2) & 3); }
+__device__ __forceinline__ uint4 xp_chunk(float4 a, float4 b) {
+    return make_uint4(cu_h2sat(a.x, b.x), cu_h2sat(a.y * 0.0625f, b.y * 0.0625f), cu_h2sat(a.z, b.z),
+                      cu_h2sat(a.w * 0.0625f, b.w * 0.0625f));
+}
+
 /* a[0..n) in shared memory <- its exclusive prefix sums, by warp 0 (32 at a time, a shuffle scan
  * each); the total goes to a[n] where total_out. The caller syncs before and after. */
 __device__ __forceinline__ void cu_warp0_exclusive_scan(int *a, int n, bool total_out) {

@@ -338,11 +338,15 @@ __global__ void k_xp_pack(const float *__restrict__ X, int ldx, int T, int C, ui
     const int cpr = C / 8;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)T * cpr) return;
-    const int t = (int)(i / cpr), cc = (int)(i % cpr), p = cc & 15, w = p >> 2, q = p & 3;
-    const float *x = X + (size_t)t * ldx + 128 * (cc >> 4) + 32 * q + 8 * w;
-    const float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
-    Y[i] = make_uint4(cu_h2sat(a.x, b.x), cu_h2sat(a.y * 0.0625f, b.y * 0.0625f), cu_h2sat(a.z, b.z),
-                      cu_h2sat(a.w * 0.0625f, b.w * 0.0625f));
+    const int t = (int)(i / cpr), cc = (int)(i % cpr);
+    const float *x = X + (size_t)t * ldx + xp_chunk_col(cc);
+    Y[i] = xp_chunk(*(const float4 *)x, *(const float4 *)(x + 4));
+}
+
+void cu_xp_pack(cudaStream_t s, const float *X, int ldx, int T, int C, uint16_t *xp) {
+    LILY_ASSERT(C % 128 == 0 && ldx % 4 == 0 && !((uintptr_t)X & 15) && !((uintptr_t)xp & 15)); /* (16-byte loads and stores) */
+    const long long nc = (long long)T * (C / 8);
+    cu_go(k_xp_pack, (unsigned)((nc + 255) / 256), 256, 0, s)(X, ldx, T, C, (uint4 *)xp);
 }
 
 int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
@@ -391,7 +395,7 @@ static void gt_launch_bt(cudaStream_t s, int bt, const gt_group *G, const void *
  * (2,048 rows: 16 row blocks of 16 token tiles, ~2 blocks an SM) were latency-bound at 40% issue.
  * Returns the parts written (1 or 2). LILY_CU_GT_SPLIT=0: never split, for measuring. */
 static int gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const float *X, int ldx, int T, float *const *Y,
-                    float *const *Y2, const int *ldy, uint16_t *xp) {
+                    float *const *Y2, const int *ldy, uint16_t *xp, int xp_in) {
     gt_group G;
     memset(&G, 0, sizeof G);
     const int rb = dual ? 64 : 128;
@@ -414,8 +418,8 @@ static int gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const
         for (int i = 0; i < G.n; i++) G.y2[i] = Y2[i];
     const dim3 grid(gx, ty, parts);
     if (xp) {
-        const int C = W[0]->cols, nc = T * (C / 8);
-        cu_go(k_xp_pack, (nc + 255) / 256, 256, 0, s)(X, ldx, T, C, (uint4 *)xp);
+        const int C = W[0]->cols;
+        if (!xp_in) cu_xp_pack(s, X, ldx, T, C, xp);
         if (dual) gt_launch_bt<1, 1>(s, bt, &G, xp, C, T, &none, 0, grid);
         else gt_launch_bt<0, 1>(s, bt, &G, xp, C, T, &none, 0, grid);
     } else if (dual) gt_launch_bt<1, 0>(s, bt, &G, X, ldx, T, &none, 0, grid);
@@ -431,19 +435,20 @@ static uint16_t *gt_xp(uint16_t *xp, int T, int cols) {
 }
 
 void cu_gemm_tc(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy) {
-    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, NULL, &ldy, NULL);
+    gt_dense(s, 1, &W, 0, X, ldx, T, &Y, NULL, &ldy, NULL, 0);
 }
 
 int cu_gemm_tc_xp(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp) {
-    return cu_gemm_tc_xp2(s, W, X, ldx, T, Y, NULL, ldy, xp);
+    return cu_gemm_tc_xp2(s, W, X, ldx, T, Y, NULL, ldy, xp, 0);
 }
 
-int cu_gemm_tc_xp2(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, float *Y2, int ldy, uint16_t *xp) {
+int cu_gemm_tc_xp2(cudaStream_t s, const dmat *W, const float *X, int ldx, int T, float *Y, float *Y2, int ldy, uint16_t *xp, int xp_in) {
     if (T <= 8 || !cu_gemm_q4_enabled() || !cu_gemm_tc_ok(W, X, ldx, T)) return 0;
-    return gt_dense(s, 1, &W, 0, X, ldx, T, &Y, Y2 ? &Y2 : NULL, &ldy, gt_xp(xp, T, W->cols));
+    return gt_dense(s, 1, &W, 0, X, ldx, T, &Y, Y2 ? &Y2 : NULL, &ldy, gt_xp(xp, T, W->cols), xp_in);
 }
 
-int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, uint16_t *xp) {
+int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, uint16_t *xp,
+                     int xp_in) {
     if (n < 1 || n > GT_MAX || T <= 8 || !cu_gemm_q4_enabled()) return 0;
     int ld[GT_MAX];
     for (int i = 0; i < n; i++) {
@@ -451,7 +456,7 @@ int cu_gemm_tc_group(cudaStream_t s, int n, const dmat *const *W, const float *X
             return 0;
         ld[i] = W[i]->rows;
     }
-    gt_dense(s, n, W, 0, X, ldx, T, Y, NULL, ld, gt_xp(xp, T, W[0]->cols));
+    gt_dense(s, n, W, 0, X, ldx, T, Y, NULL, ld, gt_xp(xp, T, W[0]->cols), xp_in);
     return 1;
 }
 
@@ -475,10 +480,11 @@ static int gt_pair_ok(const dmat *G, const dmat *U, const float *X, int ldx, lon
            G->group == U->group && G->sbt == U->sbt && G->ew == U->ew && G->es == U->es;
 }
 
-int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp) {
+int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X, int ldx, int T, float *Y, int ldy, uint16_t *xp,
+                   int xp_in) {
     if (T <= 8 || !cu_gemm_q4_enabled() || !gt_pair_ok(G, U, X, ldx, T)) return 0;
     const dmat *W[2] = { G, U };
-    gt_dense(s, 2, W, 1, X, ldx, T, &Y, NULL, &ldy, gt_xp(xp, T, G->cols));
+    gt_dense(s, 2, W, 1, X, ldx, T, &Y, NULL, &ldy, gt_xp(xp, T, G->cols), xp_in);
     return 1;
 }
 
@@ -493,14 +499,14 @@ int cu_gemm_swiglu_grouped(cudaStream_t s, const dmat *G, const dmat *U, const d
  * cu_moe_gate_up_xp packs X into xpx and writes silu(gate) * up packed into xph; 0 when the
  * kernel does not take the three matrices, and then neither launch is made. */
 int cu_moe_gate_up_xp(cudaStream_t s, const dmat *G, const dmat *U, const dmat *D, const dsort *so, int bt, int max_tiles,
-                      int xdiv, const float *X, int ldx, int xrows, uint16_t *xpx, uint16_t *xph) {
+                      int xdiv, const float *X, int ldx, int xrows, uint16_t *xpx, uint16_t *xph, int xp_in) {
     static int on = -1; /* LILY_CU_MOE_XP=0: the fp32-input launches (cu_gemm_swiglu_grouped), for measuring */
     const long long slots = (long long)max_tiles * bt;
     if (!cu_env_flag(&on, "LILY_CU_MOE_XP", 1) || !gt_pair_ok(G, U, X, ldx, xrows) || !cu_gemm_tc_ok(D, X, ldx, xrows) || D->cols != G->rows ||
         (long long)xrows * G->cols >= (1ll << 31) || slots * D->cols >= (1ll << 31) || ((uintptr_t)xpx & 15) || ((uintptr_t)xph & 15))
         return 0;
-    const int C = G->cols, nc = xrows * (C / 8);
-    cu_go(k_xp_pack, (nc + 255) / 256, 256, 0, s)(X, ldx, xrows, C, (uint4 *)xpx);
+    const int C = G->cols;
+    if (!xp_in) cu_xp_pack(s, X, ldx, xrows, C, xpx);
     gt_group g;
     memset(&g, 0, sizeof g);
     g.n = 1;

@@ -1195,7 +1195,29 @@ void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x) {
     cu_go(k_embed, T, 256, 0, s)(*E, ids, x);
 }
 
-__global__ void k_rmsnorm(float *x, const float *add, const float *add2, const float *w, int n, float eps, float *y) {
+/* A row's last pass where its output is also a GEMM's packed input: y[c] = x[c] r w[c], and the
+ * same values packed (xp_chunk), a thread a chunk of 8 columns. The block's x is complete (the
+ * caller's block_sum synced it). n % 128 == 0 and the rows 16-byte aligned (xp_out_ok). */
+__device__ __forceinline__ void xp_rows_out(const float *xr, const float *w, float r, int n, float *yr, uint4 *pr) {
+    for (int cc = threadIdx.x; cc < n / 8; cc += blockDim.x) {
+        const int c = xp_chunk_col(cc);
+        const float4 x0 = *(const float4 *)(xr + c), x1 = *(const float4 *)(xr + c + 4);
+        const float4 w0 = *(const float4 *)(w + c), w1 = *(const float4 *)(w + c + 4);
+        const float4 a = make_float4(x0.x * r * w0.x, x0.y * r * w0.y, x0.z * r * w0.z, x0.w * r * w0.w);
+        const float4 b = make_float4(x1.x * r * w1.x, x1.y * r * w1.y, x1.z * r * w1.z, x1.w * r * w1.w);
+        *(float4 *)(yr + c) = a;
+        *(float4 *)(yr + c + 4) = b;
+        pr[cc] = xp_chunk(a, b);
+    }
+}
+/* whether a launch can write its [T][n] output packed too (xp_rows_out's conditions) */
+static int xp_out_ok(const uint16_t *yp, int n, int T, const float *y, const float *x, const float *w) {
+    return n % 128 == 0 && T > 8 && (long long)T * n < (1ll << 31) && !((uintptr_t)yp & 15) && !((uintptr_t)y & 15) &&
+           !((uintptr_t)x & 15) && !((uintptr_t)w & 15);
+}
+
+/* yp not NULL: y also in the packed fp16 GEMM input form (xp_chunk), [rows][n / 8] chunks */
+__global__ void k_rmsnorm(float *x, const float *add, const float *add2, const float *w, int n, float eps, float *y, uint4 *yp) {
     CU_PDL();
     __shared__ float sh[32];
     float *xr = x + (size_t)blockIdx.x * n;
@@ -1209,13 +1231,21 @@ __global__ void k_rmsnorm(float *x, const float *add, const float *add2, const f
     ss = block_sum(ss, sh);
     float r = 1.0f / sqrtf(ss / n + eps);
     float *yr = y + (size_t)blockIdx.x * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
+    if (yp) xp_rows_out(xr, w, r, n, yr, yp + (size_t)blockIdx.x * (n / 8));
+    else
+        for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];
 }
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y) {
-    cu_rmsnorm2(s, x, add, NULL, w, n, T, eps, y);
+    cu_rmsnorm2p(s, x, add, NULL, w, n, T, eps, y, NULL);
 }
 void cu_rmsnorm2(cudaStream_t s, float *x, const float *add, const float *add2, const float *w, int n, int T, float eps, float *y) {
-    cu_go(k_rmsnorm, T, T <= 8 ? 1024 : 256, 0, s)(x, add, add ? add2 : NULL, w, n, eps, y);
+    cu_rmsnorm2p(s, x, add, add2, w, n, T, eps, y, NULL);
+}
+int cu_rmsnorm2p(cudaStream_t s, float *x, const float *add, const float *add2, const float *w, int n, int T, float eps, float *y,
+                 uint16_t *yp) {
+    if (yp && !xp_out_ok(yp, n, T, y, x, w)) yp = NULL;
+    cu_go(k_rmsnorm, T, T <= 8 ? 1024 : 256, 0, s)(x, add, add ? add2 : NULL, w, n, eps, y, (uint4 *)yp);
+    return yp != NULL;
 }
 
 /* ---- Gated DeltaNet ---- */
@@ -1508,7 +1538,9 @@ __global__ void k_gated_norm(float *o, const float *z, const float *gw, int nv, 
 }
 /* The same with a warp a (token, head) for dv = 128, four elements a lane (a block of 128 threads
  * a head and token with a block-wide sum ran at latency: 22 us a layer at 512 tokens). */
-__global__ void k_gated_norm128(float *o, const float *z, const float *gw, int n, float eps) {
+/* op not NULL: o also packed (xp_chunk): (token, head) i is the row's 128-column step i % nv,
+ * lane l holds its columns 4l..4l+3, so lanes 2m and 2m + 1 hold chunk 4 (m & 3) + (m >> 2) */
+__global__ void k_gated_norm128(float *o, const float *z, const float *gw, int n, float eps, uint4 *op) {
     CU_PDL();
     const int i = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
     if (i >= n) return;
@@ -1516,13 +1548,27 @@ __global__ void k_gated_norm128(float *o, const float *z, const float *gw, int n
     const float4 v = oh[lane], zz = ((const float4 *)(z + (size_t)i * 128))[lane], w = ((const float4 *)gw)[lane];
     const float ss = warp_sum((v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w));
     const float r = 1.0f / sqrtf(ss / 128 + eps);
-    oh[lane] = make_float4(v.x * r * w.x * silu_f(zz.x), v.y * r * w.y * silu_f(zz.y), v.z * r * w.z * silu_f(zz.z),
-                           v.w * r * w.w * silu_f(zz.w));
+    const float4 y = make_float4(v.x * r * w.x * silu_f(zz.x), v.y * r * w.y * silu_f(zz.y), v.z * r * w.z * silu_f(zz.z),
+                                 v.w * r * w.w * silu_f(zz.w));
+    oh[lane] = y;
+    if (op) {
+        const float4 b = make_float4(__shfl_xor_sync(0xffffffffu, y.x, 1), __shfl_xor_sync(0xffffffffu, y.y, 1),
+                                     __shfl_xor_sync(0xffffffffu, y.z, 1), __shfl_xor_sync(0xffffffffu, y.w, 1));
+        const int m = lane >> 1;
+        if (!(lane & 1)) op[(size_t)i * 16 + 4 * (m & 3) + (m >> 2)] = xp_chunk(y, b);
+    }
 }
 void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps) {
-    if (dv == 128 && ((uintptr_t)o & 15) == 0 && ((uintptr_t)z & 15) == 0 && ((uintptr_t)gw & 15) == 0)
-        cu_go(k_gated_norm128, (T * nv + 7) / 8, 256, 0, s)(o, z, gw, T * nv, eps);
-    else cu_go(k_gated_norm, T * nv, 128, 0, s)(o, z, gw, nv, dv, eps);
+    cu_gated_norm_p(s, o, z, gw, T, nv, dv, eps, NULL);
+}
+int cu_gated_norm_p(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, uint16_t *op) {
+    if (dv == 128 && ((uintptr_t)o & 15) == 0 && ((uintptr_t)z & 15) == 0 && ((uintptr_t)gw & 15) == 0) {
+        if (op && (T <= 8 || (long long)T * nv * dv >= (1ll << 31) || ((uintptr_t)op & 15))) op = NULL;
+        cu_go(k_gated_norm128, (T * nv + 7) / 8, 256, 0, s)(o, z, gw, T * nv, eps, (uint4 *)op);
+        return op != NULL;
+    }
+    cu_go(k_gated_norm, T * nv, 128, 0, s)(o, z, gw, nv, dv, eps);
+    return 0;
 }
 
 /* ---- gated attention ---- */
@@ -1902,19 +1948,36 @@ void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *X, int ldx
 }
 
 /* Counting sort of the n = T*K slots by expert. The order inside an expert follows the
- * atomics, which changes no row's value: every row is computed on its own. */
-__global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
+ * atomics, which changes no row's value: every row is computed on its own. With tiles, also the
+ * grouped GEMM's (expert, tile) map as k_moe_tiles writes it, from the counts already in shared
+ * memory (a launch a layer fewer). */
+__global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, int *src, int *pos, int bt, int *tiles,
+                           int max_tiles) {
     CU_PDL();
-    extern __shared__ int cnt[]; /* [E] counts, then [E] cursors */
+    extern __shared__ int cnt[]; /* [E] counts, then [E] cursors, then (tiles) [E + 1] tile starts */
     int *cur = cnt + E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[sel[i]], 1);
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) { count[e] = cnt[e]; cur[e] = cnt[e]; }
+    int *start = cur + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        count[e] = cnt[e];
+        cur[e] = cnt[e];
+        if (tiles) start[e] = (cnt[e] + bt - 1) / bt;
+    }
     __syncthreads();
     cu_warp0_exclusive_scan(cur, E, false);
+    if (tiles) { /* (warp 0 scans both, one after the other) */
+        __syncwarp();
+        cu_warp0_exclusive_scan(start, E, true);
+    }
     __syncthreads();
+    if (tiles) {
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            for (int j = start[e]; j < start[e + 1] && j < max_tiles; j++) tiles[j] = (e << 16) | (j - start[e]);
+        for (int i = start[E] + threadIdx.x; i < max_tiles; i += blockDim.x) tiles[i] = -1;
+    }
     for (int e = threadIdx.x; e < E; e += blockDim.x) off[e] = cur[e]; /* (before the scatter below moves cur) */
     __syncthreads();
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -1924,7 +1987,11 @@ __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, i
     }
 }
 void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {
-    cu_go(k_moe_sort, 1, 1024, 2 * (size_t)E * sizeof(int), s)(sel, n, E, count, off, src, pos);
+    cu_go(k_moe_sort, 1, 1024, 2 * (size_t)E * sizeof(int), s)(sel, n, E, count, off, src, pos, 1, NULL, 0);
+}
+void cu_moe_sort_tiles(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos, int bt, int *tiles,
+                       int max_tiles) {
+    cu_go(k_moe_sort, 1, 1024, (3 * (size_t)E + 1) * sizeof(int), s)(sel, n, E, count, off, src, pos, bt, tiles, max_tiles);
 }
 
 __global__ void k_swiglu(const float *g, const float *u, float *h, long long n) {
@@ -1970,7 +2037,7 @@ __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ a
 __global__ void k_moe_combine4(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ D,
                                const int *__restrict__ pos, const float *__restrict__ wt, int K, int H,
                                const float *__restrict__ SD, const float *__restrict__ sr, const float *__restrict__ nw,
-                               float eps, float *__restrict__ tout) {
+                               float eps, float *__restrict__ tout, uint4 *__restrict__ tp) {
     CU_PDL();
     __shared__ float sh[32], ws[COMB_KMAX];
     __shared__ int rs[COMB_KMAX];
@@ -2011,14 +2078,25 @@ __global__ void k_moe_combine4(float *__restrict__ x, const float *__restrict__ 
     if (!nw) return;
     ss = block_sum(ss, sh);
     const float r = 1.0f / sqrtf(ss / H + eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) tout[(size_t)t * H + i] = x[(size_t)t * H + i] * r * nw[i];
+    if (tp) xp_rows_out(x + (size_t)t * H, nw, r, H, tout + (size_t)t * H, tp + (size_t)t * (H / 8));
+    else
+        for (int i = threadIdx.x; i < H; i += blockDim.x) tout[(size_t)t * H + i] = x[(size_t)t * H + i] * r * nw[i];
 }
 void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout) {
+    cu_moe_combine_p(s, x, add, D, pos, wt, T, K, H, SD, sr, nw, eps, tout, NULL);
+}
+int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
+                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout, uint16_t *tp) {
+    if (tp && (!nw || !xp_out_ok(tp, H, T, tout, x, nw))) tp = NULL;
     if (T > 8 && K <= COMB_KMAX && H % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)D & 15) == 0 && (!SD || ((uintptr_t)SD & 15) == 0) &&
         (!add || ((uintptr_t)add & 15) == 0))
-        cu_go(k_moe_combine4, T, 256, 0, s)(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
-    else cu_go(k_moe_combine, T, T <= 8 ? 1024 : 256, 0, s)(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
+        cu_go(k_moe_combine4, T, 256, 0, s)(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout, (uint4 *)tp);
+    else {
+        cu_go(k_moe_combine, T, T <= 8 ? 1024 : 256, 0, s)(x, add, D, pos, wt, K, H, SD, sr, nw, eps, tout);
+        tp = NULL;
+    }
+    return tp != NULL;
 }
 
 /* ---- token choice ---- */

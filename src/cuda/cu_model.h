@@ -51,6 +51,8 @@ struct lcuda_session {
     float *rl, *wt, *hg, *hu, *D, *sg, *su, *sr, *SD;
     uint16_t *xps;                 /* fp16 [T][max(H, shared_inter)]: the shared expert's packed inputs on st2 */
     uint16_t *xpx, *xph;           /* fp16 [T][widest projection input] and [T*K][I]: packed GEMM inputs (cu_gemm_tc_xp, cu_moe_gate_up_xp) */
+    const float *xp_src;           /* NULL, or the fp32 buffer (t or o) whose packed form its producer left in xpx for the
+                                    * GEMMs that read it next (cu_rmsnorm2p and the other _p forms; cu_backend.cu) */
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     unsigned *fcount;              /* [2] block counters, 0 between launches: the fused router group's (mvq_fuse), cu_moe_down_combine's */

@@ -41,16 +41,20 @@ static lily_code slot_order(float *Y, const float *dys, const int *pos, int n, i
 }
 
 /* sel [n] uploaded and sorted by expert on the GPU (cu_moe_sort), with the bt-token tile map
- * (cu_moe_tiles), in buffers of L; all NULL where *rc is set */
-static dsort sorted_tiles(dlist *L, const int *sel, int n, int E, int bt, int mt, lily_status *st, lily_code *rc) {
+ * (cu_moe_tiles; merged: both from cu_moe_sort_tiles, as the model does), in buffers of L; all
+ * NULL where *rc is set */
+static dsort sorted_tiles(dlist *L, const int *sel, int n, int E, int bt, int mt, int merged, lily_status *st, lily_code *rc) {
     int *ds = (int *)dput(L, sel, (size_t)n * 4, st, rc);
     int *cnt = (int *)dput(L, NULL, (size_t)E * 4, st, rc), *off = (int *)dput(L, NULL, (size_t)E * 4, st, rc);
     int *src = (int *)dput(L, NULL, (size_t)n * 4, st, rc), *pos = (int *)dput(L, NULL, (size_t)n * 4, st, rc);
     int *tiles = (int *)dput(L, NULL, (size_t)mt * 4, st, rc);
     dsort so = { NULL, NULL, NULL, NULL, NULL };
     if (*rc) return so;
-    cu_moe_sort(0, ds, n, E, cnt, off, src, pos);
-    cu_moe_tiles(0, cnt, E, bt, tiles, mt);
+    if (merged) cu_moe_sort_tiles(0, ds, n, E, cnt, off, src, pos, bt, tiles, mt);
+    else {
+        cu_moe_sort(0, ds, n, E, cnt, off, src, pos);
+        cu_moe_tiles(0, cnt, E, bt, tiles, mt);
+    }
     so.count = cnt; so.off = off; so.src = src; so.pos = pos; so.tiles = tiles;
     return so;
 }
@@ -70,7 +74,7 @@ lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant,
     float *dys = sorted ? (float *)dput(&L, NULL, (size_t)ny * rows * 4, st, &rc) : NULL;
     int bt = cu_moe_tile_rows(T * K, E), mt = cu_moe_max_tiles(T * K, E, bt);
     dsort so = { NULL, NULL, NULL, NULL, NULL };
-    if (sorted) so = sorted_tiles(&L, sel, T * K, E, bt, mt, st, &rc);
+    if (sorted) so = sorted_tiles(&L, sel, T * K, E, bt, mt, 0, st, &rc);
     if (!rc && (variant == 5 || variant == 6) && !cu_gemm_q4_ok(&d, dx, cols))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the FP16 GEMM does not take this matrix");
     if (!rc) {
@@ -109,7 +113,7 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
         float *dx = (float *)dput(&L, X, (size_t)T * G->cols * 4, st, &rc);
         float *dy = (float *)dput(&L, NULL, (size_t)T * G->rows * 4, st, &rc);
         uint16_t *xp = packed ? (uint16_t *)dput(&L, NULL, (size_t)T * G->cols * 2, st, &rc) : NULL;
-        if (!rc && !cu_gemm_swiglu(0, &dg, &du, dx, G->cols, T, dy, G->rows, xp))
+        if (!rc && !cu_gemm_swiglu(0, &dg, &du, dx, G->cols, T, dy, G->rows, xp, 0))
             rc = lily_err(st, LILY_EUNSUPPORTED, "the fused gate/up kernel does not take these matrices");
         rc = finish(st, rc);
         if (!rc) rc = dget(Y, dy, (size_t)T * G->rows * 4, st);
@@ -121,7 +125,7 @@ lily_code lct_experts_swiglu(const lw_mat *G, const lw_mat *U, int E, const floa
     int bt = cu_moe_tile_rows(n, E), mt = cu_moe_max_tiles(n, E, bt);
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
     float *dy = (float *)dput(&L, NULL, (size_t)n * rows * 4, st, &rc);
-    const dsort so = sorted_tiles(&L, sel, n, E, bt, mt, st, &rc);
+    const dsort so = sorted_tiles(&L, sel, n, E, bt, mt, 0, st, &rc);
     if (!rc && !cu_gemm_swiglu_grouped(0, &dg, &du, &so, bt, mt, K, dx, cols, dy, rows))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the fused gate/up kernel does not take these matrices");
     rc = finish(st, rc);
@@ -143,9 +147,14 @@ lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int
     float *dx = (float *)dput(&L, X, (size_t)T * H * 4, st, &rc);
     float *dy = (float *)dput(&L, NULL, (size_t)n * D->rows * 4, st, &rc);
     uint16_t *xpx = (uint16_t *)dput(&L, NULL, (size_t)T * H * 2, st, &rc), *xph = (uint16_t *)dput(&L, NULL, (size_t)n * I * 2, st, &rc);
-    const dsort so = sorted_tiles(&L, sel, n, E, bt, mt, st, &rc);
+    const dsort so = sorted_tiles(&L, sel, n, E, bt, mt, 1, st, &rc);
+    /* bt 32 (the 35B-A3B's tile at 512 tokens): X packed beforehand, as the norm before the MoE
+     * leaves it in the model (xp_in); the other tiles pack it in the call */
+    const int xp_in = bt == 32;
+    if (!rc && xp_in) cu_xp_pack(0, dx, H, T, H, xpx);
     if (!rc) {
-        if (cu_moe_gate_up_xp(0, &dg, &du, &dd, &so, bt, mt, K, dx, H, T, xpx, xph)) cu_moe_down_xp(0, &dd, &so, bt, mt, xph, dy, D->rows);
+        if (cu_moe_gate_up_xp(0, &dg, &du, &dd, &so, bt, mt, K, dx, H, T, xpx, xph, xp_in))
+            cu_moe_down_xp(0, &dd, &so, bt, mt, xph, dy, D->rows);
         else rc = lily_err(st, LILY_EUNSUPPORTED, "the packed-input experts' kernels do not take these matrices");
     }
     rc = finish(st, rc);
@@ -184,7 +193,7 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int pack
     float *dx = (float *)dput(&L, X, (size_t)T * W[0].cols * 4, st, &rc);
     uint16_t *xp = packed ? (uint16_t *)dput(&L, NULL, (size_t)T * W[0].cols * 2, st, &rc) : NULL;
     if (!rc && !(n == 1 && packed ? cu_gemm_tc_xp(0, dp[0], dx, W[0].cols, T, dy[0], W[0].rows, xp)
-                                  : cu_gemm_tc_group(0, n, dp, dx, W[0].cols, T, dy, xp)))
+                                  : cu_gemm_tc_group(0, n, dp, dx, W[0].cols, T, dy, xp, 0)))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the grouped tensor-core GEMM does not take these matrices");
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
@@ -205,7 +214,7 @@ lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, float *Y, int *
     *parts = 0;
     if (!rc) {
         cudaMemset(dy2, 0xff, ny * 4); /* NaN: a second part claimed but not written shows */
-        *parts = cu_gemm_tc_xp2(0, &d, dx, W->cols, T, dy, dy2, W->rows, xp);
+        *parts = cu_gemm_tc_xp2(0, &d, dx, W->cols, T, dy, dy2, W->rows, xp, 0);
         if (!*parts) rc = lily_err(st, LILY_EUNSUPPORTED, "the tensor-core GEMM does not take this matrix");
     }
     rc = finish(st, rc);
@@ -239,15 +248,34 @@ lily_code lct_attention(const float *q, const float *qg, const float *kc, const 
     return rc;
 }
 
-lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, lily_status *st) {
+/* lct_packed: device buffers for the producer's packed output and k_xp_pack's of y [T][n] */
+static uint16_t *pk_alloc(dlist *L, const lct_packed *pk, int T, int n, uint16_t **ref, lily_status *st, lily_code *rc) {
+    if (!pk) return *ref = NULL;
+    *ref = (uint16_t *)dput(L, NULL, (size_t)T * n * 2, st, rc);
+    return (uint16_t *)dput(L, NULL, (size_t)T * n * 2, st, rc);
+}
+static lily_code pk_get(lct_packed *pk, const uint16_t *dxp, uint16_t *dref, const float *dy, int T, int n, lily_status *st) {
+    if (!pk || n % 128) return LILY_OK; /* (no packed form of such rows: the producer must say so) */
+    cu_xp_pack(0, dy, n, T, n, dref);
+    lily_code rc = finish(st, LILY_OK);
+    if (!rc) rc = dget(pk->xp, dxp, (size_t)T * n * 2, st);
+    if (!rc) rc = dget(pk->xp_ref, dref, (size_t)T * n * 2, st);
+    return rc;
+}
+
+lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, lct_packed *pk,
+                         lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;
     float *d_o = (float *)dput(&L, o, (size_t)T * nv * dv * 4, st, &rc);
     float *d_z = (float *)dput(&L, z, (size_t)T * nv * dv * 4, st, &rc);
     float *d_w = (float *)dput(&L, gw, (size_t)dv * 4, st, &rc);
-    if (!rc) cu_gated_norm(0, d_o, d_z, d_w, T, nv, dv, eps);
+    uint16_t *dref, *dxp = pk_alloc(&L, pk, T, nv * dv, &dref, st, &rc);
+    if (!rc && pk) pk->packed = cu_gated_norm_p(0, d_o, d_z, d_w, T, nv, dv, eps, dxp);
+    else if (!rc) cu_gated_norm(0, d_o, d_z, d_w, T, nv, dv, eps);
     rc = finish(st, rc);
     if (!rc) rc = dget(o, d_o, (size_t)T * nv * dv * 4, st);
+    if (!rc) rc = pk_get(pk, dxp, dref, d_o, T, nv * dv, st);
     dfree(&L);
     return rc;
 }
@@ -322,21 +350,24 @@ lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, 
 }
 
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,
-                      float *x_out, lily_status *st) {
+                      float *x_out, lct_packed *pk, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;
     float *dx = (float *)dput(&L, x, (size_t)T * n * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)T * n * 4, st, &rc) : NULL;
     float *dw = (float *)dput(&L, w, (size_t)n * 4, st, &rc), *dy = (float *)dput(&L, NULL, (size_t)T * n * 4, st, &rc);
-    if (!rc) cu_rmsnorm(0, dx, da, dw, n, T, eps, dy);
+    uint16_t *dref, *dxp = pk_alloc(&L, pk, T, n, &dref, st, &rc);
+    if (!rc && pk) pk->packed = cu_rmsnorm2p(0, dx, da, NULL, dw, n, T, eps, dy, dxp);
+    else if (!rc) cu_rmsnorm(0, dx, da, dw, n, T, eps, dy);
     rc = finish(st, rc);
     if (!rc) rc = dget(y, dy, (size_t)T * n * 4, st);
     if (!rc && x_out) rc = dget(x_out, dx, (size_t)T * n * 4, st);
+    if (!rc) rc = pk_get(pk, dxp, dref, dy, T, n, st);
     dfree(&L);
     return rc;
 }
 
 lily_code lct_moe_combine(float *x, const float *add, const float *D, const float *wt, int T, int K, int H, const float *SD,
-                          const float *sr, const float *nw, float eps, float *tout, int reps, lily_status *st) {
+                          const float *sr, const float *nw, float eps, float *tout, int reps, lct_packed *pk, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;
     const size_t th = (size_t)T * H * 4;
@@ -344,10 +375,14 @@ lily_code lct_moe_combine(float *x, const float *add, const float *D, const floa
     float *dD = (float *)dput(&L, D, th * K, st, &rc), *dw = (float *)dput(&L, wt, (size_t)T * K * 4, st, &rc);
     float *dS = SD ? (float *)dput(&L, SD, th, st, &rc) : NULL, *dr = SD ? (float *)dput(&L, sr, (size_t)T * 4, st, &rc) : NULL;
     float *dn = nw ? (float *)dput(&L, nw, (size_t)H * 4, st, &rc) : NULL, *dt = (float *)dput(&L, NULL, th, st, &rc);
-    for (int i = 0; !rc && i < reps; i++) cu_moe_combine(0, dx, da, dD, NULL, dw, T, K, H, dS, dr, dn, eps, dt);
+    uint16_t *dref, *dxp = pk_alloc(&L, pk, T, H, &dref, st, &rc);
+    for (int i = 0; !rc && i < reps; i++)
+        if (pk) pk->packed = cu_moe_combine_p(0, dx, da, dD, NULL, dw, T, K, H, dS, dr, dn, eps, dt, dxp);
+        else cu_moe_combine(0, dx, da, dD, NULL, dw, T, K, H, dS, dr, dn, eps, dt);
     rc = finish(st, rc);
     if (!rc) rc = dget(x, dx, th, st);
     if (!rc && nw) rc = dget(tout, dt, th, st);
+    if (!rc && nw) rc = pk_get(pk, dxp, dref, dt, T, H, st);
     dfree(&L);
     return rc;
 }

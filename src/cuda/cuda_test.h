@@ -45,7 +45,13 @@ lily_code lct_attention(const float *q, const float *qg, const float *kc, const 
                         int pos0, int ctx, float *o, lily_status *st);
 /* The gated RMSNorm of the delta rule's output at prefill (cu_gated_norm), in place on o
  * [T][nv][dv]: o * rsqrt(mean(o^2) + eps) * gw * silu(z) per (token, head). */
-lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, lily_status *st);
+/* A producer's packed GEMM input (the _p forms: cu_rmsnorm2p, cu_gated_norm_p, cu_moe_combine_p)
+ * beside k_xp_pack's packing of its fp32 output: the lct_ functions below that take one ask for
+ * it where pk is not NULL; xp and xp_ref get [T][cols] halves ([T * cols] each, the output's
+ * columns; xp poisoned before) and packed what the producer returned (1: it wrote xp). */
+typedef struct { uint16_t *xp, *xp_ref; int packed; } lct_packed;
+lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, lct_packed *pk,
+                         lily_status *st);
 /* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of
  * equal cols (4/8-bit), X [T][cols], X2 NULL or [T][cols] (then the input is silu(X) * X2),
  * Y[i] [T][W[i].rows]. */
@@ -64,10 +70,10 @@ lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, 
                          float *S, float *o, lily_status *st);
 /* y = rmsnorm(x (+ add)) * w for T rows of n; x_out gets x after the add (may be NULL). */
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,
-                      float *x_out, lily_status *st);
+                      float *x_out, lct_packed *pk, lily_status *st);
 /* cu_moe_combine (rows in order, no pos) reps times in place on x [T][H]; tout [T][H] when nw. */
 lily_code lct_moe_combine(float *x, const float *add, const float *D, const float *wt, int T, int K, int H, const float *SD,
-                          const float *sr, const float *nw, float eps, float *tout, int reps, lily_status *st);
+                          const float *sr, const float *nw, float eps, float *tout, int reps, lct_packed *pk, lily_status *st);
 /* cu_moe_down_combine reps times in place on x [H] (D: E experts [H][I]; SD the shared expert's
  * down or NULL; hg, hu [K (+1)][I]); tout [H]. Fails where it declines. */
 lily_code lct_moe_down_combine(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,

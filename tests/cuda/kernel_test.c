@@ -289,6 +289,22 @@ static void test_attention(int T, int nh, int nkv, int hd, int pos0) {
     free(q); free(qg); free(kc); free(vc); free(o); free(ref); free(sc); free(acc);
 }
 
+/* A producer's packed GEMM input (lct_packed) for rows x cols: written where want (T > 8, cols %
+ * 128 == 0, the _p forms' conditions) and then bit for bit k_xp_pack's packing of its fp32
+ * output (the GEMM reads either); pk_new gives the buffers, pk_done checks and frees them. */
+static lct_packed pk_new(size_t n) {
+    lct_packed pk = { malloc(n * 2), malloc(n * 2), -1 };
+    return pk;
+}
+static void pk_done(const char *what, lct_packed *pk, size_t n, int want) {
+    size_t bad = 0;
+    for (size_t i = 0; want && pk->packed == 1 && i < n; i++) bad += pk->xp[i] != pk->xp_ref[i];
+    const int ok = pk->packed == want && bad == 0;
+    printf("%-58s packed input %s, %zu halves differ  %s\n", what, pk->packed == 1 ? "written" : "not written", bad, ok ? "ok" : "FAIL");
+    if (ok) n_pass++; else n_fail++;
+    free(pk->xp); free(pk->xp_ref);
+}
+
 /* The delta rule's gated RMSNorm at prefill against loops in double (a warp a head for dv 128). */
 static void test_gated_norm(int T, int nv, int dv) {
     float *o = rnd((size_t)T * nv * dv, 2.0f), *z = rnd((size_t)T * nv * dv, 2.0f), *gw = rnd((size_t)dv, 1.0f);
@@ -304,8 +320,12 @@ static void test_gated_norm(int T, int nv, int dv) {
     lily_status st = { 0 };
     char what[160];
     snprintf(what, sizeof what, "gated norm T=%d nv=%d dv=%d", T, nv, dv);
-    if (lct_gated_norm(o, z, gw, T, nv, dv, eps, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else report(what, rel(o, ref, (size_t)T * nv * dv), 1e-5);
+    lct_packed pk = pk_new((size_t)T * nv * dv);
+    if (lct_gated_norm(o, z, gw, T, nv, dv, eps, &pk, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else {
+        report(what, rel(o, ref, (size_t)T * nv * dv), 1e-5);
+        pk_done(what, &pk, (size_t)T * nv * dv, T > 8 && dv == 128);
+    }
     free(o); free(z); free(gw); free(ref);
 }
 
@@ -481,10 +501,12 @@ static void test_rmsnorm(int n, int T) {
     lily_status st = { 0 };
     char what[160];
     snprintf(what, sizeof what, "add + rmsnorm n=%d T=%d", n, T);
-    if (lct_rmsnorm(x, add, w, n, T, 1e-6f, y, xo, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    lct_packed pk = pk_new((size_t)T * n);
+    if (lct_rmsnorm(x, add, w, n, T, 1e-6f, y, xo, &pk, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
     else {
         double e1 = rel(y, ref, (size_t)T * n), e2 = rel(xo, xs, (size_t)T * n);
         report(what, e1 > e2 ? e1 : e2, 1e-5);
+        pk_done(what, &pk, (size_t)T * n, T > 8 && n % 128 == 0);
     }
     free(x); free(add); free(w); free(y); free(xo); free(ref); free(xs);
 }
@@ -519,10 +541,13 @@ static void test_moe_combine(int T, int K, int H, int with_add, int with_sd, int
     char what[160];
     snprintf(what, sizeof what, "moe combine T=%d K=%d H=%d%s%s%s x%d", T, K, H, add ? " add" : "", SD ? " shared" : "",
              nw ? " norm" : "", reps);
-    if (lct_moe_combine(x, add, D, wt, T, K, H, SD, sr, nw, 1e-6f, t, reps, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    lct_packed pk = pk_new((size_t)T * H);
+    if (lct_moe_combine(x, add, D, wt, T, K, H, SD, sr, nw, 1e-6f, t, reps, &pk, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
     else {
         double e1 = rel(x, xr, (size_t)T * H), e2 = nw ? rel(t, tr, (size_t)T * H) : 0;
         report(what, e1 > e2 ? e1 : e2, 1e-5);
+        if (nw) pk_done(what, &pk, (size_t)T * H, T > 8 && H % 128 == 0);
+        else { free(pk.xp); free(pk.xp_ref); }
     }
     free(x); free(add); free(D); free(wt); free(SD); free(sr); free(nw); free(t); free(xr); free(tr);
 }
@@ -1080,6 +1105,8 @@ int main(int argc, char **argv) {
     test_gdn(130, 2, 4, 128, 128);   /* a partial last chunk */
     if (!small) test_gdn(1000, 16, 32, 128, 128); /* a whole 1,000-token prompt at the real heads */
     test_rmsnorm(2048, 5);
+    test_rmsnorm(2048, 37); /* prefill rows: the packed input too */
+    test_rmsnorm(200, 12);  /* columns the packed form does not take */
     test_moe_combine(1, 8, 2048, 1, 1, 1); /* decode, the residual add fused (mvq_fuse) */
     test_moe_combine(1, 8, 2048, 0, 1, 1);
     test_moe_combine(1, 4, 100, 1, 0, 1);
