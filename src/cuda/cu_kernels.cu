@@ -1951,14 +1951,32 @@ void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *X, int ldx
  * atomics, which changes no row's value: every row is computed on its own. With tiles, also the
  * grouped GEMM's (expert, tile) map as k_moe_tiles writes it, from the counts already in shared
  * memory (a launch a layer fewer). */
+#define SORT_R 8
 __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, int *src, int *pos, int bt, int *tiles,
                            int max_tiles) {
     CU_PDL();
     extern __shared__ int cnt[]; /* [E] counts, then [E] cursors, then (tiles) [E + 1] tile starts */
     int *cur = cnt + E;
+    /* a thread's slots i = b0 + threadIdx.x + j blockDim.x (j < SORT_R) loaded together, so the
+     * block waits on one round of loads, not one a slot (the loop of a load and an atomic a slot
+     * ran ~8 us at 4,096 slots), and kept for the scatter where one batch holds all n */
+    const int per = SORT_R * blockDim.x, one = n <= per;
+    int v[SORT_R];
+    auto load = [&](int b0) {
+#pragma unroll
+        for (int j = 0; j < SORT_R; j++) {
+            const int i = b0 + threadIdx.x + j * blockDim.x;
+            v[j] = i < n ? sel[i] : -1;
+        }
+    };
     for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&cnt[sel[i]], 1);
+    for (int b0 = 0; b0 < n; b0 += per) {
+        load(b0);
+#pragma unroll
+        for (int j = 0; j < SORT_R; j++)
+            if (v[j] >= 0) atomicAdd(&cnt[v[j]], 1);
+    }
     __syncthreads();
     int *start = cur + E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -1980,10 +1998,15 @@ __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, i
     }
     for (int e = threadIdx.x; e < E; e += blockDim.x) off[e] = cur[e]; /* (before the scatter below moves cur) */
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        int p = atomicAdd(&cur[sel[i]], 1);
-        src[p] = i;
-        pos[i] = p;
+    for (int b0 = 0; b0 < n; b0 += per) {
+        if (!one) load(b0);
+#pragma unroll
+        for (int j = 0; j < SORT_R; j++)
+            if (v[j] >= 0) {
+                const int i = b0 + threadIdx.x + j * blockDim.x, p = atomicAdd(&cur[v[j]], 1);
+                src[p] = i;
+                pos[i] = p;
+            }
     }
 }
 void cu_moe_sort(cudaStream_t s, const int *sel, int n, int E, int *count, int *off, int *src, int *pos) {

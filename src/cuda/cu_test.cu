@@ -59,6 +59,26 @@ static dsort sorted_tiles(dlist *L, const int *sel, int n, int E, int bt, int mt
     return so;
 }
 
+lily_code lct_moe_sort(const int *sel, int n, int E, int bt, int merged, int *count, int *off, int *src, int *pos, int *tiles,
+                       int mt, lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    int *ds = (int *)dput(&L, sel, (size_t)n * 4, st, &rc);
+    int *dc = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc), *dof = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc);
+    int *dsrc = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc), *dpos = (int *)dput(&L, NULL, (size_t)n * 4, st, &rc);
+    int *dt = (int *)dput(&L, NULL, (size_t)mt * 4, st, &rc);
+    if (!rc && merged) cu_moe_sort_tiles(0, ds, n, E, dc, dof, dsrc, dpos, bt, dt, mt);
+    else if (!rc) cu_moe_sort(0, ds, n, E, dc, dof, dsrc, dpos);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(count, dc, (size_t)E * 4, st);
+    if (!rc) rc = dget(off, dof, (size_t)E * 4, st);
+    if (!rc) rc = dget(src, dsrc, (size_t)n * 4, st);
+    if (!rc) rc = dget(pos, dpos, (size_t)n * 4, st);
+    if (!rc && merged) rc = dget(tiles, dt, (size_t)mt * 4, st);
+    dfree(&L);
+    return rc;
+}
+
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);

@@ -69,6 +69,11 @@ lily_code lct_gdn_chunked(int variant, int T, int nk, int nv, int dk, int dv, co
 lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                          float *S, float *o, lily_status *st);
 /* y = rmsnorm(x (+ add)) * w for T rows of n; x_out gets x after the add (may be NULL). */
+/* The MoE sort of n slots (sel [n], experts < E) on the GPU: count, off [E], src, pos [n]; with
+ * merged, the sort that also writes the bt-token tile map into tiles [mt] (cu_moe_sort_tiles),
+ * else cu_moe_sort alone (tiles untouched). */
+lily_code lct_moe_sort(const int *sel, int n, int E, int bt, int merged, int *count, int *off, int *src, int *pos, int *tiles,
+                       int mt, lily_status *st);
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,
                       float *x_out, lct_packed *pk, lily_status *st);
 /* cu_moe_combine (rows in order, no pos) reps times in place on x [T][H]; tout [T][H] when nw. */

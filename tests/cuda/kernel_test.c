@@ -177,6 +177,47 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
     free(X); free(X2); free(xin);
 }
 
+/* The MoE sort (k_moe_sort) of n slots over E experts, alone and with the bt-token tile map
+ * (merged), against counting on the host: counts, offsets, src/pos inverse and grouped by
+ * expert, the map exactly. skew: every other slot to expert 0 (a crowded expert, many empty). */
+static void test_moe_sort(int n, int E, int bt, int skew) {
+    int *sel = malloc((size_t)n * sizeof *sel), *cnt = calloc((size_t)E, sizeof *cnt), *off = malloc((size_t)E * sizeof *off);
+    int *src = malloc((size_t)n * sizeof *src), *pos = malloc((size_t)n * sizeof *pos);
+    int *gc = malloc((size_t)E * sizeof *gc), *go = malloc((size_t)E * sizeof *go);
+    const int mt = (n + bt - 1) / bt + E;
+    int *tiles = malloc((size_t)mt * sizeof *tiles), *want = malloc((size_t)mt * sizeof *want);
+    for (int i = 0; i < n; i++) {
+        sel[i] = skew && i % 2 ? 0 : (int)(lily_rng_u64(&rng) % (uint64_t)E);
+        cnt[sel[i]]++;
+    }
+    int acc = 0, nt = 0;
+    for (int e = 0; e < E; e++) {
+        off[e] = acc;
+        acc += cnt[e];
+        for (int j = 0; j * bt < cnt[e]; j++) want[nt++] = e << 16 | j;
+    }
+    while (nt < mt) want[nt++] = -1;
+    for (int merged = 0; merged < 2; merged++) {
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "moe sort n=%d E=%d%s%s", n, E, skew ? " skewed" : "", merged ? " + tile map" : "");
+        if (lct_moe_sort(sel, n, E, bt, merged, gc, go, src, pos, merged ? tiles : NULL, mt, &st)) {
+            printf("%s: %s\n", what, st.msg);
+            n_fail++;
+            continue;
+        }
+        long bad = 0;
+        for (int e = 0; e < E; e++) bad += gc[e] != cnt[e] || go[e] != off[e];
+        for (int i = 0; i < n; i++) {
+            const int p = pos[i];
+            bad += p < 0 || p >= n || src[p] != i || p < off[sel[i]] || p >= off[sel[i]] + cnt[sel[i]];
+        }
+        for (int j = 0; merged && j < mt; j++) bad += tiles[j] != want[j];
+        report(what, (double)bad, 0);
+    }
+    free(sel); free(cnt); free(off); free(src); free(pos); free(gc); free(go); free(tiles); free(want);
+}
+
 /* Experts: E matrices, T tokens each routed to K distinct experts. */
 static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, int T, int K) {
     void **hold = calloc((size_t)E * 3, sizeof *hold);
@@ -1064,6 +1105,10 @@ int main(int argc, char **argv) {
         test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert: 32-token tiles */
         test_experts(pool, 4, 32, 512, 2048, 512, 8);   /* 128 an expert: 64-token tiles */
     }
+    test_moe_sort(512 * 8, 256, 32, 0);  /* pp512's slots: one batch of loads a thread */
+    test_moe_sort(2048 * 8, 256, 32, 1); /* a 2,048-token chunk: two batches */
+    test_moe_sort(8193, 7, 64, 0);       /* one slot past a batch */
+    test_moe_sort(5, 300, 16, 1);
     test_experts(pool, 4, 7, 96, 192, 70, 3);       /* 30 an expert: 32-token tiles */
     test_experts(pool, 4, 7, 256, 384, 70, 3);      /* the same through the packed-input FFN, 3 tiles wide */
     test_gated_norm(small ? 37 : 512, 32, 128); /* a warp a head */

@@ -25,6 +25,9 @@ import sys
 
 # name -> (original text, broken text, what it breaks[, the file it applies to: cu_kernels.cu])
 MUTANTS = {
+    "sort-one-batch": ("const int per = SORT_R * blockDim.x, one = n <= per;",
+                       "const int per = SORT_R * blockDim.x, one = 1;",
+                       "k_moe_sort's scatter reuses the first batch's experts for every batch of slots"),
     "rmsnorm-off-by-one": ("for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * w[i];",
                            "for (int i = threadIdx.x; i < n - 1; i += blockDim.x) yr[i] = xr[i] * r * w[i];",
                            "k_rmsnorm leaves the last element of each row unwritten"),
