@@ -517,8 +517,9 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     float *conv = s->conv + (size_t)li * s->conv_n, *S = s->S + (size_t)li * s->S_n;
     if (T == 1) cu_gdn_prep1(q, s->mixed, conv, L->conv_w, c->conv_k, c->lin_nk, c->lin_dk, vd, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->u, s->g, s->beta);
     else {
-        const int normed = cu_conv(q, s->mixed, conv, L->conv_w, cd, c->conv_k, T, s->u, c->lin_nk, c->lin_dk);
-        cu_gdn_prep(q, s->u, T, cd, c->lin_nk, c->lin_dk, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta, normed);
+        const cu_gates G = { s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta };
+        const int normed = cu_conv(q, s->mixed, conv, L->conv_w, cd, c->conv_k, T, s->u, c->lin_nk, c->lin_dk, &G);
+        cu_gdn_prep(q, s->u, T, cd, c->lin_nk, c->lin_dk, NULL, NULL, NULL, NULL, nv, s->g, s->beta, normed);
     }
     PM(s, "gdn conv+norm+gates");
     if ((T >= 64 && cu_gdn_chunk_enabled() &&

@@ -271,11 +271,20 @@ void cu_rmsnorm2(cudaStream_t s, float *x, const float *add, const float *add2, 
  * returns 1 where it did (T > 8, n % 128 == 0, aligned), 0 where it wrote the fp32 output alone. */
 int cu_rmsnorm2p(cudaStream_t s, float *x, const float *add, const float *add2, const float *w, int n, int T, float eps, float *y,
                  uint16_t *yp);
-/* Causal depthwise conv + SiLU, updating the [cd][K-1] state. */
-/* (returns 1 when it also l2-normalized the q and k heads, which it does for head dim 128:
- * then cu_gdn_prep's normed) */
-int cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nk, int dk);
-/* L2 norm of q,k heads (q also scaled by dk^-0.5) unless normed, g and beta. */
+/* The delta rule's gates from the in-projection's b and a ([T][nv] each): beta = sigmoid(b),
+ * g = -exp(A_log) softplus(a + dt_bias) per (token, head). */
+typedef struct {
+    const float *bb, *aa, *A_log, *dt_bias; /* [T][nv], [T][nv], [nv], [nv] */
+    int nv;
+    float *g, *beta;                        /* [T][nv] */
+} cu_gates;
+/* Causal depthwise conv + SiLU (K <= 8), updating the [cd][K-1] state; with G, the gates in the
+ * same launch. (returns 1 when it also l2-normalized the q and k heads, which it does for head
+ * dim 128: then cu_gdn_prep's normed) */
+int cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nk, int dk,
+            const cu_gates *G);
+/* L2 norm of q,k heads (q also scaled by dk^-0.5) unless normed, g and beta (bb NULL: the gates
+ * are written already, by cu_conv). */
 /* q and k heads of u [T][cd] (the first 2 nk of dk channels) l2-normalized per token, q also
  * times dk^-0.5: what cu_conv does itself where it returns 1. */
 void cu_l2norm_heads(cudaStream_t s, float *u, int T, int cd, int nk, int dk);

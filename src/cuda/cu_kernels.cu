@@ -1251,7 +1251,8 @@ int cu_rmsnorm2p(cudaStream_t s, float *x, const float *add, const float *add2, 
 /* ---- Gated DeltaNet ---- */
 /* Causal depthwise conv + SiLU: input n < 0 is the carried state's entry n + K - 1. (A thread a
  * channel walking all T tokens in order waited on one load a token: 5 ms of a 512-token prefill;
- * k_conv takes 8.) The state is rewritten after, by k_conv_state. */
+ * k_conv takes 8.) The state is rewritten by the first token group's blocks, the only ones that
+ * read it, after their reads (k_conv_state's launch had done it after). */
 __device__ __forceinline__ float conv_in(const float *mixed, const float *state, int cd, int K, int ch, int n) {
     return n >= 0 ? mixed[(size_t)n * cd + ch] : state[(size_t)ch * (K - 1) + n + K - 1];
 }
@@ -1261,11 +1262,23 @@ __device__ __forceinline__ float conv_in(const float *mixed, const float *state,
 #define CONV_TT 8
 /* nnorm > 0: the first nnorm blocks in x are the q and k heads (128 channels each, a block's),
  * which are then l2-normalized per token here (the q heads, the first nnorm / 2, also times
- * 1/sqrt(128)), as k_l2norm_heads would in its own launch. */
-__global__ void k_conv(const float *mixed, const float *state, const float *w, int cd, int K, int T, float *u, int nnorm) {
+ * 1/sqrt(128)), as k_l2norm_heads would in its own launch. G.g not NULL: one block more in x,
+ * which writes the token group's gates (k_gbeta's, a launch fewer). */
+__device__ __forceinline__ void gbeta_one(const cu_gates &G, int i) {
+    const int h = i % G.nv;
+    G.beta[i] = sigm_f(G.bb[i]);
+    const float x = G.aa[i] + G.dt_bias[h], sp = x > 20.0f ? x : log1pf(expf(x));
+    G.g[i] = -expf(G.A_log[h]) * sp;
+}
+__global__ void k_conv(const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nnorm, cu_gates G) {
     CU_PDL();
     int ch = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * CONV_TT;
     const bool norm = (int)blockIdx.x < nnorm; /* (block-uniform, with cd % 128 == 0 then) */
+    if (G.g && blockIdx.x == gridDim.x - 1) {
+        const int n = (T - t0 < CONV_TT ? T - t0 : CONV_TT) * G.nv;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) gbeta_one(G, t0 * G.nv + i);
+        return;
+    }
     if (ch >= cd) return;
     float wr[8], x[CONV_TT + 7];
 #pragma unroll
@@ -1274,6 +1287,14 @@ __global__ void k_conv(const float *mixed, const float *state, const float *w, i
     for (int i = 0; i < CONV_TT + 7; i++) {
         const int n = t0 - (K - 1) + i;
         x[i] = i < CONV_TT + K - 1 && n < T ? conv_in(mixed, state, cd, K, ch, n) : 0.f;
+    }
+    if (blockIdx.y == 0) { /* the last K - 1 inputs become the state (old entries too where T < K - 1) */
+        float h[7];
+#pragma unroll
+        for (int j = 0; j < 7; j++) h[j] = j < K - 1 ? conv_in(mixed, state, cd, K, ch, T - (K - 1) + j) : 0.f;
+#pragma unroll
+        for (int j = 0; j < 7; j++)
+            if (j < K - 1) state[(size_t)ch * (K - 1) + j] = h[j];
     }
     float y[CONV_TT];
 #pragma unroll
@@ -1300,19 +1321,14 @@ __global__ void k_conv(const float *mixed, const float *state, const float *w, i
     for (int tt = 0; tt < CONV_TT; tt++)
         if (t0 + tt < T) u[(size_t)(t0 + tt) * cd + ch] = y[tt];
 }
-/* The last K - 1 inputs become the state (from the old state when T < K - 1). */
-__global__ void k_conv_state(const float *mixed, float *state, int cd, int K, int T) {
-    CU_PDL();
-    int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= cd) return;
-    float h[8];
-    for (int j = 0; j < K - 1; j++) h[j] = conv_in(mixed, state, cd, K, ch, T - (K - 1) + j);
-    for (int j = 0; j < K - 1; j++) state[(size_t)ch * (K - 1) + j] = h[j];
-}
-int cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nk, int dk) {
+int cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nk, int dk,
+            const cu_gates *G) {
+    LILY_ASSERT(K >= 1 && K <= 8);
     const int nnorm = dk == 128 && cd % 128 == 0 && 2 * nk * dk <= cd ? 2 * nk : 0;
-    cu_go(k_conv, dim3((cd + 127) / 128, (T + CONV_TT - 1) / CONV_TT), 128, 0, s)(mixed, state, w, cd, K, T, u, nnorm);
-    cu_go(k_conv_state, (cd + 127) / 128, 128, 0, s)(mixed, state, cd, K, T);
+    cu_gates none;
+    memset(&none, 0, sizeof none);
+    cu_go(k_conv, dim3((cd + 127) / 128 + (G ? 1 : 0), (T + CONV_TT - 1) / CONV_TT), 128, 0, s)(mixed, state, w, cd, K, T, u, nnorm,
+                                                                                                G ? *G : none);
     return nnorm > 0;
 }
 
@@ -1332,11 +1348,8 @@ __global__ void k_gbeta(const float *bb, const float *aa, const float *A_log, co
     CU_PDL();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    int h = i % nv;
-    beta[i] = sigm_f(bb[i]);
-    float x = aa[i] + dt_bias[h];
-    float sp = x > 20.0f ? x : log1pf(expf(x));
-    g[i] = -expf(A_log[h]) * sp;
+    const cu_gates G = { bb, aa, A_log, dt_bias, nv, g, beta };
+    gbeta_one(G, i);
 }
 void cu_l2norm_heads(cudaStream_t s, float *u, int T, int cd, int nk, int dk) {
     cu_go(k_l2norm_heads, dim3(T, 2 * nk), 128, 0, s)(u, cd, nk, dk);
@@ -1345,6 +1358,7 @@ void cu_l2norm_heads(cudaStream_t s, float *u, int T, int cd, int nk, int dk) {
 void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
                  const float *A_log, const float *dt_bias, int nv, float *g, float *beta, int normed) {
     if (!normed) cu_l2norm_heads(s, u, T, cd, nk, dk);
+    if (!bb) return; /* (the gates written by cu_conv) */
     int n = T * nv;
     cu_go(k_gbeta, (n + 255) / 256, 256, 0, s)(bb, aa, A_log, dt_bias, n, nv, g, beta);
 }

@@ -185,15 +185,26 @@ lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int
 }
 
 lily_code lct_conv(const float *mixed, float *state, const float *w, int cd, int K, int T, int nk, int dk, float *u,
-                   lily_status *st) {
+                   const lct_gates *gt, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;
     float *dm = (float *)dput(&L, mixed, (size_t)T * cd * 4, st, &rc), *ds = (float *)dput(&L, state, (size_t)cd * (K - 1) * 4, st, &rc);
     float *dw = (float *)dput(&L, w, (size_t)cd * K * 4, st, &rc), *du = (float *)dput(&L, NULL, (size_t)T * cd * 4, st, &rc);
-    if (!rc && !cu_conv(0, dm, ds, dw, cd, K, T, du, nk, dk)) cu_l2norm_heads(0, du, T, cd, nk, dk);
+    cu_gates G;
+    memset(&G, 0, sizeof G);
+    if (gt) {
+        const size_t tn = (size_t)T * gt->nv * 4, n = (size_t)gt->nv * 4;
+        G.bb = (float *)dput(&L, gt->bb, tn, st, &rc); G.aa = (float *)dput(&L, gt->aa, tn, st, &rc);
+        G.A_log = (float *)dput(&L, gt->A_log, n, st, &rc); G.dt_bias = (float *)dput(&L, gt->dt_bias, n, st, &rc);
+        G.g = (float *)dput(&L, NULL, tn, st, &rc); G.beta = (float *)dput(&L, NULL, tn, st, &rc);
+        G.nv = gt->nv;
+    }
+    if (!rc && !cu_conv(0, dm, ds, dw, cd, K, T, du, nk, dk, gt ? &G : NULL)) cu_l2norm_heads(0, du, T, cd, nk, dk);
     rc = finish(st, rc);
     if (!rc) rc = dget(u, du, (size_t)T * cd * 4, st);
     if (!rc) rc = dget(state, ds, (size_t)cd * (K - 1) * 4, st);
+    if (!rc && gt) rc = dget(gt->g, G.g, (size_t)T * gt->nv * 4, st);
+    if (!rc && gt) rc = dget(gt->beta, G.beta, (size_t)T * gt->nv * 4, st);
     dfree(&L);
     return rc;
 }

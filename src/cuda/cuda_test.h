@@ -29,8 +29,15 @@ lily_code lct_experts_ffn(const lw_mat *G, const lw_mat *U, const lw_mat *D, int
 /* DeltaNet's causal conv at prefill (cu_conv, and cu_l2norm_heads where it does not norm itself):
  * mixed [T][cd], w [cd][K], state [cd][K-1] the inputs before the first (updated to the last
  * K - 1); u [T][cd] gets silu(conv), its first 2 nk heads of dk l2-normalized, q's times dk^-0.5. */
+/* gt not NULL: the gates in the same launch (cu_gates): bb, aa [T][nv], A_log, dt_bias [nv] in;
+ * g, beta [T][nv] out. */
+typedef struct {
+    const float *bb, *aa, *A_log, *dt_bias;
+    int nv;
+    float *g, *beta;
+} lct_gates;
 lily_code lct_conv(const float *mixed, float *state, const float *w, int cd, int K, int T, int nk, int dk, float *u,
-                   lily_status *st);
+                   const lct_gates *gt, lily_status *st);
 /* n <= 4 matrices of equal cols over the same T > 8 rows in one launch (cu_gemm_tc_group, the
  * prefill projection groups), Y[i] [T][W[i].rows]; packed: X packed to fp16 first, as the model
  * runs them (n = 1: cu_gemm_tc_xp, a single projection). */

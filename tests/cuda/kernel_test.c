@@ -448,8 +448,10 @@ static void test_swiglu_dense(lily_pool *pool, int rows, int cols, int T) {
 }
 
 /* The prefill conv against a double-precision loop: taps over the state then the inputs, SiLU, the
- * q and k heads' l2 norm (q also times dk^-0.5), and the state left holding the last K - 1 inputs. */
-static void test_conv(int T, int cd, int K, int nk, int dk) {
+ * q and k heads' l2 norm (q also times dk^-0.5), and the state left holding the last K - 1 inputs;
+ * nv > 0: the gates of nv heads in the same launch, beta = sigmoid(b), g = -exp(A_log)
+ * softplus(a + dt_bias). */
+static void test_conv(int T, int cd, int K, int nk, int dk, int nv) {
     float *mixed = rnd((size_t)T * cd, 1.0f), *state = rnd((size_t)cd * (K - 1), 1.0f), *w = rnd((size_t)cd * K, 0.5f);
     float *u = malloc((size_t)T * cd * 4), *ref = malloc((size_t)T * cd * 4), *sref = malloc((size_t)cd * (K - 1) * 4);
     for (int t = 0; t < T; t++)
@@ -475,15 +477,33 @@ static void test_conv(int T, int cd, int K, int nk, int dk) {
             sref[(size_t)ch * (K - 1) + j] = n >= 0 ? mixed[(size_t)n * cd + ch] : state[(size_t)ch * (K - 1) + n + K - 1];
         }
     for (size_t i = 0; i < (size_t)T * cd; i++) u[i] = NAN;
+    const size_t tn = (size_t)T * (nv > 0 ? nv : 1);
+    float *bb = rnd(tn, 3.0f), *aa = rnd(tn, 12.0f), *al = rnd((size_t)(nv > 0 ? nv : 1), 1.0f), *dt = rnd((size_t)(nv > 0 ? nv : 1), 10.0f);
+    float *g = malloc(tn * 4), *beta = malloc(tn * 4), *gref = malloc(tn * 4), *bref = malloc(tn * 4);
+    for (size_t i = 0; i < tn && nv > 0; i++) {
+        const int h = (int)(i % (size_t)nv);
+        const double x = (double)aa[i] + dt[h];
+        bref[i] = (float)(1.0 / (1.0 + exp(-(double)bb[i])));
+        gref[i] = (float)(-exp((double)al[h]) * (x > 20.0 ? x : log1p(exp(x))));
+        g[i] = beta[i] = NAN;
+    }
+    lct_gates gt = { bb, aa, al, dt, nv, g, beta };
     lily_status st = { 0 };
     char what[160];
-    snprintf(what, sizeof what, "conv+silu+q/k norm T=%d cd=%d K=%d nk=%d dk=%d (u, state)", T, cd, K, nk, dk);
-    if (lct_conv(mixed, state, w, cd, K, T, nk, dk, u, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    snprintf(what, sizeof what, "conv+silu+q/k norm T=%d cd=%d K=%d nk=%d dk=%d (u, state%s)", T, cd, K, nk, dk, nv > 0 ? ", gates" : "");
+    if (lct_conv(mixed, state, w, cd, K, T, nk, dk, u, nv > 0 ? &gt : NULL, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
     else {
-        const double e1 = rel(u, ref, (size_t)T * cd), e2 = rel(state, sref, (size_t)cd * (K - 1));
-        report(what, e1 > e2 ? e1 : e2, 1e-5);
+        double e = rel(u, ref, (size_t)T * cd), e2 = rel(state, sref, (size_t)cd * (K - 1));
+        if (!(e2 <= e)) e = e2;
+        if (nv > 0) {
+            const double e3 = rel(g, gref, tn), e4 = rel(beta, bref, tn);
+            if (!(e3 <= e)) e = e3;
+            if (!(e4 <= e)) e = e4;
+        }
+        report(what, e, 1e-5);
     }
     free(mixed); free(state); free(w); free(u); free(ref); free(sref);
+    free(bb); free(aa); free(al); free(dt); free(g); free(beta); free(gref); free(bref);
 }
 
 static void test_gdn(int T, int nk, int nv, int dk, int dv) {
@@ -1138,10 +1158,10 @@ int main(int argc, char **argv) {
     }
     /* the conv: the 35B-A3B widths (16 q/k heads of 128, 32 v heads), a partial token group, fewer
      * tokens than taps (the state shifts), and dk 64 (the norm in its own launch) */
-    test_conv(small ? 20 : 512, small ? 1024 : 8192, 4, small ? 2 : 16, 128);
-    test_conv(13, 768, 4, 2, 128);
-    test_conv(2, 512, 4, 1, 128);
-    test_conv(9, 320, 4, 1, 64);
+    test_conv(small ? 20 : 512, small ? 1024 : 8192, 4, small ? 2 : 16, 128, 32);
+    test_conv(13, 768, 4, 2, 128, 5);
+    test_conv(2, 512, 4, 1, 128, 3); /* fewer tokens than taps, with gates: the state from both */
+    test_conv(9, 320, 4, 1, 64, 0);
     test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
