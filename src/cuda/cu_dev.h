@@ -34,9 +34,8 @@ __device__ __forceinline__ float mvq_sb(const char *p, int sbt, int i) {
     return ld_sb(p, sbt, (size_t)i);
 }
 
-#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
-/* The emulator's mma: every lane's six operand registers, in one exchange (emu::warp_all) or by
- * shuffles */
+/* The emulator's mma (and cu_wg_mma64's off sm_90a): every lane's six operand registers, in one
+ * exchange (emu::warp_all) or by shuffles */
 __device__ __forceinline__ void cu_mma_lanes(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1,
                                              uint32_t (&all)[32][6]) {
 #ifdef __CUDACC_EMU__
@@ -50,7 +49,6 @@ __device__ __forceinline__ void cu_mma_lanes(uint32_t a0, uint32_t a1, uint32_t 
     }
 #endif
 }
-#endif
 
 /* C += A B for one m16n8k16 tile, fp16 inputs and fp32 accumulators, in the PTX fragment
  * layout: lane t (g = t / 4, q = t % 4) holds a0 = A[g][2q..2q+1], a1 = A[g+8][2q..2q+1],
@@ -86,6 +84,70 @@ __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
         for (int k = 0; k < 16; k++) v += A[i / 2][k] * B[i % 2][k];
         c[i] = v;
     }
+#endif
+}
+
+/* wgmma (sm_90a): a warpgroup's D [64][64] (+)= A [64][16] B^T with fp32 accumulators. A comes
+ * from registers, warp w of the group holding rows 16w..16w+15 in tc_mma's A layout (a0..a3); B is
+ * 64 tokens x 16 fp16 in shared memory, K-major without swizzle: core matrices of 8 tokens x 8
+ * halves (a token's 16-byte row), the k-halves 0-7 and 8-15 lbo bytes apart, groups of 8 tokens
+ * sbo bytes apart (the descriptor's leading and stride offsets; probed on the H200 in session 14:
+ * exact, including accumulation across k steps). d[4j + c] is tc_mma's c for tokens 8j..8j+7.
+ * acc 0: D = A B^T. On the device it is asynchronous: cu_wg_fence before the first (once the
+ * registers it reads are written), cu_wg_commit after a group, cu_wg_wait<N> before d or a0..a3
+ * are touched again, and shared memory written by ordinary stores needs cu_wg_smem_fence in each
+ * writing thread before the barrier. Elsewhere (the emulator, other targets) it computes at the
+ * call, in k order. Not used by a kernel yet: the next step for the dense prefill GEMMs, whose
+ * mma.sync tiles keep the tensor pipe at ~43% (bench/RESULTS.md, session 14). */
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CU_WGMMA 1
+__device__ __forceinline__ void cu_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cu_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cu_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cu_wg_smem_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#else
+#define CU_WGMMA 0
+__device__ __forceinline__ void cu_wg_fence() {}
+__device__ __forceinline__ void cu_wg_commit() {}
+template <int N> __device__ __forceinline__ void cu_wg_wait() {}
+__device__ __forceinline__ void cu_wg_smem_fence() {}
+#endif
+__device__ __forceinline__ void cu_wg_mma64(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, const void *b,
+                                            uint32_t lbo, uint32_t sbo, int acc) {
+#if CU_WGMMA
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(b);
+    const uint64_t desc = (uint64_t)((sa & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
+                          (uint64_t)((sbo & 0x3FFFF) >> 4) << 32; /* base offset 0, no swizzle */
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(acc));
+#else
+    const int lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
+    uint32_t all[32][6];
+    cu_mma_lanes(a0, a1, a2, a3, 0u, 0u, all);
+    float A[2][16];
+    for (int kq = 0; kq < 4; kq++)
+        for (int h = 0; h < 2; h++) {
+            const int k = 2 * kq + h, sh = 16 * h;
+            const uint32_t *ra = all[4 * g + kq];
+            A[0][k] = h2f((uint16_t)(ra[0] >> sh)); A[1][k] = h2f((uint16_t)(ra[1] >> sh));
+            A[0][k + 8] = h2f((uint16_t)(ra[2] >> sh)); A[1][k + 8] = h2f((uint16_t)(ra[3] >> sh));
+        }
+    const unsigned char *bp = (const unsigned char *)b;
+    for (int j = 0; j < 8; j++)
+        for (int c = 0; c < 4; c++) {
+            const int n = 8 * j + 2 * q + (c & 1);
+            float v = acc ? d[4 * j + c] : 0.f;
+            for (int k = 0; k < 16; k++)
+                v += A[c >> 1][k] * h2f(*(const uint16_t *)(bp + (k >> 3) * lbo + (n >> 3) * sbo + (n & 7) * 16 + (k & 7) * 2));
+            d[4 * j + c] = v;
+        }
 #endif
 }
 

@@ -1,5 +1,6 @@
 /* The kernel test's entry points (see cuda_test.h): host in, device kernel, host out. */
 #include "cuda/cu_model.h"
+#include "cuda/cu_dev.h"
 #include "cuda/cu_sample.h"
 extern "C" {
 #include "cuda/cuda_test.h"
@@ -57,6 +58,46 @@ static dsort sorted_tiles(dlist *L, const int *sel, int n, int E, int bt, int mt
     }
     so.count = cnt; so.off = off; so.src = src; so.pos = pos; so.tiles = tiles;
     return so;
+}
+
+/* cu_wg_mma64 over two k steps: A [64][32], B [64][32] fp16 bits (row-major), D [64][64]; one
+ * warpgroup, B staged in the layout cu_wg_mma64 reads (a k step's 2 KB, its k-halves 1 KB apart,
+ * token groups 128 bytes apart). */
+__global__ void k_wg_test(const uint16_t *__restrict__ A, const uint16_t *__restrict__ B, float *__restrict__ D) {
+    __shared__ __align__(128) uint16_t Bs[2 * 64 * 16];
+    const int tid = threadIdx.x, w = tid >> 5, g = (tid & 31) >> 2, q = tid & 3, r0 = 16 * w + g;
+    for (int i = tid; i < 64 * 32; i += 128) {
+        const int n = i / 32, k = i % 32;
+        Bs[(k / 16) * 1024 + (((k % 16) / 8) * 8 + n / 8) * 64 + (n % 8) * 8 + k % 8] = B[i];
+    }
+    cu_wg_smem_fence();
+    __syncthreads();
+    auto pk = [&](int r, int c) { return (uint32_t)A[r * 32 + c] | (uint32_t)A[r * 32 + c + 1] << 16; };
+    uint32_t a[2][4];
+    for (int s = 0; s < 2; s++) {
+        a[s][0] = pk(r0, 16 * s + 2 * q); a[s][1] = pk(r0 + 8, 16 * s + 2 * q);
+        a[s][2] = pk(r0, 16 * s + 2 * q + 8); a[s][3] = pk(r0 + 8, 16 * s + 2 * q + 8);
+    }
+    float d[32];
+    cu_wg_fence();
+    cu_wg_mma64(d, a[0][0], a[0][1], a[0][2], a[0][3], Bs, 8 * 128, 128, 0);
+    cu_wg_mma64(d, a[1][0], a[1][1], a[1][2], a[1][3], Bs + 1024, 8 * 128, 128, 1);
+    cu_wg_commit();
+    cu_wg_wait<0>();
+    for (int j = 0; j < 8; j++)
+        for (int c = 0; c < 4; c++) D[(r0 + 8 * (c >> 1)) * 64 + 8 * j + 2 * q + (c & 1)] = d[4 * j + c];
+}
+
+lily_code lct_wgmma(const uint16_t *A, const uint16_t *B, float *D, lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    uint16_t *dA = (uint16_t *)dput(&L, A, 64 * 32 * 2, st, &rc), *dB = (uint16_t *)dput(&L, B, 64 * 32 * 2, st, &rc);
+    float *dD = (float *)dput(&L, NULL, 64 * 64 * 4, st, &rc);
+    if (!rc) cu_go(k_wg_test, 1, 128, 0, 0)(dA, dB, dD);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(D, dD, 64 * 64 * 4, st);
+    dfree(&L);
+    return rc;
 }
 
 lily_code lct_moe_sort(const int *sel, int n, int E, int bt, int merged, int *count, int *off, int *src, int *pos, int *tiles,

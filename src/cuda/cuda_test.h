@@ -79,6 +79,10 @@ lily_code lct_gdn_staged(int T, int nk, int nv, int dk, int dv, const float *u, 
 /* The MoE sort of n slots (sel [n], experts < E) on the GPU: count, off [E], src, pos [n]; with
  * merged, the sort that also writes the bt-token tile map into tiles [mt] (cu_moe_sort_tiles),
  * else cu_moe_sort alone (tiles untouched). */
+/* The wgmma building block (cu_wg_mma64 in cu_dev.h, the instruction on sm_90a, the emulation
+ * elsewhere) over two k steps: A [64][32] and B [64][32] fp16 bits, row-major; D [64][64] =
+ * A B^T. */
+lily_code lct_wgmma(const uint16_t *A, const uint16_t *B, float *D, lily_status *st);
 lily_code lct_moe_sort(const int *sel, int n, int E, int bt, int merged, int *count, int *off, int *src, int *pos, int *tiles,
                        int mt, lily_status *st);
 lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, int T, float eps, float *y,

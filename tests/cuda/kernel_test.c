@@ -177,6 +177,31 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
     free(X); free(X2); free(xin);
 }
 
+/* cu_wg_mma64 (wgmma with A from registers, B from shared memory) against double loops: fp16
+ * inputs that are multiples of 1/8 in [-2, 2], so every product and sum is exact in fp32 and any
+ * misplaced element shows. */
+static void test_wgmma(void) {
+    uint16_t A[64 * 32], B[64 * 32];
+    float fa[64 * 32], fb[64 * 32], D[64 * 64], ref[64 * 64];
+    for (int i = 0; i < 64 * 32; i++) {
+        fa[i] = (float)((int)(lily_rng_u64(&rng) % 33) - 16) / 8.0f;
+        fb[i] = (float)((int)(lily_rng_u64(&rng) % 33) - 16) / 8.0f;
+        A[i] = lily_f32_to_f16(fa[i]);
+        B[i] = lily_f32_to_f16(fb[i]);
+    }
+    for (int m = 0; m < 64; m++)
+        for (int n = 0; n < 64; n++) {
+            double r = 0;
+            for (int k = 0; k < 32; k++) r += (double)fa[m * 32 + k] * fb[n * 32 + k];
+            ref[m * 64 + n] = (float)r;
+            D[m * 64 + n] = NAN;
+        }
+    lily_status st = { 0 };
+    const char *what = "wgmma m64n64k16 x2 (A registers, B shared)";
+    if (lct_wgmma(A, B, D, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else report(what, rel(D, ref, 64 * 64), 0);
+}
+
 /* The MoE sort (k_moe_sort) of n slots over E experts, alone and with the bt-token tile map
  * (merged), against counting on the host: counts, offsets, src/pos inverse and grouped by
  * expert, the map exactly. skew: every other slot to expert 0 (a crowded expert, many empty). */
@@ -1125,6 +1150,7 @@ int main(int argc, char **argv) {
         test_experts(pool, 4, 256, 512, 2048, 2048, 8); /* 64 an expert: 32-token tiles */
         test_experts(pool, 4, 32, 512, 2048, 512, 8);   /* 128 an expert: 64-token tiles */
     }
+    test_wgmma();
     test_moe_sort(512 * 8, 256, 32, 0);  /* pp512's slots: one batch of loads a thread */
     test_moe_sort(2048 * 8, 256, 32, 1); /* a 2,048-token chunk: two batches */
     test_moe_sort(8193, 7, 64, 0);       /* one slot past a batch */
