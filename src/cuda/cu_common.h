@@ -283,11 +283,11 @@ typedef struct {
  * dim 128: then cu_gdn_prep's normed) */
 int cu_conv(cudaStream_t s, const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nk, int dk,
             const cu_gates *G);
-/* L2 norm of q,k heads (q also scaled by dk^-0.5) unless normed, g and beta (bb NULL: the gates
- * are written already, by cu_conv). */
 /* q and k heads of u [T][cd] (the first 2 nk of dk channels) l2-normalized per token, q also
  * times dk^-0.5: what cu_conv does itself where it returns 1. */
 void cu_l2norm_heads(cudaStream_t s, float *u, int T, int cd, int nk, int dk);
+/* L2 norm of q,k heads (q also scaled by dk^-0.5) unless normed, g and beta (bb NULL: the gates
+ * are written already, by cu_conv). */
 void cu_gdn_prep(cudaStream_t s, float *u, int T, int cd, int nk, int dk, const float *bb, const float *aa,
                  const float *A_log, const float *dt_bias, int nv, float *g, float *beta, int normed);
 /* Recurrent delta rule over T steps for all nv heads; S [nv][dk][dv] fp32. */

@@ -257,6 +257,15 @@ __device__ __forceinline__ void cu_warp0_exclusive_scan(int *a, int n, bool tota
     if (total_out && threadIdx.x == 0) a[n] = carry;
 }
 
+/* The grouped GEMM's (expert, tile) map from start [E + 1], each expert's first tile (start[E]
+ * the total): tiles[j] = expert << 16 | tile index within the expert, in expert order; -1 past
+ * the end (k_moe_tiles, and k_moe_sort where it writes the map too). The caller syncs before. */
+__device__ __forceinline__ void cu_moe_tile_map(const int *start, int E, int *tiles, int max_tiles) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int j = start[e]; j < start[e + 1] && j < max_tiles; j++) tiles[j] = (e << 16) | (j - start[e]);
+    for (int i = start[E] + threadIdx.x; i < max_tiles; i += blockDim.x) tiles[i] = -1;
+}
+
 /* The token tile of block y of a GEMM: with so.tiles, the (expert, tile) pair of cu_moe_tiles'
  * map (rows base + t0 .. of expert e's n), else tile y of T rows. False: the block has none. */
 __device__ __forceinline__ bool cu_tile_of(const dsort &so, int y, int bt, int T, int &e, int &t0, int &n, int &base) {

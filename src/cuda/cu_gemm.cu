@@ -196,7 +196,7 @@ int cu_moe_tile_rows(int rows_total, int E) {
 
 int cu_moe_max_tiles(int rows_total, int E, int bt) { return (rows_total + bt - 1) / bt + E; }
 
-/* tiles[i] = expert << 16 | tile index within the expert, in expert order; -1 past the end. */
+/* The (expert, tile) map from the experts' counts (cu_moe_tile_map). */
 __global__ void k_moe_tiles(const int *count, int E, int bt, int *tiles, int max_tiles) {
     CU_PDL();
     __shared__ int start[1025];
@@ -204,9 +204,7 @@ __global__ void k_moe_tiles(const int *count, int E, int bt, int *tiles, int max
     __syncthreads();
     cu_warp0_exclusive_scan(start, E, true); /* (one thread walking 256 experts took ~4 us) */
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-        for (int j = start[e]; j < start[e + 1] && j < max_tiles; j++) tiles[j] = (e << 16) | (j - start[e]);
-    for (int i = start[E] + threadIdx.x; i < max_tiles; i += blockDim.x) tiles[i] = -1;
+    cu_moe_tile_map(start, E, tiles, max_tiles);
 }
 
 void cu_moe_tiles(cudaStream_t s, const int *count, int E, int bt, int *tiles, int max_tiles) {

@@ -1577,7 +1577,7 @@ void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, in
 }
 int cu_gated_norm_p(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, uint16_t *op) {
     if (dv == 128 && ((uintptr_t)o & 15) == 0 && ((uintptr_t)z & 15) == 0 && ((uintptr_t)gw & 15) == 0) {
-        if (op && (T <= 8 || (long long)T * nv * dv >= (1ll << 31) || ((uintptr_t)op & 15))) op = NULL;
+        if (op && !xp_out_ok(op, nv * dv, T, o, z, gw)) op = NULL;
         cu_go(k_gated_norm128, (T * nv + 7) / 8, 256, 0, s)(o, z, gw, T * nv, eps, (uint4 *)op);
         return op != NULL;
     }
@@ -2005,11 +2005,7 @@ __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, i
         cu_warp0_exclusive_scan(start, E, true);
     }
     __syncthreads();
-    if (tiles) {
-        for (int e = threadIdx.x; e < E; e += blockDim.x)
-            for (int j = start[e]; j < start[e + 1] && j < max_tiles; j++) tiles[j] = (e << 16) | (j - start[e]);
-        for (int i = start[E] + threadIdx.x; i < max_tiles; i += blockDim.x) tiles[i] = -1;
-    }
+    if (tiles) cu_moe_tile_map(start, E, tiles, max_tiles);
     for (int e = threadIdx.x; e < E; e += blockDim.x) off[e] = cur[e]; /* (before the scatter below moves cur) */
     __syncthreads();
     for (int b0 = 0; b0 < n; b0 += per) {
