@@ -191,6 +191,12 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
  * (-1 when they differ); 0 when it declines. */
 int cu_mvtc_group(cudaStream_t s, const mvq_args *a, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
                   int xdiv, int nslots);
+/* The same as integer dot products (cu_mvdp.cu: the input in three signed bytes a 64-column group,
+ * ~fp32 exact) for 4-bit codes in groups of 64 2^k columns, cols % 64 == 0; 0 when it declines. */
+int cu_mvdp_group(cudaStream_t s, const mvq_args *a, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
+                  int xdiv, int nslots);
+/* For the kernel test: 0 the usual choice, -1 k_mvdp declines, 1/2/4 rows a lane group (R) */
+void cu_mvdp_test_r(int r);
 /* Whether decode uses the fused router group (mvq_fuse; default, LILY_CU_FUSE=0 for measuring). */
 int cu_fuse_enabled(void);
 /* The same for T input rows (decode batches; any T, 2-8 in one pass when cols <= 6144):

@@ -379,6 +379,46 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
     return rc;
 }
 
+lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
+                           const float *X, const float *X2, int nx, int dp, float *const *Y, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d[MVQ_MAX], dx[MVQ_MAX];
+    const dmat *dpp[MVQ_MAX];
+    float *dy[MVQ_MAX];
+    int ld[MVQ_MAX];
+    const int ns = nslots + (XM ? 1 : 0), cols = W[0].cols;
+    lily_code rc = n >= 1 && n <= MVQ_MAX ? LILY_OK : lily_err(st, LILY_EINVAL, "1 to %d matrices", MVQ_MAX);
+    for (int i = 0; i < n && !rc; i++) {
+        rc = cu_upload_mats(m, &W[(size_t)i * E], E, &d[i], st);
+        if (!rc && XM) rc = cu_upload_mats(m, &XM[i], 1, &dx[i], st);
+        if (!rc && !cu_mvq_ok(&d[i])) rc = lily_err(st, LILY_EUNSUPPORTED, "the matrix-vector kernel does not take this matrix");
+        dpp[i] = &d[i];
+        ld[i] = W[(size_t)i * E].rows;
+    }
+    dlist L = { {0}, 0 };
+    float *ddx = (float *)dput(&L, X, (size_t)nx * cols * 4, st, &rc);
+    float *ddx2 = X2 ? (float *)dput(&L, X2, (size_t)nx * cols * 4, st, &rc) : NULL;
+    int *ds = (int *)dput(&L, sel, (size_t)nslots * 4, st, &rc);
+    for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)ns * ld[i] * 4, st, &rc);
+    mvq_fuse fu;
+    memset(&fu, 0, sizeof fu);
+    if (XM) {
+        fu.xslot = nslots;
+        fu.xrow = xrow;
+        for (int i = 0; i < n; i++) fu.xm[i] = dx[i];
+    }
+    if (!rc) {
+        cu_mvdp_test_r(dp);
+        cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM ? &fu : NULL);
+        cu_mvdp_test_r(0);
+    }
+    rc = finish(st, rc);
+    for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)ns * ld[i] * 4, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 /* The delta rule through the recurrent kernel (mode 0), the chunked kernels (1, of variant
  * cu_gdn_chunk_variant) or the staged prefill kernel (2). */
 static lily_code gdn_run(int mode, int variant, int T, int nk, int nv, int dk, int dv, const float *u, const float *g,

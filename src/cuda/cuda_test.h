@@ -64,6 +64,14 @@ lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int n
  * Y[i] [T][W[i].rows]. */
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y,
                           lily_status *st);
+/* Decode's grouped matrix-vector launch (cu_matvec_group) in slot mode: n <= 4 matrices of equal
+ * cols, W[i * E + e] expert e of matrix i; slot j < nslots multiplies expert sel[j] with input row
+ * j / xdiv of X [.][cols] (silu(X) * X2 when X2); with XM (n matrices) one more slot multiplies
+ * XM[i] with input row xrow (the shared expert in the routed experts' launch). Y[i] [slots][rows_i].
+ * dp: 0 the launch as the forward pass takes it, -1 without k_mvdp, R = 1, 2, 4 k_mvdp with R rows a
+ * lane group. */
+lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
+                           const float *X, const float *X2, int nx, int dp, float *const *Y, lily_status *st);
 /* Recurrent delta rule for all heads: u [T][2*nk*dk + nv*dv] (q already normalized and
  * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,

@@ -177,6 +177,74 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
     free(X); free(X2); free(xin);
 }
 
+/* Decode's grouped matrix-vector launch (cu_matvec_group) in slot mode, as the forward pass runs
+ * it: n matrices of E experts each, nslots routed slots (sel; input row slot / xdiv), optionally
+ * the shared expert riding as one more slot (input row xrow) and the SwiGLU input, through the
+ * launch as chosen, without k_mvdp, and through k_mvdp at each row count a lane group (R = 1, 2,
+ * 4). special 1: a NaN in one input group, every output must be NaN (as the CPU's); 2: one input
+ * group all zeros and one of 1e-35 (below the kernel's zero threshold), another scaled by 1e30. */
+static void test_matvec_group(lily_pool *pool, int n, const int *rows, int cols, int group, int E, int nslots, int xdiv,
+                              int shared, int swiglu, int special) {
+    void **hold = calloc((size_t)n * (E + 1) * 3, sizeof *hold);
+    lw_mat *W = malloc((size_t)n * E * sizeof *W), XM[4];
+    for (int i = 0; i < n; i++) {
+        for (int e = 0; e < E; e++) W[i * E + e] = mk_mat(LW_Q, 4, group, rows[i], cols, hold + 3 * (i * E + e));
+        if (shared) XM[i] = mk_mat(LW_Q, 4, group, rows[i], cols, hold + 3 * (n * E + i));
+    }
+    const int nx = (nslots + xdiv - 1) / xdiv + (shared ? 1 : 0), xrow = nx - 1, ns = nslots + (shared ? 1 : 0);
+    int *sel = malloc((size_t)nslots * sizeof *sel);
+    for (int j = 0; j < nslots; j++) sel[j] = (int)(lily_rng_u64(&rng) % (uint64_t)E);
+    float *X = rnd((size_t)nx * cols, 1.0f), *X2 = swiglu ? rnd((size_t)nx * cols, 1.0f) : NULL;
+    if (special == 1) X[(size_t)(cols / 64 / 2) * 64 + 5] = NAN;
+    if (special == 2)
+        for (int r = 0; r < nx; r++)
+            for (int c = 0; c < 64 && 3 * 64 <= cols; c++) {
+                X[(size_t)r * cols + c] = 0.f;
+                X[(size_t)r * cols + 64 + c] *= 1e-35f;
+                X[(size_t)r * cols + 128 + c] *= 1e30f;
+            }
+    float *xin = malloc((size_t)nx * cols * 4);
+    for (size_t k = 0; k < (size_t)nx * cols; k++) xin[k] = swiglu ? X[k] / (1.0f + expf(-X[k])) * X2[k] : X[k];
+    float *ref[4], *Y[4];
+    for (int i = 0; i < n; i++) {
+        ref[i] = malloc((size_t)ns * rows[i] * 4);
+        Y[i] = malloc((size_t)ns * rows[i] * 4);
+        for (int j = 0; j < ns; j++) {
+            const lw_mat *m = j < nslots ? &W[i * E + sel[j]] : &XM[i];
+            cpu_matmul(pool, m, xin + (size_t)(j < nslots ? j / xdiv : xrow) * cols, 1, ref[i] + (size_t)j * rows[i]);
+        }
+    }
+    static const int dps[5] = { 0, -1, 1, 2, 4 };
+    for (int v = 0; v < 5; v++) {
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "matvec group %s n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : "dp R4",
+                 n, rows[0], cols, group, E, nslots, xdiv, shared ? "+shared" : "", swiglu ? " swiglu" : "",
+                 special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "");
+        /* (the NaN case poisons with 7: NaN is what it wants) */
+        for (int i = 0; i < n; i++)
+            for (size_t k = 0; k < (size_t)ns * rows[i]; k++) Y[i][k] = special == 1 ? 7.0f : NAN;
+        if (lct_matvec_group(W, n, E, shared ? XM : NULL, sel, nslots, xdiv, xrow, X, X2, nx, dps[v], Y, &st)) {
+            printf("%s: %s\n", what, st.msg);
+            n_fail++;
+            continue;
+        }
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            double r;
+            if (special == 1) { /* every output NaN, none left at the poison */
+                r = 0;
+                for (size_t k = 0; k < (size_t)ns * rows[i]; k++) if (!isnan(Y[i][k])) r = INFINITY;
+            } else r = rel(Y[i], ref[i], (size_t)ns * rows[i]);
+            if (!(r <= worst)) worst = r;
+        }
+        report(what, worst, 1e-5);
+    }
+    for (int i = 0; i < n; i++) { free(ref[i]); free(Y[i]); }
+    for (int i = 0; i < n * (E + 1) * 3; i++) free(hold[i]);
+    free(hold); free(W); free(sel); free(X); free(X2); free(xin);
+}
+
 /* cu_wg_mma64 (wgmma with A from registers, B from shared memory) against double loops: fp16
  * inputs that are multiples of 1/8 in [-2, 2], so every product and sum is exact in fp32 and any
  * misplaced element shows. */
@@ -1126,6 +1194,27 @@ int main(int argc, char **argv) {
         test_matvec_rows(pool, 4, 2, rows, 4096, 8, 0);
         test_matvec_rows(pool, 4, 1, rows, 12288, 3, 1);
         test_matvec_rows(pool, 0, 2, rows, 1024, 6, 0);
+    }
+    { /* decode's grouped launches (k_mvdp and the kernels it stands beside): DeltaNet's in-projection,
+       * the experts' gate|up and down with the shared expert riding along, an out-projection, odd
+       * widths (one group a row, three, 24 over 16 lanes), groups of 128, f16 and f32 scales */
+        const int inp[4] = { 8192, 4096, 32, 32 }, inps[4] = { 300, 129, 4, 4 }, gu[2] = { 512, 512 }, dn[1] = { 2048 };
+        const int o1[1] = { 37 }, o3[3] = { 45, 8, 1 }, o2[2] = { 70, 33 };
+        test_matvec_group(pool, 4, small ? inps : inp, small ? 512 : 2048, 64, 1, 1, 1, 0, 0, 0);
+        test_matvec_group(pool, 2, gu, small ? 512 : 2048, 64, small ? 12 : 64, 8, 8, 1, 0, 0);
+        test_matvec_group(pool, 1, small ? o1 : dn, 512, 64, small ? 12 : 64, 8, 1, 1, 1, 0);
+        test_matvec_group(pool, 1, small ? o1 : dn, small ? 1024 : 4096, 64, 1, 1, 1, 0, 0, 0);
+        test_matvec_group(pool, 1, o1, 64, 64, 3, 5, 1, 1, 1, 0);
+        test_matvec_group(pool, 3, o3, 192, 64, 2, 3, 3, 0, 0, 0);
+        test_matvec_group(pool, 2, o2, 1536, 64, 1, 1, 1, 1, 0, 0);
+        test_matvec_group(pool, 2, o2, 1024, 128, 4, 3, 1, 0, 1, 0);
+        test_matvec_group(pool, 1, o1, 2048, 64, 1, 1, 1, 0, 0, 1);
+        test_matvec_group(pool, 2, o2, 512, 64, 3, 4, 4, 1, 0, 2);
+        mk_sbt = LW_F16;
+        test_matvec_group(pool, 2, o2, 1024, 64, 3, 4, 2, 1, 0, 0);
+        mk_sbt = LW_F32;
+        test_matvec_group(pool, 1, o1, 2048, 128, 1, 1, 1, 0, 1, 0);
+        mk_sbt = LW_BF16;
     }
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
     if (small) {

@@ -1,0 +1,305 @@
+/* Decode's matrix-vector products for 4-bit codes as integer dot products (k_mvdp).
+ *
+ * Why: k_mvq4 spends ~9 instructions a weight and k_mvtc ~5 (Nsight, bench/RESULTS.md sessions
+ * 12-13), so both are bound by instruction issue at a quarter of the H200's bandwidth. Here the
+ * input is turned into integers once a block, and a word of eight codes costs two and-masks,
+ * a shift and six dp4a (four byte products summed into an int32 each): ~1.2 instructions a
+ * weight, which leaves the launch bound by the bytes it reads.
+ *
+ * Exactness: each 64-column group of the input is scaled so that its largest |x| maps to
+ * 127 * 2^16 and rounded to the integer X (|error| <= half a unit: 2^-24 of the group's largest
+ * element, about fp32's own rounding), and X is split into three signed bytes,
+ * X = 2^16 h + 2^8 m + l. The codes q (0..15) meet each byte in a dp4a, so the group's three sums
+ * over q * h, q * m, q * l are exact int32s; they are joined in fp32 as 2^16 H + 2^8 M + L, then
+ * times the group's unit, its scale, plus its bias times the input's exact fp32 group sum. NaN
+ * or infinity in a group makes its unit NaN, so the outputs are NaN as the float kernels' are.
+ *
+ * Layout of the work: LPR lanes share a row, lane `sub` taking the row's groups sub, sub + LPR,
+ * ...; a lane group takes R consecutive rows at once (their codes loaded together: R 32-byte
+ * reads in flight a lane); a warp's R x 32 / LPR rows are one tile, and the block's eight warps
+ * walk the launch's tiles (all matrices and slots, as k_mvq4). The R rows' partial sums are
+ * reduced across the LPR lanes by halving: each shuffle stage trades half of the rows still
+ * held, so R rows cost log2(LPR) + R - 1 shuffles, not R log2(LPR).
+ *
+ * LILY_CU_MVDP=0 turns the kernel off (k_mvtc / k_mvq4 instead); LILY_CU_MVDP_R=1|2|4 fixes R. */
+#include "cuda/cu_dev.h"
+
+#define DP_WARPS 8
+/* the staged input a group: 12 uint4 of bytes (word pairs x levels) and one of (unit, sum); 13,
+ * not 12, so the lanes of a quarter-warp, one group each, read distinct banks */
+#define DP_G4 13
+#define DP_XMAX 8323072.0f /* 127 * 2^16 */
+
+/* four byte products of a (unsigned, 0..15 here) and b (signed) added to c */
+__device__ __forceinline__ int cu_dp4a(uint32_t a, uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+    return __dp4a((int)a, (int)b, c);
+#else
+    for (int i = 0; i < 4; i++) c += (int)((a >> (8 * i)) & 255u) * (int)(int8_t)(uint8_t)(b >> (8 * i));
+    return c;
+#endif
+}
+
+__device__ __forceinline__ float dp_in(const float *x, const float *x2, int i) { return x2 ? silu_f(x[i]) * x2[i] : x[i]; }
+
+/* The block's input (silu(x) * x2 when x2) into xs as DP_G4 uint4 a 64-column group: word i of
+ * the group (columns 8i .. 8i + 7) sits in uint4 3 (i / 2) + level, components 2 (i % 2) (the even
+ * columns' bytes, in the order the codes' low nibbles come out of a word: 0 2 4 6) and
+ * 2 (i % 2) + 1 (the odd columns'); level 0 h, 1 m, 2 l. uint4 12: (unit, exact fp32 sum). A
+ * group's 8 words are 8 lanes of one warp: its largest |x| by shuffles, no block reduction. */
+__device__ void dp_stage(const float *x, const float *x2, int cols, uint4 *xs) {
+    const int nw = cols / 8;
+    uint32_t *xw = (uint32_t *)xs;
+    for (int w0 = 0; w0 < nw; w0 += blockDim.x) { /* (nw a multiple of 8: a group's lanes all in or all out) */
+        const int w = w0 + threadIdx.x;
+        float v[8], s = 0.f, m = 0.f;
+        bool bad = false;
+        if (w < nw)
+            for (int j = 0; j < 8; j++) {
+                v[j] = dp_in(x, x2, 8 * w + j);
+                s += v[j];
+                m = fmaxf(m, fabsf(v[j]));
+                bad |= !(fabsf(v[j]) <= 3.0e38f);
+            }
+        for (int o = 1; o < 8; o <<= 1) {
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            bad |= __shfl_xor_sync(0xffffffffu, (int)bad, o) != 0;
+        }
+        if (w >= nw) continue;
+        /* below 1e-30 the group is zero to within 1e-30: no infinite scale */
+        const float inv = bad || !(m >= 1e-30f) ? 0.f : DP_XMAX / m, unit = bad ? NAN : m >= 1e-30f ? m / DP_XMAX : 0.f;
+        uint32_t lv[3][2] = { { 0, 0 }, { 0, 0 }, { 0, 0 } };
+        for (int j = 0; j < 8; j++) {
+            const int X = __float2int_rn(v[j] * inv);
+            const int l = (int)(int8_t)(uint8_t)(X & 255), X1 = (X - l) / 256;
+            const int mm = (int)(int8_t)(uint8_t)(X1 & 255), h = (X1 - mm) / 256;
+            const int sh = 8 * (j / 2), par = j & 1;
+            lv[0][par] |= (uint32_t)(uint8_t)h << sh;
+            lv[1][par] |= (uint32_t)(uint8_t)mm << sh;
+            lv[2][par] |= (uint32_t)(uint8_t)l << sh;
+        }
+        const int g = w / 8, i = w % 8;
+        uint32_t *p = xw + (size_t)g * DP_G4 * 4 + (i / 2) * 12 + 2 * (i % 2);
+        for (int lev = 0; lev < 3; lev++) {
+            p[4 * lev] = lv[lev][0];
+            p[4 * lev + 1] = lv[lev][1];
+        }
+        if (i == 0) xs[(size_t)g * DP_G4 + 12] = make_uint4(__float_as_uint(unit), __float_as_uint(s), 0u, 0u);
+    }
+    __syncthreads();
+}
+
+__device__ __forceinline__ uint32_t dp_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+/* R rows of one matrix (or expert): codes, scales, biases of the lane's rows (the last row for
+ * rows past the matrix) */
+struct dp_rows {
+    const uint4 *w;  /* row r0's codes; the others follow at nch16 uint4s */
+    const char *s, *b;
+    int lg, r0, rows, nr; /* log2 of the units a group; first row; the matrix's rows; rows here */
+};
+template <int R>
+__device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int rpt, int rib) {
+    while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
+    const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+    dp_rows t;
+    t.rows = m.rows;
+    t.r0 = (tile - a.blk0[mi]) * rpt + rib * R;
+    t.lg = __ffs(m.group / 64) - 1;
+    t.nr = min(R, max(m.rows - t.r0, 0));
+    const int r = min(t.r0, m.rows - 1), ngr = m.cols / m.group;
+    const size_t sz = m.sbt == LW_F32 ? 4 : 2;
+    t.w = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * (m.cols / 32);
+    t.s = (const char *)m.s + (long long)e * m.es + (size_t)r * ngr * sz;
+    t.b = (const char *)m.b + (long long)e * m.es + (size_t)r * ngr * sz;
+    return t;
+}
+/* group g of the R rows: codes (two uint4 a row), scales and biases; rows past the matrix read
+ * its last row again (row r0 + k clamped: offsets k or fewer rows from r0) */
+template <int R, int SBT>
+__device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int nch16, int ngr, uint4 (&c)[R][2], float (&sc)[R],
+                                         float (&bi)[R]) {
+    const size_t sz = (SBT >= 0 ? SBT : sbt) == LW_F32 ? 4 : 2;
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const int kk = k < t.nr ? k : (t.nr > 0 ? t.nr - 1 : 0);
+        const uint4 *w = t.w + (size_t)kk * nch16 + 2 * g;
+        c[k][0] = __ldg(w);
+        c[k][1] = __ldg(w + 1);
+        const int gi = g >> t.lg;
+        sc[k] = mvq_sb<SBT>(t.s + (size_t)kk * ngr * sz, sbt, gi);
+        bi[k] = mvq_sb<SBT>(t.b + (size_t)kk * ngr * sz, sbt, gi);
+    }
+}
+
+template <int LPR, int R, int SBT>
+__global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
+                                                          int ldx, const int *eidx, int xdiv) {
+    extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input */
+    const int cols = a.m[0].cols, ng = cols / 64, nch16 = cols / 32, ntiles = a.blk0[a.n];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
+    const int rpt = (WARP / LPR) * R, slot = blockIdx.y;
+    const bool xsl = a.f.xslot && slot == a.f.xslot;
+    int tile = blockIdx.x * DP_WARPS + warp, mi = 0, e = 0;
+    uint4 c[R][2];
+    float sc[R], bi[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) { c[k][0] = c[k][1] = make_uint4(0, 0, 0, 0); sc[k] = bi[k] = 0.f; }
+    dp_rows t;
+    t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.rows = t.nr = 0;
+    /* a dense matrix's first group is fetched before the wait on the predecessor (weights are
+     * never written); an expert's index comes from that kernel */
+    bool have = false;
+    if (!eidx && tile < ntiles && sub < ng) {
+        t = dp_locate<R>(a, xsl, 0, tile, mi, rpt, rib);
+        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+        dp_fetch<R, SBT>(t, m.sbt, sub, nch16, m.cols / m.group, c, sc, bi);
+        have = true;
+    }
+    CU_PDL();
+    const float *x = X, *x2 = X2;
+    if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
+    dp_stage(x, X2 ? x2 : NULL, cols, dxs);
+    for (; tile < ntiles; tile += gridDim.x * DP_WARPS) {
+        mi = 0;
+        t = dp_locate<R>(a, xsl, e, tile, mi, rpt, rib);
+        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+        const int sbt = SBT >= 0 ? SBT : m.sbt, ngr = m.cols / m.group;
+        float acc[R];
+#pragma unroll
+        for (int k = 0; k < R; k++) acc[k] = 0.f;
+        for (int g = sub; g < ng; g += LPR) {
+            if (!have) dp_fetch<R, SBT>(t, sbt, g, nch16, ngr, c, sc, bi);
+            have = false;
+            const uint4 *xg = dxs + (size_t)g * DP_G4;
+            int H[R], M[R], L[R];
+#pragma unroll
+            for (int k = 0; k < R; k++) H[k] = M[k] = L[k] = 0;
+#pragma unroll
+            for (int p = 0; p < 4; p++) { /* word pairs 2p, 2p + 1 */
+                const uint4 xh = xg[3 * p], xm = xg[3 * p + 1], xl = xg[3 * p + 2];
+#pragma unroll
+                for (int k = 0; k < R; k++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t wv = dp_word(c[k][p / 2], 2 * (p % 2) + h);
+                        const uint32_t ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
+                        H[k] = cu_dp4a(ev, dp_word(xh, 2 * h), H[k]);
+                        H[k] = cu_dp4a(od, dp_word(xh, 2 * h + 1), H[k]);
+                        M[k] = cu_dp4a(ev, dp_word(xm, 2 * h), M[k]);
+                        M[k] = cu_dp4a(od, dp_word(xm, 2 * h + 1), M[k]);
+                        L[k] = cu_dp4a(ev, dp_word(xl, 2 * h), L[k]);
+                        L[k] = cu_dp4a(od, dp_word(xl, 2 * h + 1), L[k]);
+                    }
+            }
+            const uint4 meta = xg[12];
+            const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
+#pragma unroll
+            for (int k = 0; k < R; k++) {
+                const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
+                acc[k] += sc[k] * (unit * d) + bi[k] * gs;
+            }
+        }
+        /* the R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
+        int rsel = 0;
+#pragma unroll
+        for (int o = LPR / 2, n = R; o; o >>= 1) {
+            if (n > 1) {
+                const bool up = (sub & o) != 0;
+#pragma unroll
+                for (int i = 0; i < n / 2; i++) {
+                    const float keep = up ? acc[i + n / 2] : acc[i], send = up ? acc[i] : acc[i + n / 2];
+                    acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+                }
+                if (up) rsel += n / 2;
+                n /= 2;
+            } else acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
+        }
+        /* (R <= LPR: the row stages end where the whole-sum ones begin, lane bits below are 0) */
+        if ((sub & (LPR / R - 1)) == 0 && tile < ntiles && rsel < t.nr)
+            a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + t.r0 + rsel] = acc[0];
+    }
+}
+
+/* LILY_CU_MVDP=0: k_mvtc / k_mvq4 instead, for measuring */
+static int mvdp_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_MVDP", 1);
+}
+
+static int dp_fits(const dmat *m, int cols) {
+    const int u = m->group / 64;
+    return m->type == LW_Q && m->bits == 4 && m->cols == cols && m->group % 64 == 0 && u > 0 && (u & (u - 1)) == 0;
+}
+
+template <int LPR, int R, int SBT>
+static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
+                    int xdiv) {
+    static mvq_kstate ks;
+    const int cols = a.m[0].cols, blocks = (a.blk0[a.n] + DP_WARPS - 1) / DP_WARPS;
+    const size_t sm = (size_t)(cols / 64) * DP_G4 * 16;
+    const int gx = mvq_grid(k_mvdp<LPR, R, SBT>, ks, blocks, nslots, 0, DP_WARPS * WARP, sm);
+    cu_go(k_mvdp<LPR, R, SBT>, dim3(gx, nslots), DP_WARPS * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
+}
+template <int LPR, int R>
+static void mvdp_sbt(int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx,
+                     const int *eidx, int xdiv) {
+    if (sbt == LW_BF16) mvdp_go<LPR, R, LW_BF16>(s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else mvdp_go<LPR, R, -1>(s, a, nslots, X, X2, ldx, eidx, xdiv);
+}
+template <int LPR>
+static void mvdp_r(int R, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx,
+                   const int *eidx, int xdiv) {
+    if (R >= 4 && LPR >= 4) mvdp_sbt<LPR, (LPR >= 4 ? 4 : 1)>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1)>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else mvdp_sbt<LPR, 1>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+}
+
+static int test_r = 0;
+void cu_mvdp_test_r(int r) { test_r = r; }
+
+/* The whole staged input must fit the MVQ_SMEM a launch opts in to. */
+#define DP_MAX_COLS (MVQ_SMEM / (DP_G4 * 16) * 64)
+
+int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
+                  int xdiv, int nslots) {
+    const int cols = in->m[0].cols, ng = cols / 64;
+    if (!mvdp_enabled() || test_r < 0 || in->f.add || in->f.sel || cols % 64 != 0 || cols > DP_MAX_COLS) return 0;
+    for (int i = 0; i < in->n; i++)
+        if (!dp_fits(&in->m[i], cols) || (in->f.xslot && (!dp_fits(&in->f.xm[i], cols) || in->f.xm[i].rows != in->m[i].rows)))
+            return 0;
+    const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;
+    /* R: the most rows a lane group that still gives every warp the launch can hold a tile, so
+     * each lane has as many bytes in flight as the grid's warps can have (LILY_CU_MVDP_R fixes it) */
+    static int env_r = INT_MIN;
+    cu_env_int(&env_r, "LILY_CU_MVDP_R", 0);
+    const long long warps = (long long)cu_sm_count() * 2 * DP_WARPS;
+    int R = 4;
+    if (test_r > 0) R = test_r;
+    else if (env_r == 1 || env_r == 2 || env_r == 4) R = env_r;
+    else
+        for (; R > 1; R /= 2) {
+            long long tiles = 0;
+            for (int i = 0; i < in->n; i++) tiles += (in->m[i].rows + (32 / lpr) * R - 1) / ((32 / lpr) * R);
+            if (tiles * nslots >= warps) break;
+        }
+    if (R > lpr) R = lpr;
+    mvq_args a = *in;
+    const int rpt = (32 / lpr) * R;
+    int nt = 0;
+    for (int i = 0; i < a.n; i++) {
+        a.blk0[i] = nt;
+        nt += (a.m[i].rows + rpt - 1) / rpt;
+    }
+    a.blk0[a.n] = nt;
+    switch (lpr) {
+    case 32: mvdp_r<32>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 16: mvdp_r<16>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 8: mvdp_r<8>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 4: mvdp_r<4>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 2: mvdp_r<2>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    default: mvdp_r<1>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    }
+    return 1;
+}
