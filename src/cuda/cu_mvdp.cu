@@ -95,113 +95,138 @@ __device__ __forceinline__ uint32_t dp_word(const uint4 &v, int i) { return i ==
 /* R rows of one matrix (or expert): codes, scales, biases of the lane's rows (the last row for
  * rows past the matrix) */
 struct dp_rows {
-    const uint4 *w;  /* row r0's codes; the others follow at nch16 uint4s */
+    const uint4 *w;  /* row r0's codes; the others follow at cols / 32 uint4s */
     const char *s, *b;
-    int lg, r0, rows, nr; /* log2 of the units a group; first row; the matrix's rows; rows here */
+    int lg, r0, nr, ngr, sbt; /* log2 of the units a group; first row; rows here; groups a row; scale type */
 };
 template <int R>
 __device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int rpt, int rib) {
     while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
     const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
     dp_rows t;
-    t.rows = m.rows;
     t.r0 = (tile - a.blk0[mi]) * rpt + rib * R;
     t.lg = __ffs(m.group / 64) - 1;
     t.nr = min(R, max(m.rows - t.r0, 0));
-    const int r = min(t.r0, m.rows - 1), ngr = m.cols / m.group;
+    t.ngr = m.cols / m.group;
+    t.sbt = m.sbt;
+    const int r = min(t.r0, m.rows - 1);
     const size_t sz = m.sbt == LW_F32 ? 4 : 2;
     t.w = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * (m.cols / 32);
-    t.s = (const char *)m.s + (long long)e * m.es + (size_t)r * ngr * sz;
-    t.b = (const char *)m.b + (long long)e * m.es + (size_t)r * ngr * sz;
+    t.s = (const char *)m.s + (long long)e * m.es + (size_t)r * t.ngr * sz;
+    t.b = (const char *)m.b + (long long)e * m.es + (size_t)r * t.ngr * sz;
     return t;
 }
-/* group g of the R rows: codes (two uint4 a row), scales and biases; rows past the matrix read
- * its last row again (row r0 + k clamped: offsets k or fewer rows from r0) */
+
+/* One step of a warp's walk: group g of its tile's R rows a lane. The codes go to shared memory by
+ * cp.async (no register holds them in flight, so a warp keeps the next step's R 32-byte reads a
+ * lane in flight while it computes this one): the lane's own 16-byte chunk j of row k at
+ * st[(2k + j) * 32 + lane], which the lane alone reads back (no barrier, only the copy's wait).
+ * Rows past the matrix read its last row again. Scales and biases (2 or 4 bytes: too small for
+ * cp.async) are loaded into registers here, a step ahead of their use. */
 template <int R, int SBT>
-__device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int nch16, int ngr, uint4 (&c)[R][2], float (&sc)[R],
-                                         float (&bi)[R]) {
-    const size_t sz = (SBT >= 0 ? SBT : sbt) == LW_F32 ? 4 : 2;
+__device__ __forceinline__ void dp_issue(const dp_rows &t, int g, int nch16, int lane, uint4 *st, float (&sc)[R], float (&bi)[R]) {
+    const size_t sz = (SBT >= 0 ? SBT : t.sbt) == LW_F32 ? 4 : 2;
+    const int gi = g >> t.lg;
 #pragma unroll
     for (int k = 0; k < R; k++) {
         const int kk = k < t.nr ? k : (t.nr > 0 ? t.nr - 1 : 0);
         const uint4 *w = t.w + (size_t)kk * nch16 + 2 * g;
-        c[k][0] = __ldg(w);
-        c[k][1] = __ldg(w + 1);
-        const int gi = g >> t.lg;
-        sc[k] = mvq_sb<SBT>(t.s + (size_t)kk * ngr * sz, sbt, gi);
-        bi[k] = mvq_sb<SBT>(t.b + (size_t)kk * ngr * sz, sbt, gi);
+        cu_cp<16>(st + (2 * k) * 32 + lane, w);
+        cu_cp<16>(st + (2 * k + 1) * 32 + lane, w + 1);
+        sc[k] = mvq_sb<SBT>(t.s + (size_t)kk * t.ngr * sz, t.sbt, gi);
+        bi[k] = mvq_sb<SBT>(t.b + (size_t)kk * t.ngr * sz, t.sbt, gi);
     }
 }
 
+/* The warp's walk: steps s = 0, 1, .. over its tiles (blockIdx.x * warps + warp, then every
+ * gridDim.x * warps on) and each tile's spt groups a lane; the codes of step s + 1 are copied while
+ * step s is computed (two stages a warp). */
 template <int LPR, int R, int SBT>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
-    extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input */
+    extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input, then [warps][2][2R][32] the codes' stages */
     const int cols = a.m[0].cols, ng = cols / 64, nch16 = cols / 32, ntiles = a.blk0[a.n];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
-    const int rpt = (WARP / LPR) * R, slot = blockIdx.y;
+    const int nwb = blockDim.x / WARP, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
+    const int rpt = (WARP / LPR) * R, slot = blockIdx.y, spt = (ng + LPR - 1) / LPR, stride = gridDim.x * nwb;
     const bool xsl = a.f.xslot && slot == a.f.xslot;
-    int tile = blockIdx.x * DP_WARPS + warp, mi = 0, e = 0;
-    uint4 c[R][2];
-    float sc[R], bi[R];
+    const int tile0 = blockIdx.x * nwb + warp, ntw = tile0 < ntiles ? (ntiles - 1 - tile0) / stride + 1 : 0, nsteps = ntw * spt;
+    uint4 *const stg = dxs + (size_t)ng * DP_G4 + (size_t)warp * 2 * (2 * R * 32);
+    int e = 0, mc = 0, mi = 0; /* mc: the computed step's matrix, mi: the issued one's */
+    float sc[R], bi[R], scn[R], bin[R];
 #pragma unroll
-    for (int k = 0; k < R; k++) { c[k][0] = c[k][1] = make_uint4(0, 0, 0, 0); sc[k] = bi[k] = 0.f; }
-    dp_rows t;
-    t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.rows = t.nr = 0;
-    /* a dense matrix's first group is fetched before the wait on the predecessor (weights are
-     * never written); an expert's index comes from that kernel */
-    bool have = false;
-    if (!eidx && tile < ntiles && sub < ng) {
-        t = dp_locate<R>(a, xsl, 0, tile, mi, rpt, rib);
-        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        dp_fetch<R, SBT>(t, m.sbt, sub, nch16, m.cols / m.group, c, sc, bi);
-        have = true;
+    for (int k = 0; k < R; k++) sc[k] = bi[k] = scn[k] = bin[k] = 0.f;
+    dp_rows ti, tc;
+    ti.w = NULL; ti.s = ti.b = NULL; ti.lg = ti.r0 = ti.nr = ti.ngr = ti.sbt = 0;
+    tc = ti;
+    /* step 0's copies: a dense matrix's before the wait on the predecessor (weights are never
+     * written); an expert's index comes from that kernel */
+    if (!eidx && nsteps > 0) {
+        ti = dp_locate<R>(a, xsl, 0, tile0, mi, rpt, rib);
+        if (sub < ng) dp_issue<R, SBT>(ti, sub, nch16, lane, stg, scn, bin);
     }
+    cu_cp_commit();
     CU_PDL();
     const float *x = X, *x2 = X2;
-    if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
+    if (eidx) {
+        e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
+        if (nsteps > 0) {
+            ti = dp_locate<R>(a, xsl, e, tile0, mi, rpt, rib);
+            if (sub < ng) dp_issue<R, SBT>(ti, sub, nch16, lane, stg, scn, bin);
+        }
+        cu_cp_commit();
+    }
     dp_stage(x, X2 ? x2 : NULL, cols, dxs);
-    for (; tile < ntiles; tile += gridDim.x * DP_WARPS) {
-        mi = 0;
-        t = dp_locate<R>(a, xsl, e, tile, mi, rpt, rib);
-        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        const int sbt = SBT >= 0 ? SBT : m.sbt, ngr = m.cols / m.group;
-        float acc[R];
+    float acc[R];
 #pragma unroll
-        for (int k = 0; k < R; k++) acc[k] = 0.f;
-        for (int g = sub; g < ng; g += LPR) {
-            if (!have) dp_fetch<R, SBT>(t, sbt, g, nch16, ngr, c, sc, bi);
-            have = false;
-            const uint4 *xg = dxs + (size_t)g * DP_G4;
+    for (int k = 0; k < R; k++) acc[k] = 0.f;
+    for (int s = 0; s < nsteps; s++) {
+        const int gs = s % spt, g = sub + gs * LPR;
+        if (gs == 0) { tc = ti; mc = mi; }
+#pragma unroll
+        for (int k = 0; k < R; k++) { sc[k] = scn[k]; bi[k] = bin[k]; }
+        if (s + 1 < nsteps) { /* the next step's copies into the other stage */
+            const int gn = (s + 1) % spt;
+            if (gn == 0) ti = dp_locate<R>(a, xsl, e, tile0 + ((s + 1) / spt) * stride, mi, rpt, rib);
+            if (sub + gn * LPR < ng) dp_issue<R, SBT>(ti, sub + gn * LPR, nch16, lane, stg + ((s + 1) & 1) * (2 * R * 32), scn, bin);
+        }
+        cu_cp_commit();
+        cu_cp_wait<1>(); /* this step's copies have landed */
+        if (g < ng) {
+            const uint4 *cs = stg + (s & 1) * (2 * R * 32) + lane, *xg = dxs + (size_t)g * DP_G4;
             int H[R], M[R], L[R];
 #pragma unroll
             for (int k = 0; k < R; k++) H[k] = M[k] = L[k] = 0;
 #pragma unroll
-            for (int p = 0; p < 4; p++) { /* word pairs 2p, 2p + 1 */
-                const uint4 xh = xg[3 * p], xm = xg[3 * p + 1], xl = xg[3 * p + 2];
+            for (int j = 0; j < 2; j++) { /* words 4j .. 4j + 3 of the group */
+                uint4 xv[6]; /* word pairs 2j, 2j + 1: levels h m l each */
 #pragma unroll
-                for (int k = 0; k < R; k++)
+                for (int i = 0; i < 6; i++) xv[i] = xg[6 * j + i];
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint32_t wv = dp_word(c[k][p / 2], 2 * (p % 2) + h);
-                        const uint32_t ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
-                        H[k] = cu_dp4a(ev, dp_word(xh, 2 * h), H[k]);
-                        H[k] = cu_dp4a(od, dp_word(xh, 2 * h + 1), H[k]);
-                        M[k] = cu_dp4a(ev, dp_word(xm, 2 * h), M[k]);
-                        M[k] = cu_dp4a(od, dp_word(xm, 2 * h + 1), M[k]);
-                        L[k] = cu_dp4a(ev, dp_word(xl, 2 * h), L[k]);
-                        L[k] = cu_dp4a(od, dp_word(xl, 2 * h + 1), L[k]);
+                for (int k = 0; k < R; k++) {
+                    const uint4 cw = cs[(2 * k + j) * 32];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const uint32_t wv = dp_word(cw, i), ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
+                        const int pp = 3 * (i / 2), h = 2 * (i % 2);
+                        H[k] = cu_dp4a(ev, dp_word(xv[pp], h), H[k]);
+                        H[k] = cu_dp4a(od, dp_word(xv[pp], h + 1), H[k]);
+                        M[k] = cu_dp4a(ev, dp_word(xv[pp + 1], h), M[k]);
+                        M[k] = cu_dp4a(od, dp_word(xv[pp + 1], h + 1), M[k]);
+                        L[k] = cu_dp4a(ev, dp_word(xv[pp + 2], h), L[k]);
+                        L[k] = cu_dp4a(od, dp_word(xv[pp + 2], h + 1), L[k]);
                     }
+                }
             }
             const uint4 meta = xg[12];
-            const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
+            const float unit = __uint_as_float(meta.x), gsum = __uint_as_float(meta.y);
 #pragma unroll
             for (int k = 0; k < R; k++) {
                 const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
-                acc[k] += sc[k] * (unit * d) + bi[k] * gs;
+                acc[k] += sc[k] * (unit * d) + bi[k] * gsum;
             }
         }
-        /* the R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
+        if (gs + 1 < spt) continue;
+        /* the tile's R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
         int rsel = 0;
 #pragma unroll
         for (int o = LPR / 2, n = R; o; o >>= 1) {
@@ -217,9 +242,11 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
             } else acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
         }
         /* (R <= LPR: the row stages end where the whole-sum ones begin, lane bits below are 0) */
-        if ((sub & (LPR / R - 1)) == 0 && tile < ntiles && rsel < t.nr)
-            a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + t.r0 + rsel] = acc[0];
+        if ((sub & (LPR / R - 1)) == 0 && rsel < tc.nr) a.y[mc][(eidx ? (size_t)slot * a.ldy[mc] : 0) + tc.r0 + rsel] = acc[0];
+#pragma unroll
+        for (int k = 0; k < R; k++) acc[k] = 0.f;
     }
+    cu_cp_wait<0>();
 }
 
 /* LILY_CU_MVDP=0: k_mvtc / k_mvq4 instead, for measuring */
@@ -233,14 +260,42 @@ static int dp_fits(const dmat *m, int cols) {
     return m->type == LW_Q && m->bits == 4 && m->cols == cols && m->group % 64 == 0 && u > 0 && (u & (u - 1)) == 0;
 }
 
+/* The most dynamic shared memory a launch opts in to: the staged input plus 8 warps' two stages
+ * of R = 4 rows (64 KB) */
+#define DP_SMEM_MAX (160 * 1024)
+static int dp_warps(void) {
+    static int w = INT_MIN;
+    cu_env_int(&w, "LILY_CU_MVDP_WARPS", DP_WARPS); /* 4 or 8 warps a block, for measuring */
+    return w == 4 ? 4 : DP_WARPS;
+}
+static size_t dp_smem(int cols, int R, int warps) { return (size_t)(cols / 64) * DP_G4 * 16 + (size_t)warps * 2 * (2 * R * 32) * 16; }
+
 template <int LPR, int R, int SBT>
 static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
                     int xdiv) {
-    static mvq_kstate ks;
-    const int cols = a.m[0].cols, blocks = (a.blk0[a.n] + DP_WARPS - 1) / DP_WARPS;
-    const size_t sm = (size_t)(cols / 64) * DP_G4 * 16;
-    const int gx = mvq_grid(k_mvdp<LPR, R, SBT>, ks, blocks, nslots, 0, DP_WARPS * WARP, sm);
-    cu_go(k_mvdp<LPR, R, SBT>, dim3(gx, nslots), DP_WARPS * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
+    /* the blocks an SM holds for each shared-memory size the kernel is launched with, asked once */
+    static int nocc = 0, occ[8];
+    static size_t occ_sm[8];
+    static int attr = 0;
+    const int warps = dp_warps(), cols = a.m[0].cols, blocks = (a.blk0[a.n] + warps - 1) / warps;
+    const size_t sm = dp_smem(cols, R, warps);
+    if (!attr) attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, DP_SMEM_MAX) == cudaSuccess;
+    int k = 0, per_sm = 0;
+    while (k < nocc && occ_sm[k] != sm) k++;
+    if (k < nocc) per_sm = occ[k];
+    else {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mvdp<LPR, R, SBT>, warps * WARP, sm) != cudaSuccess || per_sm < 1)
+            per_sm = 1;
+        if (nocc < 8) { occ_sm[nocc] = sm; occ[nocc++] = per_sm; }
+    }
+    /* as many blocks as the GPU holds at once over the slots, each warp walking its tiles (the
+     * emulator's LILY_CU_MVQ_BLOCKS caps them lower, so small matrices walk several tiles too) */
+    static int cap_env = INT_MIN;
+    cu_env_int(&cap_env, "LILY_CU_MVQ_BLOCKS", -1);
+    int cap = cap_env > 0 ? cap_env : per_sm * cu_sm_count() / nslots;
+    if (cap < 1) cap = 1;
+    const int gx = blocks < cap ? blocks : cap;
+    cu_go(k_mvdp<LPR, R, SBT>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int R>
 static void mvdp_sbt(int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx,
@@ -259,8 +314,8 @@ static void mvdp_r(int R, int sbt, cudaStream_t s, const mvq_args &a, int nslots
 static int test_r = 0;
 void cu_mvdp_test_r(int r) { test_r = r; }
 
-/* The whole staged input must fit the MVQ_SMEM a launch opts in to. */
-#define DP_MAX_COLS (MVQ_SMEM / (DP_G4 * 16) * 64)
+/* The staged input and the stages must fit DP_SMEM_MAX. */
+#define DP_MAX_COLS ((DP_SMEM_MAX - 64 * 1024) / (DP_G4 * 16) * 64)
 
 int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
                   int xdiv, int nslots) {
@@ -270,20 +325,12 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
         if (!dp_fits(&in->m[i], cols) || (in->f.xslot && (!dp_fits(&in->f.xm[i], cols) || in->f.xm[i].rows != in->m[i].rows)))
             return 0;
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;
-    /* R: the most rows a lane group that still gives every warp the launch can hold a tile, so
-     * each lane has as many bytes in flight as the grid's warps can have (LILY_CU_MVDP_R fixes it) */
+    /* R: rows a lane group, 4 (measured fastest on every launch of a token, bench/RESULTS.md);
+     * LILY_CU_MVDP_R=1|2|4 fixes it, for measuring */
     static int env_r = INT_MIN;
-    cu_env_int(&env_r, "LILY_CU_MVDP_R", 0);
-    const long long warps = (long long)cu_sm_count() * 2 * DP_WARPS;
-    int R = 4;
+    cu_env_int(&env_r, "LILY_CU_MVDP_R", 4);
+    int R = env_r == 1 || env_r == 2 ? env_r : 4;
     if (test_r > 0) R = test_r;
-    else if (env_r == 1 || env_r == 2 || env_r == 4) R = env_r;
-    else
-        for (; R > 1; R /= 2) {
-            long long tiles = 0;
-            for (int i = 0; i < in->n; i++) tiles += (in->m[i].rows + (32 / lpr) * R - 1) / ((32 / lpr) * R);
-            if (tiles * nslots >= warps) break;
-        }
     if (R > lpr) R = lpr;
     mvq_args a = *in;
     const int rpt = (32 / lpr) * R;
