@@ -1448,10 +1448,14 @@ __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int d
     /* thread i < 256 carries element i of the next step's q | k; every thread its v, g, beta */
     int qk_off = threadIdx.x < 128 ? kh * dk + threadIdx.x : kd + kh * dk + (threadIdx.x - 128);
     float nqk = threadIdx.x < 256 ? u[qk_off] : 0.f, nv_j = u[2 * kd + h * dv + j], ng = g[h], nb = beta[h];
+    /* the gated norm's z and weight are fetched with the step's other inputs, not after its sums
+     * (a dependent L2 round trip at the end of every decode step) */
+    const float gwj = z ? gw[j] : 0.f;
+    float nz = z ? z[(size_t)h * dv + j] : 0.f;
     for (int t = 0; t < T; t++) {
         float *qs = qkb[t & 1], *ks = qkb[t & 1] + 128;
         if (threadIdx.x < 256) qkb[t & 1][threadIdx.x] = nqk;
-        float decay = expf(ng), b = nb, vj = nv_j;
+        float decay = expf(ng), b = nb, vj = nv_j, zj = nz;
         __syncthreads();
         if (t + 1 < T) { /* the next step's loads fly while this one computes */
             const float *nrow = u + (size_t)(t + 1) * cd;
@@ -1459,6 +1463,7 @@ __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int d
             nv_j = nrow[2 * kd + h * dv + j];
             ng = g[(size_t)(t + 1) * nv + h];
             nb = beta[(size_t)(t + 1) * nv + h];
+            if (z) nz = z[(size_t)(t + 1) * nv * dv + (size_t)h * dv + j];
         }
         float d = 0, out = 0;
 #pragma unroll
@@ -1479,7 +1484,7 @@ __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int d
             float tot = 0;
             for (int i = 0; i < (int)(blockDim.x / WARP); i++) tot += red[i];
             float r = 1.0f / sqrtf(tot / dv + eps);
-            if (p == 0) o[oi] = out * r * gw[j] * silu_f(z[oi]);
+            if (p == 0) o[oi] = out * r * gwj * silu_f(zj);
         } else if (p == 0) o[oi] = out;
     }
 #pragma unroll
@@ -2037,6 +2042,7 @@ void cu_swiglu(cudaStream_t s, const float *g, const float *u, float *h, long lo
     cu_go(k_swiglu, (unsigned)((n + 255) / 256), 256, 0, s)(g, u, h, n);
 }
 
+#define COMB_KEEP 8
 __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ add, const float *__restrict__ D, const int *__restrict__ pos,
                               const float *__restrict__ wt, int K, int H, const float *__restrict__ SD,
                               const float *__restrict__ sr, const float *__restrict__ nw, float eps, float *__restrict__ tout) {
@@ -2045,7 +2051,16 @@ __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ a
     int t = blockIdx.x;
     float gs = SD ? sigm_f(sr[t]) : 0.f, ss = 0;
     float *xr = x + (size_t)t * H;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    /* a thread's first COMB_KEEP sums stay in registers for the norm, and their norm weights are
+     * fetched before the block's sum: the norm's pass then reads nothing (it re-read x from L2) */
+    float keep[COMB_KEEP] = { 0.f }, nwk[COMB_KEEP];
+#pragma unroll
+    for (int j = 0; j < COMB_KEEP; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        nwk[j] = nw && i < H ? nw[i] : 0.f;
+    }
+    int j = 0;
+    for (int i = threadIdx.x; i < H; i += blockDim.x, j++) {
         float y = 0;
 #pragma unroll 8
         for (int k = 0; k < K; k++) {
@@ -2055,12 +2070,19 @@ __global__ void k_moe_combine(float *__restrict__ x, const float *__restrict__ a
         if (SD) y += gs * SD[(size_t)t * H + i];
         float v = (add ? xr[i] + add[(size_t)t * H + i] : xr[i]) + y; /* (x + add) first, as the unfused norm did */
         xr[i] = v;
+#pragma unroll
+        for (int q = 0; q < COMB_KEEP; q++) if (q == j) keep[q] = v;
         ss += v * v;
     }
     if (!nw) return;
     ss = block_sum(ss, sh);
     float r = 1.0f / sqrtf(ss / H + eps);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) tout[(size_t)t * H + i] = xr[i] * r * nw[i];
+#pragma unroll
+    for (int q = 0; q < COMB_KEEP; q++) {
+        const int i = threadIdx.x + q * blockDim.x;
+        if (i < H) tout[(size_t)t * H + i] = keep[q] * r * nwk[q];
+    }
+    for (int i = threadIdx.x + COMB_KEEP * blockDim.x; i < H; i += blockDim.x) tout[(size_t)t * H + i] = xr[i] * r * nw[i];
 }
 /* The same for prefill rows, four columns a thread: the token's K rows and weights are read once
  * into shared memory and a thread's K loads of D are 16-byte ones issued together (the form above,

@@ -95,138 +95,114 @@ __device__ __forceinline__ uint32_t dp_word(const uint4 &v, int i) { return i ==
 /* R rows of one matrix (or expert): codes, scales, biases of the lane's rows (the last row for
  * rows past the matrix) */
 struct dp_rows {
-    const uint4 *w;  /* row r0's codes; the others follow at cols / 32 uint4s */
+    const uint4 *w;  /* row r0's codes; the others follow at nch16 uint4s */
     const char *s, *b;
-    int lg, r0, nr, ngr, sbt; /* log2 of the units a group; first row; rows here; groups a row; scale type */
+    int lg, r0, rows, nr; /* log2 of the units a group; first row; the matrix's rows; rows here */
 };
 template <int R>
 __device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int rpt, int rib) {
     while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
     const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
     dp_rows t;
+    t.rows = m.rows;
     t.r0 = (tile - a.blk0[mi]) * rpt + rib * R;
     t.lg = __ffs(m.group / 64) - 1;
     t.nr = min(R, max(m.rows - t.r0, 0));
-    t.ngr = m.cols / m.group;
-    t.sbt = m.sbt;
-    const int r = min(t.r0, m.rows - 1);
+    const int r = min(t.r0, m.rows - 1), ngr = m.cols / m.group;
     const size_t sz = m.sbt == LW_F32 ? 4 : 2;
     t.w = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * (m.cols / 32);
-    t.s = (const char *)m.s + (long long)e * m.es + (size_t)r * t.ngr * sz;
-    t.b = (const char *)m.b + (long long)e * m.es + (size_t)r * t.ngr * sz;
+    t.s = (const char *)m.s + (long long)e * m.es + (size_t)r * ngr * sz;
+    t.b = (const char *)m.b + (long long)e * m.es + (size_t)r * ngr * sz;
     return t;
 }
-
-/* One step of a warp's walk: group g of its tile's R rows a lane. The codes go to shared memory by
- * cp.async (no register holds them in flight, so a warp keeps the next step's R 32-byte reads a
- * lane in flight while it computes this one): the lane's own 16-byte chunk j of row k at
- * st[(2k + j) * 32 + lane], which the lane alone reads back (no barrier, only the copy's wait).
- * Rows past the matrix read its last row again. Scales and biases (2 or 4 bytes: too small for
- * cp.async) are loaded into registers here, a step ahead of their use. */
+/* group g of the R rows: codes (two uint4 a row), scales and biases; rows past the matrix read
+ * its last row again (row r0 + k clamped: offsets k or fewer rows from r0) */
 template <int R, int SBT>
-__device__ __forceinline__ void dp_issue(const dp_rows &t, int g, int nch16, int lane, uint4 *st, float (&sc)[R], float (&bi)[R]) {
-    const size_t sz = (SBT >= 0 ? SBT : t.sbt) == LW_F32 ? 4 : 2;
-    const int gi = g >> t.lg;
+__device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int nch16, int ngr, uint4 (&c)[R][2], float (&sc)[R],
+                                         float (&bi)[R]) {
+    const size_t sz = (SBT >= 0 ? SBT : sbt) == LW_F32 ? 4 : 2;
 #pragma unroll
     for (int k = 0; k < R; k++) {
         const int kk = k < t.nr ? k : (t.nr > 0 ? t.nr - 1 : 0);
         const uint4 *w = t.w + (size_t)kk * nch16 + 2 * g;
-        cu_cp<16>(st + (2 * k) * 32 + lane, w);
-        cu_cp<16>(st + (2 * k + 1) * 32 + lane, w + 1);
-        sc[k] = mvq_sb<SBT>(t.s + (size_t)kk * t.ngr * sz, t.sbt, gi);
-        bi[k] = mvq_sb<SBT>(t.b + (size_t)kk * t.ngr * sz, t.sbt, gi);
+        c[k][0] = __ldg(w);
+        c[k][1] = __ldg(w + 1);
+        const int gi = g >> t.lg;
+        sc[k] = mvq_sb<SBT>(t.s + (size_t)kk * ngr * sz, sbt, gi);
+        bi[k] = mvq_sb<SBT>(t.b + (size_t)kk * ngr * sz, sbt, gi);
     }
 }
 
-/* The warp's walk: steps s = 0, 1, .. over its tiles (blockIdx.x * warps + warp, then every
- * gridDim.x * warps on) and each tile's spt groups a lane; the codes of step s + 1 are copied while
- * step s is computed (two stages a warp). */
 template <int LPR, int R, int SBT>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
-    extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input, then [warps][2][2R][32] the codes' stages */
+    extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input */
     const int cols = a.m[0].cols, ng = cols / 64, nch16 = cols / 32, ntiles = a.blk0[a.n];
-    const int nwb = blockDim.x / WARP, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
-    const int rpt = (WARP / LPR) * R, slot = blockIdx.y, spt = (ng + LPR - 1) / LPR, stride = gridDim.x * nwb;
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
+    const int rpt = (WARP / LPR) * R, slot = blockIdx.y;
     const bool xsl = a.f.xslot && slot == a.f.xslot;
-    const int tile0 = blockIdx.x * nwb + warp, ntw = tile0 < ntiles ? (ntiles - 1 - tile0) / stride + 1 : 0, nsteps = ntw * spt;
-    uint4 *const stg = dxs + (size_t)ng * DP_G4 + (size_t)warp * 2 * (2 * R * 32);
-    int e = 0, mc = 0, mi = 0; /* mc: the computed step's matrix, mi: the issued one's */
-    float sc[R], bi[R], scn[R], bin[R];
+    const int nwb = blockDim.x / WARP;
+    int tile = blockIdx.x * nwb + warp, mi = 0, e = 0;
+    uint4 c[R][2];
+    float sc[R], bi[R];
 #pragma unroll
-    for (int k = 0; k < R; k++) sc[k] = bi[k] = scn[k] = bin[k] = 0.f;
-    dp_rows ti, tc;
-    ti.w = NULL; ti.s = ti.b = NULL; ti.lg = ti.r0 = ti.nr = ti.ngr = ti.sbt = 0;
-    tc = ti;
-    /* step 0's copies: a dense matrix's before the wait on the predecessor (weights are never
-     * written); an expert's index comes from that kernel */
-    if (!eidx && nsteps > 0) {
-        ti = dp_locate<R>(a, xsl, 0, tile0, mi, rpt, rib);
-        if (sub < ng) dp_issue<R, SBT>(ti, sub, nch16, lane, stg, scn, bin);
+    for (int k = 0; k < R; k++) { c[k][0] = c[k][1] = make_uint4(0, 0, 0, 0); sc[k] = bi[k] = 0.f; }
+    dp_rows t;
+    t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.rows = t.nr = 0;
+    /* a dense matrix's first group is fetched before the wait on the predecessor (weights are
+     * never written); an expert's index comes from that kernel */
+    bool have = false;
+    if (!eidx && tile < ntiles && sub < ng) {
+        t = dp_locate<R>(a, xsl, 0, tile, mi, rpt, rib);
+        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+        dp_fetch<R, SBT>(t, m.sbt, sub, nch16, m.cols / m.group, c, sc, bi);
+        have = true;
     }
-    cu_cp_commit();
     CU_PDL();
     const float *x = X, *x2 = X2;
-    if (eidx) {
-        e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-        if (nsteps > 0) {
-            ti = dp_locate<R>(a, xsl, e, tile0, mi, rpt, rib);
-            if (sub < ng) dp_issue<R, SBT>(ti, sub, nch16, lane, stg, scn, bin);
-        }
-        cu_cp_commit();
-    }
+    if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
     dp_stage(x, X2 ? x2 : NULL, cols, dxs);
-    float acc[R];
+    for (; tile < ntiles; tile += gridDim.x * nwb) {
+        mi = 0;
+        t = dp_locate<R>(a, xsl, e, tile, mi, rpt, rib);
+        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+        const int sbt = SBT >= 0 ? SBT : m.sbt, ngr = m.cols / m.group;
+        float acc[R];
 #pragma unroll
-    for (int k = 0; k < R; k++) acc[k] = 0.f;
-    for (int s = 0; s < nsteps; s++) {
-        const int gs = s % spt, g = sub + gs * LPR;
-        if (gs == 0) { tc = ti; mc = mi; }
-#pragma unroll
-        for (int k = 0; k < R; k++) { sc[k] = scn[k]; bi[k] = bin[k]; }
-        if (s + 1 < nsteps) { /* the next step's copies into the other stage */
-            const int gn = (s + 1) % spt;
-            if (gn == 0) ti = dp_locate<R>(a, xsl, e, tile0 + ((s + 1) / spt) * stride, mi, rpt, rib);
-            if (sub + gn * LPR < ng) dp_issue<R, SBT>(ti, sub + gn * LPR, nch16, lane, stg + ((s + 1) & 1) * (2 * R * 32), scn, bin);
-        }
-        cu_cp_commit();
-        cu_cp_wait<1>(); /* this step's copies have landed */
-        if (g < ng) {
-            const uint4 *cs = stg + (s & 1) * (2 * R * 32) + lane, *xg = dxs + (size_t)g * DP_G4;
+        for (int k = 0; k < R; k++) acc[k] = 0.f;
+        for (int g = sub; g < ng; g += LPR) {
+            if (!have) dp_fetch<R, SBT>(t, sbt, g, nch16, ngr, c, sc, bi);
+            have = false;
+            const uint4 *xg = dxs + (size_t)g * DP_G4;
             int H[R], M[R], L[R];
 #pragma unroll
             for (int k = 0; k < R; k++) H[k] = M[k] = L[k] = 0;
 #pragma unroll
-            for (int j = 0; j < 2; j++) { /* words 4j .. 4j + 3 of the group */
-                uint4 xv[6]; /* word pairs 2j, 2j + 1: levels h m l each */
+            for (int p = 0; p < 4; p++) { /* word pairs 2p, 2p + 1 */
+                const uint4 xh = xg[3 * p], xm = xg[3 * p + 1], xl = xg[3 * p + 2];
 #pragma unroll
-                for (int i = 0; i < 6; i++) xv[i] = xg[6 * j + i];
+                for (int k = 0; k < R; k++)
 #pragma unroll
-                for (int k = 0; k < R; k++) {
-                    const uint4 cw = cs[(2 * k + j) * 32];
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        const uint32_t wv = dp_word(cw, i), ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
-                        const int pp = 3 * (i / 2), h = 2 * (i % 2);
-                        H[k] = cu_dp4a(ev, dp_word(xv[pp], h), H[k]);
-                        H[k] = cu_dp4a(od, dp_word(xv[pp], h + 1), H[k]);
-                        M[k] = cu_dp4a(ev, dp_word(xv[pp + 1], h), M[k]);
-                        M[k] = cu_dp4a(od, dp_word(xv[pp + 1], h + 1), M[k]);
-                        L[k] = cu_dp4a(ev, dp_word(xv[pp + 2], h), L[k]);
-                        L[k] = cu_dp4a(od, dp_word(xv[pp + 2], h + 1), L[k]);
+                    for (int h = 0; h < 2; h++) {
+                        const uint32_t wv = dp_word(c[k][p / 2], 2 * (p % 2) + h);
+                        const uint32_t ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
+                        H[k] = cu_dp4a(ev, dp_word(xh, 2 * h), H[k]);
+                        H[k] = cu_dp4a(od, dp_word(xh, 2 * h + 1), H[k]);
+                        M[k] = cu_dp4a(ev, dp_word(xm, 2 * h), M[k]);
+                        M[k] = cu_dp4a(od, dp_word(xm, 2 * h + 1), M[k]);
+                        L[k] = cu_dp4a(ev, dp_word(xl, 2 * h), L[k]);
+                        L[k] = cu_dp4a(od, dp_word(xl, 2 * h + 1), L[k]);
                     }
-                }
             }
             const uint4 meta = xg[12];
-            const float unit = __uint_as_float(meta.x), gsum = __uint_as_float(meta.y);
+            const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
 #pragma unroll
             for (int k = 0; k < R; k++) {
                 const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
-                acc[k] += sc[k] * (unit * d) + bi[k] * gsum;
+                acc[k] += sc[k] * (unit * d) + bi[k] * gs;
             }
         }
-        if (gs + 1 < spt) continue;
-        /* the tile's R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
+        /* the R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
         int rsel = 0;
 #pragma unroll
         for (int o = LPR / 2, n = R; o; o >>= 1) {
@@ -242,11 +218,9 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
             } else acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
         }
         /* (R <= LPR: the row stages end where the whole-sum ones begin, lane bits below are 0) */
-        if ((sub & (LPR / R - 1)) == 0 && rsel < tc.nr) a.y[mc][(eidx ? (size_t)slot * a.ldy[mc] : 0) + tc.r0 + rsel] = acc[0];
-#pragma unroll
-        for (int k = 0; k < R; k++) acc[k] = 0.f;
+        if ((sub & (LPR / R - 1)) == 0 && tile < ntiles && rsel < t.nr)
+            a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + t.r0 + rsel] = acc[0];
     }
-    cu_cp_wait<0>();
 }
 
 /* LILY_CU_MVDP=0: k_mvtc / k_mvq4 instead, for measuring */
@@ -260,15 +234,14 @@ static int dp_fits(const dmat *m, int cols) {
     return m->type == LW_Q && m->bits == 4 && m->cols == cols && m->group % 64 == 0 && u > 0 && (u & (u - 1)) == 0;
 }
 
-/* The most dynamic shared memory a launch opts in to: the staged input plus 8 warps' two stages
- * of R = 4 rows (64 KB) */
-#define DP_SMEM_MAX (160 * 1024)
+/* The most dynamic shared memory a launch opts in to (the staged input) */
+#define DP_SMEM_MAX (96 * 1024)
 static int dp_warps(void) {
     static int w = INT_MIN;
     cu_env_int(&w, "LILY_CU_MVDP_WARPS", DP_WARPS); /* 4 or 8 warps a block, for measuring */
     return w == 4 ? 4 : DP_WARPS;
 }
-static size_t dp_smem(int cols, int R, int warps) { return (size_t)(cols / 64) * DP_G4 * 16 + (size_t)warps * 2 * (2 * R * 32) * 16; }
+static size_t dp_smem(int cols) { return (size_t)(cols / 64) * DP_G4 * 16; }
 
 template <int LPR, int R, int SBT>
 static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
@@ -278,7 +251,7 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
     static size_t occ_sm[8];
     static int attr = 0;
     const int warps = dp_warps(), cols = a.m[0].cols, blocks = (a.blk0[a.n] + warps - 1) / warps;
-    const size_t sm = dp_smem(cols, R, warps);
+    const size_t sm = dp_smem(cols);
     if (!attr) attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, DP_SMEM_MAX) == cudaSuccess;
     int k = 0, per_sm = 0;
     while (k < nocc && occ_sm[k] != sm) k++;
@@ -294,7 +267,15 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
     cu_env_int(&cap_env, "LILY_CU_MVQ_BLOCKS", -1);
     int cap = cap_env > 0 ? cap_env : per_sm * cu_sm_count() / nslots;
     if (cap < 1) cap = 1;
-    const int gx = blocks < cap ? blocks : cap;
+    /* past what it holds, the walks made equal (fewer blocks, each the same tiles), which measured
+     * faster than every block held and some walking one tile more (bench/RESULTS.md);
+     * LILY_CU_MVDP_EVEN=0 for the latter, for measuring */
+    static int even = -1;
+    int gx = blocks < cap ? blocks : cap;
+    if (blocks > cap && cu_env_flag(&even, "LILY_CU_MVDP_EVEN", 1)) {
+        const int walk = (blocks + cap - 1) / cap;
+        gx = (blocks + walk - 1) / walk;
+    }
     cu_go(k_mvdp<LPR, R, SBT>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int R>
@@ -314,8 +295,8 @@ static void mvdp_r(int R, int sbt, cudaStream_t s, const mvq_args &a, int nslots
 static int test_r = 0;
 void cu_mvdp_test_r(int r) { test_r = r; }
 
-/* The staged input and the stages must fit DP_SMEM_MAX. */
-#define DP_MAX_COLS ((DP_SMEM_MAX - 64 * 1024) / (DP_G4 * 16) * 64)
+/* The staged input must fit DP_SMEM_MAX. */
+#define DP_MAX_COLS (DP_SMEM_MAX / (DP_G4 * 16) * 64)
 
 int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
                   int xdiv, int nslots) {
