@@ -647,7 +647,7 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     int sbt = W[0]->sbt;
     for (int i = 0; i < n; i++)
         if (W[i]->sbt != sbt || (fu && fu->xslot && fu->xm[i].sbt != sbt)) sbt = -1;
-    if (rw == 1 && all4 && !one && cu_mvdp_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
+    if (rw == 1 && !one && cu_mvdp_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
     if (rw == 1 && all4 && !one && cu_mvtc_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
     if (rw == 1 && all4 && !one && mvq4_enabled()) {
         if (!mvq4_sbt_enabled()) sbt = -1;

@@ -21,7 +21,12 @@
  * reduced across the LPR lanes by halving: each shuffle stage trades half of the rows still
  * held, so R rows cost log2(LPR) + R - 1 shuffles, not R log2(LPR).
  *
- * LILY_CU_MVDP=0 turns the kernel off (k_mvtc / k_mvq4 instead); LILY_CU_MVDP_R=1|2|4 fixes R. */
+ * 8-bit codes (the router and the shared expert's gate) take the same staged input, its bytes put
+ * back in column order (two byte permutes a level an 8-column word, shared by the R rows), three
+ * dp4a a word of four codes. With the router group's fused residual add and norm (mvq_fuse.add)
+ * the staging normalizes first and block (0, 0) writes the normed input out.
+ *
+ * LILY_CU_MVDP=0 turns the kernel off (k_mvtc / k_mvq4 / k_mvq instead); LILY_CU_MVDP_R=1|2|4 fixes R. */
 #include "cuda/cu_dev.h"
 
 #define DP_WARPS 8
@@ -30,10 +35,12 @@
 #define DP_G4 13
 #define DP_XMAX 8323072.0f /* 127 * 2^16 */
 
-/* four byte products of a (unsigned, 0..15 here) and b (signed) added to c */
+/* four byte products of a (unsigned: the codes) and b (signed: the input's bytes) added to c */
 __device__ __forceinline__ int cu_dp4a(uint32_t a, uint32_t b, int c) {
 #ifdef __CUDA_ARCH__
-    return __dp4a((int)a, (int)b, c);
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 #else
     for (int i = 0; i < 4; i++) c += (int)((a >> (8 * i)) & 255u) * (int)(int8_t)(uint8_t)(b >> (8 * i));
     return c;
@@ -47,16 +54,38 @@ __device__ __forceinline__ float dp_in(const float *x, const float *x2, int i) {
  * columns' bytes, in the order the codes' low nibbles come out of a word: 0 2 4 6) and
  * 2 (i % 2) + 1 (the odd columns'); level 0 h, 1 m, 2 l. uint4 12: (unit, exact fp32 sum). A
  * group's 8 words are 8 lanes of one warp: its largest |x| by shuffles, no block reduction. */
-__device__ void dp_stage(const float *x, const float *x2, int cols, uint4 *xs) {
+/* With the fused residual and norm (a.f.add, the router group's launch, as k_mvq's mvq_stage):
+ * the input is rmsnorm(x + add) * nw, the sum of squares over the whole row first (a block
+ * reduction), and block (0, 0) writes it to tout, where the experts' launch reads it. */
+__device__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int cols, uint4 *xs) {
     const int nw = cols / 8;
     uint32_t *xw = (uint32_t *)xs;
+    const float *add = a.f.add;
+    float r = 1.f;
+    if (add) {
+        __shared__ float red[32];
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+            const float v = x[i] + add[i];
+            ss += v * v;
+        }
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
+        __syncthreads();
+        ss = 0.f;
+        for (int i = 0; i < (int)(blockDim.x / WARP); i++) ss += red[i];
+        r = 1.0f / sqrtf(ss / cols + a.f.eps);
+    }
+    const bool wr = add && blockIdx.x == 0 && blockIdx.y == 0;
     for (int w0 = 0; w0 < nw; w0 += blockDim.x) { /* (nw a multiple of 8: a group's lanes all in or all out) */
         const int w = w0 + threadIdx.x;
         float v[8], s = 0.f, m = 0.f;
         bool bad = false;
         if (w < nw)
             for (int j = 0; j < 8; j++) {
-                v[j] = dp_in(x, x2, 8 * w + j);
+                const int c = 8 * w + j;
+                v[j] = add ? (x[c] + add[c]) * r * a.f.nw[c] : dp_in(x, x2, c);
+                if (wr) a.f.tout[c] = v[j];
                 s += v[j];
                 m = fmaxf(m, fabsf(v[j]));
                 bad |= !(fabsf(v[j]) <= 3.0e38f);
@@ -95,11 +124,11 @@ __device__ __forceinline__ uint32_t dp_word(const uint4 &v, int i) { return i ==
 /* R rows of one matrix (or expert): codes, scales, biases of the lane's rows (the last row for
  * rows past the matrix) */
 struct dp_rows {
-    const uint4 *w;  /* row r0's codes; the others follow at nch16 uint4s */
+    const uint4 *w;  /* row r0's codes; the others follow at cols * BITS / 128 uint4s */
     const char *s, *b;
     int lg, r0, rows, nr; /* log2 of the units a group; first row; the matrix's rows; rows here */
 };
-template <int R>
+template <int R, int BITS>
 __device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int rpt, int rib) {
     while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
     const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
@@ -110,73 +139,103 @@ __device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e,
     t.nr = min(R, max(m.rows - t.r0, 0));
     const int r = min(t.r0, m.rows - 1), ngr = m.cols / m.group;
     const size_t sz = m.sbt == LW_F32 ? 4 : 2;
-    t.w = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * (m.cols / 32);
+    t.w = (const uint4 *)((const char *)m.w + (long long)e * m.ew) + (size_t)r * (m.cols * BITS / 128);
     t.s = (const char *)m.s + (long long)e * m.es + (size_t)r * ngr * sz;
     t.b = (const char *)m.b + (long long)e * m.es + (size_t)r * ngr * sz;
     return t;
 }
-/* group g of the R rows: codes (two uint4 a row), scales and biases; rows past the matrix read
- * its last row again (row r0 + k clamped: offsets k or fewer rows from r0) */
-template <int R, int SBT>
-__device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int nch16, int ngr, uint4 (&c)[R][2], float (&sc)[R],
-                                         float (&bi)[R]) {
+/* group g of the R rows: codes (BITS / 2 uint4 a row), scales and biases; rows past the matrix
+ * read its last row again (row r0 + k clamped: offsets k or fewer rows from r0) */
+template <int R, int SBT, int BITS>
+__device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int nrow16, int ngr, uint4 (&c)[R][BITS / 2],
+                                         float (&sc)[R], float (&bi)[R]) {
     const size_t sz = (SBT >= 0 ? SBT : sbt) == LW_F32 ? 4 : 2;
 #pragma unroll
     for (int k = 0; k < R; k++) {
         const int kk = k < t.nr ? k : (t.nr > 0 ? t.nr - 1 : 0);
-        const uint4 *w = t.w + (size_t)kk * nch16 + 2 * g;
-        c[k][0] = __ldg(w);
-        c[k][1] = __ldg(w + 1);
+        const uint4 *w = t.w + (size_t)kk * nrow16 + (BITS / 2) * g;
+#pragma unroll
+        for (int i = 0; i < BITS / 2; i++) c[k][i] = __ldg(w + i);
         const int gi = g >> t.lg;
         sc[k] = mvq_sb<SBT>(t.s + (size_t)kk * ngr * sz, sbt, gi);
         bi[k] = mvq_sb<SBT>(t.b + (size_t)kk * ngr * sz, sbt, gi);
     }
 }
 
-template <int LPR, int R, int SBT>
+template <int LPR, int R, int SBT, int BITS>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
     extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input */
-    const int cols = a.m[0].cols, ng = cols / 64, nch16 = cols / 32, ntiles = a.blk0[a.n];
+    const int cols = a.m[0].cols, ng = cols / 64, nrow16 = cols * BITS / 128, ntiles = a.blk0[a.n];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
     const int rpt = (WARP / LPR) * R, slot = blockIdx.y;
     const bool xsl = a.f.xslot && slot == a.f.xslot;
     const int nwb = blockDim.x / WARP;
     int tile = blockIdx.x * nwb + warp, mi = 0, e = 0;
-    uint4 c[R][2];
+    uint4 c[R][BITS / 2];
     float sc[R], bi[R];
 #pragma unroll
-    for (int k = 0; k < R; k++) { c[k][0] = c[k][1] = make_uint4(0, 0, 0, 0); sc[k] = bi[k] = 0.f; }
+    for (int k = 0; k < R; k++) {
+#pragma unroll
+        for (int i = 0; i < BITS / 2; i++) c[k][i] = make_uint4(0, 0, 0, 0);
+        sc[k] = bi[k] = 0.f;
+    }
     dp_rows t;
     t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.rows = t.nr = 0;
     /* a dense matrix's first group is fetched before the wait on the predecessor (weights are
      * never written); an expert's index comes from that kernel */
     bool have = false;
     if (!eidx && tile < ntiles && sub < ng) {
-        t = dp_locate<R>(a, xsl, 0, tile, mi, rpt, rib);
+        t = dp_locate<R, BITS>(a, xsl, 0, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        dp_fetch<R, SBT>(t, m.sbt, sub, nch16, m.cols / m.group, c, sc, bi);
+        dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
         have = true;
     }
     CU_PDL();
     const float *x = X, *x2 = X2;
     if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-    dp_stage(x, X2 ? x2 : NULL, cols, dxs);
+    dp_stage(a, x, X2 ? x2 : NULL, cols, dxs);
     for (; tile < ntiles; tile += gridDim.x * nwb) {
         mi = 0;
-        t = dp_locate<R>(a, xsl, e, tile, mi, rpt, rib);
+        t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
         const int sbt = SBT >= 0 ? SBT : m.sbt, ngr = m.cols / m.group;
         float acc[R];
 #pragma unroll
         for (int k = 0; k < R; k++) acc[k] = 0.f;
         for (int g = sub; g < ng; g += LPR) {
-            if (!have) dp_fetch<R, SBT>(t, sbt, g, nch16, ngr, c, sc, bi);
+            if (!have) dp_fetch<R, SBT, BITS>(t, sbt, g, nrow16, ngr, c, sc, bi);
             have = false;
             const uint4 *xg = dxs + (size_t)g * DP_G4;
             int H[R], M[R], L[R];
 #pragma unroll
             for (int k = 0; k < R; k++) H[k] = M[k] = L[k] = 0;
+            if (BITS == 8) /* a word of codes is 4 columns in order: the staged bytes put back in order */
+#pragma unroll
+                for (int p = 0; p < 4; p++) { /* 8-column words 2p, 2p + 1 */
+                    uint32_t xn[2][3][2]; /* [word][level][columns 0-3, 4-7] */
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int lev = 0; lev < 3; lev++) {
+                            const uint4 v = xg[3 * p + lev];
+                            xn[h][lev][0] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x5140);
+                            xn[h][lev][1] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x7362);
+                        }
+#pragma unroll
+                    for (int k = 0; k < R; k++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++)
+#pragma unroll
+                            for (int q = 0; q < 2; q++) {
+                                const int wi = 4 * p + 2 * h + q; /* the code word: columns 4 wi .. 4 wi + 3 */
+                                const uint32_t wv = dp_word(c[k][wi / 4 % (BITS / 2)], wi % 4);
+                                H[k] = cu_dp4a(wv, xn[h][0][q], H[k]);
+                                M[k] = cu_dp4a(wv, xn[h][1][q], M[k]);
+                                L[k] = cu_dp4a(wv, xn[h][2][q], L[k]);
+                            }
+                }
+            else
 #pragma unroll
             for (int p = 0; p < 4; p++) { /* word pairs 2p, 2p + 1 */
                 const uint4 xh = xg[3 * p], xm = xg[3 * p + 1], xl = xg[3 * p + 2];
@@ -229,9 +288,9 @@ static int mvdp_enabled(void) {
     return cu_env_flag(&on, "LILY_CU_MVDP", 1);
 }
 
-static int dp_fits(const dmat *m, int cols) {
+static int dp_fits(const dmat *m, int cols, int bits) {
     const int u = m->group / 64;
-    return m->type == LW_Q && m->bits == 4 && m->cols == cols && m->group % 64 == 0 && u > 0 && (u & (u - 1)) == 0;
+    return m->type == LW_Q && m->bits == bits && m->cols == cols && m->group % 64 == 0 && u > 0 && (u & (u - 1)) == 0;
 }
 
 /* The most dynamic shared memory a launch opts in to (the staged input) */
@@ -243,7 +302,7 @@ static int dp_warps(void) {
 }
 static size_t dp_smem(int cols) { return (size_t)(cols / 64) * DP_G4 * 16; }
 
-template <int LPR, int R, int SBT>
+template <int LPR, int R, int SBT, int BITS>
 static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
                     int xdiv) {
     /* the blocks an SM holds for each shared-memory size the kernel is launched with, asked once */
@@ -252,12 +311,12 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
     static int attr = 0;
     const int warps = dp_warps(), cols = a.m[0].cols, blocks = (a.blk0[a.n] + warps - 1) / warps;
     const size_t sm = dp_smem(cols);
-    if (!attr) attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, DP_SMEM_MAX) == cudaSuccess;
+    if (!attr) attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, DP_SMEM_MAX) == cudaSuccess;
     int k = 0, per_sm = 0;
     while (k < nocc && occ_sm[k] != sm) k++;
     if (k < nocc) per_sm = occ[k];
     else {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mvdp<LPR, R, SBT>, warps * WARP, sm) != cudaSuccess || per_sm < 1)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mvdp<LPR, R, SBT, BITS>, warps * WARP, sm) != cudaSuccess || per_sm < 1)
             per_sm = 1;
         if (nocc < 8) { occ_sm[nocc] = sm; occ[nocc++] = per_sm; }
     }
@@ -276,20 +335,24 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
         const int walk = (blocks + cap - 1) / cap;
         gx = (blocks + walk - 1) / walk;
     }
-    cu_go(k_mvdp<LPR, R, SBT>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
+    cu_go(k_mvdp<LPR, R, SBT, BITS>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
-template <int LPR, int R>
+template <int LPR, int R, int BITS>
 static void mvdp_sbt(int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx,
                      const int *eidx, int xdiv) {
-    if (sbt == LW_BF16) mvdp_go<LPR, R, LW_BF16>(s, a, nslots, X, X2, ldx, eidx, xdiv);
-    else mvdp_go<LPR, R, -1>(s, a, nslots, X, X2, ldx, eidx, xdiv);
+    if (sbt == LW_BF16) mvdp_go<LPR, R, LW_BF16, BITS>(s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else mvdp_go<LPR, R, -1, BITS>(s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
+/* (8-bit codes: R <= 2, their two-times-larger rows in registers) */
 template <int LPR>
-static void mvdp_r(int R, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx,
-                   const int *eidx, int xdiv) {
-    if (R >= 4 && LPR >= 4) mvdp_sbt<LPR, (LPR >= 4 ? 4 : 1)>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-    else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1)>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-    else mvdp_sbt<LPR, 1>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+static void mvdp_r(int R, int bits, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2,
+                   int ldx, const int *eidx, int xdiv) {
+    if (bits == 8) {
+        if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 8>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+        else mvdp_sbt<LPR, 1, 8>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    } else if (R >= 4 && LPR >= 4) mvdp_sbt<LPR, (LPR >= 4 ? 4 : 1), 4>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 4>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else mvdp_sbt<LPR, 1, 4>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
 
 static int test_r = 0;
@@ -301,9 +364,11 @@ void cu_mvdp_test_r(int r) { test_r = r; }
 int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
                   int xdiv, int nslots) {
     const int cols = in->m[0].cols, ng = cols / 64;
-    if (!mvdp_enabled() || test_r < 0 || in->f.add || in->f.sel || cols % 64 != 0 || cols > DP_MAX_COLS) return 0;
+    const int bits = in->m[0].bits;
+    if (!mvdp_enabled() || test_r < 0 || in->f.sel || cols % 64 != 0 || cols > DP_MAX_COLS || (bits != 4 && bits != 8)) return 0;
     for (int i = 0; i < in->n; i++)
-        if (!dp_fits(&in->m[i], cols) || (in->f.xslot && (!dp_fits(&in->f.xm[i], cols) || in->f.xm[i].rows != in->m[i].rows)))
+        if (!dp_fits(&in->m[i], cols, bits) ||
+            (in->f.xslot && (!dp_fits(&in->f.xm[i], cols, bits) || in->f.xm[i].rows != in->m[i].rows)))
             return 0;
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;
     /* R: rows a lane group, 4 (measured fastest on every launch of a token, bench/RESULTS.md);
@@ -312,6 +377,7 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     cu_env_int(&env_r, "LILY_CU_MVDP_R", 4);
     int R = env_r == 1 || env_r == 2 ? env_r : 4;
     if (test_r > 0) R = test_r;
+    if (bits == 8 && R > 2) R = 2;
     if (R > lpr) R = lpr;
     mvq_args a = *in;
     const int rpt = (32 / lpr) * R;
@@ -322,12 +388,12 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     }
     a.blk0[a.n] = nt;
     switch (lpr) {
-    case 32: mvdp_r<32>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    case 16: mvdp_r<16>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    case 8: mvdp_r<8>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    case 4: mvdp_r<4>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    case 2: mvdp_r<2>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    default: mvdp_r<1>(R, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 32: mvdp_r<32>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 16: mvdp_r<16>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 8: mvdp_r<8>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 4: mvdp_r<4>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 2: mvdp_r<2>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    default: mvdp_r<1>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
     }
     return 1;
 }

@@ -380,7 +380,7 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
 }
 
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
-                           const float *X, const float *X2, int nx, int dp, float *const *Y, lily_status *st) {
+                           const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, float *const *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d[MVQ_MAX], dx[MVQ_MAX];
     const dmat *dpp[MVQ_MAX];
@@ -398,10 +398,14 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     dlist L = { {0}, 0 };
     float *ddx = (float *)dput(&L, X, (size_t)nx * cols * 4, st, &rc);
     float *ddx2 = X2 ? (float *)dput(&L, X2, (size_t)nx * cols * 4, st, &rc) : NULL;
-    int *ds = (int *)dput(&L, sel, (size_t)nslots * 4, st, &rc);
+    int *ds = sel ? (int *)dput(&L, sel, (size_t)nslots * 4, st, &rc) : NULL;
+    float *dadd = nm ? (float *)dput(&L, nm->add, (size_t)cols * 4, st, &rc) : NULL;
+    float *dnw = nm ? (float *)dput(&L, nm->nw, (size_t)cols * 4, st, &rc) : NULL;
+    float *dtout = nm ? (float *)dput(&L, NULL, (size_t)cols * 4, st, &rc) : NULL;
     for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)ns * ld[i] * 4, st, &rc);
     mvq_fuse fu;
     memset(&fu, 0, sizeof fu);
+    if (nm) { fu.add = dadd; fu.nw = dnw; fu.eps = nm->eps; fu.tout = dtout; }
     if (XM) {
         fu.xslot = nslots;
         fu.xrow = xrow;
@@ -409,11 +413,12 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     }
     if (!rc) {
         cu_mvdp_test_r(dp);
-        cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM ? &fu : NULL);
+        cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM || nm ? &fu : NULL);
         cu_mvdp_test_r(0);
     }
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)ns * ld[i] * 4, st);
+    if (!rc && nm) rc = dget(nm->tout, dtout, (size_t)cols * 4, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;

@@ -70,8 +70,11 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
  * XM[i] with input row xrow (the shared expert in the routed experts' launch). Y[i] [slots][rows_i].
  * dp: 0 the launch as the forward pass takes it, -1 without k_mvdp, R = 1, 2, 4 k_mvdp with R rows a
  * lane group. */
+/* sel NULL: one dense launch (E 1, nslots 1). nm not NULL (dense only): the router group's fused
+ * residual add and norm, the input rmsnorm(X + add) * nw, which tout [cols] gets too. */
+typedef struct { const float *add, *nw; float eps; float *tout; } lct_mvnorm;
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
-                           const float *X, const float *X2, int nx, int dp, float *const *Y, lily_status *st);
+                           const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, float *const *Y, lily_status *st);
 /* Recurrent delta rule for all heads: u [T][2*nk*dk + nv*dv] (q already normalized and
  * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,

@@ -183,13 +183,21 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
  * launch as chosen, without k_mvdp, and through k_mvdp at each row count a lane group (R = 1, 2,
  * 4). special 1: a NaN in one input group, every output must be NaN (as the CPU's); 2: one input
  * group all zeros and one of 1e-35 (below the kernel's zero threshold), another scaled by 1e30. */
+static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *rows, int cols, int group, int E, int nslots, int xdiv,
+                                int shared, int swiglu, int special, int norm);
 static void test_matvec_group(lily_pool *pool, int n, const int *rows, int cols, int group, int E, int nslots, int xdiv,
                               int shared, int swiglu, int special) {
+    test_matvec_group_b(pool, 4, n, rows, cols, group, E, nslots, xdiv, shared, swiglu, special, 0);
+}
+/* The same for bits-bit codes; norm (dense only: E 1, one slot): the router group's fused residual
+ * add and norm, whose normed input (tout) is checked too. */
+static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *rows, int cols, int group, int E, int nslots, int xdiv,
+                                int shared, int swiglu, int special, int norm) {
     void **hold = calloc((size_t)n * (E + 1) * 3, sizeof *hold);
     lw_mat *W = malloc((size_t)n * E * sizeof *W), XM[4];
     for (int i = 0; i < n; i++) {
-        for (int e = 0; e < E; e++) W[i * E + e] = mk_mat(LW_Q, 4, group, rows[i], cols, hold + 3 * (i * E + e));
-        if (shared) XM[i] = mk_mat(LW_Q, 4, group, rows[i], cols, hold + 3 * (n * E + i));
+        for (int e = 0; e < E; e++) W[i * E + e] = mk_mat(LW_Q, bits, group, rows[i], cols, hold + 3 * (i * E + e));
+        if (shared) XM[i] = mk_mat(LW_Q, bits, group, rows[i], cols, hold + 3 * (n * E + i));
     }
     const int nx = (nslots + xdiv - 1) / xdiv + (shared ? 1 : 0), xrow = nx - 1, ns = nslots + (shared ? 1 : 0);
     int *sel = malloc((size_t)nslots * sizeof *sel);
@@ -203,8 +211,16 @@ static void test_matvec_group(lily_pool *pool, int n, const int *rows, int cols,
                 X[(size_t)r * cols + 64 + c] *= 1e-35f;
                 X[(size_t)r * cols + 128 + c] *= 1e30f;
             }
-    float *xin = malloc((size_t)nx * cols * 4);
+    float *xin = malloc((size_t)nx * cols * 4), *add = norm ? rnd((size_t)cols, 1.0f) : NULL, *nw = norm ? rnd((size_t)cols, 1.0f) : NULL;
+    float *tout = norm ? malloc((size_t)cols * 4) : NULL;
     for (size_t k = 0; k < (size_t)nx * cols; k++) xin[k] = swiglu ? X[k] / (1.0f + expf(-X[k])) * X2[k] : X[k];
+    if (norm) {
+        double ss = 0;
+        for (int c = 0; c < cols; c++) ss += ((double)X[c] + add[c]) * ((double)X[c] + add[c]);
+        const double r = 1.0 / sqrt(ss / cols + 1e-6);
+        for (int c = 0; c < cols; c++) xin[c] = (float)(((double)X[c] + add[c]) * r * nw[c]);
+    }
+    const lct_mvnorm nm = { add, nw, 1e-6f, tout };
     float *ref[4], *Y[4];
     for (int i = 0; i < n; i++) {
         ref[i] = malloc((size_t)ns * rows[i] * 4);
@@ -218,13 +234,14 @@ static void test_matvec_group(lily_pool *pool, int n, const int *rows, int cols,
     for (int v = 0; v < 5; v++) {
         lily_status st = { 0 };
         char what[160];
-        snprintf(what, sizeof what, "matvec group %s n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : "dp R4",
-                 n, rows[0], cols, group, E, nslots, xdiv, shared ? "+shared" : "", swiglu ? " swiglu" : "",
-                 special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "");
+        snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : "dp R4",
+                 bits, n, rows[0], cols, group, E, nslots, xdiv, shared ? "+shared" : "", swiglu ? " swiglu" : "",
+                 special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm ? " add+norm" : "");
+        if (norm) for (int c = 0; c < cols; c++) tout[c] = NAN;
         /* (the NaN case poisons with 7: NaN is what it wants) */
         for (int i = 0; i < n; i++)
             for (size_t k = 0; k < (size_t)ns * rows[i]; k++) Y[i][k] = special == 1 ? 7.0f : NAN;
-        if (lct_matvec_group(W, n, E, shared ? XM : NULL, sel, nslots, xdiv, xrow, X, X2, nx, dps[v], Y, &st)) {
+        if (lct_matvec_group(W, n, E, shared ? XM : NULL, norm ? NULL : sel, nslots, xdiv, xrow, X, X2, nx, norm ? &nm : NULL, dps[v], Y, &st)) {
             printf("%s: %s\n", what, st.msg);
             n_fail++;
             continue;
@@ -238,11 +255,18 @@ static void test_matvec_group(lily_pool *pool, int n, const int *rows, int cols,
             } else r = rel(Y[i], ref[i], (size_t)ns * rows[i]);
             if (!(r <= worst)) worst = r;
         }
+        if (norm) { /* the normed input the experts read: as the reference's (all NaN in the NaN case) */
+            double r = 0;
+            if (special == 1) {
+                for (int c = 0; c < cols; c++) if (!isnan(tout[c])) r = INFINITY;
+            } else r = rel(tout, xin, (size_t)cols);
+            if (!(r <= 1e-6)) worst = INFINITY;
+        }
         report(what, worst, 1e-5);
     }
     for (int i = 0; i < n; i++) { free(ref[i]); free(Y[i]); }
     for (int i = 0; i < n * (E + 1) * 3; i++) free(hold[i]);
-    free(hold); free(W); free(sel); free(X); free(X2); free(xin);
+    free(hold); free(W); free(sel); free(X); free(X2); free(xin); free(add); free(nw); free(tout);
 }
 
 /* cu_wg_mma64 (wgmma with A from registers, B from shared memory) against double loops: fp16
@@ -1215,6 +1239,15 @@ int main(int argc, char **argv) {
         mk_sbt = LW_F32;
         test_matvec_group(pool, 1, o1, 2048, 128, 1, 1, 1, 0, 1, 0);
         mk_sbt = LW_BF16;
+        /* 8-bit codes: the router group (the router and the shared expert's gate, one row) with the
+         * fused residual and norm, at the real width and odd ones; the slots' form */
+        const int rt[2] = { 256, 1 }, rto[2] = { 17, 3 };
+        test_matvec_group_b(pool, 8, 2, rt, small ? 512 : 2048, 64, 1, 1, 1, 0, 0, 0, 1);
+        test_matvec_group_b(pool, 8, 2, rto, 192, 64, 1, 1, 1, 0, 0, 0, 1);
+        test_matvec_group_b(pool, 8, 2, rto, 64, 64, 1, 1, 1, 0, 0, 0, 0);
+        test_matvec_group_b(pool, 8, 2, o2, 1024, 128, 3, 4, 2, 1, 1, 0, 0);
+        test_matvec_group_b(pool, 8, 1, o1, 512, 64, 1, 1, 1, 0, 0, 1, 1);
+        test_matvec_group_b(pool, 4, 2, o2, 1536, 64, 1, 1, 1, 0, 0, 0, 1); /* 4-bit with the norm */
     }
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
     if (small) {
