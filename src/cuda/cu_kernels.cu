@@ -1695,21 +1695,27 @@ __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd,
     __shared__ float Lsh;
     int th = blockIdx.x, t = th / nh, h = th % nh;
     const float *pp = part + (size_t)th * np * (hd + 2);
-    if (threadIdx.x == 0) {
+    /* the partials' maxima and sums by the first warp, a partial a lane (one thread walking decode's
+     * 64 splits was a chain of dependent loads: 12 us a launch under Nsight) */
+    if (threadIdx.x < WARP) {
+        const int lane = threadIdx.x;
         float M = -INFINITY;
-        for (int p = 0; p < np; p++) M = fmaxf(M, pp[(size_t)p * (hd + 2)]);
+        for (int p = lane; p < np; p += WARP) M = fmaxf(M, pp[(size_t)p * (hd + 2)]);
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
         float L = 0;
-        for (int p = 0; p < np; p++) {
+        for (int p = lane; p < np; p += WARP) {
             float m = pp[(size_t)p * (hd + 2)], w = m == -INFINITY ? 0.f : expf(m - M);
             wsh[p] = w;
             L += w * pp[(size_t)p * (hd + 2) + 1];
         }
-        Lsh = L;
+        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) Lsh = L;
     }
     __syncthreads();
     const float *gate = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd + hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float a = 0;
+#pragma unroll 8
         for (int p = 0; p < np; p++) if (wsh[p] != 0.f) a += pp[(size_t)p * (hd + 2) + 2 + i] * wsh[p];
         o[(size_t)t * nh * hd + (size_t)h * hd + i] = a / Lsh * sigm_f(gate[i]);
     }

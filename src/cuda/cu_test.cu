@@ -302,8 +302,8 @@ lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, float *Y, int *
     return rc;
 }
 
-lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
-                        int pos0, int ctx, float *o, lily_status *st) {
+static lily_code attention_run(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
+                               int pos0, int ctx, int splits, float *o, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;
     float *dq = (float *)dput(&L, q, (size_t)T * nh * hd * 4, st, &rc);
@@ -311,13 +311,21 @@ lily_code lct_attention(const float *q, const float *qg, const float *kc, const 
     float *dk = (float *)dput(&L, kc, (size_t)ctx * nkv * hd * 4, st, &rc);
     float *dv = (float *)dput(&L, vc, (size_t)ctx * nkv * hd * 4, st, &rc);
     int *dp = (int *)dput(&L, &pos0, 4, st, &rc);
-    float *part = (float *)dput(&L, NULL, cu_attention_part_floats(T, nh, hd, 1) * 4, st, &rc);
+    float *part = (float *)dput(&L, NULL, cu_attention_part_floats(T, nh, hd, splits) * 4, st, &rc);
     float *dout = (float *)dput(&L, NULL, (size_t)T * nh * hd * 4, st, &rc);
-    if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, 1, part, dout);
+    if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, splits, part, dout);
     rc = finish(st, rc);
     if (!rc) rc = dget(o, dout, (size_t)T * nh * hd * 4, st);
     dfree(&L);
     return rc;
+}
+lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
+                        int pos0, int ctx, float *o, lily_status *st) {
+    return attention_run(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, 1, o, st);
+}
+lily_code lct_attention_split(const float *q, const float *qg, const float *kc, const float *vc, int nh, int nkv, int hd,
+                              int pos0, int ctx, int splits, float *o, lily_status *st) {
+    return attention_run(q, qg, kc, vc, 1, nh, nkv, hd, pos0, ctx, splits, o, st);
 }
 
 /* lct_packed: device buffers for the producer's packed output and k_xp_pack's of y [T][n] */

@@ -50,6 +50,9 @@ lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, float *Y, int *
  * o [T][nh][hd]. */
 lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
                         int pos0, int ctx, float *o, lily_status *st);
+/* The same for one token (T 1) over the keys in `splits` parts merged after, as decode runs it. */
+lily_code lct_attention_split(const float *q, const float *qg, const float *kc, const float *vc, int nh, int nkv, int hd,
+                              int pos0, int ctx, int splits, float *o, lily_status *st);
 /* The gated RMSNorm of the delta rule's output at prefill (cu_gated_norm), in place on o
  * [T][nv][dv]: o * rsqrt(mean(o^2) + eps) * gw * silu(z) per (token, head). */
 /* A producer's packed GEMM input (the _p forms: cu_rmsnorm2p, cu_gated_norm_p, cu_moe_combine_p)

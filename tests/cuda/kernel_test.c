@@ -408,7 +408,11 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
 
 /* Prefill attention against plain loops in double: causal over a cache holding pos0 earlier keys,
  * gated. The tensor-core kernel (head dim 256, 8 query heads a KV head) has fp16 operands. */
-static void test_attention(int T, int nh, int nkv, int hd, int pos0) {
+static void test_attention_s(int T, int nh, int nkv, int hd, int pos0, int splits);
+static void test_attention(int T, int nh, int nkv, int hd, int pos0) { test_attention_s(T, nh, nkv, hd, pos0, 0); }
+/* splits > 0 (T 1): decode's form, the keys in splits parts (some empty at short context) merged
+ * by k_attn_merge */
+static void test_attention_s(int T, int nh, int nkv, int hd, int pos0, int splits) {
     const int ctx = pos0 + T, hg = nh / nkv;
     float *q = rnd((size_t)T * nh * hd, 1.0f), *qg = rnd((size_t)T * nh * 2 * hd, 2.0f);
     float *kc = rnd((size_t)ctx * nkv * hd, 1.0f), *vc = rnd((size_t)ctx * nkv * hd, 1.0f);
@@ -441,9 +445,11 @@ static void test_attention(int T, int nh, int nkv, int hd, int pos0) {
     const int tc = hd == 256 && nh == 8 * nkv && T > 1 && !(e && !strcmp(e, "0"));
     lily_status st = { 0 };
     char what[160];
-    snprintf(what, sizeof what, "attention%s T=%d nh=%d nkv=%d hd=%d after %d", tc ? " (tensor cores)" : "", T, nh, nkv, hd, pos0);
-    if (lct_attention(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else report(what, rel(o, ref, (size_t)T * nh * hd), tc ? 3e-3 : 1e-5);
+    snprintf(what, sizeof what, "attention%s T=%d nh=%d nkv=%d hd=%d after %d%s", tc && !splits ? " (tensor cores)" : "", T, nh, nkv, hd,
+             pos0, splits ? " (decode splits)" : "");
+    if (splits ? lct_attention_split(q, qg, kc, vc, nh, nkv, hd, pos0, ctx, splits, o, &st)
+               : lct_attention(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else report(what, rel(o, ref, (size_t)T * nh * hd), tc && !splits ? 3e-3 : 1e-5);
     free(q); free(qg); free(kc); free(vc); free(o); free(ref); free(sc); free(acc);
 }
 
@@ -1281,6 +1287,9 @@ int main(int argc, char **argv) {
     test_experts(pool, 4, 7, 256, 384, 70, 3);      /* the same through the packed-input FFN, 3 tiles wide */
     test_gated_norm(small ? 37 : 512, 32, 128); /* a warp a head */
     test_gated_norm(9, 3, 24);                  /* a block a head */
+    test_attention_s(1, 16, 2, 256, 40, 64);  /* decode: 64 splits, most empty; then more keys than splits */
+    test_attention_s(1, 16, 2, 256, small ? 300 : 3000, 64);
+    test_attention_s(1, 4, 1, 64, 100, 64);    /* the generic split kernel (k_attn), 64 x its warps partials */
     test_attention(9, 4, 2, 64, 3);  /* the SIMT kernels: other head shapes */
     test_attention(11, 6, 1, 32, 0);
     if (!(getenv("LILY_CU_GEMM_TC") && !strcmp(getenv("LILY_CU_GEMM_TC"), "0"))) { /* k_gemm_tc's alone */
