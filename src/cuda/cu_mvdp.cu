@@ -377,22 +377,15 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
             (in->f.xslot && (!dp_fits(&in->f.xm[i], cols, bits) || in->f.xm[i].rows != in->m[i].rows)))
             return 0;
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;
-    /* R: rows a lane group, the most (up to 4) that still gives the launch a block for every SM:
-     * more bytes in flight a warp measured faster than more warps (R = 4 everywhere: tg128 464
-     * against 447 for R as large as kept every warp slot busy), but an out-projection of 2,048 rows
-     * at R = 4 is 64 blocks, half the SMs idle (8.6 us under Nsight; 7.7 at R = 1, 256 blocks).
-     * LILY_CU_MVDP_R=1|2|4 fixes it, for measuring. */
+    /* R: rows a lane group, 4: more bytes in flight a warp measured faster than more warps on
+     * every launch of a token (H200, bench/RESULTS.md session 15: R = 4 everywhere tg128 464 against
+     * 447 for R as large as kept every warp slot busy; 455 against 442 for R as large as gave every
+     * SM a block, which put the 2,048-row out-projections at R = 1, 256 blocks, not 64; Nsight alone
+     * timed those two the same). LILY_CU_MVDP_R=1|2|4 fixes it, for measuring. */
     static int env_r = INT_MIN;
-    cu_env_int(&env_r, "LILY_CU_MVDP_R", 0);
-    int R = 4;
+    cu_env_int(&env_r, "LILY_CU_MVDP_R", 4);
+    int R = env_r == 1 || env_r == 2 ? env_r : 4;
     if (test_r > 0) R = test_r;
-    else if (env_r == 1 || env_r == 2 || env_r == 4) R = env_r;
-    else
-        for (; R > 1; R /= 2) {
-            long long tiles = 0;
-            for (int i = 0; i < in->n; i++) tiles += (in->m[i].rows + (32 / lpr) * R - 1) / ((32 / lpr) * R);
-            if ((tiles + dp_warps() - 1) / dp_warps() * nslots >= cu_sm_count()) break;
-        }
     if (bits == 8 && R > 2) R = 2;
     if (R > lpr) R = lpr;
     mvq_args a = *in;
