@@ -138,9 +138,9 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 # one of up to 16, the decode MoE tail normalizing in a block before the last, the MoE sort's scatter
 # reusing its first batch of slots, the integer matrix-vector kernel writing a lane group's rows to
 # its first row, its staging mixing the odd columns' bytes into the even ones', its 8-bit codes meeting
-# the wrong columns' input, decode attention's merge taking half the partials' maximum) must fail the
+# the wrong columns' input or its two-group form reusing the first group's codes, decode attention's merge taking half the partials' maximum) must fail the
 # kernel test
-for m in mvdp-row-sel mvdp-stage-odd mvdp-q8-order attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dc-last-early sort-one-batch; do
+for m in mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dc-last-early sort-one-batch; do
   # -O1 without debug info: the mutant builds are the slow part of this test
   if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
     tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue

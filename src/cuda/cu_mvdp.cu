@@ -162,7 +162,9 @@ __device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int n
     }
 }
 
-template <int LPR, int R, int SBT, int BITS>
+/* G 2: a lane's next group of the tile is fetched before this one is computed (rows of more than
+ * LPR groups, the 4,096-column out-projections: their two round trips a tile in flight together) */
+template <int LPR, int R, int SBT, int BITS, int G>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
     extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input */
@@ -172,13 +174,13 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     const bool xsl = a.f.xslot && slot == a.f.xslot;
     const int nwb = blockDim.x / WARP;
     int tile = blockIdx.x * nwb + warp, mi = 0, e = 0;
-    uint4 c[R][BITS / 2];
-    float sc[R], bi[R];
+    uint4 c[R][BITS / 2], c2[R][BITS / 2];
+    float sc[R], bi[R], sc2[R], bi2[R];
 #pragma unroll
     for (int k = 0; k < R; k++) {
 #pragma unroll
-        for (int i = 0; i < BITS / 2; i++) c[k][i] = make_uint4(0, 0, 0, 0);
-        sc[k] = bi[k] = 0.f;
+        for (int i = 0; i < BITS / 2; i++) c[k][i] = c2[k][i] = make_uint4(0, 0, 0, 0);
+        sc[k] = bi[k] = sc2[k] = bi2[k] = 0.f;
     }
     dp_rows t;
     t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.rows = t.nr = 0;
@@ -206,6 +208,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         for (int g = sub; g < ng; g += LPR) {
             if (!have) dp_fetch<R, SBT, BITS>(t, sbt, g, nrow16, ngr, c, sc, bi);
             have = false;
+            const bool next = G == 2 && g + LPR < ng;
+            if (next) dp_fetch<R, SBT, BITS>(t, sbt, g + LPR, nrow16, ngr, c2, sc2, bi2);
             const uint4 *xg = dxs + (size_t)g * DP_G4;
             int H[R], M[R], L[R];
 #pragma unroll
@@ -260,6 +264,16 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
                 const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
                 acc[k] += sc[k] * (unit * d) + bi[k] * gs;
             }
+            if (next) {
+#pragma unroll
+                for (int k = 0; k < R; k++) {
+#pragma unroll
+                    for (int i = 0; i < BITS / 2; i++) c[k][i] = c2[k][i];
+                    sc[k] = sc2[k];
+                    bi[k] = bi2[k];
+                }
+                have = true;
+            }
         }
         /* the R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
         int rsel = 0;
@@ -302,7 +316,7 @@ static int dp_warps(void) {
 }
 static size_t dp_smem(int cols) { return (size_t)(cols / 64) * DP_G4 * 16; }
 
-template <int LPR, int R, int SBT, int BITS>
+template <int LPR, int R, int SBT, int BITS, int G>
 static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
                     int xdiv) {
     /* the blocks an SM holds for each shared-memory size the kernel is launched with, asked once */
@@ -311,12 +325,12 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
     static int attr = 0;
     const int warps = dp_warps(), cols = a.m[0].cols, blocks = (a.blk0[a.n] + warps - 1) / warps;
     const size_t sm = dp_smem(cols);
-    if (!attr) attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, DP_SMEM_MAX) == cudaSuccess;
+    if (!attr) attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, DP_SMEM_MAX) == cudaSuccess;
     int k = 0, per_sm = 0;
     while (k < nocc && occ_sm[k] != sm) k++;
     if (k < nocc) per_sm = occ[k];
     else {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mvdp<LPR, R, SBT, BITS>, warps * WARP, sm) != cudaSuccess || per_sm < 1)
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mvdp<LPR, R, SBT, BITS, G>, warps * WARP, sm) != cudaSuccess || per_sm < 1)
             per_sm = 1;
         if (nocc < 8) { occ_sm[nocc] = sm; occ[nocc++] = per_sm; }
     }
@@ -335,19 +349,20 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
         const int walk = (blocks + cap - 1) / cap;
         gx = (blocks + walk - 1) / walk;
     }
-    cu_go(k_mvdp<LPR, R, SBT, BITS>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
+    cu_go(k_mvdp<LPR, R, SBT, BITS, G>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
-template <int LPR, int R, int BITS>
+template <int LPR, int R, int BITS, int G = 1>
 static void mvdp_sbt(int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx,
                      const int *eidx, int xdiv) {
-    if (sbt == LW_BF16) mvdp_go<LPR, R, LW_BF16, BITS>(s, a, nslots, X, X2, ldx, eidx, xdiv);
-    else mvdp_go<LPR, R, -1, BITS>(s, a, nslots, X, X2, ldx, eidx, xdiv);
+    if (sbt == LW_BF16) mvdp_go<LPR, R, LW_BF16, BITS, G>(s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else mvdp_go<LPR, R, -1, BITS, G>(s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
 /* (8-bit codes: R <= 2, their two-times-larger rows in registers) */
 template <int LPR>
-static void mvdp_r(int R, int bits, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2,
+static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2,
                    int ldx, const int *eidx, int xdiv) {
-    if (bits == 8) {
+    if (g2 && bits == 4 && LPR == 32) mvdp_sbt<LPR, 2, 4, 2>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else if (bits == 8) {
         if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 8>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
         else mvdp_sbt<LPR, 1, 8>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
     } else if (R >= 4 && LPR >= 4) mvdp_sbt<LPR, (LPR >= 4 ? 4 : 1), 4>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
@@ -388,6 +403,13 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     if (test_r > 0) R = test_r;
     if (bits == 8 && R > 2) R = 2;
     if (R > lpr) R = lpr;
+    /* rows of more than 32 groups (4,096 columns: the out-projections): a lane's two groups of a tile
+     * fetched together at R = 2 (as many bytes in flight a warp as R = 4, twice the blocks);
+     * LILY_CU_MVDP_G2=0 for one group at a time at R, for measuring; the kernel test sets R and runs
+     * the one-group form */
+    static int g2e = -1;
+    const int g2 = lpr == 32 && ng > 32 && bits == 4 && test_r == 0 && env_r != 1 && env_r != 2 && cu_env_flag(&g2e, "LILY_CU_MVDP_G2", 1);
+    if (g2) R = 2;
     mvq_args a = *in;
     const int rpt = (32 / lpr) * R;
     int nt = 0;
@@ -397,12 +419,12 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     }
     a.blk0[a.n] = nt;
     switch (lpr) {
-    case 32: mvdp_r<32>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    case 16: mvdp_r<16>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    case 8: mvdp_r<8>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    case 4: mvdp_r<4>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    case 2: mvdp_r<2>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
-    default: mvdp_r<1>(R, bits, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 32: mvdp_r<32>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 16: mvdp_r<16>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 8: mvdp_r<8>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 4: mvdp_r<4>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    case 2: mvdp_r<2>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    default: mvdp_r<1>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
     }
     return 1;
 }

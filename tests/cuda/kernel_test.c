@@ -1245,6 +1245,9 @@ int main(int argc, char **argv) {
         test_matvec_group(pool, 2, o2, 1536, 64, 1, 1, 1, 1, 0, 0);
         test_matvec_group(pool, 2, o2, 1024, 128, 4, 3, 1, 0, 1, 0);
         test_matvec_group(pool, 1, o1, 2048, 64, 1, 1, 1, 0, 0, 1);
+        /* rows of 64 and 192 groups: as run, a lane's two groups of a tile fetched together */
+        test_matvec_group(pool, 2, o2, 4096, 64, 1, 1, 1, 0, 0, 0);
+        test_matvec_group(pool, 1, o1, 12288, 64, 2, 2, 1, 1, 1, 0);
         test_matvec_group(pool, 2, o2, 512, 64, 3, 4, 4, 1, 0, 2);
         mk_sbt = LW_F16;
         test_matvec_group(pool, 2, o2, 1024, 64, 3, 4, 2, 1, 0, 0);
