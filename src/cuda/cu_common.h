@@ -195,7 +195,8 @@ int cu_mvtc_group(cudaStream_t s, const mvq_args *a, int sbt, const float *X, co
  * ~fp32 exact) for 4-bit codes in groups of 64 2^k columns, cols % 64 == 0; 0 when it declines. */
 int cu_mvdp_group(cudaStream_t s, const mvq_args *a, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
                   int xdiv, int nslots);
-/* For the kernel test: 0 the usual choice, -1 k_mvdp declines, 1/2/4 rows a lane group (R) */
+/* For the kernel test: 0 the usual choice, -1 k_mvdp declines, 1/2/4 rows a lane group (R), 3 the
+ * two-group form at R 2 where the rows take it (LILY_CU_MVDP_G2) */
 void cu_mvdp_test_r(int r);
 /* Whether decode uses the fused router group (mvq_fuse; default, LILY_CU_FUSE=0 for measuring). */
 int cu_fuse_enabled(void);

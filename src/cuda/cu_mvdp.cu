@@ -163,7 +163,8 @@ __device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int n
 }
 
 /* G 2: a lane's next group of the tile is fetched before this one is computed (rows of more than
- * LPR groups, the 4,096-column out-projections: their two round trips a tile in flight together) */
+ * LPR groups, the 4,096-column out-projections: their two round trips a tile in flight together;
+ * LILY_CU_MVDP_G2=1, measured slower, below) */
 template <int LPR, int R, int SBT, int BITS, int G>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
@@ -400,15 +401,15 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     static int env_r = INT_MIN;
     cu_env_int(&env_r, "LILY_CU_MVDP_R", 4);
     int R = env_r == 1 || env_r == 2 ? env_r : 4;
-    if (test_r > 0) R = test_r;
+    if (test_r == 1 || test_r == 2 || test_r == 4) R = test_r;
     if (bits == 8 && R > 2) R = 2;
     if (R > lpr) R = lpr;
-    /* rows of more than 32 groups (4,096 columns: the out-projections): a lane's two groups of a tile
-     * fetched together at R = 2 (as many bytes in flight a warp as R = 4, twice the blocks);
-     * LILY_CU_MVDP_G2=0 for one group at a time at R, for measuring; the kernel test sets R and runs
-     * the one-group form */
+    /* LILY_CU_MVDP_G2=1 (or the kernel test's form 3): rows of more than 32 groups (4,096 columns:
+     * the out-projections) fetch a lane's two groups of a tile together at R = 2 (as many bytes in
+     * flight a warp as R = 4, twice the blocks). Off: measured slower on the H200 (tg128 451.5 / 451.4
+     * against 455.8 / 455.9 one group at a time at R = 4, bench/RESULTS.md session 15). */
     static int g2e = -1;
-    const int g2 = lpr == 32 && ng > 32 && bits == 4 && test_r == 0 && env_r != 1 && env_r != 2 && cu_env_flag(&g2e, "LILY_CU_MVDP_G2", 1);
+    const int g2 = lpr == 32 && ng > 32 && bits == 4 && (test_r == 3 || (test_r == 0 && cu_env_flag(&g2e, "LILY_CU_MVDP_G2", 0)));
     if (g2) R = 2;
     mvq_args a = *in;
     const int rpt = (32 / lpr) * R;

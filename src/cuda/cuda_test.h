@@ -72,7 +72,7 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
  * j / xdiv of X [.][cols] (silu(X) * X2 when X2); with XM (n matrices) one more slot multiplies
  * XM[i] with input row xrow (the shared expert in the routed experts' launch). Y[i] [slots][rows_i].
  * dp: 0 the launch as the forward pass takes it, -1 without k_mvdp, R = 1, 2, 4 k_mvdp with R rows a
- * lane group. */
+ * lane group, 3 its two-group form (rows of more than 32 groups). */
 /* sel NULL: one dense launch (E 1, nslots 1). nm not NULL (dense only): the router group's fused
  * residual add and norm, the input rmsnorm(X + add) * nw, which tout [cols] gets too. */
 typedef struct { const float *add, *nw; float eps; float *tout; } lct_mvnorm;

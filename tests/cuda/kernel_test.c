@@ -230,11 +230,11 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
             cpu_matmul(pool, m, xin + (size_t)(j < nslots ? j / xdiv : xrow) * cols, 1, ref[i] + (size_t)j * rows[i]);
         }
     }
-    static const int dps[5] = { 0, -1, 1, 2, 4 };
-    for (int v = 0; v < 5; v++) {
+    static const int dps[6] = { 0, -1, 1, 2, 4, 3 };
+    for (int v = 0; v < (cols > 2048 ? 6 : 5); v++) {
         lily_status st = { 0 };
         char what[160];
-        snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : "dp R4",
+        snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : v == 4 ? "dp R4" : "dp G2",
                  bits, n, rows[0], cols, group, E, nslots, xdiv, shared ? "+shared" : "", swiglu ? " swiglu" : "",
                  special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm ? " add+norm" : "");
         if (norm) for (int c = 0; c < cols; c++) tout[c] = NAN;
@@ -1245,7 +1245,7 @@ int main(int argc, char **argv) {
         test_matvec_group(pool, 2, o2, 1536, 64, 1, 1, 1, 1, 0, 0);
         test_matvec_group(pool, 2, o2, 1024, 128, 4, 3, 1, 0, 1, 0);
         test_matvec_group(pool, 1, o1, 2048, 64, 1, 1, 1, 0, 0, 1);
-        /* rows of 64 and 192 groups: as run, a lane's two groups of a tile fetched together */
+        /* rows of 64 and 192 groups: the two-group form too (dp G2) */
         test_matvec_group(pool, 2, o2, 4096, 64, 1, 1, 1, 0, 0, 0);
         test_matvec_group(pool, 1, o1, 12288, 64, 2, 2, 1, 1, 1, 0);
         test_matvec_group(pool, 2, o2, 512, 64, 3, 4, 4, 1, 0, 2);
