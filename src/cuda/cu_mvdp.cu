@@ -4,7 +4,8 @@
  * 12-13), so both are bound by instruction issue at a quarter of the H200's bandwidth. Here the
  * input is turned into integers once a block, and a word of eight codes costs two and-masks,
  * a shift and six dp4a (four byte products summed into an int32 each): ~1.2 instructions a
- * weight, which leaves the launch bound by the bytes it reads.
+ * weight. On the H200 (session 15) that took decode 419 -> 455 tok/s; its launches are now bound by
+ * latency (a quarter of the issue slots busy at 2 blocks an SM), not by instructions.
  *
  * Exactness: each 64-column group of the input is scaled so that its largest |x| maps to
  * 127 * 2^16 and rounded to the integer X (|error| <= half a unit: 2^-24 of the group's largest
@@ -24,7 +25,8 @@
  * 8-bit codes (the router and the shared expert's gate) take the same staged input, its bytes put
  * back in column order (two byte permutes a level an 8-column word, shared by the R rows), three
  * dp4a a word of four codes. With the router group's fused residual add and norm (mvq_fuse.add)
- * the staging normalizes first and block (0, 0) writes the normed input out.
+ * the staging normalizes first and block (0, 0) writes the normed input out. Both only with
+ * LILY_CU_MVDP_Q8=1 (slower than k_mvq on that launch) or in the kernel test.
  *
  * LILY_CU_MVDP=0 turns the kernel off (k_mvtc / k_mvq4 / k_mvq instead); LILY_CU_MVDP_R=1|2|4 fixes R. */
 #include "cuda/cu_dev.h"
@@ -165,6 +167,8 @@ __device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int n
 /* G 2: a lane's next group of the tile is fetched before this one is computed (rows of more than
  * LPR groups, the 4,096-column out-projections: their two round trips a tile in flight together;
  * LILY_CU_MVDP_G2=1, measured slower, below) */
+/* Y[i] [slots][ldy[i]] (one row without eidx) = W[i] x, x = X row slot / xdiv (a.f.xrow for the
+ * extra slot), silu(x) * X2 when X2; a.blk0 in tiles of R x 32 / LPR rows. */
 template <int LPR, int R, int SBT, int BITS, int G>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
