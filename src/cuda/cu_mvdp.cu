@@ -28,7 +28,8 @@
  * the staging normalizes first and block (0, 0) writes the normed input out. Both only with
  * LILY_CU_MVDP_Q8=1 (slower than k_mvq on that launch) or in the kernel test.
  *
- * LILY_CU_MVDP=0 turns the kernel off (k_mvtc / k_mvq4 / k_mvq instead); LILY_CU_MVDP_R=1|2|4 fixes R. */
+ * LILY_CU_MVDP=0 turns the kernel off (k_mvtc / k_mvq4 / k_mvq instead); LILY_CU_MVDP_R=1|2|4 fixes R,
+ * LILY_CU_MVDP_WARPS=4 gives 4 warps a block, for measuring. */
 #include "cuda/cu_dev.h"
 
 #define DP_WARPS 8
@@ -128,14 +129,13 @@ __device__ __forceinline__ uint32_t dp_word(const uint4 &v, int i) { return i ==
 struct dp_rows {
     const uint4 *w;  /* row r0's codes; the others follow at cols * BITS / 128 uint4s */
     const char *s, *b;
-    int lg, r0, rows, nr; /* log2 of the units a group; first row; the matrix's rows; rows here */
+    int lg, r0, nr; /* log2 of the units a group; first row; rows here */
 };
 template <int R, int BITS>
 __device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int rpt, int rib) {
     while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
     const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
     dp_rows t;
-    t.rows = m.rows;
     t.r0 = (tile - a.blk0[mi]) * rpt + rib * R;
     t.lg = __ffs(m.group / 64) - 1;
     t.nr = min(R, max(m.rows - t.r0, 0));
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         sc[k] = bi[k] = sc2[k] = bi2[k] = 0.f;
     }
     dp_rows t;
-    t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.rows = t.nr = 0;
+    t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.nr = 0;
     /* a dense matrix's first group is fetched before the wait on the predecessor (weights are
      * never written); an expert's index comes from that kernel */
     bool have = false;
@@ -312,8 +312,6 @@ static int dp_fits(const dmat *m, int cols, int bits) {
     return m->type == LW_Q && m->bits == bits && m->cols == cols && m->group % 64 == 0 && u > 0 && (u & (u - 1)) == 0;
 }
 
-/* The most dynamic shared memory a launch opts in to (the staged input) */
-#define DP_SMEM_MAX (96 * 1024)
 static int dp_warps(void) {
     static int w = INT_MIN;
     cu_env_int(&w, "LILY_CU_MVDP_WARPS", DP_WARPS); /* 4 or 8 warps a block, for measuring */
@@ -324,36 +322,12 @@ static size_t dp_smem(int cols) { return (size_t)(cols / 64) * DP_G4 * 16; }
 template <int LPR, int R, int SBT, int BITS, int G>
 static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
                     int xdiv) {
-    /* the blocks an SM holds for each shared-memory size the kernel is launched with, asked once */
-    static int nocc = 0, occ[8];
-    static size_t occ_sm[8];
-    static int attr = 0;
-    const int warps = dp_warps(), cols = a.m[0].cols, blocks = (a.blk0[a.n] + warps - 1) / warps;
-    const size_t sm = dp_smem(cols);
-    if (!attr) attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, DP_SMEM_MAX) == cudaSuccess;
-    int k = 0, per_sm = 0;
-    while (k < nocc && occ_sm[k] != sm) k++;
-    if (k < nocc) per_sm = occ[k];
-    else {
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_mvdp<LPR, R, SBT, BITS, G>, warps * WARP, sm) != cudaSuccess || per_sm < 1)
-            per_sm = 1;
-        if (nocc < 8) { occ_sm[nocc] = sm; occ[nocc++] = per_sm; }
-    }
-    /* as many blocks as the GPU holds at once over the slots, each warp walking its tiles (the
-     * emulator's LILY_CU_MVQ_BLOCKS caps them lower, so small matrices walk several tiles too) */
-    static int cap_env = INT_MIN;
-    cu_env_int(&cap_env, "LILY_CU_MVQ_BLOCKS", -1);
-    int cap = cap_env > 0 ? cap_env : per_sm * cu_sm_count() / nslots;
-    if (cap < 1) cap = 1;
-    /* past what it holds, the walks made equal (fewer blocks, each the same tiles), which measured
-     * faster than every block held and some walking one tile more (bench/RESULTS.md);
-     * LILY_CU_MVDP_EVEN=0 for the latter, for measuring */
-    static int even = -1;
-    int gx = blocks < cap ? blocks : cap;
-    if (blocks > cap && cu_env_flag(&even, "LILY_CU_MVDP_EVEN", 1)) {
-        const int walk = (blocks + cap - 1) / cap;
-        gx = (blocks + walk - 1) / walk;
-    }
+    /* as many blocks as the GPU holds at once over the slots, the walks made equal, as k_mvq4's
+     * (mvq_grid; every block held with some warps a tile more measured slower, bench/RESULTS.md) */
+    static mvq_kstate ks;
+    const int warps = dp_warps(), blocks = (a.blk0[a.n] + warps - 1) / warps;
+    const size_t sm = dp_smem(a.m[0].cols);
+    const int gx = mvq_grid(k_mvdp<LPR, R, SBT, BITS, G>, ks, blocks, nslots, 0, warps * WARP, sm);
     cu_go(k_mvdp<LPR, R, SBT, BITS, G>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int R, int BITS, int G = 1>
@@ -378,8 +352,8 @@ static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_a
 static int test_r = 0;
 void cu_mvdp_test_r(int r) { test_r = r; }
 
-/* The staged input must fit DP_SMEM_MAX. */
-#define DP_MAX_COLS (DP_SMEM_MAX / (DP_G4 * 16) * 64)
+/* The staged input must fit the MVQ_SMEM mvq_grid opts the kernel in to (20,160 columns). */
+#define DP_MAX_COLS (MVQ_SMEM / (DP_G4 * 16) * 64)
 
 int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
                   int xdiv, int nslots) {
