@@ -13,7 +13,8 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 CUDA_LIBDIR ?= $(firstword $(foreach d,lib64 lib targets/x86_64-linux/lib targets/sbsa-linux/lib,\
                  $(if $(wildcard $(CUDA_HOME)/$(d)/libcudart_static.a),$(CUDA_HOME)/$(d))))
 NVFLAGS ?= -O3 -g -lineinfo -std=c++17 --expt-relaxed-constexpr -Iinclude -Isrc \
-           -gencode=arch=$(subst sm_,compute_,$(CUDA_ARCH)),code=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror
+           -gencode=arch=$(subst sm_,compute_,$(CUDA_ARCH)),code=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror \
+           $(if $(filter %a,$(CUDA_ARCH)),-DLILY_CU_ARCH_A)
 
 EMU_DIR  := tests/cuda/emu
 CXX     ?= g++

@@ -129,6 +129,17 @@ if "$E/lily" synth --out "$tmp/model" --layout mlx4 --preset tiny --seed "$seed"
   else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model (rc=$rc)"; fi
 else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 
+# the same with the tensor-core prefill attention's shape (16 query heads, 2 KV heads) and its
+# fp16-key form on (off by default until measured on the H200): the prompt's 140 keys converted
+# once, four key splits merged
+t0=$(date +%s.%N)
+if "$E/lily" synth --out "$tmp/model16" --layout mlx4 --preset tiny --hidden 256 --heads 16 --kv-heads 2 --seed "$seed" >"$tmp/synth.log" 2>&1; then
+  LILY_EMU_STATS=kernels LILY_CU_ATTN_H16=1 LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model16" --prompt 140 --steps 4 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.log" | tail -n 1)
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_kv_h16: ' "$tmp/model.log"; then ok "emulated cuda-kernel-test --model (hidden 256, 16 heads: the fp16 keys fit the scratch; LILY_CU_ATTN_H16=1, $(secs "$t0") s): $line"
+  else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model, 16 heads, LILY_CU_ATTN_H16=1 (rc=$rc)"; fi
+else cat "$tmp/synth.log"; bad "lily synth --preset tiny --heads 16"; fi
+
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
 # reduction, a missing __syncwarp, the router's tie within a lane going to the higher id, a
 # misplaced tensor-core tile, a decode batch whose rows all take the first row's position, a
@@ -138,9 +149,11 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
 # one of up to 16, the decode MoE tail normalizing in a block before the last, the MoE sort's scatter
 # reusing its first batch of slots, the integer matrix-vector kernel writing a lane group's rows to
 # its first row, its staging mixing the odd columns' bytes into the even ones', its 8-bit codes meeting
-# the wrong columns' input or its two-group form reusing the first group's codes, decode attention's merge taking half the partials' maximum) must fail the
-# kernel test
-for m in mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dc-last-early sort-one-batch; do
+# the wrong columns' input or its two-group form reusing the first group's codes, decode attention's merge taking half the partials' maximum,
+# the wgmma GEMM's B operand with two lanes' words swapped, the fp16 keys' pairs holding one key twice) must fail the
+# kernel test, or, where it writes past a buffer (the sort's scatter does at some seeds: CI saw
+# glibc abort on the heap it had overwritten), be stopped there by the emulator's red zones
+for m in wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dc-last-early sort-one-batch; do
   # -O1 without debug info: the mutant builds are the slow part of this test
   if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
     tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue
@@ -149,6 +162,8 @@ for m in mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max 
   "$E/mutant/$m/cuda-kernel-test" $args --seed "$seed" >"$tmp/m.log" 2>&1; rc=$?
   nf=$(tail -n 1 "$tmp/m.log" | sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p')
   if [ $rc != 0 ] && [ -n "$nf" ] && [ "$nf" -gt 0 ]; then ok "mutant $m caught: $nf kernel checks fail"
+  elif [ $rc != 0 ] && grep -q '^lily emu: kernel .* was written outside it' "$tmp/m.log"; then
+    ok "mutant $m caught: the emulator saw it write outside a buffer ($(grep -o 'kernel [a-z0-9_]*' "$tmp/m.log" | head -n 1))"
   else tail -n 5 "$tmp/m.log"; bad "mutant $m not caught (rc=$rc)"; fi
 done
 # the same under AddressSanitizer: out-of-bounds accesses of device buffers and static shared

@@ -27,6 +27,7 @@
 #define AT_QLD (AT_HD + 16)  /* halves a Q or K row in shared memory: 8 banks apart, so the 8-byte
                               * loads of rows g = 0..3 (a half-warp) cover all 32 banks */
 #define AT_VLD (AT_KEYS + 8) /* halves a transposed V row */
+#define AH_VP (AT_HD + 8)    /* words a row of key pairs (H16): the fragment's rows qd = 0..3 8 banks apart */
 
 /* q [T][nh][256] (normed, rotated), qg [T][nh][512] (the gate in its second half), kc/vc
  * [ctx][nkv][256] with this chunk's keys already written; token t sees keys 0 .. *pos + t.
@@ -34,19 +35,25 @@
  * (blockIdx.z); a block leaves its rows' (max, sum, unnormalized output) in part [T][nh][np][258]
  * for k_attn_merge, which normalizes and gates. Why: a block's stages run one after another, and
  * the last token tiles of a 512-token prompt had 16 of them while the first had one. */
+/* H16: the keys and values come converted (k_kv_h16): kh [nkv][nkp][256] fp16 rows, vp [nkv][nkp / 2][256]
+ * words of two keys' fp16 values (a B fragment's pair of keys), nkp = the keys rounded up to a
+ * stage; the first position is p0h (the host's), not *pos. */
+template <int H16>
 __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict__ q, const float *__restrict__ qg,
                                                  const float *__restrict__ kc, const float *__restrict__ vc, int T, int nh,
                                                  int nkv, const int *__restrict__ pos, float *__restrict__ o, int np,
-                                                 float *__restrict__ part) {
+                                                 float *__restrict__ part, int p0h, const __half *__restrict__ kh,
+                                                 const uint32_t *__restrict__ vp) {
     CU_PDL();
     extern __shared__ __align__(16) unsigned char at_sm[];
     float *Kf = (float *)at_sm;                     /* [32 keys][256] fp32: the next stage, landing (cp.async) */
     float *Vf = Kf + AT_KEYS * AT_HD;               /* [32 keys][256] */
-    __half *Qs = (__half *)(Vf + AT_KEYS * AT_HD);  /* [8 heads][8 tokens][AT_QLD] */
-    __half *Ks = Qs + 8 * AT_TOK * AT_QLD;          /* [32 keys][AT_QLD] */
+    __half *Qs = H16 ? (__half *)at_sm : (__half *)(Vf + AT_KEYS * AT_HD); /* [8 heads][8 tokens][AT_QLD] */
+    __half *Ks = Qs + 8 * AT_TOK * AT_QLD;          /* [32 keys][AT_QLD] (H16: [2 stages][..]) */
     __half *Vt = Ks + AT_KEYS * AT_QLD;             /* [256 dims][AT_VLD] */
+    uint32_t *Vs = (uint32_t *)(Ks + 2 * AT_KEYS * AT_QLD); /* H16: [2 stages][16 key pairs][AH_VP] */
     const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, dh = tid >> 7, g = lane >> 2, qd = lane & 3;
-    const int t0 = blockIdx.x * AT_TOK, kvh = blockIdx.y, p0 = *pos;
+    const int t0 = blockIdx.x * AT_TOK, kvh = blockIdx.y, p0 = H16 ? p0h : *pos;
     const size_t kld = (size_t)nkv * AT_HD;
     const int tl = min(t0 + AT_TOK, T) - 1;          /* the block's last token */
     const int nkeys = p0 + tl + 1, mylim = p0 + min(t0 + g, T - 1); /* this lane's rows see keys <= mylim */
@@ -60,8 +67,24 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
         }
         return;
     }
+    const int nkp = (p0 + T + AT_KEYS - 1) / AT_KEYS * AT_KEYS;
+    /* H16: keys j0 .. j0 + 31 (k_kv_h16 wrote them all, past nkeys key nkeys - 1 again) into stage b */
+    auto fetch16 = [&](int j0, int b) {
+        const __half *ks = kh + ((size_t)kvh * nkp + j0) * AT_HD;
+        const uint32_t *vs = vp + ((size_t)kvh * (nkp / 2) + j0 / 2) * AT_HD;
+        __half *kd = Ks + b * AT_KEYS * AT_QLD;
+        uint32_t *vd = Vs + b * (AT_KEYS / 2) * AH_VP;
+#pragma unroll
+        for (int r = 0; r < AT_KEYS * (AT_HD / 8) / AT_THREADS; r++) { /* 16-byte chunks: 32 a key's row, 64 a pair's */
+            const int i = tid + AT_THREADS * r;
+            cu_cp<16>(kd + (i >> 5) * AT_QLD + 8 * (i & 31), ks + (size_t)i * 8);
+            cu_cp<16>(vd + (i >> 6) * AH_VP + 4 * (i & 63), vs + (size_t)i * 4);
+        }
+        cu_cp_commit();
+    };
     /* keys j0 .. j0 + 31 (past nkeys: key nkeys - 1 again, masked) into Kf, Vf */
     auto fetch = [&](int j0) {
+        if (H16) { fetch16(j0, 0); return; }
         for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += AT_THREADS) {
             const int kk = i / 64, c = i % 64, j = j0 + kk < nkeys ? j0 + kk : nkeys - 1;
             cu_cp<16>(Kf + kk * AT_HD + 4 * c, kc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
@@ -84,10 +107,13 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
 #pragma unroll
     for (int i = 0; i < 16; i++) O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0.f;
     const __half *qa = Qs + ((2 * warp) * AT_TOK + g) * AT_QLD, *qb = Qs + ((2 * warp + 1) * AT_TOK + g) * AT_QLD;
-    for (int j0 = jb; j0 < je; j0 += AT_KEYS) {
+    for (int j0 = jb, b = 0; j0 < je; j0 += AT_KEYS, b ^= 1) {
         cu_cp_wait<0>();
         __syncthreads(); /* this stage's keys are in, Q too; the last stage's readers are done */
-        for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += AT_THREADS) {
+        const __half *Kb = H16 ? Ks + b * AT_KEYS * AT_QLD : Ks;
+        const uint32_t *Vb = Vs + b * (AT_KEYS / 2) * AH_VP;
+        if (H16 && j0 + AT_KEYS < je) fetch16(j0 + AT_KEYS, b ^ 1); /* (stage b ^ 1's readers passed the barrier) */
+        for (int i = tid; !H16 && i < AT_KEYS * (AT_HD / 4); i += AT_THREADS) {
             const int kk = i / 64, c = i % 64;
             const float4 kv = *(const float4 *)(Kf + kk * AT_HD + 4 * c), vv = *(const float4 *)(Vf + kk * AT_HD + 4 * c);
             uint2 h;
@@ -100,8 +126,10 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
             Vt[(4 * c + 2) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 & 0xffff));
             Vt[(4 * c + 3) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 >> 16));
         }
-        __syncthreads(); /* the fp16 stage is in; Kf, Vf are free for the next keys */
-        if (j0 + AT_KEYS < je) fetch(j0 + AT_KEYS);
+        if (!H16) {
+            __syncthreads(); /* the fp16 stage is in; Kf, Vf are free for the next keys */
+            if (j0 + AT_KEYS < je) fetch(j0 + AT_KEYS);
+        }
         /* S = Q K^T for the stage's keys: n-tiles of 8 */
         constexpr int NT = AT_KEYS / 8;
         float S[NT][4];
@@ -112,7 +140,7 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
             const uint2 a = *(const uint2 *)(qa + 16 * s + 4 * qd), b = *(const uint2 *)(qb + 16 * s + 4 * qd);
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                const uint2 k = *(const uint2 *)(Ks + (8 * n + g) * AT_QLD + 16 * s + 4 * qd);
+                const uint2 k = *(const uint2 *)(Kb + (8 * n + g) * AT_QLD + 16 * s + 4 * qd);
                 tc_mma(S[n], a.x, b.x, a.y, b.y, k.x, k.y);
             }
         }
@@ -154,8 +182,16 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
         for (int ks = 0; ks < NT / 2; ks++) {
 #pragma unroll
             for (int d = 0; d < 16; d++) {
-                const __half *vr = Vt + (128 * dh + 8 * d + g) * AT_VLD + 16 * ks + 2 * qd;
-                const uint32_t b0 = *(const uint32_t *)vr, b1 = *(const uint32_t *)(vr + 8);
+                uint32_t b0, b1;
+                if (H16) { /* key pairs 8 ks + qd and 8 ks + 4 + qd, dim 128 dh + 8 d + g */
+                    const uint32_t *vr = Vb + (8 * ks + qd) * AH_VP + 128 * dh + 8 * d + g;
+                    b0 = vr[0];
+                    b1 = vr[4 * AH_VP];
+                } else {
+                    const __half *vr = Vt + (128 * dh + 8 * d + g) * AT_VLD + 16 * ks + 2 * qd;
+                    b0 = *(const uint32_t *)vr;
+                    b1 = *(const uint32_t *)(vr + 8);
+                }
                 tc_mma(O[d], P[2 * ks][0], P[2 * ks][1], P[2 * ks + 1][0], P[2 * ks + 1][1], b0, b1);
             }
         }
@@ -201,15 +237,61 @@ int cu_attn_tc_ok(int T, int nh, int nkv, int hd) {
     return cu_env_flag(&on, "LILY_CU_ATTN_TC", 1) && T > 1 && hd == AT_HD && nkv > 0 && nh == 8 * nkv;
 }
 
+/* K and V rows 0 .. nkp - 1 of the cache (past nk: row nk - 1 again) as k_attn_tc<1> reads them: a
+ * thread a key pair and 4 dims. */
+__global__ void k_kv_h16(const float *__restrict__ kc, const float *__restrict__ vc, int nkv, int nk, int nkp, uint2 *__restrict__ kh,
+                         uint4 *__restrict__ vp) {
+    CU_PDL();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)nkv * (nkp / 2) * (AT_HD / 4)) return;
+    const int c = (int)(i % (AT_HD / 4)), jp = (int)(i / (AT_HD / 4) % (nkp / 2)), h = (int)(i / (AT_HD / 4) / (nkp / 2));
+    const int j0 = min(2 * jp, nk - 1), j1 = min(2 * jp + 1, nk - 1);
+    const size_t r0 = ((size_t)j0 * nkv + h) * AT_HD + 4 * c, r1 = ((size_t)j1 * nkv + h) * AT_HD + 4 * c;
+    const float4 k0 = *(const float4 *)(kc + r0), k1 = *(const float4 *)(kc + r1);
+    const float4 v0 = *(const float4 *)(vc + r0), v1 = *(const float4 *)(vc + r1);
+    const size_t kr = ((size_t)h * nkp + 2 * jp) * (AT_HD / 4) + c;
+    kh[kr] = make_uint2(cu_h2sat(k0.x, k0.y), cu_h2sat(k0.z, k0.w));
+    kh[kr + AT_HD / 4] = make_uint2(cu_h2sat(k1.x, k1.y), cu_h2sat(k1.z, k1.w));
+    vp[i] = make_uint4(cu_h2sat(v0.x, v1.x), cu_h2sat(v0.y, v1.y), cu_h2sat(v0.z, v1.z), cu_h2sat(v0.w, v1.w));
+}
+
+static int h16_force = -1;
+void cu_attn_h16_test(int on) { h16_force = on; }
+
+size_t cu_attn_h16_bytes(int keys, int nkv) {
+    const size_t nkp = ((size_t)keys + AT_KEYS - 1) / AT_KEYS * AT_KEYS;
+    return 2 * nkp * nkv * AT_HD * sizeof(__half);
+}
+
 int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
-               const int *pos, float *o, float *part, size_t part_floats) {
-    const size_t smem = (size_t)2 * AT_KEYS * AT_HD * sizeof(float) +
-                        ((size_t)8 * AT_TOK * AT_QLD + (size_t)AT_KEYS * AT_QLD + (size_t)AT_HD * AT_VLD) * sizeof(__half);
-    static int attr = 0;
-    if (!attr) attr = cudaFuncSetAttribute(k_attn_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;
-    /* four splits from 128 tokens (LILY_CU_ATTN_SPLIT=0: none, for measuring), where part holds them */
-    static int split = -1;
-    const int np = T >= 128 && cu_env_flag(&split, "LILY_CU_ATTN_SPLIT", 1) && (size_t)T * nh * 4 * (AT_HD + 2) <= part_floats ? 4 : 1;
-    cu_go(k_attn_tc, dim3((T + AT_TOK - 1) / AT_TOK, nkv, np), AT_THREADS, smem, s)(q, qg, kc, vc, T, nh, nkv, pos, o, np, part);
+               const int *pos, float *o, float *part, size_t part_floats, int p0h, void *h16, size_t h16_bytes) {
+    static int on16 = -1; /* LILY_CU_ATTN_H16=1 (until measured on the H200: off by default) */
+    const int H16 = p0h >= 0 && h16 && !((uintptr_t)h16 & 15) && cu_attn_h16_bytes(p0h + T, nkv) <= h16_bytes &&
+                    (h16_force >= 0 ? h16_force : cu_env_flag(&on16, "LILY_CU_ATTN_H16", 0));
+    const size_t smem = H16 ? ((size_t)8 * AT_TOK * AT_QLD + 2 * (size_t)AT_KEYS * AT_QLD) * sizeof(__half) +
+                                  2 * (size_t)(AT_KEYS / 2) * AH_VP * sizeof(uint32_t)
+                            : (size_t)2 * AT_KEYS * AT_HD * sizeof(float) +
+                                  ((size_t)8 * AT_TOK * AT_QLD + (size_t)AT_KEYS * AT_QLD + (size_t)AT_HD * AT_VLD) * sizeof(__half);
+    static int attr[2];
+    if (!attr[H16])
+        attr[H16] = cudaFuncSetAttribute(H16 ? k_attn_tc<1> : k_attn_tc<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess;
+    /* splits from 128 tokens, four unless LILY_CU_ATTN_NP says (1, 2, 4, 8; LILY_CU_ATTN_SPLIT=0: none; both
+     * for measuring), where part holds them */
+    static int split = -1, npe = INT_MIN;
+    int nps = cu_env_int(&npe, "LILY_CU_ATTN_NP", 4);
+    nps = nps == 1 || nps == 2 || nps == 8 ? nps : 4;
+    const int np = T >= 128 && cu_env_flag(&split, "LILY_CU_ATTN_SPLIT", 1) && (size_t)T * nh * nps * (AT_HD + 2) <= part_floats ? nps : 1;
+    __half *kh = NULL;
+    uint32_t *vp = NULL;
+    if (H16) {
+        const int nk = p0h + T, nkp = (nk + AT_KEYS - 1) / AT_KEYS * AT_KEYS;
+        kh = (__half *)h16;
+        vp = (uint32_t *)(kh + (size_t)nkv * nkp * AT_HD);
+        const long long n = (long long)nkv * (nkp / 2) * (AT_HD / 4);
+        cu_go(k_kv_h16, (unsigned)((n + 255) / 256), 256, 0, s)(kc, vc, nkv, nk, nkp, (uint2 *)kh, (uint4 *)vp);
+    }
+    const dim3 grid((T + AT_TOK - 1) / AT_TOK, nkv, np);
+    if (H16) cu_go(k_attn_tc<1>, grid, AT_THREADS, smem, s)(q, qg, kc, vc, T, nh, nkv, pos, o, np, part, p0h, kh, vp);
+    else cu_go(k_attn_tc<0>, grid, AT_THREADS, smem, s)(q, qg, kc, vc, T, nh, nkv, pos, o, np, part, p0h, kh, vp);
     return np;
 }

@@ -402,6 +402,7 @@ void lcuda_session_reset(lcuda_session *s) {
     cudaMemsetAsync(s->conv, 0, s->n_lin * s->conv_n * sizeof(float), s->st);
     cudaMemsetAsync(s->S, 0, s->n_lin * s->S_n * sizeof(float), s->st);
     s->pos = 0;
+    s->hpos = -1;
 }
 
 int lcuda_session_pos(const lcuda_session *s) { return s->pos; }
@@ -559,7 +560,11 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     cu_qk_prep(q, s->qg, s->q, s->kb, s->vb, L->q_norm, L->k_norm, T, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
                (float)c->eps, s->d_pos, kc, vc);
     PM(s, "attn q/k norm + rope + cache");
-    cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
+    /* s->D (the experts' down outputs) is free until this layer's out-projection: the fp16 keys' scratch */
+    if (T > 1 && s->hpos >= 0)
+        cu_attention_h16(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, s->hpos, s->D,
+                         ((size_t)s->m->chunk * c->top_k + 1) * H * sizeof(float), s->part, s->ao);
+    else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
     PM(s, "attn core");
     proj_out(s, &L->o, s->ao, nh * hd, T);
     PM(s, "attn out-proj");
@@ -818,10 +823,12 @@ lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, l
     free(ids);
     if (e != cudaSuccess) return cu_fail(st, e, "profile ids", __FILE__, __LINE__);
     cu_set_int(s->st, s->d_pos, pos);
+    s->hpos = pos;
     prof.on = 1;
     prof.n = 0;
     cu_enqueue_forward(s, T, 1);
     prof.on = 0;
+    s->hpos = -1;
     LCU_CHECK(cudaStreamSynchronize(s->st));
     LCU_CHECK(cudaGetLastError());
     /* sum the time between consecutive marks by label */
@@ -889,7 +896,9 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
         LCU_CHECK(cudaMemcpyAsync(s->d_ids, ids + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
         cu_set_int(s->st, s->d_pos, pos + i);
         int mode = !logits ? 0 : all_logits ? 2 : last ? 1 : 0;
+        s->hpos = pos + i;
         cu_enqueue_forward(s, k, mode);
+        s->hpos = -1;
         LCU_CHECK(cudaGetLastError());
         if (mode == 2) LCU_CHECK(cudaMemcpyAsync(logits + (size_t)i * V, s->lg, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
         if (mode == 1) LCU_CHECK(cudaMemcpyAsync(logits, s->lg, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s->st));

@@ -265,9 +265,21 @@ int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X,
 /* Prefill attention on the tensor cores (cu_attn_tc.cu), which cu_attention takes where _ok:
  * T > 1 rows of one session, head dim 256, 8 query heads a KV head (LILY_CU_ATTN_TC=0: never). */
 int cu_attn_tc_ok(int T, int nh, int nkv, int hd);
-/* Returns the key splits it left in part for k_attn_merge (1: o is written). */
+/* Returns the key splits it left in part for k_attn_merge (1: o is written). With p0h >= 0 (the
+ * host's copy of *pos) and h16 holding cu_attn_h16_bytes(p0h + T, nkv), the keys and values are
+ * converted to fp16 there once (one launch more), not by every block: LILY_CU_ATTN_H16=1, off by
+ * default until measured on the H200 (bench/RESULTS.md, session 16). */
 int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
-               const int *pos, float *o, float *part, size_t part_floats);
+               const int *pos, float *o, float *part, size_t part_floats, int p0h, void *h16, size_t h16_bytes);
+size_t cu_attn_h16_bytes(int keys, int nkv);
+/* For the kernel test: 1 the fp16 keys wherever the scratch holds them, 0 never, -1 the environment's choice */
+void cu_attn_h16_test(int on);
+/* For the kernel test: 1 the dense packed-input GEMMs on wgmma in 64-token tiles wherever the build
+ * and device have it (cu_gemm_tc.cu's WG form), 0 never, -1 the environment's (LILY_CU_GEMM_WG=1);
+ * and how many launches took it so far. */
+void cu_gemm_wg_test(int on);
+int cu_gemm_wg_launches(void);
+int cu_gemm_wg_available(void);
 void cu_embed(cudaStream_t s, const dmat *E, const int *ids, int T, float *x);
 /* y = rmsnorm(x) * w per row of n; with add != NULL first x += add (x is updated). */
 void cu_rmsnorm(cudaStream_t s, float *x, const float *add, const float *w, int n, int T, float eps, float *y);
@@ -355,6 +367,11 @@ void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const
 /* Causal attention of T queries at *pos+t over the cache; o *= sigmoid(gate from qg). */
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                   int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o);
+/* The same for a prefill chunk whose first position the host knows (p0h == *pos), with scratch for
+ * the tensor-core kernel's fp16 keys (cu_attn_tc); where that kernel does not take the shape, or the
+ * scratch is short, as cu_attention. */
+void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+                      int hd, const int *pos, int p0h, void *h16, size_t h16_bytes, float *part, float *o);
 /* Floats of scratch cu_attention needs for `part`. */
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits);
 /* Router: softmax, top-k (lower index on ties), renormalized weights. */

@@ -20,7 +20,18 @@
  * A block has 4 warps; a warp owns two 16-row tiles (A, the mma's M) and the block's BT
  * tokens (B, N = 8 a mma). DUAL (the experts' gate and up): tile 0 is gate's rows, tile 1 the
  * same rows of up, and the block writes silu(gate) * up, so neither is stored.
- * LILY_CU_GEMM_TC=0 leaves every GEMM to the wmma kernel. */
+ * LILY_CU_GEMM_TC=0 leaves every GEMM to the wmma kernel.
+ *
+ * WG (dense, 64-token tiles, packed inputs; LILY_CU_GEMM_WG=1, off until measured on the H200): the
+ * same A fragments feed wgmma (cu_wg_mma64) instead of mma.sync. The mma's K order above is already
+ * wgmma's: a k16 step's low half is pair 2s of the four lanes q's word w, its high half pair 2s + 1.
+ * So the B operand's core-matrix row for a token (8 halves of one k half) is the four lanes' words
+ * of that pair, the transpose of the packed layout's four chunks 4w + q (which hold a lane's four
+ * pairs): each step the block rewrites its staged inputs so (a 4 x 4 transpose of words a token and
+ * word, 16 KB), then a warpgroup issues 16 wgmma (8 k16 steps x the two 64-row tiles of its warps)
+ * where the mma.sync form issued 128 mma and 32 B loads a warp. Why: the dense projections run at
+ * ~270 TFLOP/s with the tensor pipe at 43% and the fixed-latency wait the top stall (RESULTS.md,
+ * session 14); wgmma takes B from shared memory itself. */
 #include "cuda/cu_dev.h"
 
 #define GT_K 128      /* columns a step; a lane's 32 lie in one group (group % 32 == 0) */
@@ -47,6 +58,10 @@ static int gt_ns(void) {
  * 8 lanes of a quarter-warp, reading chunk 8q + 2w + h of tokens 2i, 2i+1 (q = 0..3), hit 8
  * distinct bank groups. */
 __device__ __forceinline__ int gt_xsw(int t, int c) { return c ^ ((((c >> 3) & 3) << 1) | (t & 1)); }
+/* Where token t's packed chunk c lies in a stage (XP): at c ^ 4 (t odd), so the quarter-warp of the
+ * mma.sync loop, reading chunks 4w..4w+3 of tokens 2i and 2i + 1, hits all 32 banks; WG at c ^ (t & 7),
+ * so the transpose's quarter-warp, one chunk of 8 consecutive tokens, does. */
+template <int WG> __device__ __forceinline__ int gt_xpc(int t, int c) { return WG ? c ^ (t & 7) : c ^ ((t & 1) << 2); }
 
 /* A word's 8 codes as 4 fp16 pairs (c0,c4) (c1,c5) (c2,c6) (c3,c7), each (q s + b) 2^(e - 24)
  * (e = dmat.sexp) in one half FMA: the masked nibbles are fp16 subnormals, q 2^-24 (even pairs)
@@ -111,7 +126,7 @@ __device__ __forceinline__ __half gt_hsat(float v) { return __float2half_rn(fmin
  * off (those still take issue slots). (Loops of exactly the tile's n-tiles, nothing predicated,
  * ran 8-10% fewer instructions, no WARPSYNC before each mma, but were no faster: RESULTS.md,
  * session 13.) */
-template <int BT, int DUAL, int SBT, int XP, int NJ>
+template <int BT, int DUAL, int SBT, int XP, int NJ, int WG>
 __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restrict__ Xv, int ldx, const dsort &so, int xdiv,
                                         int sbb, int ns, int e, int n, int base, int t0, int nj, unsigned char *gt_sm, int *xo) {
     const int NS = ns;
@@ -178,7 +193,7 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const int t = xt + 8 * j;
-                if (j < nj) cu_cp<16>(xs + t * 16 + (xc ^ ((t & 1) << 2)), xsrc16 + (HX ? xoj[j] : xo[t]));
+                if (j < nj) cu_cp<16>(xs + t * 16 + gt_xpc<WG>(t, xc), xsrc16 + (HX ? xoj[j] : xo[t]));
             }
             xsrc16 += GT_K;
         } else {
@@ -263,6 +278,48 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
                 b2[i][h] = __float2half2_rn(bi * be[i]);
                 b16[i][h] = __float2half2_rn(bi * (16.f * be[i]));
             }
+        if constexpr (WG != 0) {
+            /* token n's words w: chunks 4w + q (q = 0..3, a lane's four pairs) in, the pairs' rows out:
+             * k16 step 2w + p / 2, k half p % 2, at (4w + p) KB + 16 n (core matrices of 8 tokens, 128
+             * bytes apart; the k halves 1 KB apart) */
+            const uint4 *xs = (const uint4 *)(bs + 128 * sbb);
+            uint4 *wb = (uint4 *)(gt_sm + (size_t)NS * SB);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int u = tid + GT_THREADS * r, n = u & 63, w = u >> 6;
+                uint4 M[4];
+#pragma unroll
+                for (int qq = 0; qq < 4; qq++) M[qq] = xs[n * 16 + gt_xpc<WG>(n, 4 * w + qq)];
+                wb[(4 * w + 0) * 64 + n] = make_uint4(M[0].x, M[1].x, M[2].x, M[3].x);
+                wb[(4 * w + 1) * 64 + n] = make_uint4(M[0].y, M[1].y, M[2].y, M[3].y);
+                wb[(4 * w + 2) * 64 + n] = make_uint4(M[0].z, M[1].z, M[2].z, M[3].z);
+                wb[(4 * w + 3) * 64 + n] = make_uint4(M[0].w, M[1].w, M[2].w, M[3].w);
+            }
+            cu_wg_smem_fence(); /* (ordinary stores, read by wgmma's async proxy) */
+            __syncthreads();
+            uint32_t pa[4][2][4], pb[4][2][4]; /* words w, tiles, rows g and g + 8: the step's A, all of it */
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const uint32_t wa = w == 0 ? wv[i][0].x : w == 1 ? wv[i][0].y : w == 2 ? wv[i][0].z : wv[i][0].w;
+                    const uint32_t wb2 = w == 0 ? wv[i][1].x : w == 1 ? wv[i][1].y : w == 2 ? wv[i][1].z : wv[i][1].w;
+                    gt_deq(wa, s2[i][0], b2[i][0], b16[i][0], pa[w][i]);
+                    gt_deq(wb2, s2[i][1], b2[i][1], b16[i][1], pb[w][i]);
+                }
+            cu_wg_fence();
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        cu_wg_mma64(*reinterpret_cast<float(*)[32]>(&acc[i][0][0]), pa[w][i][2 * h], pb[w][i][2 * h],
+                                    pa[w][i][2 * h + 1], pb[w][i][2 * h + 1], wb + (2 * w + h) * 128, 1024, 128, 1);
+            cu_wg_commit();
+            cu_wg_wait<0>(); /* (the next step rewrites wb; its barrier then covers every warp) */
+            continue;
+        }
         if (!XP) __syncthreads(); /* the fp16 inputs are in */
         const uint4 *xb = XP ? (const uint4 *)(bs + 128 * sbb) : xh;
 #pragma unroll
@@ -270,7 +327,7 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
             uint4 bf[NJ];
 #pragma unroll
             for (int j = 0; j < NJ; j++)
-                if (j < nj) bf[j] = XP ? xb[(8 * j + g) * 16 + ((4 * w + q) ^ ((g & 1) << 2))] : xb[(4 * j + w) * 32 + lane];
+                if (j < nj) bf[j] = XP ? xb[(8 * j + g) * 16 + gt_xpc<0>(8 * j + g, 4 * w + q)] : xb[(4 * j + w) * 32 + lane];
             uint32_t pa[2][4], pb[2][4]; /* rows g and g + 8 of both tiles */
 #pragma unroll
             for (int i = 0; i < 2; i++) {
@@ -315,8 +372,8 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
 #ifndef GT_OCC32 /* blocks an SM the packed-input 32-token tiles are compiled for (measuring: 5) */
 #define GT_OCC32 4
 #endif
-template <int BT, int DUAL, int SBT, int XP>
-__global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? GT_OCC32 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
+template <int BT, int DUAL, int SBT, int XP, int WG = 0>
+__global__ void __launch_bounds__(GT_THREADS, WG ? 2 : BT == 16 ? 5 : XP && BT == 32 ? GT_OCC32 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
                                                         int T, dsort so, int xdiv, int sbb, int ns, int njv) {
     CU_PDL();
     extern __shared__ __align__(16) unsigned char gt_sm[];
@@ -326,10 +383,13 @@ __global__ void __launch_bounds__(GT_THREADS, BT == 16 ? 5 : XP && BT == 32 ? GT
     /* the tile's n-tiles of 8 tokens that hold any: the rest skip their loads and mma (an expert
      * with 17-32 tokens is one 32-token tile, one pass over its weights, not two) */
     const int nj = min(BT / 8, (n - t0 + 7) >> 3);
-    if (XP && BT == 32 && nj <= 2 && njv) gt_body<BT, DUAL, SBT, XP, 2>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
-    else if (XP && BT == 32 && nj == 3 && njv > 1) gt_body<BT, DUAL, SBT, XP, 3>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
-    else if (XP && BT == 64 && nj <= 4 && njv > 1) gt_body<BT, DUAL, SBT, XP, 4>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
-    else gt_body<BT, DUAL, SBT, XP, BT / 8>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
+    /* (WG: all 64 tokens' products, those past the tile's nj n-tiles from whatever the stage holds,
+     * never written) */
+    if (WG) gt_body<BT, DUAL, SBT, XP, BT / 8, WG>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
+    else if (XP && BT == 32 && nj <= 2 && njv) gt_body<BT, DUAL, SBT, XP, 2, 0>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
+    else if (XP && BT == 32 && nj == 3 && njv > 1) gt_body<BT, DUAL, SBT, XP, 3, 0>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
+    else if (XP && BT == 64 && nj <= 4 && njv > 1) gt_body<BT, DUAL, SBT, XP, 4, 0>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
+    else gt_body<BT, DUAL, SBT, XP, BT / 8, 0>(G, Xv, ldx, so, xdiv, sbb, ns, e, n, base, t0, nj, gt_sm, xo);
 }
 
 /* X [T][ldx] fp32 -> Y [T][C] packed (gt_xp_pos), a thread a chunk of 8 */
@@ -360,20 +420,53 @@ int cu_gemm_tc_ok(const dmat *W, const float *X, int ldx, long long xrows) {
            W->es % sbb == 0;
 }
 
-template <int BT, int DUAL, int SBT, int XP>
+static int wg_force = -1, wg_launches = 0;
+void cu_gemm_wg_test(int on) { wg_force = on; }
+int cu_gemm_wg_launches(void) { return wg_launches; }
+
+/* May the dense packed-input 64-token launches take wgmma? Only where the device code has it (the
+ * build's CUDA_ARCH is sm_90a, LILY_CU_ARCH_A; or the emulator) on a 9.x device. */
+int cu_gemm_wg_available(void) {
+#if defined(__CUDACC_EMU__)
+    const int can = 1;
+#elif defined(LILY_CU_ARCH_A)
+    static int can = -1;
+    if (can < 0) {
+        int dev = 0, major = 0;
+        can = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+              major == 9;
+        cudaGetLastError();
+    }
+#else
+    const int can = 0;
+#endif
+    return can;
+}
+static int gt_wg_on(void) {
+    static int env = -1;
+    return cu_gemm_wg_available() && (wg_force >= 0 ? wg_force : cu_env_flag(&env, "LILY_CU_GEMM_WG", 0));
+}
+
+template <int BT, int DUAL, int SBT, int XP, int WG = 0>
 static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
     LILY_ASSERT(grid.z == 1 || !DUAL);
+    if (!WG && BT == 64 && !DUAL && XP == 1 && gt_wg_on()) {
+        gt_launch<64, 0, SBT, 1, 1>(s, G, X, ldx, T, so, xdiv, grid);
+        wg_launches++;
+        return;
+    }
     const int sbb = gt_sbb(&G->m[0]), ns = gt_ns();
-    const size_t smem = ns * gt_stage_bytes(BT, sbb, XP) + (XP ? 0 : (size_t)BT * 256);
+    /* WG: the step's inputs rewritten for wgmma, 64 tokens x 256 bytes, after the stages */
+    const size_t smem = ns * gt_stage_bytes(BT, sbb, XP) + (XP ? 0 : (size_t)BT * 256) + (WG ? (size_t)64 * 256 : 0);
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
     if (smem > opted &&
-        cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT, XP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
+        cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT, XP, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
         opted = smem;
     /* LILY_CU_GT_NJ (measuring): 0 one loop for every tile (n-tiles predicated), 1 the two-n-tile
      * loop for 32-token tiles of up to 16 tokens, 2 also three n-tiles and 64-token tiles' four */
     static int env = INT_MIN;
     const int njv = cu_env_int(&env, "LILY_CU_GT_NJ", 2);
-    cu_go(k_gemm_tc<BT, DUAL, SBT, XP>, grid, GT_THREADS, smem, s)(*G, X, ldx, T, *so, xdiv, sbb, ns, njv);
+    cu_go(k_gemm_tc<BT, DUAL, SBT, XP, WG>, grid, GT_THREADS, smem, s)(*G, X, ldx, T, *so, xdiv, sbb, ns, njv);
 }
 
 template <int DUAL, int XP>
@@ -409,7 +502,8 @@ static int gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const
     const int gx = G.blk0[G.n], sms = cu_sm_count();
     static int env = INT_MIN; /* LILY_CU_GT_BT=16/32/64 fixes the token tile, for measuring */
     const int v = cu_env_int(&env, "LILY_CU_GT_BT", 0);
-    const int bt = v == 16 || v == 32 || v == 64 ? v : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
+    const int bt = v == 16 || v == 32 || v == 64 ? v : wg_force == 1 && xp ? 64 /* (the kernel test's wgmma runs) */
+                   : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     static int spl = -1;
     const int ty = (T + bt - 1) / bt,

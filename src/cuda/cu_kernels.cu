@@ -1789,9 +1789,11 @@ size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
     return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
 }
 static void attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
-                      int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw) {
+                      int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw,
+                      int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0) {
     if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) {
-        const int np = cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o, part, cu_attention_part_floats(T, nh, hd, 1));
+        const int np = cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o, part, cu_attention_part_floats(T, nh, hd, 1), p0h, h16,
+                                  h16_bytes);
         if (np > 1) cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o);
         return;
     }
@@ -1812,6 +1814,12 @@ void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *
     cu_rows none;
     memset(&none, 0, sizeof none);
     attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none);
+}
+void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+                      int hd, const int *pos, int p0h, void *h16, size_t h16_bytes, float *part, float *o) {
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, 1, part, o, none, p0h, h16, h16_bytes);
 }
 void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, const float *qg, int nh, int nkv, int hd,
                        int splits, float *part, float *o) {

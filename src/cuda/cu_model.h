@@ -60,6 +60,7 @@ struct lcuda_session {
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;
     int pos;                       /* tokens the device state covers */
+    int hpos;                      /* while a prefill chunk is enqueued, its first position (what d_pos holds); else -1 */
     const cu_rows *rows;           /* set while this session carries a decode batch (cu_batch.cu) */
     /* the row table of the batches this session carries, on the device and its host staging,
      * for up to bcap rows, grown on demand; per session (not per model) because batches of one

@@ -250,6 +250,8 @@ lily_code lct_conv(const float *mixed, float *state, const float *w, int cd, int
     return rc;
 }
 
+int lct_has_wgmma(void) { return cu_gemm_wg_available(); }
+
 lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int packed, float *const *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d[4];
@@ -264,9 +266,13 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int pack
     }
     float *dx = (float *)dput(&L, X, (size_t)T * W[0].cols * 4, st, &rc);
     uint16_t *xp = packed ? (uint16_t *)dput(&L, NULL, (size_t)T * W[0].cols * 2, st, &rc) : NULL;
+    const int wg0 = cu_gemm_wg_launches();
+    cu_gemm_wg_test(packed == 2 ? 1 : 0);
     if (!rc && !(n == 1 && packed ? cu_gemm_tc_xp(0, dp[0], dx, W[0].cols, T, dy[0], W[0].rows, xp)
                                   : cu_gemm_tc_group(0, n, dp, dx, W[0].cols, T, dy, xp, 0)))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the grouped tensor-core GEMM does not take these matrices");
+    cu_gemm_wg_test(-1);
+    if (!rc && packed == 2 && cu_gemm_wg_launches() == wg0) rc = lily_err(st, LILY_EUNSUPPORTED, "no launch took wgmma");
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
     dfree(&L);
@@ -274,7 +280,7 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int pack
     return rc;
 }
 
-lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, float *Y, int *parts, lily_status *st) {
+lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, int wg, float *Y, int *parts, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d;
     dlist L = { {0}, 0 };
@@ -286,8 +292,12 @@ lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, float *Y, int *
     *parts = 0;
     if (!rc) {
         cudaMemset(dy2, 0xff, ny * 4); /* NaN: a second part claimed but not written shows */
+        const int wg0 = cu_gemm_wg_launches();
+        cu_gemm_wg_test(wg ? 1 : 0);
         *parts = cu_gemm_tc_xp2(0, &d, dx, W->cols, T, dy, dy2, W->rows, xp, 0);
+        cu_gemm_wg_test(-1);
         if (!*parts) rc = lily_err(st, LILY_EUNSUPPORTED, "the tensor-core GEMM does not take this matrix");
+        else if (wg && cu_gemm_wg_launches() == wg0) rc = lily_err(st, LILY_EUNSUPPORTED, "no launch took wgmma");
     }
     rc = finish(st, rc);
     if (!rc) rc = dget(Y, dy, ny * 4, st);
@@ -303,7 +313,7 @@ lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, float *Y, int *
 }
 
 static lily_code attention_run(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
-                               int pos0, int ctx, int splits, float *o, lily_status *st) {
+                               int pos0, int ctx, int splits, int h16, float *o, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;
     float *dq = (float *)dput(&L, q, (size_t)T * nh * hd * 4, st, &rc);
@@ -313,19 +323,25 @@ static lily_code attention_run(const float *q, const float *qg, const float *kc,
     int *dp = (int *)dput(&L, &pos0, 4, st, &rc);
     float *part = (float *)dput(&L, NULL, cu_attention_part_floats(T, nh, hd, splits) * 4, st, &rc);
     float *dout = (float *)dput(&L, NULL, (size_t)T * nh * hd * 4, st, &rc);
-    if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, splits, part, dout);
+    /* h16: the fp16 keys' scratch exactly as large as they need (an overrun shows in the emulator) */
+    const size_t hb = h16 ? cu_attn_h16_bytes(pos0 + T, nkv) : 0;
+    void *dh = h16 ? dput(&L, NULL, hb, st, &rc) : NULL;
+    cu_attn_h16_test(h16);
+    if (!rc && h16) cu_attention_h16(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, pos0, dh, hb, part, dout);
+    else if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, splits, part, dout);
     rc = finish(st, rc);
+    cu_attn_h16_test(-1);
     if (!rc) rc = dget(o, dout, (size_t)T * nh * hd * 4, st);
     dfree(&L);
     return rc;
 }
 lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
-                        int pos0, int ctx, float *o, lily_status *st) {
-    return attention_run(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, 1, o, st);
+                        int pos0, int ctx, int h16, float *o, lily_status *st) {
+    return attention_run(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, 1, h16, o, st);
 }
 lily_code lct_attention_split(const float *q, const float *qg, const float *kc, const float *vc, int nh, int nkv, int hd,
                               int pos0, int ctx, int splits, float *o, lily_status *st) {
-    return attention_run(q, qg, kc, vc, 1, nh, nkv, hd, pos0, ctx, splits, o, st);
+    return attention_run(q, qg, kc, vc, 1, nh, nkv, hd, pos0, ctx, splits, 0, o, st);
 }
 
 /* lct_packed: device buffers for the producer's packed output and k_xp_pack's of y [T][n] */

@@ -446,16 +446,20 @@ static void test_attention_s(int T, int nh, int nkv, int hd, int pos0, int split
             const float *gate = qg + ((size_t)t * nh + h) * 2 * hd + hd;
             for (int i = 0; i < hd; i++) ref[((size_t)t * nh + h) * hd + i] = (float)(acc[i] / sum / (1.0 + exp(-(double)gate[i])));
         }
-    for (size_t i = 0; i < (size_t)T * nh * hd; i++) o[i] = NAN;
     const char *e = getenv("LILY_CU_ATTN_TC");
     const int tc = hd == 256 && nh == 8 * nkv && T > 1 && !(e && !strcmp(e, "0"));
-    lily_status st = { 0 };
-    char what[160];
-    snprintf(what, sizeof what, "attention%s T=%d nh=%d nkv=%d hd=%d after %d%s", tc && !splits ? " (tensor cores)" : "", T, nh, nkv, hd,
-             pos0, splits ? " (decode splits)" : "");
-    if (splits ? lct_attention_split(q, qg, kc, vc, nh, nkv, hd, pos0, ctx, splits, o, &st)
-               : lct_attention(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else report(what, rel(o, ref, (size_t)T * nh * hd), tc && !splits ? 3e-3 : 1e-5);
+    /* the tensor-core kernel twice: staging the fp32 cache itself, and from the fp16 scratch */
+    for (int h16 = 0; h16 <= (tc && !splits); h16++) {
+        for (size_t i = 0; i < (size_t)T * nh * hd; i++) o[i] = NAN;
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "attention%s T=%d nh=%d nkv=%d hd=%d after %d%s",
+                 tc && !splits ? (h16 ? " (tensor cores, fp16 keys)" : " (tensor cores)") : "", T, nh, nkv, hd, pos0,
+                 splits ? " (decode splits)" : "");
+        if (splits ? lct_attention_split(q, qg, kc, vc, nh, nkv, hd, pos0, ctx, splits, o, &st)
+                   : lct_attention(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, h16, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+        else report(what, rel(o, ref, (size_t)T * nh * hd), tc && !splits ? 3e-3 : 1e-5);
+    }
     free(q); free(qg); free(kc); free(vc); free(o); free(ref); free(sc); free(acc);
 }
 
@@ -511,13 +515,14 @@ static void test_gemm_group(lily_pool *pool, int n, const int *rows, int cols, i
         Y[i] = malloc((size_t)T * rows[i] * 4);
         cpu_matmul(pool, &W[i], X, T, ref[i]);
     }
-    for (int packed = 0; packed < 2; packed++) {
+    /* packed 2: the wgmma form (the emulator and sm_90a builds on a 9.x device have it) */
+    for (int packed = 0; packed < 2 + lct_has_wgmma(); packed++) {
         for (int i = 0; i < n; i++)
             for (size_t k = 0; k < (size_t)T * rows[i]; k++) Y[i][k] = NAN;
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "gemm group q4 n=%d %d|%d.. x%d T=%d%s", n, rows[0], n > 1 ? rows[1] : 0, cols, T,
-                 packed ? " packed" : "");
+                 packed == 2 ? " packed, wgmma" : packed ? " packed" : "");
         if (lct_gemm_group(W, n, X, T, packed, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
         double worst = 0;
         for (int i = 0; i < n; i++) {
@@ -541,16 +546,18 @@ static void test_gemm_split(lily_pool *pool, int rows, int cols, int T) {
     lw_mat W = mk_mat(LW_Q, 4, 64, rows, cols, hold);
     float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * rows * 4), *Y = malloc((size_t)T * rows * 4);
     cpu_matmul(pool, &W, X, T, ref);
-    for (size_t k = 0; k < (size_t)T * rows; k++) Y[k] = NAN;
-    lily_status st = { 0 };
-    char what[160];
-    int parts = 0;
     const char *off = getenv("LILY_CU_GT_SPLIT");
     const int want = off && *off == '0' ? 1 : 2;
-    snprintf(what, sizeof what, "gemm split-K q4 %dx%d T=%d (%d parts)", rows, cols, T, want);
-    if (lct_gemm_split(&W, X, T, Y, &parts, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else if (parts != want) { printf("%s: wrote %d parts\n", what, parts); n_fail++; }
-    else report(what, rel(Y, ref, (size_t)T * rows), 3e-3);
+    for (int wg = 0; wg < 1 + lct_has_wgmma(); wg++) {
+        for (size_t k = 0; k < (size_t)T * rows; k++) Y[k] = NAN;
+        lily_status st = { 0 };
+        char what[160];
+        int parts = 0;
+        snprintf(what, sizeof what, "gemm split-K q4 %dx%d T=%d (%d parts)%s", rows, cols, T, want, wg ? ", wgmma" : "");
+        if (lct_gemm_split(&W, X, T, wg, Y, &parts, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+        else if (parts != want) { printf("%s: wrote %d parts\n", what, parts); n_fail++; }
+        else report(what, rel(Y, ref, (size_t)T * rows), 3e-3);
+    }
     free(X); free(ref); free(Y);
     for (int k = 0; k < 3; k++) free(hold[k]);
 }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -29,6 +30,7 @@ extern "C" {
 void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
 void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old, size_t *size_old);
 void __asan_unpoison_memory_region(void const volatile *addr, size_t size);
+void __asan_poison_memory_region(void const volatile *addr, size_t size);
 }
 #endif
 
@@ -52,6 +54,48 @@ struct alloc_t { size_t n; int kind; };
 std::map<uintptr_t, alloc_t> allocs;
 size_t dev_bytes;
 const size_t EMU_TOTAL = 140ull << 30; /* the emulated device's memory */
+
+/* Device allocations carry red zones, RZ_LEAD bytes before and RZ_TAIL after, filled with RZ_BYTE:
+ * a kernel that writes just outside its buffer (a scatter past the last slot) would otherwise
+ * corrupt the host heap, and the test would die in malloc far from the cause. The zones of a
+ * launch's pointer arguments are checked after it, and every allocation's at synchronizations,
+ * copies to the host and frees (a pointer held in a struct argument is not seen at launch). */
+const size_t RZ_LEAD = 256, RZ_TAIL = 4096;
+const unsigned char RZ_BYTE = 0xa5;
+const unsigned char *rz_pattern(void) {
+    static unsigned char pat[RZ_TAIL];
+    static bool init;
+    if (!init) { memset(pat, RZ_BYTE, sizeof pat); init = true; }
+    return pat;
+}
+/* The first red-zone byte of allocation (base, a) that was written, as an offset from base
+ * (negative: before it), or 0 when both zones are intact. */
+long rz_damage(uintptr_t base, const alloc_t &a) {
+#ifdef EMU_ASAN
+    (void)base, (void)a;
+    return 0; /* the zones are poisoned: ASan reports any access to them, with the kernel's stack */
+#endif
+    const unsigned char *p = (const unsigned char *)base, *pat = rz_pattern();
+    if (memcmp(p - RZ_LEAD, pat, RZ_LEAD))
+        for (size_t i = 0; i < RZ_LEAD; i++)
+            if (p[(long)i - (long)RZ_LEAD] != RZ_BYTE) return (long)i - (long)RZ_LEAD;
+    if (memcmp(p + a.n, pat, RZ_TAIL))
+        for (size_t i = 0; i < RZ_TAIL; i++)
+            if (p[a.n + i] != RZ_BYTE) return (long)(a.n + i);
+    return 0;
+}
+[[noreturn]] void rz_fault(const char *when, uintptr_t base, const alloc_t &a, long at) {
+    fprintf(stderr, "lily emu: %s: device memory at %p (%zu bytes) was written outside it, at byte offset %ld\n", when,
+            (void *)base, a.n, at);
+    abort();
+}
+void rz_check_all(const char *when) {
+    for (auto &kv : allocs)
+        if (kv.second.kind == M_DEV) {
+            long at = rz_damage(kv.first, kv.second);
+            if (at) rz_fault(when, kv.first, kv.second, at);
+        }
+}
 
 /* The allocation holding [p, p + n) (n = 0: p may be its end), or NULL. */
 const alloc_t *find_alloc(const void *p, size_t n) {
@@ -199,6 +243,7 @@ char *dyn_region;
 std::vector<void *> shared_seen;
 size_t shared_static, smem_limit;
 unsigned long long n_launches, n_threads, n_blocks, n_mma, n_mma_reused;
+std::map<std::string, unsigned long long> kernel_launches; /* by name, for LILY_EMU_STATS=kernels */
 
 [[noreturn]] void fault(const char *fmt, ...) {
     va_list ap;
@@ -442,6 +487,7 @@ void run_grid(const char *name, const emu::launch_cfg &c, const std::function<vo
     cur_kernel = name;
     in_kernel = true;
     n_launches++;
+    kernel_launches[name]++;
     read_order();
     size_t nb = (size_t)c.grid.x * c.grid.y * c.grid.z;
     std::vector<size_t> bperm;
@@ -509,6 +555,9 @@ struct stats_t {
         if (getenv("LILY_EMU_STATS"))
             fprintf(stderr, "lily emu: %llu launches, %llu blocks, %llu threads, %llu mma_sync (%llu reused)\n", n_launches,
                     n_blocks, n_threads, n_mma, n_mma_reused);
+        const char *v = getenv("LILY_EMU_STATS");
+        if (v && !strcmp(v, "kernels")) /* a test can check which kernels a run took */
+            for (auto &kv : kernel_launches) fprintf(stderr, "lily emu: kernel %s: %llu launches\n", kv.first.c_str(), kv.second);
     }
 } stats;
 } // namespace
@@ -640,17 +689,33 @@ void submit(const char *name, const void *kernel, const launch_cfg &c, std::shar
     if (c.smem > lim) { fail(cudaErrorInvalidValue); return; }
     if (c.stream && c.stream->capture && c.stream->capture->invalidated) { fail(cudaErrorStreamCaptureInvalidated); return; }
     cur_kernel = name;
-    for (int i = 0; i < nptrs; i++)
-        if (ptrs[i] && !dev_ok(ptrs[i], 0))
+    std::vector<uintptr_t> args; /* the device allocations the pointer arguments point into */
+    for (int i = 0; i < nptrs; i++) {
+        if (!ptrs[i]) continue;
+        if (!dev_ok(ptrs[i], 0))
             fault("argument %d (pointer %p) is not in device memory (a host pointer, freed, or out of any allocation)", i, ptrs[i]);
+        auto a = allocs.upper_bound((uintptr_t)ptrs[i]);
+        --a;
+        if (a->second.kind == M_DEV) args.push_back(a->first);
+    }
     cur_kernel = NULL;
     launch_cfg cc = c;
     /* the dynamic size is bounded by the kernel's attribute (above); static plus dynamic by 48 KB,
      * or by the opt-in maximum once the kernel has raised its attribute past 48 KB */
     size_t slim = lim > SMEM_DEFAULT ? SMEM_OPTIN : SMEM_DEFAULT;
-    enqueue(c.stream, [name, cc, body, slim]() {
+    enqueue(c.stream, [name, cc, body, slim, args]() {
         smem_limit = slim;
         run_grid(name, cc, *body);
+        for (uintptr_t b : args) {
+            auto a = allocs.find(b);
+            if (a == allocs.end()) continue; /* (freed before a captured graph ran: the launch check covers it) */
+            long at = rz_damage(b, a->second);
+            if (at) {
+                char when[256];
+                snprintf(when, sizeof when, "kernel %s", name);
+                rz_fault(when, b, a->second, at);
+            }
+        }
     });
 }
 } // namespace emu
@@ -735,7 +800,7 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *fu
     return cudaSuccess;
 }
 cudaError_t cudaDeviceSetLimit(cudaLimit, size_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { LOCK; rz_check_all("cudaDeviceSynchronize"); return cudaSuccess; }
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 cudaError_t cudaGetLastError(void) {
     LOCK;
@@ -796,9 +861,16 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     LOCK;
     *p = NULL;
     if (dev_bytes + n > EMU_TOTAL) return fail(cudaErrorMemoryAllocation);
-    void *q = NULL;
-    if (posix_memalign(&q, 256, n ? n : 1)) return fail(cudaErrorMemoryAllocation);
+    void *r = NULL;
+    if (posix_memalign(&r, 256, RZ_LEAD + n + RZ_TAIL)) return fail(cudaErrorMemoryAllocation);
+    unsigned char *q = (unsigned char *)r + RZ_LEAD;
+    memset(r, RZ_BYTE, RZ_LEAD);
     memset(q, 0xff, n); /* device memory starts as garbage: NaN floats, -1 ints */
+    memset(q + n, RZ_BYTE, RZ_TAIL);
+#ifdef EMU_ASAN
+    __asan_poison_memory_region(r, RZ_LEAD);
+    __asan_poison_memory_region(q + n, RZ_TAIL);
+#endif
     allocs[(uintptr_t)q] = alloc_t{ n, M_DEV };
     dev_bytes += n;
     *p = q;
@@ -809,9 +881,18 @@ static cudaError_t free_kind(void *p, int kind) {
     if (!p) return cudaSuccess;
     auto it = allocs.find((uintptr_t)p);
     if (it == allocs.end() || (kind == M_DEV) != (it->second.kind == M_DEV)) return fail(cudaErrorInvalidValue);
-    if (kind == M_DEV) dev_bytes -= it->second.n;
+    const size_t it_n = it->second.n;
+    (void)it_n;
+    if (kind == M_DEV) {
+        long at = rz_damage(it->first, it->second);
+        if (at) rz_fault("cudaFree", it->first, it->second, at);
+        dev_bytes -= it->second.n;
+    }
     allocs.erase(it);
-    free(p);
+#ifdef EMU_ASAN
+    if (kind == M_DEV) __asan_unpoison_memory_region((char *)p - RZ_LEAD, RZ_LEAD + it_n + RZ_TAIL);
+#endif
+    free(kind == M_DEV ? (char *)p - RZ_LEAD : p);
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) { return free_kind(p, M_DEV); }
@@ -853,7 +934,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
         fprintf(stderr, "lily emu: cudaMemcpy of %zu bytes %p -> %p (kind %d) outside device memory\n", n, src, dst, (int)k);
         return fail(e);
     }
-    if (n) enqueue(s, [dst, src, n]() { memmove(dst, src, n); });
+    if (n) enqueue(s, [dst, src, n, k]() {
+        if (k == cudaMemcpyDeviceToHost || k == cudaMemcpyDefault) rz_check_all("a copy to the host");
+        memmove(dst, src, n);
+    });
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) { return cudaMemcpyAsync(dst, src, n, k, 0); }
@@ -884,6 +968,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     LOCK;
     if (capturing(s)) { s->capture->invalidated = true; return fail(cudaErrorStreamCaptureUnsupported); }
+    rz_check_all("cudaStreamSynchronize");
     return cudaSuccess;
 }
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
