@@ -274,9 +274,9 @@ int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc,
 size_t cu_attn_h16_bytes(int keys, int nkv);
 /* For the kernel test: 1 the fp16 keys wherever the scratch holds them, 0 never, -1 the environment's choice */
 void cu_attn_h16_test(int on);
-/* For the kernel test: 1 the dense packed-input GEMMs on wgmma in 64-token tiles wherever the build
- * and device have it (cu_gemm_tc.cu's WG form), 0 never, -1 the environment's (LILY_CU_GEMM_WG=1);
- * and how many launches took it so far. */
+/* For the kernel test: 1 or 2 the dense packed-input GEMMs on wgmma in 64-token tiles, that form,
+ * wherever the build and device have it (cu_gemm_tc.cu's WG), 0 never, -1 the environment's
+ * (LILY_CU_GEMM_WG=1/2); and how many launches took it so far. */
 void cu_gemm_wg_test(int on);
 int cu_gemm_wg_launches(void);
 int cu_gemm_wg_available(void);

@@ -22,7 +22,7 @@
  * same rows of up, and the block writes silu(gate) * up, so neither is stored.
  * LILY_CU_GEMM_TC=0 leaves every GEMM to the wmma kernel.
  *
- * WG (dense, 64-token tiles, packed inputs; LILY_CU_GEMM_WG=1, off until measured on the H200): the
+ * WG (dense, 64-token tiles, packed inputs; LILY_CU_GEMM_WG=1 or 2, off until measured on the H200): the
  * same A fragments feed wgmma (cu_wg_mma64) instead of mma.sync. The mma's K order above is already
  * wgmma's: a k16 step's low half is pair 2s of the four lanes q's word w, its high half pair 2s + 1.
  * So the B operand's core-matrix row for a token (8 halves of one k half) is the four lanes' words
@@ -297,9 +297,14 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
             }
             cu_wg_smem_fence(); /* (ordinary stores, read by wgmma's async proxy) */
             __syncthreads();
-            uint32_t pa[4][2][4], pb[4][2][4]; /* words w, tiles, rows g and g + 8: the step's A, all of it */
+            /* WG 1: the step's A, all four words' (64 registers), dequantized before one fence and 16
+             * wgmma; WG 2: a word's at a time (16), a fence before each word's four wgmma, so fewer
+             * registers are held and the dequantization of a word overlaps the products of the one before
+             * (ptxas, bf16 scales: WG 1 235 registers, two blocks an SM; WG 2 compiled for three, 168 and
+             * 80 bytes spilled; 198 registers at two) */
+            uint32_t pa[4][2][4], pb[4][2][4]; /* words w, tiles, rows g and g + 8 */
 #pragma unroll
-            for (int w = 0; w < 4; w++)
+            for (int w = 0; w < 4; w++) {
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     const uint32_t wa = w == 0 ? wv[i][0].x : w == 1 ? wv[i][0].y : w == 2 ? wv[i][0].z : wv[i][0].w;
@@ -307,15 +312,18 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
                     gt_deq(wa, s2[i][0], b2[i][0], b16[i][0], pa[w][i]);
                     gt_deq(wb2, s2[i][1], b2[i][1], b16[i][1], pb[w][i]);
                 }
-            cu_wg_fence();
+                if (WG == 2 || w == 3) {
+                    cu_wg_fence();
 #pragma unroll
-            for (int w = 0; w < 4; w++)
+                    for (int w2 = WG == 2 ? w : 0; w2 <= w; w2++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
+                        for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int i = 0; i < 2; i++)
-                        cu_wg_mma64(*reinterpret_cast<float(*)[32]>(&acc[i][0][0]), pa[w][i][2 * h], pb[w][i][2 * h],
-                                    pa[w][i][2 * h + 1], pb[w][i][2 * h + 1], wb + (2 * w + h) * 128, 1024, 128, 1);
+                            for (int i = 0; i < 2; i++)
+                                cu_wg_mma64(*reinterpret_cast<float(*)[32]>(&acc[i][0][0]), pa[w2][i][2 * h], pb[w2][i][2 * h],
+                                            pa[w2][i][2 * h + 1], pb[w2][i][2 * h + 1], wb + (2 * w2 + h) * 128, 1024, 128, 1);
+                }
+            }
             cu_wg_commit();
             cu_wg_wait<0>(); /* (the next step rewrites wb; its barrier then covers every warp) */
             continue;
@@ -373,7 +381,7 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
 #define GT_OCC32 4
 #endif
 template <int BT, int DUAL, int SBT, int XP, int WG = 0>
-__global__ void __launch_bounds__(GT_THREADS, WG ? 2 : BT == 16 ? 5 : XP && BT == 32 ? GT_OCC32 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
+__global__ void __launch_bounds__(GT_THREADS, WG == 2 ? 3 : WG ? 2 : BT == 16 ? 5 : XP && BT == 32 ? GT_OCC32 : XP && BT == 64 ? 3 : 1) k_gemm_tc(const __grid_constant__ gt_group G, const void *__restrict__ Xv, int ldx,
                                                         int T, dsort so, int xdiv, int sbb, int ns, int njv) {
     CU_PDL();
     extern __shared__ __align__(16) unsigned char gt_sm[];
@@ -442,16 +450,19 @@ int cu_gemm_wg_available(void) {
 #endif
     return can;
 }
+/* 0 off, 1 or 2 the form (LILY_CU_GEMM_WG=1/2; the kernel test's cu_gemm_wg_test) */
 static int gt_wg_on(void) {
-    static int env = -1;
-    return cu_gemm_wg_available() && (wg_force >= 0 ? wg_force : cu_env_flag(&env, "LILY_CU_GEMM_WG", 0));
+    static int env = INT_MIN;
+    const int v = wg_force >= 0 ? wg_force : cu_env_int(&env, "LILY_CU_GEMM_WG", 0);
+    return cu_gemm_wg_available() && (v == 1 || v == 2) ? v : 0;
 }
 
 template <int BT, int DUAL, int SBT, int XP, int WG = 0>
 static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
     LILY_ASSERT(grid.z == 1 || !DUAL);
     if (!WG && BT == 64 && !DUAL && XP == 1 && gt_wg_on()) {
-        gt_launch<64, 0, SBT, 1, 1>(s, G, X, ldx, T, so, xdiv, grid);
+        if (gt_wg_on() == 2) gt_launch<64, 0, SBT, 1, 2>(s, G, X, ldx, T, so, xdiv, grid);
+        else gt_launch<64, 0, SBT, 1, 1>(s, G, X, ldx, T, so, xdiv, grid);
         wg_launches++;
         return;
     }
@@ -502,7 +513,7 @@ static int gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const
     const int gx = G.blk0[G.n], sms = cu_sm_count();
     static int env = INT_MIN; /* LILY_CU_GT_BT=16/32/64 fixes the token tile, for measuring */
     const int v = cu_env_int(&env, "LILY_CU_GT_BT", 0);
-    const int bt = v == 16 || v == 32 || v == 64 ? v : wg_force == 1 && xp ? 64 /* (the kernel test's wgmma runs) */
+    const int bt = v == 16 || v == 32 || v == 64 ? v : wg_force > 0 && xp ? 64 /* (the kernel test's wgmma runs) */
                    : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
     dsort none = { NULL, NULL, NULL, NULL, NULL };
     static int spl = -1;

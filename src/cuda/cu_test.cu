@@ -267,12 +267,12 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int pack
     float *dx = (float *)dput(&L, X, (size_t)T * W[0].cols * 4, st, &rc);
     uint16_t *xp = packed ? (uint16_t *)dput(&L, NULL, (size_t)T * W[0].cols * 2, st, &rc) : NULL;
     const int wg0 = cu_gemm_wg_launches();
-    cu_gemm_wg_test(packed == 2 ? 1 : 0);
+    cu_gemm_wg_test(packed >= 2 ? packed - 1 : 0);
     if (!rc && !(n == 1 && packed ? cu_gemm_tc_xp(0, dp[0], dx, W[0].cols, T, dy[0], W[0].rows, xp)
                                   : cu_gemm_tc_group(0, n, dp, dx, W[0].cols, T, dy, xp, 0)))
         rc = lily_err(st, LILY_EUNSUPPORTED, "the grouped tensor-core GEMM does not take these matrices");
     cu_gemm_wg_test(-1);
-    if (!rc && packed == 2 && cu_gemm_wg_launches() == wg0) rc = lily_err(st, LILY_EUNSUPPORTED, "no launch took wgmma");
+    if (!rc && packed >= 2 && cu_gemm_wg_launches() == wg0) rc = lily_err(st, LILY_EUNSUPPORTED, "no launch took wgmma");
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
     dfree(&L);
@@ -293,7 +293,7 @@ lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, int wg, float *
     if (!rc) {
         cudaMemset(dy2, 0xff, ny * 4); /* NaN: a second part claimed but not written shows */
         const int wg0 = cu_gemm_wg_launches();
-        cu_gemm_wg_test(wg ? 1 : 0);
+        cu_gemm_wg_test(wg);
         *parts = cu_gemm_tc_xp2(0, &d, dx, W->cols, T, dy, dy2, W->rows, xp, 0);
         cu_gemm_wg_test(-1);
         if (!*parts) rc = lily_err(st, LILY_EUNSUPPORTED, "the tensor-core GEMM does not take this matrix");

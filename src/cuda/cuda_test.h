@@ -40,13 +40,13 @@ lily_code lct_conv(const float *mixed, float *state, const float *w, int cd, int
                    const lct_gates *gt, lily_status *st);
 /* n <= 4 matrices of equal cols over the same T > 8 rows in one launch (cu_gemm_tc_group, the
  * prefill projection groups), Y[i] [T][W[i].rows]; packed: X packed to fp16 first, as the model
- * runs them (n = 1: cu_gemm_tc_xp, a single projection); packed 2: the same on wgmma in 64-token
- * tiles (fails where no launch took it). */
+ * runs them (n = 1: cu_gemm_tc_xp, a single projection); packed 2 or 3: the same on wgmma in
+ * 64-token tiles, form 1 or 2 (LILY_CU_GEMM_WG; fails where no launch took it). */
 /* Whether this build and device run the wgmma GEMM form (cu_gemm_tc.cu, WG). */
 int lct_has_wgmma(void);
 lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int packed, float *const *Y, lily_status *st);
 /* One projection through cu_gemm_tc_xp2 (packed inputs), Y [T][W->rows] = the parts' sum;
- * *parts: how many it wrote (2: split in K); wg: on wgmma (fails where no launch took it). */
+ * *parts: how many it wrote (2: split in K); wg 1 or 2: on wgmma, that form (fails where no launch took it). */
 lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, int wg, float *Y, int *parts, lily_status *st);
 /* Prefill attention (cu_attention, one split): q [T][nh][hd], qg [T][nh][2 hd] (the gate in the
  * second half), kc/vc [ctx][nkv][hd] holding keys 0 .. pos0 + T - 1; token t sees 0 .. pos0 + t.

@@ -515,14 +515,14 @@ static void test_gemm_group(lily_pool *pool, int n, const int *rows, int cols, i
         Y[i] = malloc((size_t)T * rows[i] * 4);
         cpu_matmul(pool, &W[i], X, T, ref[i]);
     }
-    /* packed 2: the wgmma form (the emulator and sm_90a builds on a 9.x device have it) */
-    for (int packed = 0; packed < 2 + lct_has_wgmma(); packed++) {
+    /* packed 2, 3: the wgmma forms (the emulator and sm_90a builds on a 9.x device have them) */
+    for (int packed = 0; packed < 2 + 2 * lct_has_wgmma(); packed++) {
         for (int i = 0; i < n; i++)
             for (size_t k = 0; k < (size_t)T * rows[i]; k++) Y[i][k] = NAN;
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "gemm group q4 n=%d %d|%d.. x%d T=%d%s", n, rows[0], n > 1 ? rows[1] : 0, cols, T,
-                 packed == 2 ? " packed, wgmma" : packed ? " packed" : "");
+                 packed == 3 ? " packed, wgmma 2" : packed == 2 ? " packed, wgmma 1" : packed ? " packed" : "");
         if (lct_gemm_group(W, n, X, T, packed, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
         double worst = 0;
         for (int i = 0; i < n; i++) {
@@ -548,12 +548,13 @@ static void test_gemm_split(lily_pool *pool, int rows, int cols, int T) {
     cpu_matmul(pool, &W, X, T, ref);
     const char *off = getenv("LILY_CU_GT_SPLIT");
     const int want = off && *off == '0' ? 1 : 2;
-    for (int wg = 0; wg < 1 + lct_has_wgmma(); wg++) {
+    for (int wg = 0; wg < 1 + 2 * lct_has_wgmma(); wg++) {
         for (size_t k = 0; k < (size_t)T * rows; k++) Y[k] = NAN;
         lily_status st = { 0 };
         char what[160];
         int parts = 0;
-        snprintf(what, sizeof what, "gemm split-K q4 %dx%d T=%d (%d parts)%s", rows, cols, T, want, wg ? ", wgmma" : "");
+        snprintf(what, sizeof what, "gemm split-K q4 %dx%d T=%d (%d parts)%s", rows, cols, T, want,
+                 wg == 2 ? ", wgmma 2" : wg ? ", wgmma 1" : "");
         if (lct_gemm_split(&W, X, T, wg, Y, &parts, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
         else if (parts != want) { printf("%s: wrote %d parts\n", what, parts); n_fail++; }
         else report(what, rel(Y, ref, (size_t)T * rows), 3e-3);
