@@ -28,6 +28,8 @@
                               * loads of rows g = 0..3 (a half-warp) cover all 32 banks */
 #define AT_VLD (AT_KEYS + 8) /* halves a transposed V row */
 #define AH_VP (AT_HD + 8)    /* words a row of key pairs (H16): the fragment's rows qd = 0..3 8 banks apart */
+/* the keys the fp16 scratch holds for `keys` (H16): rounded up to a stage */
+__host__ __device__ static inline int ah_keys(int keys) { return (keys + AT_KEYS - 1) / AT_KEYS * AT_KEYS; }
 
 /* q [T][nh][256] (normed, rotated), qg [T][nh][512] (the gate in its second half), kc/vc
  * [ctx][nkv][256] with this chunk's keys already written; token t sees keys 0 .. *pos + t.
@@ -67,7 +69,7 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
         }
         return;
     }
-    const int nkp = (p0 + T + AT_KEYS - 1) / AT_KEYS * AT_KEYS;
+    const int nkp = ah_keys(p0 + T);
     /* H16: keys j0 .. j0 + 31 (k_kv_h16 wrote them all, past nkeys key nkeys - 1 again) into stage b */
     auto fetch16 = [&](int j0, int b) {
         const __half *ks = kh + ((size_t)kvh * nkp + j0) * AT_HD;
@@ -84,7 +86,6 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
     };
     /* keys j0 .. j0 + 31 (past nkeys: key nkeys - 1 again, masked) into Kf, Vf */
     auto fetch = [&](int j0) {
-        if (H16) { fetch16(j0, 0); return; }
         for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += AT_THREADS) {
             const int kk = i / 64, c = i % 64, j = j0 + kk < nkeys ? j0 + kk : nkeys - 1;
             cu_cp<16>(Kf + kk * AT_HD + 4 * c, kc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
@@ -92,7 +93,8 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
         }
         cu_cp_commit();
     };
-    fetch(jb);
+    if (H16) fetch16(jb, 0);
+    else fetch(jb);
     /* Q: 8 heads x 8 tokens x 256, scaled, to fp16 (tokens past T read token T - 1: not written) */
     for (int i = tid; i < 8 * AT_TOK * (AT_HD / 4); i += AT_THREADS) {
         const int hh = i / (AT_TOK * 64), tt = (i / 64) % AT_TOK, c = i % 64;
@@ -259,8 +261,7 @@ static int h16_force = -1;
 void cu_attn_h16_test(int on) { h16_force = on; }
 
 size_t cu_attn_h16_bytes(int keys, int nkv) {
-    const size_t nkp = ((size_t)keys + AT_KEYS - 1) / AT_KEYS * AT_KEYS;
-    return 2 * nkp * nkv * AT_HD * sizeof(__half);
+    return 2 * (size_t)ah_keys(keys) * nkv * AT_HD * sizeof(__half);
 }
 
 int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
@@ -284,7 +285,7 @@ int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc,
     __half *kh = NULL;
     uint32_t *vp = NULL;
     if (H16) {
-        const int nk = p0h + T, nkp = (nk + AT_KEYS - 1) / AT_KEYS * AT_KEYS;
+        const int nk = p0h + T, nkp = ah_keys(nk);
         kh = (__half *)h16;
         vp = (uint32_t *)(kh + (size_t)nkv * nkp * AT_HD);
         const long long n = (long long)nkv * (nkp / 2) * (AT_HD / 4);

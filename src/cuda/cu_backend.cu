@@ -142,6 +142,8 @@ static uint64_t mats_bytes(const lw_mat *m, int n) {
 }
 
 static uint64_t session_bytes(const lily_config *c, int max_ctx, int chunk);
+/* floats of s->D, the experts' down outputs of a chunk's T * K slots (+ the shared expert's row) */
+static size_t moe_d_floats(const lcuda_model *m) { return ((size_t)m->chunk * m->cfg.top_k + 1) * m->cfg.hidden; }
 
 lily_code cu_model_finish(lcuda_model *m, lily_status *st) {
     const lily_config *c = &m->cfg;
@@ -340,7 +342,7 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         { &s->bb, T * nv }, { &s->aa, T * nv }, { &s->g, T * nv }, { &s->beta, T * nv }, { &s->o, T * vd },
         { &s->qg, T * nh * 2 * hd }, { &s->q, T * nh * hd }, { &s->kb, T * nkv * hd }, { &s->vb, T * nkv * hd }, { &s->ao, T * nh * hd },
         { &s->part, p1 > p2 ? p1 : p2 }, { &s->rl, T * E }, { &s->wt, T * K }, { &s->hg, (T * K + 1) * I }, { &s->hu, (T * K + 1) * I },
-        { &s->D, (T * K + 1) * H }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
+        { &s->D, moe_d_floats(m) }, { &s->sg, T * SI }, { &s->su, T * SI }, { &s->sr, T }, { &s->SD, T * H }, { &s->lg, (size_t)c->vocab },
         { &s->gdn_scr, cu_gdn_chunk_scratch_floats((int)T, (int)nv, c->lin_dk, c->lin_dv) },
         { (float **)&s->xpx, (T * xpc + 7) / 2 }, { (float **)&s->xph, ((T * K + 16) * I + 7) / 2 },
         { (float **)&s->xps, (T * (H > SI ? H : SI) + 7) / 2 } };
@@ -562,8 +564,8 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     PM(s, "attn q/k norm + rope + cache");
     /* s->D (the experts' down outputs) is free until this layer's out-projection: the fp16 keys' scratch */
     if (T > 1 && s->hpos >= 0)
-        cu_attention_h16(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, s->hpos, s->D,
-                         ((size_t)s->m->chunk * c->top_k + 1) * H * sizeof(float), s->part, s->ao);
+        cu_attention_h16(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, s->hpos, s->D, moe_d_floats(s->m) * sizeof(float),
+                         s->part, s->ao);
     else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
     PM(s, "attn core");
     proj_out(s, &L->o, s->ao, nh * hd, T);
@@ -813,6 +815,13 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     PM(s, "lm_head");
 }
 
+void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits) {
+    cu_set_int(s->st, s->d_pos, pos);
+    s->hpos = pos;
+    cu_enqueue_forward(s, T, logits);
+    s->hpos = -1;
+}
+
 lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st) {
     lcuda_model *m = s->m;
     if (T < 1 || T > m->chunk || pos + T > m->max_ctx) return lily_err(st, LILY_ERANGE, "profile: %d tokens at %d do not fit", T, pos);
@@ -822,13 +831,10 @@ lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, l
     cudaError_t e = cudaMemcpy(s->d_ids, ids, (size_t)T * sizeof *ids, cudaMemcpyHostToDevice);
     free(ids);
     if (e != cudaSuccess) return cu_fail(st, e, "profile ids", __FILE__, __LINE__);
-    cu_set_int(s->st, s->d_pos, pos);
-    s->hpos = pos;
     prof.on = 1;
     prof.n = 0;
-    cu_enqueue_forward(s, T, 1);
+    cu_enqueue_chunk(s, T, pos, 1);
     prof.on = 0;
-    s->hpos = -1;
     LCU_CHECK(cudaStreamSynchronize(s->st));
     LCU_CHECK(cudaGetLastError());
     /* sum the time between consecutive marks by label */
@@ -894,11 +900,8 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
         int k = T - i < m->chunk ? T - i : m->chunk;
         int last = i + k == T;
         LCU_CHECK(cudaMemcpyAsync(s->d_ids, ids + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
-        cu_set_int(s->st, s->d_pos, pos + i);
         int mode = !logits ? 0 : all_logits ? 2 : last ? 1 : 0;
-        s->hpos = pos + i;
-        cu_enqueue_forward(s, k, mode);
-        s->hpos = -1;
+        cu_enqueue_chunk(s, k, pos + i, mode);
         LCU_CHECK(cudaGetLastError());
         if (mode == 2) LCU_CHECK(cudaMemcpyAsync(logits + (size_t)i * V, s->lg, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
         if (mode == 1) LCU_CHECK(cudaMemcpyAsync(logits, s->lg, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s->st));

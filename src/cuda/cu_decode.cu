@@ -155,10 +155,7 @@ lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int po
     for (int i = 0; i < T; i += m->chunk) {
         int k = T - i < m->chunk ? T - i : m->chunk;
         cudaMemcpyAsync(s->d_ids, pinned + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st);
-        cu_set_int(s->st, s->d_pos, pos + i);
-        s->hpos = pos + i;
-        cu_enqueue_forward(s, k, i + k == T ? 1 : 0);
-        s->hpos = -1;
+        cu_enqueue_chunk(s, k, pos + i, i + k == T ? 1 : 0);
     }
     cudaEventRecord(b, s->st);
     e = cudaEventSynchronize(b);

@@ -62,6 +62,8 @@ __device__ __forceinline__ int gt_xsw(int t, int c) { return c ^ ((((c >> 3) & 3
  * mma.sync loop, reading chunks 4w..4w+3 of tokens 2i and 2i + 1, hits all 32 banks; WG at c ^ (t & 7),
  * so the transpose's quarter-warp, one chunk of 8 consecutive tokens, does. */
 template <int WG> __device__ __forceinline__ int gt_xpc(int t, int c) { return WG ? c ^ (t & 7) : c ^ ((t & 1) << 2); }
+/* word w (unrolled: a constant) of a lane's 16 bytes of codes */
+__device__ __forceinline__ uint32_t gt_word(const uint4 &v, int w) { return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w; }
 
 /* A word's 8 codes as 4 fp16 pairs (c0,c4) (c1,c5) (c2,c6) (c3,c7), each (q s + b) 2^(e - 24)
  * (e = dmat.sexp) in one half FMA: the masked nibbles are fp16 subnormals, q 2^-24 (even pairs)
@@ -307,10 +309,8 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
             for (int w = 0; w < 4; w++) {
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    const uint32_t wa = w == 0 ? wv[i][0].x : w == 1 ? wv[i][0].y : w == 2 ? wv[i][0].z : wv[i][0].w;
-                    const uint32_t wb2 = w == 0 ? wv[i][1].x : w == 1 ? wv[i][1].y : w == 2 ? wv[i][1].z : wv[i][1].w;
-                    gt_deq(wa, s2[i][0], b2[i][0], b16[i][0], pa[w][i]);
-                    gt_deq(wb2, s2[i][1], b2[i][1], b16[i][1], pb[w][i]);
+                    gt_deq(gt_word(wv[i][0], w), s2[i][0], b2[i][0], b16[i][0], pa[w][i]);
+                    gt_deq(gt_word(wv[i][1], w), s2[i][1], b2[i][1], b16[i][1], pb[w][i]);
                 }
                 if (WG == 2 || w == 3) {
                     cu_wg_fence();
@@ -339,10 +339,8 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
             uint32_t pa[2][4], pb[2][4]; /* rows g and g + 8 of both tiles */
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                const uint32_t wa = w == 0 ? wv[i][0].x : w == 1 ? wv[i][0].y : w == 2 ? wv[i][0].z : wv[i][0].w;
-                const uint32_t wb = w == 0 ? wv[i][1].x : w == 1 ? wv[i][1].y : w == 2 ? wv[i][1].z : wv[i][1].w;
-                gt_deq(wa, s2[i][0], b2[i][0], b16[i][0], pa[i]);
-                gt_deq(wb, s2[i][1], b2[i][1], b16[i][1], pb[i]);
+                gt_deq(gt_word(wv[i][0], w), s2[i][0], b2[i][0], b16[i][0], pa[i]);
+                gt_deq(gt_word(wv[i][1], w), s2[i][1], b2[i][1], b16[i][1], pb[i]);
             }
             /* the two k steps' products apart, so no mma waits on the one before it */
 #pragma unroll
@@ -460,8 +458,9 @@ static int gt_wg_on(void) {
 template <int BT, int DUAL, int SBT, int XP, int WG = 0>
 static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx, int T, const dsort *so, int xdiv, dim3 grid) {
     LILY_ASSERT(grid.z == 1 || !DUAL);
-    if (!WG && BT == 64 && !DUAL && XP == 1 && gt_wg_on()) {
-        if (gt_wg_on() == 2) gt_launch<64, 0, SBT, 1, 2>(s, G, X, ldx, T, so, xdiv, grid);
+    const int wg = !WG && BT == 64 && !DUAL && XP == 1 ? gt_wg_on() : 0;
+    if (wg) {
+        if (wg == 2) gt_launch<64, 0, SBT, 1, 2>(s, G, X, ldx, T, so, xdiv, grid);
         else gt_launch<64, 0, SBT, 1, 1>(s, G, X, ldx, T, so, xdiv, grid);
         wg_launches++;
         return;

@@ -80,6 +80,8 @@ lily_code cu_model_finish(lcuda_model *m, lily_status *st); /* chunk size, rope 
 /* Enqueues the whole forward of T tokens (ids in s->d_ids, position in s->d_pos);
  * logits: 0 none, 1 last row into s->lg, 2 all rows into s->lg. */
 void cu_enqueue_forward(lcuda_session *s, int T, int logits);
+/* The same for a prefill chunk at position pos: sets d_pos, and hpos while enqueuing. */
+void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits);
 /* Makes s->lg hold at least `rows` rows of logits (the decode graph, which captured the
  * old buffer, is dropped and rebuilt on next use). */
 lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st);

@@ -96,23 +96,28 @@ long rz_damage(uintptr_t base, const alloc_t &a) {
             (void *)base, a.n, at);
     abort();
 }
+void rz_check(const char *when, uintptr_t base, const alloc_t &a) {
+    const long at = rz_damage(base, a);
+    if (at) rz_fault(when, base, a, at);
+}
 void rz_check_all(const char *when) {
     for (auto &kv : allocs)
-        if (kv.second.kind == M_DEV) {
-            long at = rz_damage(kv.first, kv.second);
-            if (at) rz_fault(when, kv.first, kv.second, at);
-        }
+        if (kv.second.kind == M_DEV) rz_check(when, kv.first, kv.second);
 }
 
-/* The allocation holding [p, p + n) (n = 0: p may be its end), or NULL. */
-const alloc_t *find_alloc(const void *p, size_t n) {
+/* The allocation holding [p, p + n) (n = 0: p may be its end), or allocs.end(). */
+std::map<uintptr_t, alloc_t>::iterator find_alloc_it(const void *p, size_t n) {
     uintptr_t a = (uintptr_t)p;
     auto it = allocs.upper_bound(a);
-    if (it == allocs.begin()) return NULL;
+    if (it == allocs.begin()) return allocs.end();
     --it;
-    if (a - it->first + n > it->second.n) return NULL;
-    if (n == 0 && a - it->first > it->second.n) return NULL;
-    return &it->second;
+    if (a - it->first + n > it->second.n) return allocs.end();
+    if (n == 0 && a - it->first > it->second.n) return allocs.end();
+    return it;
+}
+const alloc_t *find_alloc(const void *p, size_t n) {
+    auto it = find_alloc_it(p, n);
+    return it == allocs.end() ? NULL : &it->second;
 }
 bool dev_ok(const void *p, size_t n) {
     const alloc_t *a = find_alloc(p, n);
@@ -559,10 +564,10 @@ void enqueue(cudaStream_t s, std::function<void()> op) {
 }
 struct stats_t {
     ~stats_t() {
-        if (getenv("LILY_EMU_STATS"))
+        const char *v = getenv("LILY_EMU_STATS");
+        if (v)
             fprintf(stderr, "lily emu: %llu launches, %llu blocks, %llu threads, %llu mma_sync (%llu reused)\n", n_launches,
                     n_blocks, n_threads, n_mma, n_mma_reused);
-        const char *v = getenv("LILY_EMU_STATS");
         if (v && !strcmp(v, "kernels")) /* a test can check which kernels a run took */
             for (auto &kv : kernel_launches) fprintf(stderr, "lily emu: kernel %s: %llu launches\n", kv.first.c_str(), kv.second);
     }
@@ -701,8 +706,7 @@ void submit(const char *name, const void *kernel, const launch_cfg &c, std::shar
         if (!ptrs[i]) continue;
         if (!dev_ok(ptrs[i], 0))
             fault("argument %d (pointer %p) is not in device memory (a host pointer, freed, or out of any allocation)", i, ptrs[i]);
-        auto a = allocs.upper_bound((uintptr_t)ptrs[i]);
-        --a;
+        auto a = find_alloc_it(ptrs[i], 0);
         if (a->second.kind == M_DEV) args.push_back(a->first);
     }
     cur_kernel = NULL;
@@ -716,12 +720,9 @@ void submit(const char *name, const void *kernel, const launch_cfg &c, std::shar
         for (uintptr_t b : args) {
             auto a = allocs.find(b);
             if (a == allocs.end()) continue; /* (freed before a captured graph ran: the launch check covers it) */
-            long at = rz_damage(b, a->second);
-            if (at) {
-                char when[256];
-                snprintf(when, sizeof when, "kernel %s", name);
-                rz_fault(when, b, a->second, at);
-            }
+            char when[256];
+            snprintf(when, sizeof when, "kernel %s", name);
+            rz_check(when, b, a->second);
         }
     });
 }
@@ -888,17 +889,14 @@ static cudaError_t free_kind(void *p, int kind) {
     if (!p) return cudaSuccess;
     auto it = allocs.find((uintptr_t)p);
     if (it == allocs.end() || (kind == M_DEV) != (it->second.kind == M_DEV)) return fail(cudaErrorInvalidValue);
-    const size_t it_n = it->second.n;
-    (void)it_n;
     if (kind == M_DEV) {
-        long at = rz_damage(it->first, it->second);
-        if (at) rz_fault("cudaFree", it->first, it->second, at);
+        rz_check("cudaFree", it->first, it->second);
         dev_bytes -= it->second.n;
+#ifdef EMU_ASAN
+        __asan_unpoison_memory_region((char *)p - RZ_LEAD, RZ_LEAD + it->second.n + rz_tail(it->second.n));
+#endif
     }
     allocs.erase(it);
-#ifdef EMU_ASAN
-    if (kind == M_DEV) __asan_unpoison_memory_region((char *)p - RZ_LEAD, RZ_LEAD + it_n + rz_tail(it_n));
-#endif
     free(kind == M_DEV ? (char *)p - RZ_LEAD : p);
     return cudaSuccess;
 }
