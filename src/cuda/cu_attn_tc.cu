@@ -266,9 +266,13 @@ size_t cu_attn_h16_bytes(int keys, int nkv) {
 
 int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
                const int *pos, float *o, float *part, size_t part_floats, int p0h, void *h16, size_t h16_bytes) {
-    static int on16 = -1; /* LILY_CU_ATTN_H16=1 (until measured on the H200: off by default) */
-    const int H16 = p0h >= 0 && h16 && !((uintptr_t)h16 & 15) && cu_attn_h16_bytes(p0h + T, nkv) <= h16_bytes &&
-                    (h16_force >= 0 ? h16_force : cu_env_flag(&on16, "LILY_CU_ATTN_H16", 0));
+    /* the fp16 copy where the chunk reads enough keys to pay for converting them (LILY_CU_ATTN_H16_MIN, default
+     * 1,024 keys: on the H200, session 17, pp8192 +20% and pp2048 +4% with it, pp512 -3%); LILY_CU_ATTN_H16=0/1:
+     * never / always, for measuring */
+    static int on16 = INT_MIN, min16 = INT_MIN;
+    const int e16 = cu_env_int(&on16, "LILY_CU_ATTN_H16", -1);
+    const int want = h16_force >= 0 ? h16_force : e16 >= 0 ? e16 != 0 : p0h + T >= cu_env_int(&min16, "LILY_CU_ATTN_H16_MIN", 1024);
+    const int H16 = p0h >= 0 && h16 && !((uintptr_t)h16 & 15) && cu_attn_h16_bytes(p0h + T, nkv) <= h16_bytes && want;
     const size_t smem = H16 ? ((size_t)8 * AT_TOK * AT_QLD + 2 * (size_t)AT_KEYS * AT_QLD) * sizeof(__half) +
                                   2 * (size_t)(AT_KEYS / 2) * AH_VP * sizeof(uint32_t)
                             : (size_t)2 * AT_KEYS * AT_HD * sizeof(float) +

@@ -267,8 +267,8 @@ int cu_gemm_swiglu(cudaStream_t s, const dmat *G, const dmat *U, const float *X,
 int cu_attn_tc_ok(int T, int nh, int nkv, int hd);
 /* Returns the key splits it left in part for k_attn_merge (1: o is written). With p0h >= 0 (the
  * host's copy of *pos) and h16 holding cu_attn_h16_bytes(p0h + T, nkv), the keys and values are
- * converted to fp16 there once (one launch more), not by every block: LILY_CU_ATTN_H16=1, off by
- * default until measured on the H200 (bench/RESULTS.md, session 16). */
+ * converted to fp16 there once (one launch more), not by every block, where the chunk reads at least
+ * LILY_CU_ATTN_H16_MIN keys (1,024; LILY_CU_ATTN_H16=0/1 never/always; bench/RESULTS.md, session 17). */
 int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
                const int *pos, float *o, float *part, size_t part_floats, int p0h, void *h16, size_t h16_bytes);
 size_t cu_attn_h16_bytes(int keys, int nkv);

@@ -44,14 +44,15 @@
  * scales, and BT rows of 512 bytes of fp32 inputs (256 of packed fp16 ones); after the stages, for
  * fp32 inputs, the step's inputs in fp16, BT x 256 bytes. Two: more blocks an SM (5 at 16 tokens) beat deeper stages on the H200
  * (pp512 13,234 against 12,743 with three where the tile is 16 or 32 tokens, bench/RESULTS.md);
- * LILY_CU_GT_NS=n sets them all, for measuring. */
+ * LILY_CU_GT_NS=n sets them all, LILY_CU_GT_NS_MOE=n the experts' grouped launches alone, for measuring. */
 __host__ __device__ static inline size_t gt_stage_bytes(int bt, int sbb, int xp) {
     return 8192 + 2 * 128 * (size_t)sbb + (size_t)bt * (xp ? 256 : 512);
 }
-static int gt_ns(void) {
-    static int env = INT_MIN;
-    const int v = cu_env_int(&env, "LILY_CU_GT_NS", 2);
-    return v >= 2 && v <= 4 ? v : 2;
+static int gt_ns(int grouped) {
+    static int env = INT_MIN, envm = INT_MIN;
+    const int v = cu_env_int(&env, "LILY_CU_GT_NS", 2), vm = cu_env_int(&envm, "LILY_CU_GT_NS_MOE", v);
+    const int n = grouped ? vm : v;
+    return n >= 2 && n <= 4 ? n : 2;
 }
 
 /* The input's 16-byte chunk c (columns 4c..4c+3 of the step) of token t, swizzled so that the
@@ -465,7 +466,7 @@ static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx,
         wg_launches++;
         return;
     }
-    const int sbb = gt_sbb(&G->m[0]), ns = gt_ns();
+    const int sbb = gt_sbb(&G->m[0]), ns = gt_ns(so->count != NULL);
     /* WG: the step's inputs rewritten for wgmma, 64 tokens x 256 bytes, after the stages */
     const size_t smem = ns * gt_stage_bytes(BT, sbb, XP) + (XP ? 0 : (size_t)BT * 256) + (WG ? (size_t)64 * 256 : 0);
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
