@@ -276,7 +276,7 @@ size_t cu_attn_h16_bytes(int keys, int nkv);
 void cu_attn_h16_test(int on);
 /* For the kernel test: 1 or 2 the dense packed-input GEMMs on wgmma in 64-token tiles, that form,
  * wherever the build and device have it (cu_gemm_tc.cu's WG), 0 never, -1 the environment's
- * (LILY_CU_GEMM_WG=1/2); and how many launches took it so far. */
+ * (LILY_CU_GEMM_WG=0/1/2, default 1); and how many launches took it so far. */
 void cu_gemm_wg_test(int on);
 int cu_gemm_wg_launches(void);
 int cu_gemm_wg_available(void);

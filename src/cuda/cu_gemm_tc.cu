@@ -22,7 +22,8 @@
  * same rows of up, and the block writes silu(gate) * up, so neither is stored.
  * LILY_CU_GEMM_TC=0 leaves every GEMM to the wmma kernel.
  *
- * WG (dense, 64-token tiles, packed inputs; LILY_CU_GEMM_WG=1 or 2, off until measured on the H200): the
+ * WG (dense, 64-token tiles, packed inputs; form 1 by default where the build and device have wgmma, LILY_CU_GEMM_WG=0 or 2
+ * the mma.sync loop or form 2, for measuring; on the H200, session 17: pp512 +1%, pp2048 +5%, pp8192 +6% with form 1): the
  * same A fragments feed wgmma (cu_wg_mma64) instead of mma.sync. The mma's K order above is already
  * wgmma's: a k16 step's low half is pair 2s of the four lanes q's word w, its high half pair 2s + 1.
  * So the B operand's core-matrix row for a token (8 halves of one k half) is the four lanes' words
@@ -449,10 +450,10 @@ int cu_gemm_wg_available(void) {
 #endif
     return can;
 }
-/* 0 off, 1 or 2 the form (LILY_CU_GEMM_WG=1/2; the kernel test's cu_gemm_wg_test) */
+/* 0 off, 1 or 2 the form (LILY_CU_GEMM_WG=0/1/2, default 1; the kernel test's cu_gemm_wg_test) */
 static int gt_wg_on(void) {
     static int env = INT_MIN;
-    const int v = wg_force >= 0 ? wg_force : cu_env_int(&env, "LILY_CU_GEMM_WG", 0);
+    const int v = wg_force >= 0 ? wg_force : cu_env_int(&env, "LILY_CU_GEMM_WG", 1);
     return cu_gemm_wg_available() && (v == 1 || v == 2) ? v : 0;
 }
 
