@@ -148,12 +148,6 @@ static size_t moe_d_floats(const lcuda_model *m) { return ((size_t)m->chunk * m-
 lily_code cu_model_finish(lcuda_model *m, lily_status *st) {
     const lily_config *c = &m->cfg;
     m->chunk = m->max_ctx < 2048 ? m->max_ctx : 2048;
-    /* LILY_CU_L2FETCH=32/64/128: the L2's fetch from DRAM at least that many bytes (the prefill GEMMs
-     * read 64 bytes a row a step), for measuring; the driver's default otherwise */
-    static int l2f = INT_MIN;
-    const int fg = cu_env_int(&l2f, "LILY_CU_L2FETCH", 0);
-    if ((fg == 32 || fg == 64 || fg == 128) && cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, (size_t)fg) != cudaSuccess)
-        cudaGetLastError(); /* (a device without the limit keeps its own) */
     int half = c->rot_dim / 2;
     float *inv = (float *)malloc((size_t)(half + 1) * sizeof(float));
     if (!inv) return lily_err(st, LILY_ENOMEM, "out of memory");
