@@ -514,12 +514,16 @@ static int gt_dense(cudaStream_t s, int n, const dmat *const *W, int dual, const
     const int gx = G.blk0[G.n], sms = cu_sm_count();
     static int env = INT_MIN; /* LILY_CU_GT_BT=16/32/64 fixes the token tile, for measuring */
     const int v = cu_env_int(&env, "LILY_CU_GT_BT", 0);
-    const int bt = v == 16 || v == 32 || v == 64 ? v : wg_force > 0 && xp ? 64 /* (the kernel test's wgmma runs) */
-                   : (long long)gx * ((T + 63) / 64) >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
-    dsort none = { NULL, NULL, NULL, NULL, NULL };
     static int spl = -1;
-    const int ty = (T + bt - 1) / bt,
-              parts = Y2 && !dual && W[0]->cols / GT_K >= 2 && (long long)gx * ty < 3ll * sms && cu_env_flag(&spl, "LILY_CU_GT_SPLIT", 1) ? 2 : 1;
+    const int can_split = Y2 && !dual && W[0]->cols / GT_K >= 2 && cu_env_flag(&spl, "LILY_CU_GT_SPLIT", 1);
+    /* On wgmma (64-token tiles only) a launch that splits in K counts both halves' blocks: the
+     * out-projections at 512 tokens (16 row blocks x 8 tiles x 2) then take it, pp512 +2-7% on the H200
+     * (session 17, as LILY_CU_GT_BT=64) against 32-token mma.sync tiles. */
+    const int wg64 = xp && !dual && gt_wg_on() ? (can_split ? 2 : 1) : 1;
+    const int bt = v == 16 || v == 32 || v == 64 ? v : wg_force > 0 && xp ? 64 /* (the kernel test's wgmma runs) */
+                   : (long long)gx * ((T + 63) / 64) * wg64 >= sms ? 64 : (long long)gx * ((T + 31) / 32) >= sms ? 32 : 16;
+    dsort none = { NULL, NULL, NULL, NULL, NULL };
+    const int ty = (T + bt - 1) / bt, parts = can_split && (long long)gx * ty < 3ll * sms ? 2 : 1;
     if (parts == 2)
         for (int i = 0; i < G.n; i++) G.y2[i] = Y2[i];
     const dim3 grid(gx, ty, parts);
