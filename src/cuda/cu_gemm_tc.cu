@@ -23,7 +23,7 @@
  * LILY_CU_GEMM_TC=0 leaves every GEMM to the wmma kernel.
  *
  * WG (dense, 64-token tiles, packed inputs; form 1 by default where the build and device have wgmma, LILY_CU_GEMM_WG=0 or 2
- * the mma.sync loop or form 2, for measuring; on the H200, session 17: pp512 +1%, pp2048 +5%, pp8192 +6% with form 1): the
+ * the mma.sync loop or form 2, for measuring; on the H200, session 17: pp512 +3.5% (the split out-projections too), pp2048 +5%, pp8192 +6% with form 1): the
  * same A fragments feed wgmma (cu_wg_mma64) instead of mma.sync. The mma's K order above is already
  * wgmma's: a k16 step's low half is pair 2s of the four lanes q's word w, its high half pair 2s + 1.
  * So the B operand's core-matrix row for a token (8 halves of one k half) is the four lanes' words
