@@ -14,7 +14,7 @@ CUDA_LIBDIR ?= $(firstword $(foreach d,lib64 lib targets/x86_64-linux/lib target
                  $(if $(wildcard $(CUDA_HOME)/$(d)/libcudart_static.a),$(CUDA_HOME)/$(d))))
 NVFLAGS ?= -O3 -g -lineinfo -std=c++17 --expt-relaxed-constexpr -Iinclude -Isrc \
            -gencode=arch=$(subst sm_,compute_,$(CUDA_ARCH)),code=$(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror \
-           $(if $(filter %a,$(CUDA_ARCH)),-DLILY_CU_ARCH_A)
+           $(if $(filter %a,$(CUDA_ARCH)),-DLILY_CU_ARCH_A) $(if $(TRACE),-DLILY_CU_TRACE)
 
 EMU_DIR  := tests/cuda/emu
 CXX     ?= g++

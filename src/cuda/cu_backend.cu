@@ -631,6 +631,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const int shx = add && SI && moe_shared_slot(s, L);
     const int side = !add && T > 8 && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
+    int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch */
     if (add) {
         int ld[4] = { E, SI, SI, 1 };
         mvq_fuse fu;
@@ -647,7 +648,8 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             int ld2[2] = { E, 1 };
             cu_matvec_group(q, 2, W2, s->x, NULL, H, Y2, ld2, NULL, 1, 1, &fu);
         } else cu_matvec_group(q, SI ? 4 : 1, RW, s->x, NULL, H, RY, ld, NULL, 1, 1, &fu);
-        if (!fu.sel) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
+        route = !fu.sel && T == 1 && cu_route_fused() && E <= 256 && K <= 32;
+        if (!fu.sel && !route) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
     } else if (T <= 8) {
         proj_group(s, SI ? 4 : 1, RW, s->t, H, T, RY);
@@ -678,7 +680,11 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     }
     if (pf_on(s, T)) { /* the chosen experts' down, then the next layer's in-projection */
         const dmat *Wd[1] = { &L->down }, *Wn[4];
-        pf_fork(s, 1, Wd, s->sel, T * K);
+        if (route) { /* the prefetch routes itself too: sel is written by the gate|up launch */
+            cudaEventRecord(s->evp, s->st);
+            cudaStreamWaitEvent(s->st2, s->evp, 0);
+            cu_l2_prefetch_routed(s->st2, 1, Wd, s->rl, E, K);
+        } else pf_fork(s, 1, Wd, s->sel, T * K);
         if (next) cu_l2_prefetch(s->st2, pf_mixer_in(next, Wn), Wn, NULL, 0);
     }
     const int *pos = NULL;
@@ -696,7 +702,8 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
                 xg.xm[0] = L->sh_gate; xg.xm[1] = L->sh_up; xg.xrow = 0;
                 xd.xm[0] = L->sh_down; xd.xrow = K;
             }
-            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx ? &xg : NULL);
+            if (route) { xg.rlog = s->rl; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
+            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
             PM(s, "moe experts gate|up");
             /* one token with the shared expert riding (or none): the down, the combine and the
              * next norm in one launch, where asked (LILY_CU_DOWNCOMB=1; slower on the H200) */

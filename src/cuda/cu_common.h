@@ -20,7 +20,10 @@ extern "C" {
  * first waits until its predecessor has finished and its writes are visible (before it
  * reads or writes anything), then lets its own successor be scheduled. Outside such a
  * graph both are no-ops; the emulator and older GPUs compile them away. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(LILY_CU_TRACE) && !defined(__CUDACC_EMU__)
+#include "cuda/cu_trace.h"
+#define CU_PDL() CU_TRACE_PDL()
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define CU_PDL() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define CU_PDL() do { } while (0)
@@ -122,6 +125,13 @@ typedef struct {
      * m[i], reading input row xrow (the shared expert riding in the experts' launches) */
     int xslot, xrow;
     dmat xm[MVQ_MAX];
+    /* rlog (decode, one token): the router's logits [E]; the launch routes itself (the top K of E,
+     * as k_router_topk) in place of a top-k launch before it: every block takes its slot's expert
+     * from its own routing, block (0, 0) writes the choice to rsel [K] (the eidx the later
+     * launches read) and rwt [K]. Launches that cannot route so run k_router_topk first. */
+    const float *rlog;
+    int *rsel;
+    float *rwt;
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
@@ -382,6 +392,11 @@ void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, in
  * into registers, so this only moves bytes from DRAM into L2 while the main stream's kernels,
  * bound by latency, leave the DRAM idle. LILY_CU_PREFETCH=0 turns it off (cu_prefetch_enabled). */
 void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel, int slots);
+/* the same for the experts chosen by routing rlog [E] (top K, as k_router_topk; E <= 256, K <= 32)
+ * in the prefetch's own blocks, where the top-k's launch is folded into the experts' (mvq_fuse.rlog) */
+void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const float *rlog, int E, int K);
+/* whether decode (one token) routes inside the experts' gate|up launch: LILY_CU_ROUTE_FUSED, on */
+int cu_route_fused(void);
 int cu_prefetch_enabled(void);
 /* cu_matmul_exact (Y = logits [T][W->rows]) then cu_router_topk, the column slices' sum done by the
  * top-k's launch (one launch fewer; the same sums in the same order) */

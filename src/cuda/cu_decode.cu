@@ -4,6 +4,7 @@
  * lily-bench uses. */
 #include "cuda/cu_model.h"
 #include "cuda/cu_sample.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -131,6 +132,51 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
     return LILY_OK;
 }
 
+#if defined(LILY_CU_TRACE) && !defined(__CUDACC_EMU__)
+/* ---- the decode timeline (cu_trace.h; a measuring build only) ---- */
+static int (*trace_set[64])(cu_trace_buf *);
+static int trace_nset;
+int cu_trace_register(int (*set)(cu_trace_buf *)) {
+    if (trace_nset < 64) trace_set[trace_nset++] = set;
+    return trace_nset;
+}
+int cu_trace_enable(cu_trace_buf *buf) {
+    int ok = 1;
+    for (int i = 0; i < trace_nset; i++) ok &= trace_set[i](buf);
+    return ok;
+}
+/* LILY_CU_TRACE_OUT=FILE: after lily-bench's timed decode, LILY_CU_TRACE_STEPS (8) more steps of
+ * the same graph with every block noted, appended to FILE as a header line ("lily-trace steps
+ * records\n") and the records (cu_trace_rec) as they lie in memory. */
+static void trace_decode(lcuda_session *s, cudaGraphExec_t graph, int pos) {
+    const char *path = getenv("LILY_CU_TRACE_OUT");
+    const char *se = getenv("LILY_CU_TRACE_STEPS");
+    int steps = se && *se ? atoi(se) : 8;
+    if (!path || !*path || steps < 1 || pos + steps > s->m->max_ctx) return;
+    const unsigned cap = 1u << 22;
+    cu_trace_buf hb, *db = NULL;
+    cu_trace_rec *dr = NULL, *hr = NULL;
+    FILE *f = NULL;
+    if (cudaMalloc((void **)&db, sizeof *db) != cudaSuccess || cudaMalloc((void **)&dr, (size_t)cap * sizeof *dr) != cudaSuccess) goto out;
+    hb.n = 0; hb.cap = cap; hb.r = dr;
+    if (cudaMemcpy(db, &hb, sizeof hb, cudaMemcpyHostToDevice) != cudaSuccess || !cu_trace_enable(db)) goto out;
+    for (int i = 0; i < steps; i++) cudaGraphLaunch(graph, s->st);
+    if (cudaStreamSynchronize(s->st) != cudaSuccess || cudaMemcpy(&hb, db, sizeof hb, cudaMemcpyDeviceToHost) != cudaSuccess) goto out;
+    if (hb.n > cap) { fprintf(stderr, "lily-trace: %u records, %u kept\n", hb.n, cap); hb.n = cap; }
+    if (!(hr = (cu_trace_rec *)malloc((size_t)hb.n * sizeof *hr)) || cudaMemcpy(hr, dr, (size_t)hb.n * sizeof *hr, cudaMemcpyDeviceToHost) != cudaSuccess) goto out;
+    if ((f = fopen(path, "ab"))) {
+        fprintf(f, "lily-trace %d %u\n", steps, hb.n);
+        fwrite(hr, sizeof *hr, hb.n, f);
+        fclose(f);
+    }
+    s->pos += steps;
+out:
+    cu_trace_enable(NULL);
+    cudaGetLastError();
+    cudaFree(db); cudaFree(dr); free(hr);
+}
+#endif
+
 /* ---- timing for lily-bench ---- */
 lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int pos, double *ms, lily_status *st) {
     lcuda_model *m = s->m;
@@ -203,5 +249,8 @@ lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_samplin
     if (e != cudaSuccess) return cu_fail(st, e, "timed decode", __FILE__, __LINE__);
     *ms = f;
     s->pos = pos + n;
+#if defined(LILY_CU_TRACE) && !defined(__CUDACC_EMU__)
+    trace_decode(s, graph, s->pos);
+#endif
     return LILY_OK;
 }

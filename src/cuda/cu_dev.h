@@ -323,7 +323,7 @@ __device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X,
     int xr = xsl ? a.f.xrow : slot / xdiv;
     x = X + (size_t)xr * ldx;
     if (X2) x2 = X2 + (size_t)xr * ldx;
-    return xsl ? 0 : eidx[slot];
+    return xsl || !eidx ? 0 : eidx[slot];
 }
 
 /* ---- the 4-bit matrix-vector kernels' input staging and chunk product (k_mvq, k_mvq4,
@@ -444,4 +444,68 @@ static int mvq_grid(K kern, mvq_kstate &ks, int tiles, int nslots, int one_a_til
     int walk = (tiles + cap - 1) / cap;
     return (tiles + walk - 1) / walk;
 }
+/* ---- warp reductions and the router's top-k (k_router_topk, and k_mvdp routing itself) ---- */
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* One warp: softmax of a token's E router logits, then K rounds of argmax (lowest id on ties)
+ * into sel/wt, the weights renormalized over the K. route_regs holds the lane's logits in
+ * registers (lane l: experts l, l + 32, ..), so a round is NV compares and the warp's shuffles;
+ * route_warp's shared-memory form (E > 512 or K > 32) re-reads all E probabilities from p each
+ * round, a chain of dependent loads (the top-k launch 7.0 -> 5.2 us a decode layer under Nsight,
+ * 18.6 -> 12.9 us at 512 tokens, bench/RESULTS.md session 13). Both give the same choices and weights bit for bit.
+ * Logits are read past L1 (__ldcg): in k_mvq's fused form other blocks wrote them in this launch. */
+template <int NV>
+__device__ __forceinline__ void route_regs(float (&v)[NV], int E, int K, int *sel, float *wt) {
+    const int lane = threadIdx.x % WARP;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+        if (lane + WARP * i < E) mx = fmaxf(mx, v[i]);
+    mx = warp_max(mx);
+    float sum = 0;
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+        if (lane + WARP * i < E) { v[i] = expf(v[i] - mx); sum += v[i]; }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] = lane + WARP * i < E ? v[i] / sum : -3.0f; /* below any round's -1 */
+    float tot = 0, mw = 0;
+    int ms = 0;
+    for (int j = 0; j < K; j++) {
+        float bv = -1.0f;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            if (v[i] > bv) { bv = v[i]; bi = lane + WARP * i; }
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (bi >= E) bi = 0; /* only NaN logits (a defect upstream) leave no choice: stay in range */
+        if (lane == j) { ms = bi; mw = bv; }
+        tot += bv;
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            if (lane + WARP * i == bi) v[i] = -2.0f; /* taken */
+    }
+    if (lane < K) { sel[lane] = ms; wt[lane] = mw / tot; }
+}
+
+template <int NV>
+__device__ __forceinline__ void route_ld(const float *lg, int E, int K, int *sel, float *wt) {
+    const int lane = threadIdx.x % WARP;
+    float v[NV];
+#pragma unroll
+    for (int i = 0; i < NV; i++) v[i] = lane + WARP * i < E ? __ldcg(lg + lane + WARP * i) : 0.f;
+    route_regs<NV>(v, E, K, sel, wt);
+}
+
 #endif

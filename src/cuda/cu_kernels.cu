@@ -24,14 +24,6 @@ __device__ __forceinline__ float q8_f1(uint32_t v) {
     return __uint_as_float((t & 0x007F8000u) | 0x3F800000u);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 /* Block-wide sum; every thread gets the result. sh needs 32 floats. */
 __device__ float block_sum(float v, float *sh) {
@@ -648,6 +640,10 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     for (int i = 0; i < n; i++)
         if (W[i]->sbt != sbt || (fu && fu->xslot && fu->xm[i].sbt != sbt)) sbt = -1;
     if (rw == 1 && !one && cu_mvdp_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
+    if (a.f.rlog) { /* no kernel below routes itself: the top-k first, as without rlog */
+        cu_router_topk(s, a.f.rlog, 1, a.f.E, a.f.K, a.f.rsel, a.f.rwt);
+        a.f.rlog = NULL;
+    }
     if (rw == 1 && all4 && !one && cu_mvtc_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
     if (rw == 1 && all4 && !one && mvq4_enabled()) {
         if (!mvq4_sbt_enabled()) sbt = -1;
@@ -1431,26 +1427,36 @@ void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mix
 __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int dv, const float *u, int cd, const float *g,
                                                      const float *beta, float *S, float *o, const float *z,
                                                      const float *gw, float eps, cu_rows R) {
-    CU_PDL();
     __shared__ float qkb[2][256], red[16]; /* q | k of a step, double-buffered */
     const int dk = 128;
+    int h = blockIdx.x, j = threadIdx.x / 4, p = threadIdx.x % 4, kh = h / (nv / nk), kd = nk * dk;
+    /* One session's S is loaded before the wait on the predecessor: only this kernel of its layer
+     * writes it, and its last write was a launch at least two back (the previous token's graph,
+     * or an earlier chunk's kernel, which finished before the predecessor passed its own wait:
+     * CU_PDL waits before it lets a successor start). Its 64 KB a block then arrive while the
+     * predecessor finishes. (A batch's S pointers are read after the wait, as before.) */
+    float *Sh = S ? S + (size_t)h * dk * dv : NULL;
+    float sr[32];
+    if (!R.pos) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + j];
+    }
+    const float gwj = z ? gw[j] : 0.f;
+    CU_PDL();
     if (R.pos) { /* decode batch (T = 1): row blockIdx.y, its session's S */
         int row = blockIdx.y;
         S = R.S[row] + R.S_off;
         u += (size_t)row * cd; g += (size_t)row * nv; beta += (size_t)row * nv; o += (size_t)row * nv * dv;
         if (z) z += (size_t)row * nv * dv;
-    }
-    int h = blockIdx.x, j = threadIdx.x / 4, p = threadIdx.x % 4, kh = h / (nv / nk), kd = nk * dk;
-    float *Sh = S + (size_t)h * dk * dv;
-    float sr[32];
+        Sh = S + (size_t)h * dk * dv;
 #pragma unroll
-    for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + j];
+        for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + j];
+    }
     /* thread i < 256 carries element i of the next step's q | k; every thread its v, g, beta */
     int qk_off = threadIdx.x < 128 ? kh * dk + threadIdx.x : kd + kh * dk + (threadIdx.x - 128);
     float nqk = threadIdx.x < 256 ? u[qk_off] : 0.f, nv_j = u[2 * kd + h * dv + j], ng = g[h], nb = beta[h];
-    /* the gated norm's z and weight are fetched with the step's other inputs, not after its sums
-     * (a dependent L2 round trip at the end of every decode step) */
-    const float gwj = z ? gw[j] : 0.f;
+    /* the gated norm's z (and, above, its weight) are fetched with the step's other inputs, not
+     * after its sums (a dependent L2 round trip at the end of every decode step) */
     float nz = z ? z[(size_t)h * dv + j] : 0.f;
     for (int t = 0; t < T; t++) {
         float *qs = qkb[t & 1], *ks = qkb[t & 1] + 128;
@@ -1827,60 +1833,6 @@ void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, 
 }
 
 /* ---- MoE ---- */
-/* One warp: softmax of a token's E router logits, then K rounds of argmax (lowest id on ties)
- * into sel/wt, the weights renormalized over the K. route_regs holds the lane's logits in
- * registers (lane l: experts l, l + 32, ..), so a round is NV compares and the warp's shuffles;
- * route_warp's shared-memory form (E > 512 or K > 32) re-reads all E probabilities from p each
- * round, a chain of dependent loads (the top-k launch 7.0 -> 5.2 us a decode layer under Nsight,
- * 18.6 -> 12.9 us at 512 tokens, bench/RESULTS.md session 13). Both give the same choices and weights bit for bit.
- * Logits are read past L1 (__ldcg): in k_mvq's fused form other blocks wrote them in this launch. */
-template <int NV>
-__device__ void route_regs(float (&v)[NV], int E, int K, int *sel, float *wt) {
-    const int lane = threadIdx.x % WARP;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < NV; i++)
-        if (lane + WARP * i < E) mx = fmaxf(mx, v[i]);
-    mx = warp_max(mx);
-    float sum = 0;
-#pragma unroll
-    for (int i = 0; i < NV; i++)
-        if (lane + WARP * i < E) { v[i] = expf(v[i] - mx); sum += v[i]; }
-    sum = warp_sum(sum);
-#pragma unroll
-    for (int i = 0; i < NV; i++) v[i] = lane + WARP * i < E ? v[i] / sum : -3.0f; /* below any round's -1 */
-    float tot = 0, mw = 0;
-    int ms = 0;
-    for (int j = 0; j < K; j++) {
-        float bv = -1.0f;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < NV; i++)
-            if (v[i] > bv) { bv = v[i]; bi = lane + WARP * i; }
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
-        if (bi >= E) bi = 0; /* only NaN logits (a defect upstream) leave no choice: stay in range */
-        if (lane == j) { ms = bi; mw = bv; }
-        tot += bv;
-#pragma unroll
-        for (int i = 0; i < NV; i++)
-            if (lane + WARP * i == bi) v[i] = -2.0f; /* taken */
-    }
-    if (lane < K) { sel[lane] = ms; wt[lane] = mw / tot; }
-}
-
-template <int NV>
-__device__ __forceinline__ void route_ld(const float *lg, int E, int K, int *sel, float *wt) {
-    const int lane = threadIdx.x % WARP;
-    float v[NV];
-#pragma unroll
-    for (int i = 0; i < NV; i++) v[i] = lane + WARP * i < E ? __ldcg(lg + lane + WARP * i) : 0.f;
-    route_regs<NV>(v, E, K, sel, wt);
-}
-
 __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, float *wt) {
     int lane = threadIdx.x % WARP;
     if (K <= WARP && E <= 8 * WARP) { route_ld<8>(lg, E, K, sel, wt); return; }
@@ -2249,12 +2201,20 @@ typedef struct {
     unsigned long long n[PF_MAX]; /* bytes, a multiple of 16 */
     long long es[PF_MAX];        /* bytes between experts (with sel) */
     const int *sel;              /* [gridDim.y] experts, or NULL */
+    const float *rlog;           /* or the router's logits [E]: the block routes itself (top K) */
+    int E, K;
     int nr;
 } pf_args;
 
 __global__ void __launch_bounds__(128) k_l2_prefetch(pf_args a) {
     CU_PDL();
-    const long long e = a.sel ? a.sel[blockIdx.y] : 0;
+    __shared__ int rs[WARP];
+    __shared__ float rw[WARP];
+    if (a.rlog) {
+        if (threadIdx.x < WARP) route_ld<8>(a.rlog, a.E, a.K, rs, rw);
+        __syncthreads();
+    }
+    const long long e = a.rlog ? rs[blockIdx.y] : a.sel ? a.sel[blockIdx.y] : 0;
     const unsigned long long i0 = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x, step = (unsigned long long)gridDim.x * blockDim.x;
     for (int r = 0; r < a.nr; r++) {
         const char *base = a.p[r] + e * a.es[r];
@@ -2279,7 +2239,7 @@ int cu_prefetch_enabled(void) {
     return cu_env_flag(&on, "LILY_CU_PREFETCH", 1);
 }
 
-void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel, int slots) {
+static void l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel, int slots, const float *rlog, int E, int K) {
     pf_args a;
     memset(&a, 0, sizeof a);
     unsigned long long tot = 0;
@@ -2304,12 +2264,24 @@ void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel,
     }
     if (!a.nr) return;
     a.sel = sel;
+    a.rlog = rlog; a.E = E; a.K = K;
+    if (rlog) slots = K;
     static int env = INT_MIN;
     a.mode = cu_env_int(&env, "LILY_CU_PF_MODE", 0);
     const unsigned long long chunks = (tot + PF_CHUNK - 1) / PF_CHUNK;
     int gx = (int)((chunks + 127) / 128);
     gx = gx < 1 ? 1 : gx > 32 ? 32 : gx;
-    cu_go(k_l2_prefetch, dim3(gx, sel ? slots : 1), 128, 0, s)(a);
+    cu_go(k_l2_prefetch, dim3(gx, sel || rlog ? slots : 1), 128, 0, s)(a);
+}
+void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel, int slots) { l2_prefetch(s, n, W, sel, slots, NULL, 0, 0); }
+void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const float *rlog, int E, int K) {
+    LILY_ASSERT(E <= 8 * WARP && K <= WARP);
+    l2_prefetch(s, n, W, NULL, 0, rlog, E, K);
+}
+/* LILY_CU_ROUTE_FUSED=0: decode's top-k in its own launch again, for measuring */
+int cu_route_fused(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_ROUTE_FUSED", 1);
 }
 
 __global__ void k_set_int(int *p, int v) {

@@ -173,6 +173,8 @@ template <int LPR, int R, int SBT, int BITS, int G>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
     extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input */
+    __shared__ int rs[WARP];       /* with a.f.rlog: the block's routing (experts, weights) */
+    __shared__ float rw[WARP];
     const int cols = a.m[0].cols, ng = cols / 64, nrow16 = cols * BITS / 128, ntiles = a.blk0[a.n];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
     const int rpt = (WARP / LPR) * R, slot = blockIdx.y;
@@ -200,7 +202,16 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     }
     CU_PDL();
     const float *x = X, *x2 = X2;
-    if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
+    if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory */
+        if (warp == 0) route_ld<8>(a.f.rlog, a.f.E, a.f.K, rs, rw);
+        __syncthreads();
+        if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
+            a.f.rsel[threadIdx.x] = rs[threadIdx.x];
+            a.f.rwt[threadIdx.x] = rw[threadIdx.x];
+        }
+        mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
+        e = xsl ? 0 : rs[slot];
+    } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
     dp_stage(a, x, X2 ? x2 : NULL, cols, dxs);
     for (; tile < ntiles; tile += gridDim.x * nwb) {
         mi = 0;
@@ -366,6 +377,10 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     const int q8_on = cu_env_flag(&q8, "LILY_CU_MVDP_Q8", 0) || test_r > 0;
     if (!mvdp_enabled() || test_r < 0 || in->f.sel || cols % 64 != 0 || cols > DP_MAX_COLS || (bits != 4 && bits != 8)) return 0;
     if (!q8_on && (bits == 8 || in->f.add)) return 0;
+    /* routing in the launch: one token's slots, route_ld's register form (E <= 256, K <= 32) */
+    if (in->f.rlog && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1 || nslots != in->f.K + (in->f.xslot ? 1 : 0) ||
+                       (in->f.xslot && in->f.xslot != in->f.K)))
+        return 0;
     for (int i = 0; i < in->n; i++)
         if (!dp_fits(&in->m[i], cols, bits) ||
             (in->f.xslot && (!dp_fits(&in->f.xm[i], cols, bits) || in->f.xm[i].rows != in->m[i].rows)))

@@ -404,7 +404,8 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
 }
 
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
-                           const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, float *const *Y, lily_status *st) {
+                           const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, const lct_mvroute *rt,
+                           float *const *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d[MVQ_MAX], dx[MVQ_MAX];
     const dmat *dpp[MVQ_MAX];
@@ -423,6 +424,12 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     float *ddx = (float *)dput(&L, X, (size_t)nx * cols * 4, st, &rc);
     float *ddx2 = X2 ? (float *)dput(&L, X2, (size_t)nx * cols * 4, st, &rc) : NULL;
     int *ds = sel ? (int *)dput(&L, sel, (size_t)nslots * 4, st, &rc) : NULL;
+    float *dlg = rt ? (float *)dput(&L, rt->lg, (size_t)rt->E * 4, st, &rc) : NULL;
+    float *dwt = rt ? (float *)dput(&L, NULL, (size_t)rt->K * 4, st, &rc) : NULL;
+    if (rt && ds) { /* the launch must route itself: the given experts poisoned */
+        cudaMemset(ds, 0xff, (size_t)nslots * 4);
+        cudaMemset(dwt, 0xff, (size_t)rt->K * 4);
+    }
     float *dadd = nm ? (float *)dput(&L, nm->add, (size_t)cols * 4, st, &rc) : NULL;
     float *dnw = nm ? (float *)dput(&L, nm->nw, (size_t)cols * 4, st, &rc) : NULL;
     float *dtout = nm ? (float *)dput(&L, NULL, (size_t)cols * 4, st, &rc) : NULL;
@@ -435,14 +442,17 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
         fu.xrow = xrow;
         for (int i = 0; i < n; i++) fu.xm[i] = dx[i];
     }
+    if (rt) { fu.rlog = dlg; fu.E = rt->E; fu.K = rt->K; fu.rsel = ds; fu.rwt = dwt; }
     if (!rc) {
         cu_mvdp_test_r(dp);
-        cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM || nm ? &fu : NULL);
+        cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM || nm || rt ? &fu : NULL);
         cu_mvdp_test_r(0);
     }
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)ns * ld[i] * 4, st);
     if (!rc && nm) rc = dget(nm->tout, dtout, (size_t)cols * 4, st);
+    if (!rc && rt) rc = dget(rt->sel, ds, (size_t)rt->K * 4, st);
+    if (!rc && rt) rc = dget(rt->wt, dwt, (size_t)rt->K * 4, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;

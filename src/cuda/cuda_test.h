@@ -79,8 +79,11 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
 /* sel NULL: one dense launch (E 1, nslots 1). nm not NULL (dense only): the router group's fused
  * residual add and norm, the input rmsnorm(X + add) * nw, which tout [cols] gets too. */
 typedef struct { const float *add, *nw; float eps; float *tout; } lct_mvnorm;
+/* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K] */
+typedef struct { const float *lg; int E, K; int *sel; float *wt; } lct_mvroute;
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
-                           const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, float *const *Y, lily_status *st);
+                           const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, const lct_mvroute *rt,
+                           float *const *Y, lily_status *st);
 /* Recurrent delta rule for all heads: u [T][2*nk*dk + nv*dv] (q already normalized and
  * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,

@@ -184,15 +184,19 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
  * 4). special 1: a NaN in one input group, every output must be NaN (as the CPU's); 2: one input
  * group all zeros and one of 1e-35 (below the kernel's zero threshold), another scaled by 1e30. */
 static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *rows, int cols, int group, int E, int nslots, int xdiv,
-                                int shared, int swiglu, int special, int norm);
+                                int shared, int swiglu, int special, int norm, int route);
 static void test_matvec_group(lily_pool *pool, int n, const int *rows, int cols, int group, int E, int nslots, int xdiv,
                               int shared, int swiglu, int special) {
-    test_matvec_group_b(pool, 4, n, rows, cols, group, E, nslots, xdiv, shared, swiglu, special, 0);
+    test_matvec_group_b(pool, 4, n, rows, cols, group, E, nslots, xdiv, shared, swiglu, special, 0, 0);
 }
+static void router_ref(const float *lg, int E, int K, int *sel, float *wt);
 /* The same for bits-bit codes; norm (dense only: E 1, one slot): the router group's fused residual
- * add and norm, whose normed input (tout) is checked too. */
+ * add and norm, whose normed input (tout) is checked too. route (one token: xdiv = nslots = K): the
+ * launch routes itself from random logits (mvq_fuse.rlog, decode's folded top-k), its experts and
+ * weights checked against router_ref's, the outputs against the reference's experts; without
+ * k_mvdp (no-dp) the launch runs the top-k first. */
 static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *rows, int cols, int group, int E, int nslots, int xdiv,
-                                int shared, int swiglu, int special, int norm) {
+                                int shared, int swiglu, int special, int norm, int route) {
     void **hold = calloc((size_t)n * (E + 1) * 3, sizeof *hold);
     lw_mat *W = malloc((size_t)n * E * sizeof *W), XM[4];
     for (int i = 0; i < n; i++) {
@@ -202,6 +206,10 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
     const int nx = (nslots + xdiv - 1) / xdiv + (shared ? 1 : 0), xrow = nx - 1, ns = nslots + (shared ? 1 : 0);
     int *sel = malloc((size_t)nslots * sizeof *sel);
     for (int j = 0; j < nslots; j++) sel[j] = (int)(lily_rng_u64(&rng) % (uint64_t)E);
+    float *lg = route ? rnd((size_t)E, 2.0f) : NULL, *wref = route ? malloc((size_t)nslots * 4) : NULL;
+    float *wdev = route ? malloc((size_t)nslots * 4) : NULL;
+    int *sdev = route ? malloc((size_t)nslots * sizeof *sdev) : NULL;
+    if (route) router_ref(lg, E, nslots, sel, wref);
     float *X = rnd((size_t)nx * cols, 1.0f), *X2 = swiglu ? rnd((size_t)nx * cols, 1.0f) : NULL;
     if (special == 1) X[(size_t)(cols / 64 / 2) * 64 + 5] = NAN;
     if (special == 2)
@@ -234,14 +242,18 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
     for (int v = 0; v < (cols > 2048 ? 6 : 5); v++) {
         lily_status st = { 0 };
         char what[160];
-        snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : v == 4 ? "dp R4" : "dp G2",
+        snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : v == 4 ? "dp R4" : "dp G2",
                  bits, n, rows[0], cols, group, E, nslots, xdiv, shared ? "+shared" : "", swiglu ? " swiglu" : "",
-                 special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm ? " add+norm" : "");
+                 special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm ? " add+norm" : "", route ? " routed" : "");
+        const lct_mvroute rt = { lg, E, nslots, sdev, wdev };
+        if (route)
+            for (int j = 0; j < nslots; j++) { sdev[j] = -1; wdev[j] = NAN; }
         if (norm) for (int c = 0; c < cols; c++) tout[c] = NAN;
         /* (the NaN case poisons with 7: NaN is what it wants) */
         for (int i = 0; i < n; i++)
             for (size_t k = 0; k < (size_t)ns * rows[i]; k++) Y[i][k] = special == 1 ? 7.0f : NAN;
-        if (lct_matvec_group(W, n, E, shared ? XM : NULL, norm ? NULL : sel, nslots, xdiv, xrow, X, X2, nx, norm ? &nm : NULL, dps[v], Y, &st)) {
+        if (lct_matvec_group(W, n, E, shared ? XM : NULL, norm ? NULL : sel, nslots, xdiv, xrow, X, X2, nx, norm ? &nm : NULL, dps[v],
+                             route ? &rt : NULL, Y, &st)) {
             printf("%s: %s\n", what, st.msg);
             n_fail++;
             continue;
@@ -268,8 +280,10 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
             } else r = rel(tout, xin, (size_t)cols);
             if (!(r <= 1e-6)) worst = INFINITY;
         }
+        if (route && (memcmp(sdev, sel, (size_t)nslots * sizeof *sel) || !(rel(wdev, wref, (size_t)nslots) <= 1e-6))) worst = INFINITY;
         report(what, worst, 1e-5);
     }
+    free(lg); free(wref); free(wdev); free(sdev);
     for (int i = 0; i < n; i++) { free(ref[i]); free(Y[i]); }
     for (int i = 0; i < n * (E + 1) * 3; i++) free(hold[i]);
     free(hold); free(W); free(sel); free(X); free(X2); free(xin); free(add); free(nw); free(tout);
@@ -1246,6 +1260,11 @@ int main(int argc, char **argv) {
         const int o1[1] = { 37 }, o3[3] = { 45, 8, 1 }, o2[2] = { 70, 33 };
         test_matvec_group(pool, 4, small ? inps : inp, small ? 512 : 2048, 64, 1, 1, 1, 0, 0, 0);
         test_matvec_group(pool, 2, gu, small ? 512 : 2048, 64, small ? 12 : 64, 8, 8, 1, 0, 0);
+        { /* the gate|up launch routing itself (decode's folded top-k), 256 experts as the real model */
+            const int gr[2] = { 64, 64 };
+            test_matvec_group_b(pool, 4, 2, gr, small ? 512 : 2048, 64, small ? 40 : 256, 8, 8, 1, 0, 0, 0, 1);
+            test_matvec_group_b(pool, 4, 2, gr, 256, 64, 9, 3, 3, 0, 0, 0, 0, 1);
+        }
         test_matvec_group(pool, 1, small ? o1 : dn, 512, 64, small ? 12 : 64, 8, 1, 1, 1, 0);
         test_matvec_group(pool, 1, small ? o1 : dn, small ? 1024 : 4096, 64, 1, 1, 1, 0, 0, 0);
         test_matvec_group(pool, 1, o1, 64, 64, 3, 5, 1, 1, 1, 0);
@@ -1265,12 +1284,12 @@ int main(int argc, char **argv) {
         /* 8-bit codes: the router group (the router and the shared expert's gate, one row) with the
          * fused residual and norm, at the real width and odd ones; the slots' form */
         const int rt[2] = { 256, 1 }, rto[2] = { 17, 3 };
-        test_matvec_group_b(pool, 8, 2, rt, small ? 512 : 2048, 64, 1, 1, 1, 0, 0, 0, 1);
-        test_matvec_group_b(pool, 8, 2, rto, 192, 64, 1, 1, 1, 0, 0, 0, 1);
-        test_matvec_group_b(pool, 8, 2, rto, 64, 64, 1, 1, 1, 0, 0, 0, 0);
-        test_matvec_group_b(pool, 8, 2, o2, 1024, 128, 3, 4, 2, 1, 1, 0, 0);
-        test_matvec_group_b(pool, 8, 1, o1, 512, 64, 1, 1, 1, 0, 0, 1, 1);
-        test_matvec_group_b(pool, 4, 2, o2, 1536, 64, 1, 1, 1, 0, 0, 0, 1); /* 4-bit with the norm */
+        test_matvec_group_b(pool, 8, 2, rt, small ? 512 : 2048, 64, 1, 1, 1, 0, 0, 0, 1, 0);
+        test_matvec_group_b(pool, 8, 2, rto, 192, 64, 1, 1, 1, 0, 0, 0, 1, 0);
+        test_matvec_group_b(pool, 8, 2, rto, 64, 64, 1, 1, 1, 0, 0, 0, 0, 0);
+        test_matvec_group_b(pool, 8, 2, o2, 1024, 128, 3, 4, 2, 1, 1, 0, 0, 0);
+        test_matvec_group_b(pool, 8, 1, o1, 512, 64, 1, 1, 1, 0, 0, 1, 1, 0);
+        test_matvec_group_b(pool, 4, 2, o2, 1536, 64, 1, 1, 1, 0, 0, 0, 1, 0); /* 4-bit with the norm */
     }
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
     if (small) {
