@@ -1726,6 +1726,61 @@ __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd,
         o[(size_t)t * nh * hd + (size_t)h * hd + i] = a / Lsh * sigm_f(gate[i]);
     }
 }
+/* Decode's merge of many partials (the GQA form's 64 key splits a head), wide: a block per (token,
+ * head, 32 output columns), its 8 warps each folding every 8th partial online (the loads of 8
+ * partials issued before their sums), then one warp joining the 8 in shared memory. k_attn_merge
+ * read a head's 64 partials with 128 threads, 2 columns each: 16 rounds of loads, 11 us on the
+ * decode step's critical path (bench/RESULTS.md, session 18). */
+#define AMW_WARPS 8
+__global__ void __launch_bounds__(AMW_WARPS * WARP) k_attn_merge_w(const float *part, const float *qg, int nh, int hd, int np,
+                                                                  float *o) {
+    CU_PDL();
+    __shared__ float sm[AMW_WARPS], sl[AMW_WARPS], sa[AMW_WARPS][WARP];
+    const int th = blockIdx.x, t = th / nh, h = th % nh, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int i = blockIdx.y * WARP + lane; /* hd is a multiple of 32 */
+    const float *pp = part + (size_t)th * np * (hd + 2);
+    float M = -INFINITY, L = 0.f, A = 0.f;
+    for (int p0 = warp; p0 < np; p0 += AMW_WARPS * 8) {
+        float m[8], l[8], a[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int p = p0 + AMW_WARPS * k;
+            const float *q = pp + (size_t)p * (hd + 2);
+            m[k] = p < np ? q[0] : -INFINITY;
+            l[k] = p < np ? q[1] : 0.f;
+            a[k] = p < np ? q[2 + i] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            if (m[k] == -INFINITY) continue; /* an empty split */
+            const float mn = fmaxf(M, m[k]), c = expf(M - mn), w = expf(m[k] - mn);
+            L = L * c + l[k] * w;
+            A = A * c + a[k] * w;
+            M = mn;
+        }
+    }
+    if (lane == 0) { sm[warp] = M; sl[warp] = L; }
+    sa[warp][lane] = A;
+    __syncthreads();
+    if (warp) return;
+    float Mx = -INFINITY, Ls = 0.f, As = 0.f;
+#pragma unroll
+    for (int w = 0; w < AMW_WARPS; w++) Mx = fmaxf(Mx, sm[w]);
+#pragma unroll
+    for (int w = 0; w < AMW_WARPS; w++) {
+        const float f = sm[w] == -INFINITY ? 0.f : expf(sm[w] - Mx);
+        Ls += f * sl[w];
+        As += f * sa[w][lane];
+    }
+    const float *gate = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd + hd;
+    o[(size_t)t * nh * hd + (size_t)h * hd + i] = As / Ls * sigm_f(gate[i]);
+}
+/* LILY_CU_MERGE_W=0: decode's merge by k_attn_merge again, for measuring */
+static int merge_w_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_MERGE_W", 1);
+}
+
 /* GQA form: one block per (token, KV head, split) runs the HG query heads that share the KV
  * head together, so each key and value is read once for all of them. R = hd / 32. */
 template <int HG, int R>
@@ -1813,7 +1868,8 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const flo
         cu_go(k_attn, dim3(T * nh, splits), ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
         np = splits * ATT_WARPS;
     }
-    cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o);
+    if (np >= 16 && hd % WARP == 0 && merge_w_enabled()) cu_go(k_attn_merge_w, dim3(T * nh, hd / WARP), AMW_WARPS * WARP, 0, s)(part, qg, nh, hd, np, o);
+    else cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o);
 }
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                   int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {

@@ -8,7 +8,8 @@ A launch's records are its blocks' (start, wait returned, end) in the GPU's nano
 Per launch: 'span' first block start to last block end; 'wait' first block start to the last
 block's return from griddepcontrol.wait (time spent scheduled while the predecessor drained);
 'adds' the launch's last end minus the latest last end of the launches before it (what the step
-would lose if the launch cost nothing and nothing waited on it: the critical path's share)."""
+would lose if the launch cost nothing and nothing waited on it: the critical path's share; 0 for
+the second stream's L2 prefetches, which the step joins only before the lm_head)."""
 import os
 import re
 import struct
@@ -61,14 +62,24 @@ def main():
     src = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "src", "cuda")
     names = sites(src)
     for steps, recs in read(path):
+        # %gridid tells apart only grids that run at the same time (a graph's replays reuse them):
+        # a launch is a (site, gridid)'s run of blocks, a new one starting once a block starts
+        # after every block so far has ended (a launch's blocks all start before the
+        # predecessor's wait returns; the site's previous launch, two or more back, has ended)
         by = defaultdict(list)
         for r in recs:
-            by[r[0]].append(r)
+            by[(r[4], r[0])].append(r)
         launches = []
-        for grid, rs in by.items():
-            t0 = min(r[1] for r in rs)
-            launches.append(dict(grid=grid, site=rs[0][4], blocks=len(rs), t0=t0, t1=max(r[2] for r in rs),
-                                 t2=max(r[3] for r in rs), sms=len(set(r[6] for r in rs))))
+        for (site, grid), rs in by.items():
+            rs.sort(key=lambda r: r[1])
+            cur = []
+            for r in rs + [None]:
+                if cur and (r is None or r[1] > max(c[3] for c in cur)):
+                    launches.append(dict(grid=grid, site=site, blocks=len(cur), t0=cur[0][1], t1=max(c[2] for c in cur),
+                                         t2=max(c[3] for c in cur), sms=len(set(c[6] for c in cur))))
+                    cur = []
+                if r is not None:
+                    cur.append(r)
         launches.sort(key=lambda l: (l["t0"], l["grid"]))
         per = len(launches) // steps
         if per * steps != len(launches):
@@ -84,9 +95,11 @@ def main():
         done = s0
         agg = defaultdict(lambda: [0, 0.0, 0.0])
         for i, l in enumerate(step):
-            adds = max(0, l["t2"] - done)
-            done = max(done, l["t2"])
             name = names.get(l["site"], "site %08x" % l["site"])
+            # the second stream's prefetches join only before the lm_head: off the path
+            side = name.startswith("k_l2_prefetch")
+            adds = 0 if side else max(0, l["t2"] - done)
+            done = done if side else max(done, l["t2"])
             a = agg[name]
             a[0] += 1
             a[1] += (l["t2"] - l["t0"]) / 1e3
