@@ -357,12 +357,12 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         struct { int **p; size_t n; } ii[] = { { &s->d_ids, T }, { &s->d_pos, 1 }, { &s->d_tok, 2 }, { &s->d_step, 1 }, { &s->sel, T * K },
                                                 { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K },
                                                 { &s->tiles, (size_t)cu_moe_max_tiles((int)(T * K), (int)E, 16) },
-                                                { (int **)&s->fcount, 2 } };
+                                                { (int **)&s->fcount, 2 + GDN_DEC_CNT } };
         for (size_t i = 0; i < sizeof ii / sizeof *ii; i++) {
             e = cudaMalloc((void **)ii[i].p, ii[i].n * sizeof(int));
             if (e != cudaSuccess) goto oom;
         }
-        e = cudaMemset(s->fcount, 0, 2 * sizeof(unsigned));
+        e = cudaMemset(s->fcount, 0, (2 + GDN_DEC_CNT) * sizeof(unsigned));
         if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaMemset", __FILE__, __LINE__); goto fail; }
     }
     e = cudaHostAlloc((void **)&s->ring_h, LCU_RING * 2 * sizeof(int), cudaHostAllocMapped);
@@ -518,6 +518,13 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         return;
     }
     float *conv = s->conv + (size_t)li * s->conv_n, *S = s->S + (size_t)li * s->S_n;
+    if (T == 1 && cu_gdn_dec(q, c->lin_nk, nv, c->lin_dk, c->lin_dv, c->conv_k, s->mixed, conv, L->conv_w, s->bb, s->aa, L->A_log,
+                             L->dt_bias, S, s->o, s->zb, L->gnorm, (float)c->eps, s->fcount + 2)) {
+        PM(s, "gdn conv+norm+gates + delta rule + gated norm");
+        proj_out(s, &L->out, s->o, vd, T);
+        PM(s, "gdn out-proj");
+        return;
+    }
     if (T == 1) cu_gdn_prep1(q, s->mixed, conv, L->conv_w, c->conv_k, c->lin_nk, c->lin_dk, vd, s->bb, s->aa, L->A_log, L->dt_bias, nv, s->u, s->g, s->beta);
     else {
         const cu_gates G = { s->bb, s->aa, L->A_log, L->dt_bias, nv, s->g, s->beta };

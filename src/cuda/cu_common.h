@@ -358,6 +358,16 @@ void cu_gdn_prep1(cudaStream_t s, const float *mixed, float *state, const float 
 void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mixed, const float *w, int K, int nk, int dk,
                        int vd, const float *bb, const float *aa, const float *A_log, const float *dt_bias, int nv,
                        float *u, float *g, float *beta);
+/* Decode's DeltaNet step in one launch (one token, one session): cu_gdn_prep1's conv + SiLU + q/k
+ * norm + gates, then the delta rule step and the gated norm (z [nv*dv], gw [dv]) into o [nv*dv];
+ * mixed [cd] the in-projection's q|k|v, state [cd][K-1] the conv state and S [nv][dk][dv] updated;
+ * cnt [GDN_DEC_CNT] zeroed, 0 again after each launch. 0 (nothing launched) for shapes it does
+ * not take (dk = dv = 128, K <= 8, nk <= GDN_DEC_CNT) or with LILY_CU_GDN_DEC=0. */
+#define GDN_DEC_CNT 64
+int cu_gdn_dec_ok(int nk, int nv, int dk, int dv, int K);
+int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
+               const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, const float *z,
+               const float *gw, float eps, unsigned *cnt);
 /* The delta rule step with the gated norm (z, gw) fused when the shape allows, else plain;
  * returns whether the norm was applied. */
 int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, const float *u, int cd,

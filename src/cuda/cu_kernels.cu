@@ -1550,6 +1550,101 @@ int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int
     return 0;
 }
 
+/* Decode's whole DeltaNet step in one launch (k_gdn_prep1's conv + SiLU + q/k norm + gates, then
+ * k_gdn_rec128's step and gated norm, for dk = dv = 128): a block a value head h, 512 threads; threads
+ * 0-255 take the conv of its key head's q | k channels, 256-383 its own value channels. The value
+ * channels' conv state is the block's own; a key head's q | k state is shared by the nv / nk blocks
+ * of its value heads, so the last of them to have read it writes it (cnt [nk], 0 between launches:
+ * the last one to count resets it). The conv state and S are read before the wait on the
+ * predecessor, as k_gdn_rec128 reads S: only this kernel of its layer writes them in decode.
+ * One launch a DeltaNet layer fewer: k_gdn_prep1 added ~3.3 us a layer to the decode step's
+ * critical path (the decode timeline, bench/RESULTS.md session 18). */
+#define GDN_DEC_KMAX 8
+__global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
+                                                     const float *__restrict__ cw, const float *__restrict__ bb, const float *__restrict__ aa,
+                                                     const float *__restrict__ A_log, const float *__restrict__ dt_bias, float *S,
+                                                     float *__restrict__ o, const float *__restrict__ z, const float *__restrict__ gw,
+                                                     float eps, unsigned *cnt) {
+    __shared__ float qkb[256], vsh[128], red[16], red2[16];
+    __shared__ int last;
+    const int dk = 128, dv = 128, tid = threadIdx.x, warp = tid / WARP;
+    const int h = blockIdx.x, j = tid / 4, p = tid % 4, ratio = nv / nk, kh = h / ratio, kd = nk * dk;
+    const int ch = tid < 128 ? kh * dk + tid : tid < 256 ? kd + kh * dk + (tid - 128) : tid < 384 ? 2 * kd + h * dv + (tid - 256) : -1;
+    float *Sh = S + (size_t)h * dk * dv;
+    float sr[32], wk[GDN_DEC_KMAX], cs[GDN_DEC_KMAX];
+#pragma unroll
+    for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + j];
+#pragma unroll
+    for (int i = 0; i < GDN_DEC_KMAX; i++) {
+        wk[i] = ch >= 0 && i < K ? cw[(size_t)ch * K + i] : 0.f;
+        cs[i] = ch >= 0 && i < K - 1 ? state[(size_t)ch * (K - 1) + i] : 0.f;
+    }
+    const float gwj = gw[j], alog = A_log[h], dtb = dt_bias[h];
+    CU_PDL();
+    const float in = ch >= 0 ? mixed[ch] : 0.f, zj = z[(size_t)h * dv + j], bh = bb[h], ah = aa[h];
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < GDN_DEC_KMAX; i++)
+        if (i < K - 1) acc += wk[i] * cs[i];
+    acc += wk[K - 1 < GDN_DEC_KMAX ? K - 1 : 0] * in;
+    const float v = ch >= 0 ? silu_f(acc) : 0.f;
+    /* the q and k heads' L2 norms: warps 0-3 hold q, 4-7 k */
+    const float ss = warp_sum(v * v);
+    if (tid % WARP == 0) red[warp] = ss;
+    __syncthreads();
+    if (tid < 256) {
+        const float tot = tid < 128 ? red[0] + red[1] + red[2] + red[3] : red[4] + red[5] + red[6] + red[7];
+        qkb[tid] = v * (1.0f / sqrtf(tot + 1e-6f) * (tid < 128 ? 1.0f / sqrtf((float)dk) : 1.0f));
+    } else if (tid < 384) vsh[tid - 256] = v;
+    if (tid == 0) { /* every thread of the block has read its state (its values are in acc) */
+        __threadfence();
+        last = atomicAdd(&cnt[kh], 1u) == (unsigned)ratio - 1;
+        if (last) cnt[kh] = 0;
+    }
+    __syncthreads();
+    if (ch >= 0 && K > 1 && (tid >= 256 || last)) {
+        float *st = state + (size_t)ch * (K - 1);
+#pragma unroll
+        for (int i = 0; i + 1 < GDN_DEC_KMAX; i++)
+            if (i + 1 < K - 1) st[i] = cs[i + 1];
+        st[K - 2] = in;
+    }
+    const float beta = sigm_f(bh), x = ah + dtb;
+    const float decay = expf(-expf(alog) * (x > 20.0f ? x : log1pf(expf(x)))), vj = vsh[j];
+    const float *qs = qkb, *ks = qkb + 128;
+    float d = 0.f, out = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * 32 + i]; }
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    d += __shfl_xor_sync(0xffffffffu, d, 2);
+    d = (vj - d) * beta;
+#pragma unroll
+    for (int i = 0; i < 32; i++) { sr[i] += ks[p * 32 + i] * d; out += sr[i] * qs[p * 32 + i]; }
+    out += __shfl_xor_sync(0xffffffffu, out, 1);
+    out += __shfl_xor_sync(0xffffffffu, out, 2);
+    float sq = warp_sum(p == 0 ? out * out : 0.f);
+    if (tid % WARP == 0) red2[warp] = sq;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) tot += red2[i];
+    if (p == 0) o[(size_t)h * dv + j] = out * (1.0f / sqrtf(tot / dv + eps)) * gwj * silu_f(zj);
+#pragma unroll
+    for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + j] = sr[i];
+}
+int cu_gdn_dec_ok(int nk, int nv, int dk, int dv, int K) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_GDN_DEC", 1) && dk == 128 && dv == 128 && K >= 1 && K <= GDN_DEC_KMAX && nk >= 1 &&
+           nk <= GDN_DEC_CNT && nv % nk == 0;
+}
+int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
+               const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, const float *z,
+               const float *gw, float eps, unsigned *cnt) {
+    if (!cu_gdn_dec_ok(nk, nv, dk, dv, K) || !z || !gw || !cnt) return 0;
+    cu_go(k_gdn_dec128, nv, 512, 0, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, z, gw, eps, cnt);
+    return 1;
+}
+
 __global__ void k_gated_norm(float *o, const float *z, const float *gw, int nv, int dv, float eps) {
     CU_PDL();
     __shared__ float sh[32];

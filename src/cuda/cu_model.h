@@ -55,7 +55,8 @@ struct lcuda_session {
                                     * GEMMs that read it next (cu_rmsnorm2p and the other _p forms; cu_backend.cu) */
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
-    unsigned *fcount;              /* [2] block counters, 0 between launches: the fused router group's (mvq_fuse), cu_moe_down_combine's */
+    unsigned *fcount;              /* [2 + GDN_DEC_CNT] block counters, 0 between launches: the fused router group's (mvq_fuse),
+                                    * cu_moe_down_combine's, then cu_gdn_dec's (one a key head) */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;

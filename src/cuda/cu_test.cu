@@ -637,3 +637,39 @@ lily_code lct_sample(const float *logits, int V, const lily_sampling *p, const i
     cu_sampler_free(c);
     return rc;
 }
+
+lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *mixed, float *state, const float *cw, const float *bb,
+                      const float *aa, const float *A_log, const float *dt_bias, float *S, const float *z, const float *gw, float eps,
+                      float *o, lily_status *st) {
+    const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv;
+    dlist L = { {0}, 0 };
+    lily_code rc = fused && !cu_gdn_dec_ok(nk, nv, dk, dv, K) ? lily_err(st, LILY_EINVAL, "cu_gdn_dec does not take the shape") : LILY_OK;
+    float *dm = (float *)dput(&L, mixed, (size_t)steps * cd * 4, st, &rc), *ds = (float *)dput(&L, state, (size_t)cd * (K - 1) * 4, st, &rc);
+    float *dw = (float *)dput(&L, cw, (size_t)cd * K * 4, st, &rc), *db = (float *)dput(&L, bb, (size_t)steps * nv * 4, st, &rc);
+    float *da = (float *)dput(&L, aa, (size_t)steps * nv * 4, st, &rc), *dal = (float *)dput(&L, A_log, (size_t)nv * 4, st, &rc);
+    float *ddt = (float *)dput(&L, dt_bias, (size_t)nv * 4, st, &rc), *dS = (float *)dput(&L, S, (size_t)nv * dk * dv * 4, st, &rc);
+    float *dz = (float *)dput(&L, z, (size_t)steps * vd * 4, st, &rc), *dgw = (float *)dput(&L, gw, (size_t)dv * 4, st, &rc);
+    float *dout = (float *)dput(&L, NULL, (size_t)steps * vd * 4, st, &rc), *du = (float *)dput(&L, NULL, (size_t)cd * 4, st, &rc);
+    float *dg = (float *)dput(&L, NULL, (size_t)nv * 4, st, &rc), *dbeta = (float *)dput(&L, NULL, (size_t)nv * 4, st, &rc);
+    unsigned *dc = (unsigned *)dput(&L, NULL, GDN_DEC_CNT * 4, st, &rc);
+    if (!rc && cudaMemset(dc, 0, GDN_DEC_CNT * 4) != cudaSuccess) rc = lily_err(st, LILY_EDEVICE, "cudaMemset");
+    for (int t = 0; t < steps && !rc; t++) { /* one launch a token, as decode runs them */
+        const float *m = dm + (size_t)t * cd, *b = db + (size_t)t * nv, *a = da + (size_t)t * nv, *zt = dz + (size_t)t * vd;
+        float *ot = dout + (size_t)t * vd;
+        if (fused) cu_gdn_dec(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, zt, dgw, eps, dc);
+        else {
+            cu_gdn_prep1(0, m, ds, dw, K, nk, dk, nv * dv, b, a, dal, ddt, nv, du, dg, dbeta);
+            if (!cu_gdn_rec_norm(0, 1, nk, nv, dk, dv, du, cd, dg, dbeta, dS, ot, zt, dgw, eps)) rc = lily_err(st, LILY_EINVAL, "no fused norm");
+        }
+    }
+    rc = finish(st, rc);
+    unsigned hc[GDN_DEC_CNT];
+    if (!rc) rc = dget(o, dout, (size_t)steps * vd * 4, st);
+    if (!rc) rc = dget(state, ds, (size_t)cd * (K - 1) * 4, st);
+    if (!rc) rc = dget(S, dS, (size_t)nv * dk * dv * 4, st);
+    if (!rc) rc = dget(hc, dc, sizeof hc, st);
+    for (int i = 0; i < GDN_DEC_CNT && !rc; i++)
+        if (hc[i]) rc = lily_err(st, LILY_EINVAL, "cu_gdn_dec left its counter %d at %u", i, hc[i]);
+    dfree(&L);
+    return rc;
+}

@@ -705,6 +705,76 @@ static void test_gdn(int T, int nk, int nv, int dk, int dv) {
     free(u); free(g); free(beta); free(S0); free(S); free(Sref); free(o); free(oref); free(gh); free(bh);
 }
 
+/* Decode's DeltaNet step, fused (cu_gdn_dec) and as two launches, over several tokens (the fused
+ * form's shared q|k conv state written once a key head, its counters back at 0) against a
+ * reference of double-precision conv, norms and gates and the CPU's recurrence: outputs after the
+ * gated norm, the conv state and S after the last token. */
+static void test_gdn_dec(int steps, int nk, int nv, int K) {
+    const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv, kd = nk * dk;
+    const float eps = 1e-6f;
+    float *mixed = rnd((size_t)steps * cd, 1.0f), *state0 = rnd((size_t)cd * (K - 1), 1.0f), *cw = rnd((size_t)cd * K, 0.5f);
+    float *bb = rnd((size_t)steps * nv, 3.0f), *aa = rnd((size_t)steps * nv, 4.0f), *al = rnd((size_t)nv, 1.0f), *dt = rnd((size_t)nv, 2.0f);
+    float *z = rnd((size_t)steps * vd, 2.0f), *gw = rnd((size_t)dv, 1.0f), *S0 = rnd((size_t)nv * dk * dv, 0.1f);
+    float *sref = malloc((size_t)cd * (K - 1) * 4), *Sref = malloc((size_t)nv * dk * dv * 4), *oref = malloc((size_t)steps * vd * 4);
+    float *u = malloc((size_t)cd * 4), *ob = malloc((size_t)vd * 4);
+    memcpy(sref, state0, (size_t)cd * (K - 1) * 4);
+    memcpy(Sref, S0, (size_t)nv * dk * dv * 4);
+    for (int t = 0; t < steps; t++) {
+        const float *m = mixed + (size_t)t * cd;
+        for (int ch = 0; ch < cd; ch++) {
+            float *cs = sref + (size_t)ch * (K - 1);
+            double a = (double)cw[(size_t)ch * K + K - 1] * m[ch];
+            for (int j = 0; j < K - 1; j++) a += (double)cw[(size_t)ch * K + j] * cs[j];
+            u[ch] = (float)(a / (1.0 + exp(-a)));
+            for (int j = 0; j + 1 < K - 1; j++) cs[j] = cs[j + 1];
+            if (K > 1) cs[K - 2] = m[ch];
+        }
+        for (int hh = 0; hh < 2 * nk; hh++) {
+            float *v = u + (size_t)hh * dk;
+            double ss = 0;
+            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+            const double r = 1.0 / sqrt(ss + 1e-6) * (hh < nk ? 1.0 / sqrt((double)dk) : 1.0);
+            for (int i = 0; i < dk; i++) v[i] = (float)(v[i] * r);
+        }
+        for (int h = 0; h < nv; h++) {
+            const int kh = h / (nv / nk);
+            const double x = (double)aa[(size_t)t * nv + h] + dt[h];
+            const float g = (float)(-exp((double)al[h]) * (x > 20.0 ? x : log1p(exp(x))));
+            const float beta = (float)(1.0 / (1.0 + exp(-(double)bb[(size_t)t * nv + h])));
+            cpu_gdn_recurrent(1, dk, dv, u + (size_t)kh * dk, cd, u + kd + (size_t)kh * dk, cd, u + 2 * kd + (size_t)h * dv, cd, &g, &beta,
+                              Sref + (size_t)h * dk * dv, ob + (size_t)h * dv, vd);
+            double ss = 0;
+            for (int j = 0; j < dv; j++) ss += (double)ob[h * dv + j] * ob[h * dv + j];
+            const double r = 1.0 / sqrt(ss / dv + eps);
+            for (int j = 0; j < dv; j++) {
+                const double zz = z[(size_t)t * vd + h * dv + j];
+                oref[(size_t)t * vd + h * dv + j] = (float)(ob[h * dv + j] * r * gw[j] * (zz / (1.0 + exp(-zz))));
+            }
+        }
+    }
+    float *st_ = malloc((size_t)cd * (K - 1) * 4), *S = malloc((size_t)nv * dk * dv * 4), *o = malloc((size_t)steps * vd * 4);
+    for (int fused = 1; fused >= 0; fused--) {
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "gdn decode step %s steps=%d nk=%d nv=%d K=%d (out, conv state, S)", fused ? "fused" : "prep+rec", steps, nk,
+                 nv, K);
+        memcpy(st_, state0, (size_t)cd * (K - 1) * 4);
+        memcpy(S, S0, (size_t)nv * dk * dv * 4);
+        for (size_t i = 0; i < (size_t)steps * vd; i++) o[i] = NAN;
+        if (lct_gdn_dec(fused, steps, nk, nv, K, mixed, st_, cw, bb, aa, al, dt, S, z, gw, eps, o, &st)) {
+            printf("%s: %s\n", what, st.msg);
+            n_fail++;
+            continue;
+        }
+        double e = rel(o, oref, (size_t)steps * vd), e2 = rel(S, Sref, (size_t)nv * dk * dv), e3 = rel(st_, sref, (size_t)cd * (K - 1));
+        if (!(e2 <= e)) e = e2;
+        if (!(e3 <= e)) e = e3;
+        report(what, e, 1e-4);
+    }
+    free(mixed); free(state0); free(cw); free(bb); free(aa); free(al); free(dt); free(z); free(gw); free(S0);
+    free(sref); free(Sref); free(oref); free(u); free(ob); free(st_); free(S); free(o);
+}
+
 static void test_rmsnorm(int n, int T) {
     float *x = rnd((size_t)T * n, 2.0f), *add = rnd((size_t)T * n, 1.0f), *w = rnd(n, 1.0f);
     float *y = malloc((size_t)T * n * 4), *xo = malloc((size_t)T * n * 4), *ref = malloc((size_t)T * n * 4), *xs = malloc((size_t)T * n * 4);
@@ -1356,6 +1426,9 @@ int main(int argc, char **argv) {
     test_conv(2, 512, 4, 1, 128, 3); /* fewer tokens than taps, with gates: the state from both */
     test_conv(9, 320, 4, 1, 64, 0);
     test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
+    test_gdn_dec(3, small ? 2 : 16, small ? 4 : 32, 4); /* the 35B-A3B heads, its conv of 4 taps */
+    test_gdn_dec(2, 3, 3, 3);
+    test_gdn_dec(2, 1, 4, 1);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
     test_gdn(9, 1, 3, 40, 24);
