@@ -212,6 +212,15 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
         e = xsl ? 0 : rs[slot];
     } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
+    /* an expert's first group is fetched as soon as its index is known, before the staging (its
+     * loads in flight while the input is read and split, as a dense matrix's are before the wait);
+     * LILY_CU_MVDP_EPF=0 (a.f.epf, set by the launcher) fetches it after, for measuring */
+    if (eidx && a.f.epf && tile < ntiles && sub < ng) {
+        t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
+        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+        dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
+        have = true;
+    }
     dp_stage(a, x, X2 ? x2 : NULL, cols, dxs);
     for (; tile < ntiles; tile += gridDim.x * nwb) {
         mi = 0;
@@ -405,6 +414,8 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     const int g2 = lpr == 32 && ng > 32 && bits == 4 && (test_r == 3 || (test_r == 0 && cu_env_flag(&g2e, "LILY_CU_MVDP_G2", 0)));
     if (g2) R = 2;
     mvq_args a = *in;
+    static int epf = -1;
+    a.f.epf = cu_env_flag(&epf, "LILY_CU_MVDP_EPF", 1);
     const int rpt = (32 / lpr) * R;
     int nt = 0;
     for (int i = 0; i < a.n; i++) {
