@@ -95,9 +95,10 @@ emu_unit test_batch "cuda backend" 'largest rel err.*'
 seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 kernel_test "--small --seed $seed" -- --small --seed "$seed"
 # the same in a random order of blocks, warps and lanes: results must not depend on it; and the
-# matrix-vector kernel's blocks capped at 2 a row of slots, so each walks many tiles of rows
-kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" \
-  LILY_CU_MVQ_BLOCKS=2 -- --small --seed "$seed"
+# matrix-vector kernel's blocks capped at 2 a row of slots, so each walks many tiles of rows; and
+# k_mvdp's experts fetching their first codes before the staging (LILY_CU_MVDP_EPF=1, off by default)
+kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1" LILY_EMU_ORDER=random \
+  LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 -- --small --seed "$seed"
 # the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default
 kernel_test "--small, LILY_CU_MVTC=0" LILY_CU_MVTC=0 -- --small --seed "$seed"
 # the wmma GEMM (cu_gemm.cu) where k_gemm_tc takes the 4-bit matrices by default, and the SIMT

@@ -132,7 +132,7 @@ typedef struct {
     const float *rlog;
     int *rsel;
     float *rwt;
-    int epf; /* k_mvdp (set by its launcher): an expert's first codes fetched before the input's staging */
+    int epf; /* k_mvdp (set by its launcher; LILY_CU_MVDP_EPF=1): an expert's first codes fetched before the input's staging */
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];

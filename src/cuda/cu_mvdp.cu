@@ -212,9 +212,12 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
         e = xsl ? 0 : rs[slot];
     } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-    /* an expert's first group is fetched as soon as its index is known, before the staging (its
-     * loads in flight while the input is read and split, as a dense matrix's are before the wait);
-     * LILY_CU_MVDP_EPF=0 (a.f.epf, set by the launcher) fetches it after, for measuring */
+    /* LILY_CU_MVDP_EPF=1 (a.f.epf, set by the launcher): an expert's first group fetched as soon
+     * as its index is known, before the staging, as a dense matrix's is before the wait. Off: on
+     * the H200 it made decode slower (tg128 469.0 against 481.7 after, bench/RESULTS.md session
+     * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
+     * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
+     * the codes' misses (untested guess). */
     if (eidx && a.f.epf && tile < ntiles && sub < ng) {
         t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
@@ -415,7 +418,7 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     if (g2) R = 2;
     mvq_args a = *in;
     static int epf = -1;
-    a.f.epf = cu_env_flag(&epf, "LILY_CU_MVDP_EPF", 1);
+    a.f.epf = cu_env_flag(&epf, "LILY_CU_MVDP_EPF", 0);
     const int rpt = (32 / lpr) * R;
     int nt = 0;
     for (int i = 0; i < a.n; i++) {
