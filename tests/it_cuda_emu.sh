@@ -99,8 +99,9 @@ kernel_test "--small --seed $seed" -- --small --seed "$seed"
 # k_mvdp's experts fetching their first codes before the staging (LILY_CU_MVDP_EPF=1, off by default)
 kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1" LILY_EMU_ORDER=random \
   LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 -- --small --seed "$seed"
-# the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default
-kernel_test "--small, LILY_CU_MVTC=0" LILY_CU_MVTC=0 -- --small --seed "$seed"
+# the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default;
+# k_mvdp's routing warp before the staging rather than beside it (LILY_CU_ROUTE_OVL=0)
+kernel_test "--small, LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0" LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 -- --small --seed "$seed"
 # the wmma GEMM (cu_gemm.cu) where k_gemm_tc takes the 4-bit matrices by default, and the SIMT
 # attention where k_attn_tc takes the 35B-A3B heads
 kernel_test "--small, LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0" LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 -- --small --seed "$seed"

@@ -133,6 +133,7 @@ typedef struct {
     int *rsel;
     float *rwt;
     int epf; /* k_mvdp (set by its launcher; LILY_CU_MVDP_EPF=1): an expert's first codes fetched before the input's staging */
+    int rovl; /* k_mvdp (set by its launcher): with rlog, the routing warp beside the staging (LILY_CU_ROUTE_OVL) */
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];

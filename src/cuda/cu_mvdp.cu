@@ -60,7 +60,9 @@ __device__ __forceinline__ float dp_in(const float *x, const float *x2, int i) {
 /* With the fused residual and norm (a.f.add, the router group's launch, as k_mvq's mvq_stage):
  * the input is rmsnorm(x + add) * nw, the sum of squares over the whole row first (a block
  * reduction), and block (0, 0) writes it to tout, where the experts' launch reads it. */
-__device__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int cols, uint4 *xs) {
+/* t0 (a multiple of 32, no norm): threads below it skip the staging (the routing warp, busy
+ * meanwhile) and meet the others at its closing barrier. */
+__device__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int cols, uint4 *xs, int t0 = 0) {
     const int nw = cols / 8;
     uint32_t *xw = (uint32_t *)xs;
     const float *add = a.f.add;
@@ -80,8 +82,9 @@ __device__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int
         r = 1.0f / sqrtf(ss / cols + a.f.eps);
     }
     const bool wr = add && blockIdx.x == 0 && blockIdx.y == 0;
-    for (int w0 = 0; w0 < nw; w0 += blockDim.x) { /* (nw a multiple of 8: a group's lanes all in or all out) */
-        const int w = w0 + threadIdx.x;
+    for (int w0 = 0; w0 < nw; w0 += blockDim.x - t0) { /* (nw a multiple of 8: a group's lanes all in or all out) */
+        if ((int)threadIdx.x < t0) break;
+        const int w = w0 + threadIdx.x - t0;
         float v[8], s = 0.f, m = 0.f;
         bool bad = false;
         if (w < nw)
@@ -202,15 +205,14 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     }
     CU_PDL();
     const float *x = X, *x2 = X2;
-    if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory */
-        if (warp == 0) route_ld<8>(a.f.rlog, a.f.E, a.f.K, rs, rw);
-        __syncthreads();
-        if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
-            a.f.rsel[threadIdx.x] = rs[threadIdx.x];
-            a.f.rwt[threadIdx.x] = rw[threadIdx.x];
-        }
+    int t0 = 0;
+    if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
+                     * while the other warps stage the input (the slot's input row is the token's,
+                     * whichever expert); dp_stage's closing barrier publishes rs and rw */
         mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
-        e = xsl ? 0 : rs[slot];
+        if (warp == 0) route_ld<8>(a.f.rlog, a.f.E, a.f.K, rs, rw);
+        if (a.f.rovl) t0 = WARP;
+        else __syncthreads(); /* (LILY_CU_ROUTE_OVL=0: then the staging by every warp) */
     } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
     /* LILY_CU_MVDP_EPF=1 (a.f.epf, set by the launcher): an expert's first group fetched as soon
      * as its index is known, before the staging, as a dense matrix's is before the wait. Off: on
@@ -218,13 +220,21 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
      * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
      * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
      * the codes' misses (untested guess). */
-    if (eidx && a.f.epf && tile < ntiles && sub < ng) {
+    if (a.f.rlog && !t0) e = xsl ? 0 : rs[slot];
+    if (eidx && a.f.epf && !t0 && tile < ntiles && sub < ng) { /* (routing beside the staging: e not known yet) */
         t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
         dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
         have = true;
     }
-    dp_stage(a, x, X2 ? x2 : NULL, cols, dxs);
+    dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0);
+    if (a.f.rlog) {
+        if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
+            a.f.rsel[threadIdx.x] = rs[threadIdx.x];
+            a.f.rwt[threadIdx.x] = rw[threadIdx.x];
+        }
+        e = xsl ? 0 : rs[slot];
+    }
     for (; tile < ntiles; tile += gridDim.x * nwb) {
         mi = 0;
         t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
@@ -419,6 +429,8 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     mvq_args a = *in;
     static int epf = -1;
     a.f.epf = cu_env_flag(&epf, "LILY_CU_MVDP_EPF", 0);
+    static int rovl = -1; /* LILY_CU_ROUTE_OVL=0: the routing warp, then the staging, for measuring */
+    a.f.rovl = in->f.rlog && !in->f.add && cu_env_flag(&rovl, "LILY_CU_ROUTE_OVL", 1);
     const int rpt = (32 / lpr) * R;
     int nt = 0;
     for (int i = 0; i < a.n; i++) {
