@@ -1421,6 +1421,24 @@ void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mix
     cu_go(k_gdn_prep1, nb, 128, 0, s)(mixed, NULL, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta, *R);
 }
 
+/* One delta rule step of state column j, its 128 rows over the four threads p of a quad (32 in
+ * each one's sr): decay, d = (v_j - S_j . k) beta, S_j += k d, and the column's output S_j . q,
+ * which every thread of the quad returns. */
+__device__ __forceinline__ float gdn_col_step(float (&sr)[32], const float *qs, const float *ks, int p, float decay, float vj,
+                                              float beta) {
+    float d = 0.f, out = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * 32 + i]; }
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    d += __shfl_xor_sync(0xffffffffu, d, 2);
+    d = (vj - d) * beta;
+#pragma unroll
+    for (int i = 0; i < 32; i++) { sr[i] += ks[p * 32 + i] * d; out += sr[i] * qs[p * 32 + i]; }
+    out += __shfl_xor_sync(0xffffffffu, out, 1);
+    out += __shfl_xor_sync(0xffffffffu, out, 2);
+    return out;
+}
+
 /* One block per value head. Fast form (dk = 128): four threads per state column j, each
  * holding 32 rows of column j of S in registers; the generic form keeps S in global memory
  * with one thread per column. */
@@ -1471,16 +1489,7 @@ __global__ void __launch_bounds__(512) k_gdn_rec128(int T, int nk, int nv, int d
             nb = beta[(size_t)(t + 1) * nv + h];
             if (z) nz = z[(size_t)(t + 1) * nv * dv + (size_t)h * dv + j];
         }
-        float d = 0, out = 0;
-#pragma unroll
-        for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * 32 + i]; }
-        d += __shfl_xor_sync(0xffffffffu, d, 1);
-        d += __shfl_xor_sync(0xffffffffu, d, 2);
-        d = (vj - d) * b;
-#pragma unroll
-        for (int i = 0; i < 32; i++) { sr[i] += ks[p * 32 + i] * d; out += sr[i] * qs[p * 32 + i]; }
-        out += __shfl_xor_sync(0xffffffffu, out, 1);
-        out += __shfl_xor_sync(0xffffffffu, out, 2);
+        const float out = gdn_col_step(sr, qs, ks, p, decay, vj, b);
         size_t oi = (size_t)t * nv * dv + (size_t)h * dv + j;
         if (z) { /* fused gated RMSNorm of the head's dv outputs (each column counted once) */
             float sq = p == 0 ? out * out : 0.f;
@@ -1611,17 +1620,7 @@ __global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const
     }
     const float beta = sigm_f(bh), x = ah + dtb;
     const float decay = expf(-expf(alog) * (x > 20.0f ? x : log1pf(expf(x)))), vj = vsh[j];
-    const float *qs = qkb, *ks = qkb + 128;
-    float d = 0.f, out = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * 32 + i]; }
-    d += __shfl_xor_sync(0xffffffffu, d, 1);
-    d += __shfl_xor_sync(0xffffffffu, d, 2);
-    d = (vj - d) * beta;
-#pragma unroll
-    for (int i = 0; i < 32; i++) { sr[i] += ks[p * 32 + i] * d; out += sr[i] * qs[p * 32 + i]; }
-    out += __shfl_xor_sync(0xffffffffu, out, 1);
-    out += __shfl_xor_sync(0xffffffffu, out, 2);
+    const float out = gdn_col_step(sr, qkb, qkb + 128, p, decay, vj, beta);
     float sq = warp_sum(p == 0 ? out * out : 0.f);
     if (tid % WARP == 0) red2[warp] = sq;
     __syncthreads();
