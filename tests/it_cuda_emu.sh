@@ -100,8 +100,10 @@ kernel_test "--small --seed $seed" -- --small --seed "$seed"
 kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1" LILY_EMU_ORDER=random \
   LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 -- --small --seed "$seed"
 # the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default;
-# k_mvdp's routing warp before the staging rather than beside it (LILY_CU_ROUTE_OVL=0)
-kernel_test "--small, LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0" LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 -- --small --seed "$seed"
+# k_mvdp's routing warp before the staging rather than beside it (LILY_CU_ROUTE_OVL=0); greedy's
+# two-read first pass (LILY_CU_ARGMAX1=0)
+kernel_test "--small, LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 LILY_CU_ARGMAX1=0" LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 LILY_CU_ARGMAX1=0 \
+  -- --small --seed "$seed"
 # the wmma GEMM (cu_gemm.cu) where k_gemm_tc takes the 4-bit matrices by default, and the SIMT
 # attention where k_attn_tc takes the 35B-A3B heads
 kernel_test "--small, LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0" LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 -- --small --seed "$seed"
@@ -153,11 +155,12 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny --heads 16"; fi
 # its first row, its staging mixing the odd columns' bytes into the even ones', its 8-bit codes meeting
 # the wrong columns' input or its two-group form reusing the first group's codes, decode attention's merge taking half the partials' maximum or
 # joining all warps' partials but the last's, the integer kernel routing itself giving every slot the first expert, decode's fused DeltaNet
-# step letting a key head's first block write the conv state the others still read,
+# step letting a key head's first block write the conv state the others still read, greedy's one-read
+# first pass giving ties to the higher index,
 # the wgmma GEMM's B operand with two lanes' words swapped, the fp16 keys' pairs holding one key twice) must fail the
 # kernel test, or, where it writes past a buffer (the sort's scatter does at some seeds: CI saw
 # glibc abort on the heap it had overwritten), be stopped there by the emulator's red zones
-for m in gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dc-last-early sort-one-batch; do
+for m in argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dc-last-early sort-one-batch; do
   # -O1 without debug info: the mutant builds are the slow part of this test
   if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
     tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue

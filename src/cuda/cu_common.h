@@ -438,7 +438,8 @@ int cu_moe_down_combine(cudaStream_t s, const dmat *D, const dmat *SD, const int
                         unsigned *count);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
-void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part /* [3 * CU_ARGMAX_PARTS] scratch */);
+#define CU_ARGMAX_PARTS1 256 /* k_argmax_part1's blocks (the default) */
+void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part /* [3 * CU_ARGMAX_PARTS1] scratch */);
 void cu_set_int(cudaStream_t s, int *p, int v);
 /* A kernel of this build, to ask the runtime whether the GPU can run it. */
 const void *cu_probe_kernel(void);

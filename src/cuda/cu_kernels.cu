@@ -2337,7 +2337,50 @@ __global__ void k_argmax_fin(const float *part, int np, int *out) {
         out[1] = __float_as_int(-logf(sum));
     }
 }
+/* (max, its lowest index, sum of exp(v - max)) pairs joined: the larger max (the lower index on
+ * ties; bi 0x7fffffff: none yet), each sum rescaled to it (a sum under a -inf max is 0) */
+__device__ __forceinline__ void amx_join(float &bv, int &bi, float &sum, float ov, int oi, float os) {
+    const float m = fmaxf(bv, ov);
+    const float s1 = bv == -INFINITY ? 0.f : sum * expf(bv - m), s2 = ov == -INFINITY ? 0.f : os * expf(ov - m);
+    if (oi != 0x7fffffff && (bi == 0x7fffffff || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+    sum = s1 + s2;
+}
+/* The first pass in one read: a thread keeps its running maximum, the lowest index holding it and
+ * the sum of exp(v - max) rescaled when the maximum rises, over CU_ARGMAX_PARTS1 blocks (~4 logits
+ * a thread at the 248k vocabulary, their loads issued together). k_argmax_part read its 64 ranges
+ * twice, ~15 loads a thread each time: 14 us on the decode step's path (bench/RESULTS.md session 18). */
+__global__ void __launch_bounds__(256) k_argmax_part1(const float *__restrict__ x, int V, float *part) {
+    CU_PDL();
+    __shared__ float sv[8], ss[8];
+    __shared__ int si[8];
+    const int per = (V + gridDim.x - 1) / gridDim.x, i0 = blockIdx.x * per, i1 = min(V, i0 + per);
+    float bv = -INFINITY, sum = 0.f;
+    int bi = 0x7fffffff;
+#pragma unroll 4
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        float v = x[i];
+        if (v != v) v = -INFINITY; /* NaN: never chosen, not in the sum */
+        amx_join(bv, bi, sum, v, i, 1.f);
+    }
+    for (int o = 16; o; o >>= 1)
+        amx_join(bv, bi, sum, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o),
+                 __shfl_xor_sync(0xffffffffu, sum, o));
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    if (lane == 0) { sv[w] = bv; si[w] = bi; ss[w] = sum; }
+    __syncthreads();
+    if (threadIdx.x) return;
+    for (int k = 1; k < (int)(blockDim.x / WARP); k++) amx_join(bv, bi, sum, sv[k], si[k], ss[k]);
+    part[3 * blockIdx.x] = bv;
+    part[3 * blockIdx.x + 1] = __int_as_float(bi);
+    part[3 * blockIdx.x + 2] = sum;
+}
 void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part) {
+    static int one = -1; /* LILY_CU_ARGMAX1=0: the two-read first pass, for measuring */
+    if (cu_env_flag(&one, "LILY_CU_ARGMAX1", 1)) {
+        cu_go(k_argmax_part1, CU_ARGMAX_PARTS1, 256, 0, s)(logits, V, part);
+        cu_go(k_argmax_fin, 1, WARP, 0, s)(part, CU_ARGMAX_PARTS1, out);
+        return;
+    }
     cu_go(k_argmax_part, CU_ARGMAX_PARTS, 256, 0, s)(logits, V, part);
     cu_go(k_argmax_fin, 1, WARP, 0, s)(part, CU_ARGMAX_PARTS, out);
 }

@@ -607,7 +607,7 @@ lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st) {
     lily_code rc = LILY_OK;
     float *dx = (float *)dput(&L, x, (size_t)V * 4, st, &rc);
     int *dout = (int *)dput(&L, NULL, 8, st, &rc);
-    float *dp = (float *)dput(&L, NULL, 3 * CU_ARGMAX_PARTS * 4, st, &rc);
+    float *dp = (float *)dput(&L, NULL, 3 * CU_ARGMAX_PARTS1 * 4, st, &rc);
     if (!rc) cu_argmax(0, dx, V, dout, dp);
     rc = finish(st, rc);
     if (!rc) rc = dget(out, dout, 8, st);

@@ -953,6 +953,8 @@ static void test_argmax(int V) {
     int at = (int)(lily_rng_u64(&rng) % (uint64_t)V);
     x[at] = 50.0f;
     if (at + 1 < V) x[V - 1] = 50.0f; /* a tie: the lower id wins */
+    for (int d = 1; d <= 256; d += 255) /* ties in the same warp and the same thread of a block too */
+        if (at + d < V - 1) x[at + d] = 50.0f;
     int nan_at = (at + V / 2) % V;
     if (V > 2 && nan_at != at && nan_at != V - 1) x[nan_at] = NAN; /* never chosen, not in the sum */
     double sum = 0;
