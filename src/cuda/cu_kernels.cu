@@ -1580,22 +1580,22 @@ __global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const
     const int h = blockIdx.x, j = tid / 4, p = tid % 4, ratio = nv / nk, kh = h / ratio, kd = nk * dk;
     const int ch = tid < 128 ? kh * dk + tid : tid < 256 ? kd + kh * dk + (tid - 128) : tid < 384 ? 2 * kd + h * dv + (tid - 256) : -1;
     float *Sh = S + (size_t)h * dk * dv;
-    float sr[32], wk[GDN_DEC_KMAX], cs[GDN_DEC_KMAX];
+    float sr[32], wk[GDN_DEC_KMAX], cs[GDN_DEC_KMAX]; /* (indexed by constants only: registers, not a stack frame) */
 #pragma unroll
     for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + j];
 #pragma unroll
     for (int i = 0; i < GDN_DEC_KMAX; i++) {
-        wk[i] = ch >= 0 && i < K ? cw[(size_t)ch * K + i] : 0.f;
+        wk[i] = ch >= 0 && i < K - 1 ? cw[(size_t)ch * K + i] : 0.f;
         cs[i] = ch >= 0 && i < K - 1 ? state[(size_t)ch * (K - 1) + i] : 0.f;
     }
-    const float gwj = gw[j], alog = A_log[h], dtb = dt_bias[h];
+    const float wl = ch >= 0 ? cw[(size_t)ch * K + K - 1] : 0.f, gwj = gw[j], alog = A_log[h], dtb = dt_bias[h];
     CU_PDL();
     const float in = ch >= 0 ? mixed[ch] : 0.f, zj = z[(size_t)h * dv + j], bh = bb[h], ah = aa[h];
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < GDN_DEC_KMAX; i++)
         if (i < K - 1) acc += wk[i] * cs[i];
-    acc += wk[K - 1 < GDN_DEC_KMAX ? K - 1 : 0] * in;
+    acc += wl * in;
     const float v = ch >= 0 ? silu_f(acc) : 0.f;
     /* the q and k heads' L2 norms: warps 0-3 hold q, 4-7 k */
     const float ss = warp_sum(v * v);
