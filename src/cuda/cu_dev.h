@@ -444,12 +444,13 @@ static int mvq_grid(K kern, mvq_kstate &ks, int tiles, int nslots, int one_a_til
     int walk = (tiles + cap - 1) / cap;
     return (tiles + walk - 1) / walk;
 }
-/* ---- warp reductions and the router's top-k (k_router_topk, and k_mvdp routing itself) ---- */
-__device__ __forceinline__ float warp_sum(float v) {
+/* ---- warp reductions and the router's top-k (k_router_topk, and k_mvdp routing itself) ----
+ * static: each unit its own copy, so the emulator's mutants (cu2cpp.py) can break cu_kernels.cu's alone */
+static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ float warp_max(float v) {
+static __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
@@ -462,7 +463,7 @@ __device__ __forceinline__ float warp_max(float v) {
  * 18.6 -> 12.9 us at 512 tokens, bench/RESULTS.md session 13). Both give the same choices and weights bit for bit.
  * Logits are read past L1 (__ldcg): in k_mvq's fused form other blocks wrote them in this launch. */
 template <int NV>
-__device__ __forceinline__ void route_regs(float (&v)[NV], int E, int K, int *sel, float *wt) {
+static __device__ __forceinline__ void route_regs(float (&v)[NV], int E, int K, int *sel, float *wt) {
     const int lane = threadIdx.x % WARP;
     float mx = -INFINITY;
 #pragma unroll
@@ -500,7 +501,7 @@ __device__ __forceinline__ void route_regs(float (&v)[NV], int E, int K, int *se
 }
 
 template <int NV>
-__device__ __forceinline__ void route_ld(const float *lg, int E, int K, int *sel, float *wt) {
+static __device__ __forceinline__ void route_ld(const float *lg, int E, int K, int *sel, float *wt) {
     const int lane = threadIdx.x % WARP;
     float v[NV];
 #pragma unroll

@@ -23,7 +23,8 @@ another; other files are converted unchanged); the named pattern must occur exac
 import re
 import sys
 
-# name -> (original text, broken text, what it breaks[, the file it applies to: cu_kernels.cu])
+# name -> (original text, broken text, what it breaks[, the file it applies to: cu_kernels.cu[, for a header,
+# the unit that takes the broken header in place of its #include]])
 MUTANTS = {
     "sort-one-batch": ("const int per = SORT_R * blockDim.x, one = n <= per;",
                        "const int per = SORT_R * blockDim.x, one = 1;",
@@ -36,13 +37,13 @@ MUTANTS = {
                           "block_sum reads the per-warp partials without the barrier"),
     "warp-sum-half": ("for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
                       "for (int o = 8; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);",
-                      "warp_sum adds only 16 of the 32 lanes"),
+                      "warp_sum adds only 16 of the 32 lanes", "cu_dev.h", "cu_kernels.cu"),
     "router-no-syncwarp": ("        if (lane == 0) p[bi] = -2.0f; /* taken */\n        __syncwarp();\n",
                            "        if (lane == 0) p[bi] = -2.0f; /* taken */\n",
                            "k_router_topk's lanes read the probabilities before lane 0 marks the expert taken"),
     "route-regs-tie": ("            if (v[i] > bv) { bv = v[i]; bi = lane + WARP * i; }",
                        "            if (v[i] >= bv) { bv = v[i]; bi = lane + WARP * i; }",
-                       "route_regs gives a tie within a lane to the higher expert id"),
+                       "route_regs gives a tie within a lane to the higher expert id", "cu_dev.h", "cu_kernels.cu"),
     "tf32-tile-b": ("wmma::load_matrix_sync(fb, Ws + (wr + 16 * f) * TLD + kk, TLD);",
                     "wmma::load_matrix_sync(fb, Ws + (wr + 15 * f) * TLD + kk, TLD);",
                     "k_mm_tiled's second B fragment starts one weight row early"),
@@ -167,7 +168,8 @@ def main(argv):
         if argv[2] not in MUTANTS:
             sys.stderr.write("cu2cpp: unknown mutant %s\n" % argv[2])
             return 2
-        print((MUTANTS[argv[2]][3] if len(MUTANTS[argv[2]]) > 3 else "cu_kernels.cu")[:-3])
+        m = MUTANTS[argv[2]]
+        print((m[4] if len(m) > 4 else m[3] if len(m) > 3 else "cu_kernels.cu")[:-3])
         return 0
     if len(argv) > 1 and argv[1] == "--mutate":
         mut = argv[2]
@@ -184,7 +186,28 @@ def main(argv):
             return 2
         old, new = MUTANTS[mut][0], MUTANTS[mut][1]
         target = MUTANTS[mut][3] if len(MUTANTS[mut]) > 3 else "cu_kernels.cu"
-        if src.split("/")[-1] != target:
+        if target.endswith(".h"):
+            # a header's mutant: the unit named fifth gets the broken header in place of its
+            # #include (after conversion, as an include is not converted); its helpers are static,
+            # so the other units keep their own copies
+            unit = MUTANTS[mut][4]
+            if src.split("/")[-1] == unit:
+                hdr = open("/".join(src.split("/")[:-1] + [target])).read()
+                if hdr.count(old) != 1:
+                    sys.stderr.write("cu2cpp: mutant %s: pattern found %d times in %s\n" % (mut, hdr.count(old), target))
+                    return 1
+                inc = '#include "cuda/%s"' % target
+                out = convert(text)
+                if out.count(inc) != 1:
+                    sys.stderr.write("cu2cpp: mutant %s: %s included %d times in %s\n" % (mut, target, out.count(inc), src))
+                    return 1
+                out = out.replace(inc, hdr.replace(old, new))
+                with open(dst, "w") as f:
+                    f.write('#line 1 "%s"\n' % src)
+                    f.write(out)
+                return 0
+            old = None
+        elif src.split("/")[-1] != target:
             old = None
         if old is not None and text.count(old) != 1:
             sys.stderr.write("cu2cpp: mutant %s: pattern found %d times in %s\n" % (mut, text.count(old), src))
