@@ -432,10 +432,14 @@ static void PM(lcuda_session *s, const char *lab) {
  * gate|up run meanwhile). Joined before the lm_head. Decode only (T <= 8): prefill's GEMMs keep
  * the DRAM busy themselves. */
 static int pf_on(const lcuda_session *s, int T) { return T <= 8 && s->st2 && s->evp && cu_prefetch_enabled(); }
-static void pf_fork(lcuda_session *s, int n, const dmat *const *W, const int *sel, int slots) {
+/* the second stream waits for what the first has enqueued so far */
+static void pf_wait(lcuda_session *s) {
     /* (a failed record or wait is the caller's cudaGetLastError, as a failed launch) */
     cudaEventRecord(s->evp, s->st);
     cudaStreamWaitEvent(s->st2, s->evp, 0);
+}
+static void pf_fork(lcuda_session *s, int n, const dmat *const *W, const int *sel, int slots) {
+    pf_wait(s);
     cu_l2_prefetch(s->st2, n, W, sel, slots);
 }
 static void pf_join(lcuda_session *s) {
@@ -688,8 +692,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     if (pf_on(s, T)) { /* the chosen experts' down, then the next layer's in-projection */
         const dmat *Wd[1] = { &L->down }, *Wn[4];
         if (route) { /* the prefetch routes itself too: sel is written by the gate|up launch */
-            cudaEventRecord(s->evp, s->st);
-            cudaStreamWaitEvent(s->st2, s->evp, 0);
+            pf_wait(s);
             cu_l2_prefetch_routed(s->st2, 1, Wd, s->rl, E, K);
         } else pf_fork(s, 1, Wd, s->sel, T * K);
         if (next) cu_l2_prefetch(s->st2, pf_mixer_in(next, Wn), Wn, NULL, 0);

@@ -1261,11 +1261,12 @@ __device__ __forceinline__ float conv_in(const float *mixed, const float *state,
  * which are then l2-normalized per token here (the q heads, the first nnorm / 2, also times
  * 1/sqrt(128)), as k_l2norm_heads would in its own launch. G.g not NULL: one block more in x,
  * which writes the token group's gates (k_gbeta's, a launch fewer). */
+/* a head's log decay g = -exp(A_log) softplus(a + dt_bias), x = a + dt_bias */
+__device__ __forceinline__ float gdn_g(float x, float alog) { return -expf(alog) * (x > 20.0f ? x : log1pf(expf(x))); }
 __device__ __forceinline__ void gbeta_one(const cu_gates &G, int i) {
     const int h = i % G.nv;
     G.beta[i] = sigm_f(G.bb[i]);
-    const float x = G.aa[i] + G.dt_bias[h], sp = x > 20.0f ? x : log1pf(expf(x));
-    G.g[i] = -expf(G.A_log[h]) * sp;
+    G.g[i] = gdn_g(G.aa[i] + G.dt_bias[h], G.A_log[h]);
 }
 __global__ void k_conv(const float *mixed, float *state, const float *w, int cd, int K, int T, float *u, int nnorm, cu_gates G) {
     CU_PDL();
@@ -1378,9 +1379,7 @@ __global__ void k_gdn_prep1(const float *mixed, float *state, const float *w, in
     if (b == 2 * nk + nvb) {
         for (int h = threadIdx.x; h < nv; h += blockDim.x) {
             beta[h] = sigm_f(bb[h]);
-            float x = aa[h] + dt_bias[h];
-            float sp = x > 20.0f ? x : log1pf(expf(x));
-            g[h] = -expf(A_log[h]) * sp;
+            g[h] = gdn_g(aa[h] + dt_bias[h], A_log[h]);
         }
         return;
     }
@@ -1618,8 +1617,7 @@ __global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const
             if (i + 1 < K - 1) st[i] = cs[i + 1];
         st[K - 2] = in;
     }
-    const float beta = sigm_f(bh), x = ah + dtb;
-    const float decay = expf(-expf(alog) * (x > 20.0f ? x : log1pf(expf(x)))), vj = vsh[j];
+    const float beta = sigm_f(bh), decay = expf(gdn_g(ah + dtb, alog)), vj = vsh[j];
     const float out = gdn_col_step(sr, qkb, qkb + 128, p, decay, vj, beta);
     float sq = warp_sum(p == 0 ? out * out : 0.f);
     if (tid % WARP == 0) red2[warp] = sq;

@@ -598,6 +598,24 @@ static void test_swiglu_dense(lily_pool *pool, int rows, int cols, int T) {
     for (int i = 0; i < 2; i++) for (int k = 0; k < 3; k++) free(hold[i][k]);
 }
 
+/* One row's q and k heads (the first 2 nk of dk) l2-normalized in double precision, q's also
+ * times dk^-0.5, as the conv's launches leave them. */
+static void ref_qk_norm(float *u, int nk, int dk) {
+    for (int hh = 0; hh < 2 * nk; hh++) {
+        float *v = u + (size_t)hh * dk;
+        double ss = 0;
+        for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
+        const double r = 1.0 / sqrt(ss + 1e-6) * (hh < nk ? 1.0 / sqrt((double)dk) : 1.0);
+        for (int i = 0; i < dk; i++) v[i] = (float)(v[i] * r);
+    }
+}
+/* A head's gates in double precision: beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias). */
+static void ref_gates(float b, float a, float al, float dt, float *g, float *beta) {
+    const double x = (double)a + dt;
+    *beta = (float)(1.0 / (1.0 + exp(-(double)b)));
+    *g = (float)(-exp((double)al) * (x > 20.0 ? x : log1p(exp(x))));
+}
+
 /* The prefill conv against a double-precision loop: taps over the state then the inputs, SiLU, the
  * q and k heads' l2 norm (q also times dk^-0.5), and the state left holding the last K - 1 inputs;
  * nv > 0: the gates of nv heads in the same launch, beta = sigmoid(b), g = -exp(A_log)
@@ -614,14 +632,7 @@ static void test_conv(int T, int cd, int K, int nk, int dk, int nv) {
             }
             ref[(size_t)t * cd + ch] = (float)(a / (1.0 + exp(-a)));
         }
-    for (int t = 0; t < T; t++)
-        for (int hh = 0; hh < 2 * nk; hh++) {
-            float *v = ref + (size_t)t * cd + (size_t)hh * dk;
-            double ss = 0;
-            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
-            const double r = 1.0 / sqrt(ss + 1e-6) * (hh < nk ? 1.0 / sqrt((double)dk) : 1.0);
-            for (int i = 0; i < dk; i++) v[i] = (float)(v[i] * r);
-        }
+    for (int t = 0; t < T; t++) ref_qk_norm(ref + (size_t)t * cd, nk, dk);
     for (int ch = 0; ch < cd; ch++)
         for (int j = 0; j < K - 1; j++) {
             const int n = T - (K - 1) + j;
@@ -633,9 +644,7 @@ static void test_conv(int T, int cd, int K, int nk, int dk, int nv) {
     float *g = malloc(tn * 4), *beta = malloc(tn * 4), *gref = malloc(tn * 4), *bref = malloc(tn * 4);
     for (size_t i = 0; i < tn && nv > 0; i++) {
         const int h = (int)(i % (size_t)nv);
-        const double x = (double)aa[i] + dt[h];
-        bref[i] = (float)(1.0 / (1.0 + exp(-(double)bb[i])));
-        gref[i] = (float)(-exp((double)al[h]) * (x > 20.0 ? x : log1p(exp(x))));
+        ref_gates(bb[i], aa[i], al[h], dt[h], &gref[i], &bref[i]);
         g[i] = beta[i] = NAN;
     }
     lct_gates gt = { bb, aa, al, dt, nv, g, beta };
@@ -729,18 +738,11 @@ static void test_gdn_dec(int steps, int nk, int nv, int K) {
             for (int j = 0; j + 1 < K - 1; j++) cs[j] = cs[j + 1];
             if (K > 1) cs[K - 2] = m[ch];
         }
-        for (int hh = 0; hh < 2 * nk; hh++) {
-            float *v = u + (size_t)hh * dk;
-            double ss = 0;
-            for (int i = 0; i < dk; i++) ss += (double)v[i] * v[i];
-            const double r = 1.0 / sqrt(ss + 1e-6) * (hh < nk ? 1.0 / sqrt((double)dk) : 1.0);
-            for (int i = 0; i < dk; i++) v[i] = (float)(v[i] * r);
-        }
+        ref_qk_norm(u, nk, dk);
         for (int h = 0; h < nv; h++) {
             const int kh = h / (nv / nk);
-            const double x = (double)aa[(size_t)t * nv + h] + dt[h];
-            const float g = (float)(-exp((double)al[h]) * (x > 20.0 ? x : log1p(exp(x))));
-            const float beta = (float)(1.0 / (1.0 + exp(-(double)bb[(size_t)t * nv + h])));
+            float g, beta;
+            ref_gates(bb[(size_t)t * nv + h], aa[(size_t)t * nv + h], al[h], dt[h], &g, &beta);
             cpu_gdn_recurrent(1, dk, dv, u + (size_t)kh * dk, cd, u + kd + (size_t)kh * dk, cd, u + 2 * kd + (size_t)h * dv, cd, &g, &beta,
                               Sref + (size_t)h * dk * dv, ob + (size_t)h * dv, vd);
             double ss = 0;
