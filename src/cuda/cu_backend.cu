@@ -498,13 +498,39 @@ static void proj_group(lcuda_session *s, int n, const dmat *const *W, const floa
     for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
 }
 
+/* A mixer's input projections of t. After a folded combine (s->fold_nw, decode) x holds the
+ * layer's input before its norm: the launch normalizes it while staging (mvq_fuse.nw; every
+ * matrix-vector kernel but k_mvtc, which declines, does) and writes t, as the combine did. */
+static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y) {
+    const lily_config *c = &s->m->cfg;
+    if (!s->fold_nw) {
+        proj_group(s, n, W, s->t, c->hidden, T, Y);
+        return;
+    }
+    LILY_ASSERT(T == 1 && n <= MVQ_MAX);
+    mvq_fuse fu;
+    memset(&fu, 0, sizeof fu);
+    fu.nw = s->fold_nw; fu.eps = (float)c->eps; fu.tout = s->t;
+    cu_matvec_group(s->st, n, W, s->x, NULL, c->hidden, Y, NULL, NULL, 1, 1, &fu);
+    s->fold_nw = NULL;
+}
+/* Whether L's input projections can take the norm that a folded combine leaves to them: the
+ * one-row matrix-vector kernels (proj_group's condition for one row) */
+static int fold_in_ok(const lcuda_session *s, const cu_layer *L) {
+    const dmat *W[4];
+    const int n = pf_mixer_in(L, W);
+    for (int i = 0; i < n; i++)
+        if (!cu_mvq_ok(W[i]) || W[i]->cols != s->m->cfg.hidden) return 0;
+    return 1;
+}
+
 static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
     const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
     float *Y[4] = { s->mixed, s->zb, s->bb, s->aa };
-    proj_group(s, 4, W, s->t, c->hidden, T, Y);
+    proj_in(s, 4, W, T, Y);
     s->xp_src = NULL; /* (o is written below) */
     PM(s, "gdn in-proj qkv|z|b|a");
     if (s->rows) { /* decode batch: each row one step on its own session's conv and S */
@@ -552,10 +578,10 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
 static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
-    int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, H = c->hidden;
+    int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     const dmat *W[3] = { &L->q, &L->k, &L->v };
     float *Y[3] = { s->qg, s->kb, s->vb };
-    proj_group(s, 3, W, s->t, H, T, Y);
+    proj_in(s, 3, W, T, Y);
     s->xp_src = NULL;
     PM(s, "attn in-proj q|k|v");
     if (s->rows) { /* decode batch: each row at its own position in its own session's cache */
@@ -715,12 +741,14 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             if (route) { xg.rlog = s->rl; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
             cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
             PM(s, "moe experts gate|up");
-            /* one token with the shared expert riding (or none): the down, the combine and the
-             * next norm in one launch, where asked (LILY_CU_DOWNCOMB=1; slower on the H200) */
-            if (T == 1 && (shx || !SI) && cu_moe_down_combine_enabled() &&
-                cu_moe_down_combine(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add, nw,
-                                    (float)c->eps, s->t, s->fcount + 1)) {
-                PM(s, "moe experts swiglu+down + combine + next norm");
+            /* one token with the shared expert riding (or none), and a next layer whose
+             * in-projection can take the norm: the combine folded into the down launch, the norm
+             * left to that in-projection (a launch a layer fewer; LILY_CU_FOLD=0 for measuring) */
+            if (T == 1 && next && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
+                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
+                s->fold_nw = nw;
+                s->xp_src = NULL;
+                PM(s, "moe experts swiglu+down + combine");
                 return;
             }
             const dmat *Wd[1] = { &L->down };
@@ -798,6 +826,7 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     int H = c->hidden;
     float eps = (float)c->eps;
     PM(s, "start");
+    s->fold_nw = NULL;
     cu_embed(s->st, &m->embed, s->d_ids, T, s->x);
     s->xp_src = cu_rmsnorm2p(s->st, s->x, NULL, NULL, m->L[0].ln1, H, T, eps, s->t, xp_out(s)) ? s->t : NULL;
     PM(s, "embed + norm");

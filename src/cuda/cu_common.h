@@ -109,8 +109,10 @@ static inline int cu_q_sexp(float maxs) {
 #define MVQ_MAX 4
 /* Decode (one input row) fusions of the router group's launch, so the layer's MoE needs two
  * launches fewer (cu_matvec_group with a fuse; off with LILY_CU_FUSE=0):
- *   add != NULL: the staged input is rmsnorm(X + add) * nw (the post-mixer residual and norm;
- *     block 0 writes it to tout; X itself is not written: the combine adds `add` again);
+ *   nw != NULL: the staged input is rmsnorm(X + add) * nw (add != NULL: the post-mixer residual
+ *     and norm; X itself is not written: the combine adds `add` again) or rmsnorm(X) * nw (add
+ *     NULL: the next layer's in-projection after a folded combine, cu_mvdp_comb); block 0 writes
+ *     it to tout;
  *   sel != NULL: the block that finishes matrix 0 last (count, a zeroed int, tells) picks the
  *     top K of its E outputs (the router's logits) into sel/wt, as cu_router_topk. */
 typedef struct {
@@ -426,16 +428,14 @@ void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, 
                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout);
 int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
                      int H, const float *SD, const float *sr, const float *nw, float eps, float *tout, uint16_t *tp);
-/* Decode's experts' down, the combine and the next norm in one launch (cu_moe_dec.cu), T = 1:
+/* Decode's experts' down with the combine folded in (k_mvdp_comb, cu_mvdp.cu), T = 1:
  * x = (x + add) + sum_k wt[k] D_sel[k] h_k (+ sigmoid(sr) SD h_K with the shared expert's down SD),
- * h_k = silu(hg[k]) * hu[k] ([K (+1)][I]), then tout = rmsnorm(x) * nw. count: a zeroed unsigned,
- * left zero. 0 when it declines (and nothing is launched). Off in the forward pass unless
- * LILY_CU_DOWNCOMB=1 (_enabled): it measured slower on the H200 than the two launches it replaces
- * (bench/RESULTS.md, session 12). */
-int cu_moe_down_combine_enabled(void);
-int cu_moe_down_combine(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
-                        const float *hu, const float *sr, float *x, const float *add, const float *nw, float eps, float *tout,
-                        unsigned *count);
+ * h_k = silu(hg[k]) * hu[k] ([K (+1)][I]); the next norm is left to the next launch (mvq_fuse.nw).
+ * 0 when it declines (and nothing is launched). _enabled: the forward pass folds (LILY_CU_FOLD=0:
+ * the down and the one-block combine, for measuring). */
+int cu_mvdp_comb_enabled(void);
+int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
+                 const float *hu, const float *sr, float *x, const float *add);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 #define CU_ARGMAX_PARTS1 256 /* k_argmax_part1's blocks (the default) */

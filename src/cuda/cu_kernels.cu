@@ -319,17 +319,17 @@ __device__ __forceinline__ void mvq_load(const mvq_pos &p, int c, uint4 &q, floa
     sc = mvq_sb<SBT>(p.s, p.sbt, c >> p.lcpg);
     bi = mvq_sb<SBT>(p.b, p.sbt, c >> p.lcpg);
 }
-/* The block's input: x (silu(x) * x2 when has2; rmsnorm(x + add) * nw with the fused norm, which
+/* The block's input: x (silu(x) * x2 when has2; rmsnorm(x (+ add)) * nw with the fused norm, which
  * block (0, 0) also writes to tout), swizzled and scaled into xs, and each chunk's sum into sxs. */
 __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, const float *x2, bool has2, int nch, float4 *xs,
                                           float *sxs) {
-    if (a.f.add) { /* the residual add and the norm, fused (mvq_fuse) */
+    if (a.f.nw) { /* the norm, fused (mvq_fuse): after the residual add, or after a folded combine */
         __shared__ float red[32];
         float ss = 0;
         for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
             int c = i / 8, j = i % 8;
             const float *p = x + c * 32 + j * 4, *ad = a.f.add + c * 32 + j * 4;
-            float4 v = make_float4(p[0] + ad[0], p[1] + ad[1], p[2] + ad[2], p[3] + ad[3]);
+            float4 v = a.f.add ? make_float4(p[0] + ad[0], p[1] + ad[1], p[2] + ad[2], p[3] + ad[3]) : make_float4(p[0], p[1], p[2], p[3]);
             ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
             xs[mvq_sw(c, j)] = v;
         }

@@ -56,7 +56,9 @@ struct lcuda_session {
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     unsigned *fcount;              /* [2 + GDN_DEC_CNT] block counters, 0 between launches: the fused router group's (mvq_fuse),
-                                    * cu_moe_down_combine's, then cu_gdn_dec's (one a key head) */
+                                    * one unused, then cu_gdn_dec's (one a key head) */
+    const float *fold_nw;          /* decode: the next in-projection's norm weight when the combine was folded into the
+                                    * experts' down (cu_mvdp_comb): it normalizes x itself (mvq_fuse.nw); else NULL */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */
     float *lg;                     /* [lg_rows][V] */
     int lg_rows;

@@ -52,28 +52,72 @@ __device__ __forceinline__ int cu_dp4a(uint32_t a, uint32_t b, int c) {
 
 __device__ __forceinline__ float dp_in(const float *x, const float *x2, int i) { return x2 ? silu_f(x[i]) * x2[i] : x[i]; }
 
-/* The block's input (silu(x) * x2 when x2) into xs as DP_G4 uint4 a 64-column group: word i of
- * the group (columns 8i .. 8i + 7) sits in uint4 3 (i / 2) + level, components 2 (i % 2) (the even
- * columns' bytes, in the order the codes' low nibbles come out of a word: 0 2 4 6) and
- * 2 (i % 2) + 1 (the odd columns'); level 0 h, 1 m, 2 l. uint4 12: (unit, exact fp32 sum). A
- * group's 8 words are 8 lanes of one warp: its largest |x| by shuffles, no block reduction. */
-/* With the fused residual and norm (a.f.add, the router group's launch, as k_mvq's mvq_stage):
- * the input is rmsnorm(x + add) * nw, the sum of squares over the whole row first (a block
- * reduction), and block (0, 0) writes it to tout, where the experts' launch reads it. */
+/* Word w of the input (columns 8w .. 8w + 7, values v) into xs as DP_G4 uint4 a 64-column group:
+ * word i of the group sits in uint4 3 (i / 2) + level, components 2 (i % 2) (the even columns'
+ * bytes, in the order the codes' low nibbles come out of a word: 0 2 4 6) and 2 (i % 2) + 1 (the
+ * odd columns'); level 0 h, 1 m, 2 l. uint4 12: (unit, exact fp32 sum). A group's 8 words are 8
+ * lanes of one warp, all valid or none (every lane of the warp comes here: the group's largest |x|
+ * by shuffles, no block reduction). */
+__device__ __forceinline__ void dp_put(const float (&v)[8], bool valid, int w, uint4 *xs) {
+    uint32_t *xw = (uint32_t *)xs;
+    float s = 0.f, m = 0.f;
+    bool bad = false;
+    if (valid)
+        for (int j = 0; j < 8; j++) {
+            s += v[j];
+            m = fmaxf(m, fabsf(v[j]));
+            bad |= !(fabsf(v[j]) <= 3.0e38f);
+        }
+    for (int o = 1; o < 8; o <<= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        bad |= __shfl_xor_sync(0xffffffffu, (int)bad, o) != 0;
+    }
+    if (!valid) return;
+    /* below 1e-30 the group is zero to within 1e-30: no infinite scale */
+    const float inv = bad || !(m >= 1e-30f) ? 0.f : DP_XMAX / m, unit = bad ? NAN : m >= 1e-30f ? m / DP_XMAX : 0.f;
+    uint32_t lv[3][2] = { { 0, 0 }, { 0, 0 }, { 0, 0 } };
+    for (int j = 0; j < 8; j++) {
+        const int X = __float2int_rn(v[j] * inv);
+        const int l = (int)(int8_t)(uint8_t)(X & 255), X1 = (X - l) / 256;
+        const int mm = (int)(int8_t)(uint8_t)(X1 & 255), h = (X1 - mm) / 256;
+        const int sh = 8 * (j / 2), par = j & 1;
+        lv[0][par] |= (uint32_t)(uint8_t)h << sh;
+        lv[1][par] |= (uint32_t)(uint8_t)mm << sh;
+        lv[2][par] |= (uint32_t)(uint8_t)l << sh;
+    }
+    const int g = w / 8, i = w % 8;
+    uint32_t *p = xw + (size_t)g * DP_G4 * 4 + (i / 2) * 12 + 2 * (i % 2);
+    for (int lev = 0; lev < 3; lev++) {
+        p[4 * lev] = lv[lev][0];
+        p[4 * lev + 1] = lv[lev][1];
+    }
+    if (i == 0) xs[(size_t)g * DP_G4 + 12] = make_uint4(__float_as_uint(unit), __float_as_uint(s), 0u, 0u);
+}
+
+/* The block's input (silu(x) * x2 when x2) into xs (dp_put), a word a thread. */
+/* With the norm (a.f.nw): the input is rmsnorm(x (+ a.f.add)) * nw, the sum of squares over the
+ * whole row first (a block reduction), and block (0, 0) writes it to tout. With add, the router
+ * group's launch (as k_mvq's mvq_stage; LILY_CU_MVDP_Q8=1); without, the next layer's
+ * in-projection after the experts' down folded the combine in (k_mvdp_comb). The sum of squares
+ * goes a word a thread as the staging does, so a thread's first word stays in registers. */
 /* t0 (a multiple of 32, no norm): threads below it skip the staging (the routing warp, busy
  * meanwhile) and meet the others at its closing barrier. */
 __device__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int cols, uint4 *xs, int t0 = 0) {
     const int nw = cols / 8;
-    uint32_t *xw = (uint32_t *)xs;
     const float *add = a.f.add;
-    float r = 1.f;
-    if (add) {
+    const bool nrm = a.f.nw != NULL;
+    float r = 1.f, v0[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
+    if (nrm) {
         __shared__ float red[32];
         float ss = 0.f;
-        for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-            const float v = x[i] + add[i];
-            ss += v * v;
-        }
+        for (int w = threadIdx.x; w < nw; w += blockDim.x)
+            for (int j = 0; j < 8; j++) {
+                const int c = 8 * w + j;
+                const float v = add ? x[c] + add[c] : x[c];
+                if (w == (int)threadIdx.x) v0[j] = v;
+                ss += v * v;
+            }
         for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (threadIdx.x % WARP == 0) red[threadIdx.x / WARP] = ss;
         __syncthreads();
@@ -81,46 +125,18 @@ __device__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int
         for (int i = 0; i < (int)(blockDim.x / WARP); i++) ss += red[i];
         r = 1.0f / sqrtf(ss / cols + a.f.eps);
     }
-    const bool wr = add && blockIdx.x == 0 && blockIdx.y == 0;
+    const bool wr = nrm && blockIdx.x == 0 && blockIdx.y == 0;
     for (int w0 = 0; w0 < nw; w0 += blockDim.x - t0) { /* (nw a multiple of 8: a group's lanes all in or all out) */
         if ((int)threadIdx.x < t0) break;
         const int w = w0 + threadIdx.x - t0;
-        float v[8], s = 0.f, m = 0.f;
-        bool bad = false;
+        float v[8];
         if (w < nw)
             for (int j = 0; j < 8; j++) {
                 const int c = 8 * w + j;
-                v[j] = add ? (x[c] + add[c]) * r * a.f.nw[c] : dp_in(x, x2, c);
+                v[j] = nrm ? (w0 == 0 ? v0[j] : add ? x[c] + add[c] : x[c]) * r * a.f.nw[c] : dp_in(x, x2, c);
                 if (wr) a.f.tout[c] = v[j];
-                s += v[j];
-                m = fmaxf(m, fabsf(v[j]));
-                bad |= !(fabsf(v[j]) <= 3.0e38f);
             }
-        for (int o = 1; o < 8; o <<= 1) {
-            s += __shfl_xor_sync(0xffffffffu, s, o);
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            bad |= __shfl_xor_sync(0xffffffffu, (int)bad, o) != 0;
-        }
-        if (w >= nw) continue;
-        /* below 1e-30 the group is zero to within 1e-30: no infinite scale */
-        const float inv = bad || !(m >= 1e-30f) ? 0.f : DP_XMAX / m, unit = bad ? NAN : m >= 1e-30f ? m / DP_XMAX : 0.f;
-        uint32_t lv[3][2] = { { 0, 0 }, { 0, 0 }, { 0, 0 } };
-        for (int j = 0; j < 8; j++) {
-            const int X = __float2int_rn(v[j] * inv);
-            const int l = (int)(int8_t)(uint8_t)(X & 255), X1 = (X - l) / 256;
-            const int mm = (int)(int8_t)(uint8_t)(X1 & 255), h = (X1 - mm) / 256;
-            const int sh = 8 * (j / 2), par = j & 1;
-            lv[0][par] |= (uint32_t)(uint8_t)h << sh;
-            lv[1][par] |= (uint32_t)(uint8_t)mm << sh;
-            lv[2][par] |= (uint32_t)(uint8_t)l << sh;
-        }
-        const int g = w / 8, i = w % 8;
-        uint32_t *p = xw + (size_t)g * DP_G4 * 4 + (i / 2) * 12 + 2 * (i % 2);
-        for (int lev = 0; lev < 3; lev++) {
-            p[4 * lev] = lv[lev][0];
-            p[4 * lev + 1] = lv[lev][1];
-        }
-        if (i == 0) xs[(size_t)g * DP_G4 + 12] = make_uint4(__float_as_uint(unit), __float_as_uint(s), 0u, 0u);
+        dp_put(v, w < nw, w, xs);
     }
     __syncthreads();
 }
@@ -134,12 +150,11 @@ struct dp_rows {
     const char *s, *b;
     int lg, r0, nr; /* log2 of the units a group; first row; rows here */
 };
+/* rows r0 .. r0 + R - 1 of matrix (or expert e of) m */
 template <int R, int BITS>
-__device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int rpt, int rib) {
-    while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
-    const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+__device__ __forceinline__ dp_rows dp_rows_at(const dmat &m, int e, int r0) {
     dp_rows t;
-    t.r0 = (tile - a.blk0[mi]) * rpt + rib * R;
+    t.r0 = r0;
     t.lg = __ffs(m.group / 64) - 1;
     t.nr = min(R, max(m.rows - t.r0, 0));
     const int r = min(t.r0, m.rows - 1), ngr = m.cols / m.group;
@@ -148,6 +163,11 @@ __device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e,
     t.s = (const char *)m.s + (long long)e * m.es + (size_t)r * ngr * sz;
     t.b = (const char *)m.b + (long long)e * m.es + (size_t)r * ngr * sz;
     return t;
+}
+template <int R, int BITS>
+__device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e, int tile, int &mi, int rpt, int rib) {
+    while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
+    return dp_rows_at<R, BITS>(xsl ? a.f.xm[mi] : a.m[mi], e, (tile - a.blk0[mi]) * rpt + rib * R);
 }
 /* group g of the R rows: codes (BITS / 2 uint4 a row), scales and biases; rows past the matrix
  * read its last row again (row r0 + k clamped: offsets k or fewer rows from r0) */
@@ -167,6 +187,106 @@ __device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int n
     }
 }
 
+/* One tile: the R rows of t over the input xg's groups (a lane the groups sub, sub + LPR, ...),
+ * reduced across the LPR lanes; rsel: the row (of the R) whose whole sum the lane returns, valid
+ * on lanes with (sub & (LPR / R - 1)) == 0. have: c, sc, bi hold group sub already (fetched early). */
+template <int LPR, int R, int SBT, int BITS, int G>
+__device__ __forceinline__ float dp_tile(const dp_rows &t, int sbt, int ngr, int ng, int nrow16, int sub, const uint4 *dxs, bool &have,
+                                         uint4 (&c)[R][BITS / 2], float (&sc)[R], float (&bi)[R], int &rsel) {
+    uint4 c2[R][BITS / 2];
+    float sc2[R], bi2[R];
+    float acc[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) acc[k] = 0.f;
+    for (int g = sub; g < ng; g += LPR) {
+        if (!have) dp_fetch<R, SBT, BITS>(t, sbt, g, nrow16, ngr, c, sc, bi);
+        have = false;
+        const bool next = G == 2 && g + LPR < ng;
+        if (next) dp_fetch<R, SBT, BITS>(t, sbt, g + LPR, nrow16, ngr, c2, sc2, bi2);
+        const uint4 *xg = dxs + (size_t)g * DP_G4;
+        int H[R], M[R], L[R];
+#pragma unroll
+        for (int k = 0; k < R; k++) H[k] = M[k] = L[k] = 0;
+        if (BITS == 8) /* a word of codes is 4 columns in order: the staged bytes put back in order */
+#pragma unroll
+            for (int p = 0; p < 4; p++) { /* 8-column words 2p, 2p + 1 */
+                uint32_t xn[2][3][2]; /* [word][level][columns 0-3, 4-7] */
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int lev = 0; lev < 3; lev++) {
+                        const uint4 v = xg[3 * p + lev];
+                        xn[h][lev][0] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x5140);
+                        xn[h][lev][1] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x7362);
+                    }
+#pragma unroll
+                for (int k = 0; k < R; k++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+#pragma unroll
+                        for (int q = 0; q < 2; q++) {
+                            const int wi = 4 * p + 2 * h + q; /* the code word: columns 4 wi .. 4 wi + 3 */
+                            const uint32_t wv = dp_word(c[k][wi / 4 % (BITS / 2)], wi % 4);
+                            H[k] = cu_dp4a(wv, xn[h][0][q], H[k]);
+                            M[k] = cu_dp4a(wv, xn[h][1][q], M[k]);
+                            L[k] = cu_dp4a(wv, xn[h][2][q], L[k]);
+                        }
+            }
+        else
+#pragma unroll
+        for (int p = 0; p < 4; p++) { /* word pairs 2p, 2p + 1 */
+            const uint4 xh = xg[3 * p], xm = xg[3 * p + 1], xl = xg[3 * p + 2];
+#pragma unroll
+            for (int k = 0; k < R; k++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint32_t wv = dp_word(c[k][p / 2], 2 * (p % 2) + h);
+                    const uint32_t ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
+                    H[k] = cu_dp4a(ev, dp_word(xh, 2 * h), H[k]);
+                    H[k] = cu_dp4a(od, dp_word(xh, 2 * h + 1), H[k]);
+                    M[k] = cu_dp4a(ev, dp_word(xm, 2 * h), M[k]);
+                    M[k] = cu_dp4a(od, dp_word(xm, 2 * h + 1), M[k]);
+                    L[k] = cu_dp4a(ev, dp_word(xl, 2 * h), L[k]);
+                    L[k] = cu_dp4a(od, dp_word(xl, 2 * h + 1), L[k]);
+                }
+        }
+        const uint4 meta = xg[12];
+        const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
+            acc[k] += sc[k] * (unit * d) + bi[k] * gs;
+        }
+        if (next) {
+#pragma unroll
+            for (int k = 0; k < R; k++) {
+#pragma unroll
+                for (int i = 0; i < BITS / 2; i++) c[k][i] = c2[k][i];
+                sc[k] = sc2[k];
+                bi[k] = bi2[k];
+            }
+            have = true;
+        }
+    }
+    /* the R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
+    rsel = 0;
+#pragma unroll
+    for (int o = LPR / 2, n = R; o; o >>= 1) {
+        if (n > 1) {
+            const bool up = (sub & o) != 0;
+#pragma unroll
+            for (int i = 0; i < n / 2; i++) {
+                const float keep = up ? acc[i + n / 2] : acc[i], send = up ? acc[i] : acc[i + n / 2];
+                acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+            if (up) rsel += n / 2;
+            n /= 2;
+        } else acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
+    }
+    /* (R <= LPR: the row stages end where the whole-sum ones begin, lane bits below are 0) */
+    return acc[0];
+}
+
 /* G 2: a lane's next group of the tile is fetched before this one is computed (rows of more than
  * LPR groups, the 4,096-column out-projections: their two round trips a tile in flight together;
  * LILY_CU_MVDP_G2=1, measured slower, below) */
@@ -184,13 +304,13 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     const bool xsl = a.f.xslot && slot == a.f.xslot;
     const int nwb = blockDim.x / WARP;
     int tile = blockIdx.x * nwb + warp, mi = 0, e = 0;
-    uint4 c[R][BITS / 2], c2[R][BITS / 2];
-    float sc[R], bi[R], sc2[R], bi2[R];
+    uint4 c[R][BITS / 2];
+    float sc[R], bi[R];
 #pragma unroll
     for (int k = 0; k < R; k++) {
 #pragma unroll
-        for (int i = 0; i < BITS / 2; i++) c[k][i] = c2[k][i] = make_uint4(0, 0, 0, 0);
-        sc[k] = bi[k] = sc2[k] = bi2[k] = 0.f;
+        for (int i = 0; i < BITS / 2; i++) c[k][i] = make_uint4(0, 0, 0, 0);
+        sc[k] = bi[k] = 0.f;
     }
     dp_rows t;
     t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.nr = 0;
@@ -239,98 +359,10 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         mi = 0;
         t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        const int sbt = SBT >= 0 ? SBT : m.sbt, ngr = m.cols / m.group;
-        float acc[R];
-#pragma unroll
-        for (int k = 0; k < R; k++) acc[k] = 0.f;
-        for (int g = sub; g < ng; g += LPR) {
-            if (!have) dp_fetch<R, SBT, BITS>(t, sbt, g, nrow16, ngr, c, sc, bi);
-            have = false;
-            const bool next = G == 2 && g + LPR < ng;
-            if (next) dp_fetch<R, SBT, BITS>(t, sbt, g + LPR, nrow16, ngr, c2, sc2, bi2);
-            const uint4 *xg = dxs + (size_t)g * DP_G4;
-            int H[R], M[R], L[R];
-#pragma unroll
-            for (int k = 0; k < R; k++) H[k] = M[k] = L[k] = 0;
-            if (BITS == 8) /* a word of codes is 4 columns in order: the staged bytes put back in order */
-#pragma unroll
-                for (int p = 0; p < 4; p++) { /* 8-column words 2p, 2p + 1 */
-                    uint32_t xn[2][3][2]; /* [word][level][columns 0-3, 4-7] */
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int lev = 0; lev < 3; lev++) {
-                            const uint4 v = xg[3 * p + lev];
-                            xn[h][lev][0] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x5140);
-                            xn[h][lev][1] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x7362);
-                        }
-#pragma unroll
-                    for (int k = 0; k < R; k++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++)
-#pragma unroll
-                            for (int q = 0; q < 2; q++) {
-                                const int wi = 4 * p + 2 * h + q; /* the code word: columns 4 wi .. 4 wi + 3 */
-                                const uint32_t wv = dp_word(c[k][wi / 4 % (BITS / 2)], wi % 4);
-                                H[k] = cu_dp4a(wv, xn[h][0][q], H[k]);
-                                M[k] = cu_dp4a(wv, xn[h][1][q], M[k]);
-                                L[k] = cu_dp4a(wv, xn[h][2][q], L[k]);
-                            }
-                }
-            else
-#pragma unroll
-            for (int p = 0; p < 4; p++) { /* word pairs 2p, 2p + 1 */
-                const uint4 xh = xg[3 * p], xm = xg[3 * p + 1], xl = xg[3 * p + 2];
-#pragma unroll
-                for (int k = 0; k < R; k++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const uint32_t wv = dp_word(c[k][p / 2], 2 * (p % 2) + h);
-                        const uint32_t ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
-                        H[k] = cu_dp4a(ev, dp_word(xh, 2 * h), H[k]);
-                        H[k] = cu_dp4a(od, dp_word(xh, 2 * h + 1), H[k]);
-                        M[k] = cu_dp4a(ev, dp_word(xm, 2 * h), M[k]);
-                        M[k] = cu_dp4a(od, dp_word(xm, 2 * h + 1), M[k]);
-                        L[k] = cu_dp4a(ev, dp_word(xl, 2 * h), L[k]);
-                        L[k] = cu_dp4a(od, dp_word(xl, 2 * h + 1), L[k]);
-                    }
-            }
-            const uint4 meta = xg[12];
-            const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
-#pragma unroll
-            for (int k = 0; k < R; k++) {
-                const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
-                acc[k] += sc[k] * (unit * d) + bi[k] * gs;
-            }
-            if (next) {
-#pragma unroll
-                for (int k = 0; k < R; k++) {
-#pragma unroll
-                    for (int i = 0; i < BITS / 2; i++) c[k][i] = c2[k][i];
-                    sc[k] = sc2[k];
-                    bi[k] = bi2[k];
-                }
-                have = true;
-            }
-        }
-        /* the R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
-        int rsel = 0;
-#pragma unroll
-        for (int o = LPR / 2, n = R; o; o >>= 1) {
-            if (n > 1) {
-                const bool up = (sub & o) != 0;
-#pragma unroll
-                for (int i = 0; i < n / 2; i++) {
-                    const float keep = up ? acc[i + n / 2] : acc[i], send = up ? acc[i] : acc[i + n / 2];
-                    acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-                }
-                if (up) rsel += n / 2;
-                n /= 2;
-            } else acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
-        }
-        /* (R <= LPR: the row stages end where the whole-sum ones begin, lane bits below are 0) */
+        int rsel;
+        const float acc = dp_tile<LPR, R, SBT, BITS, G>(t, SBT >= 0 ? SBT : m.sbt, m.cols / m.group, ng, nrow16, sub, dxs, have, c, sc, bi, rsel);
         if ((sub & (LPR / R - 1)) == 0 && tile < ntiles && rsel < t.nr)
-            a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + t.r0 + rsel] = acc[0];
+            a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + t.r0 + rsel] = acc;
     }
 }
 
@@ -445,6 +477,163 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     case 4: mvdp_r<4>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
     case 2: mvdp_r<2>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
     default: mvdp_r<1>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
+    }
+    return 1;
+}
+
+/* ---- Decode's MoE tail folded into the experts' down launch (k_mvdp_comb) ----
+ *
+ * Why: the down launch wrote each slot's [H] outputs and a one-block combine read them back,
+ * summed them into the residual and normalized: a launch a layer that added 6-7 us to every
+ * layer's critical path (bench/RESULTS.md session 18's timeline), for work that is a few
+ * multiply-adds a row. Here a block owns a tile of rows across every slot, a warp a slot, so the
+ * slots' sums for a row meet in shared memory and the block writes x += sum_k w_k D_k (+ the
+ * gated shared expert) itself, summed in the combine's order. The next layer's norm is left to
+ * the next launch's staging (dp_stage with mvq_fuse.nw), which reads the whole row anyway.
+ *
+ * What it costs: every block stages all the slots' inputs (a warp its own slot's, silu(g) * u
+ * as k_mvdp stages it, so the products are the same), K + 1 times the staging of the unfused
+ * launch, against the launch and the combine's single block saved. An earlier form (k_mvq4's
+ * float staging, the norm by the last block after a counter) measured slower than the two
+ * launches (session 12); this one stages integers a warp at a time and has no counter. */
+#define DPC_MAXS 16 /* slots a block (a warp each): top-k plus the shared expert */
+#define DPC_BUF 2   /* words a lane loads before staging them */
+
+typedef struct {
+    dmat m;               /* the routed experts' down, [E][H][I] */
+    dmat ms;              /* the shared expert's down, [H][I] (slot K when ns > K) */
+    const int *sel;       /* [K] chosen experts */
+    const float *wt;      /* [K] their weights */
+    const float *sr;      /* [1] the shared expert's gate logit (ns > K) */
+    const float *hg, *hu; /* [ns][I] gate and up outputs: the input is silu(hg) * hu */
+    float *x;             /* [H] the residual, updated in place */
+    const float *add;     /* [H] the mixer's output, not yet added (the fused router group's), or NULL */
+    int K, ns;            /* routed slots, all slots */
+} dpc_args;
+
+/* a warp's own input silu(g) * u [cols] into xs (dp_put), DPC_BUF words a lane loaded at once */
+__device__ __forceinline__ void dp_stage_warp(const float *g, const float *u, int cols, uint4 *xs) {
+    const int nw = cols / 8, lane = threadIdx.x % WARP;
+    for (int w0 = 0; w0 < nw; w0 += WARP * DPC_BUF) { /* (uniform across the warp: dp_put shuffles) */
+        float4 gv[DPC_BUF][2], uv[DPC_BUF][2];
+#pragma unroll
+        for (int b = 0; b < DPC_BUF; b++) {
+            const int w = w0 + b * WARP + lane;
+            if (w < nw)
+                for (int h = 0; h < 2; h++) {
+                    gv[b][h] = ((const float4 *)g)[2 * w + h];
+                    uv[b][h] = ((const float4 *)u)[2 * w + h];
+                }
+        }
+#pragma unroll
+        for (int b = 0; b < DPC_BUF; b++) {
+            const int w = w0 + b * WARP + lane;
+            float v[8];
+            if (w < nw)
+                for (int h = 0; h < 2; h++) {
+                    v[4 * h] = silu_f(gv[b][h].x) * uv[b][h].x;
+                    v[4 * h + 1] = silu_f(gv[b][h].y) * uv[b][h].y;
+                    v[4 * h + 2] = silu_f(gv[b][h].z) * uv[b][h].z;
+                    v[4 * h + 3] = silu_f(gv[b][h].w) * uv[b][h].w;
+                }
+            dp_put(v, w < nw, w, xs);
+        }
+    }
+}
+
+/* A block: rows blockIdx.x * rpt .. + rpt - 1 (rpt = R x 32 / LPR, one tile), warp k slot k. */
+template <int LPR, int R, int SBT>
+__global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_constant__ dpc_args a) {
+    extern __shared__ uint4 dxs[];      /* [ns][I / 64][DP_G4] each slot's staged input */
+    __shared__ float ys[DPC_MAXS][WARP]; /* [slot][row of the tile] the slots' sums */
+    const int I = a.m.cols, ng = I / 64, nrow16 = I / 32, H = a.m.rows, rpt = (WARP / LPR) * R;
+    const int slot = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
+    const int row0 = blockIdx.x * rpt, tid = threadIdx.x;
+    uint4 c[R][2];
+    float sc[R], bi[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        c[k][0] = c[k][1] = make_uint4(0, 0, 0, 0);
+        sc[k] = bi[k] = 0.f;
+    }
+    /* before the wait: the shared expert's first codes (weights), and the rows' residual, the
+     * mixer's output and the shared gate's logit, written by launches that finished before the
+     * predecessor (the experts' gate|up, which routes) could start */
+    const bool shs = slot >= a.K;
+    dp_rows t;
+    bool have = false;
+    if (shs) {
+        t = dp_rows_at<R, 4>(a.ms, 0, row0 + rib * R);
+        if (sub < ng) {
+            dp_fetch<R, SBT, 4>(t, a.ms.sbt, sub, nrow16, I / a.ms.group, c, sc, bi);
+            have = true;
+        }
+    }
+    float x0 = 0.f, gs = 0.f;
+    const int row = row0 + tid;
+    if (tid < rpt && row < H) {
+        x0 = a.add ? a.x[row] + a.add[row] : a.x[row]; /* (x + add) first, as the combine */
+        if (a.ns > a.K) gs = sigm_f(a.sr[0]);
+    }
+    CU_PDL(); /* sel, wt and the inputs come from the experts' gate|up launch */
+    if (!shs) t = dp_rows_at<R, 4>(a.m, a.sel[slot], row0 + rib * R);
+    uint4 *xs = dxs + (size_t)slot * ng * DP_G4;
+    dp_stage_warp(a.hg + (size_t)slot * I, a.hu + (size_t)slot * I, I, xs);
+    __syncwarp();
+    const dmat &m = shs ? a.ms : a.m;
+    int rsel;
+    const float acc = dp_tile<LPR, R, SBT, 4, 1>(t, SBT >= 0 ? SBT : m.sbt, I / m.group, ng, nrow16, sub, xs, have, c, sc, bi, rsel);
+    if ((sub & (LPR / R - 1)) == 0 && rsel < t.nr) ys[slot][rib * R + rsel] = acc;
+    __syncthreads();
+    if (tid < rpt && row < H) { /* the combine's order: the routed slots, the shared one, then the residual */
+        float y = 0.f;
+        for (int k = 0; k < a.K; k++) y += a.wt[k] * ys[k][tid];
+        if (a.ns > a.K) y += gs * ys[a.K][tid];
+        a.x[row] = x0 + y;
+    }
+}
+
+template <int LPR, int R, int SBT>
+static void dpc_go(cudaStream_t s, const dpc_args &a, size_t sm) {
+    static int opted = 0; /* (I past 1,536 columns: more than the 48 KB a launch gets unasked) */
+    if (!opted) opted = cudaFuncSetAttribute(k_mvdp_comb<LPR, R, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
+    const int rpt = (WARP / LPR) * R;
+    cu_go(k_mvdp_comb<LPR, R, SBT>, (a.m.rows + rpt - 1) / rpt, a.ns * WARP, sm, s)(a);
+}
+template <int LPR>
+static void dpc_sbt(cudaStream_t s, const dpc_args &a, size_t sm) {
+    const int bf = a.m.sbt == LW_BF16 && (a.ns == a.K || a.ms.sbt == LW_BF16);
+    if (bf) dpc_go<LPR, (LPR >= 4 ? 4 : LPR), LW_BF16>(s, a, sm);
+    else dpc_go<LPR, (LPR >= 4 ? 4 : LPR), -1>(s, a, sm);
+}
+
+int cu_mvdp_comb_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_FOLD", 1);
+}
+
+int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel, const float *wt, int K, const float *hg,
+                 const float *hu, const float *sr, float *x, const float *add) {
+    const int ns = K + (SDm != NULL), I = D->cols, ng = I / 64;
+    const size_t sm = (size_t)ns * dp_smem(I);
+    if (!mvdp_enabled() || K < 1 || ns > DPC_MAXS || I % 64 || !dp_fits(D, I, 4) || sm > MVQ_SMEM || ((uintptr_t)hg & 15) ||
+        ((uintptr_t)hu & 15))
+        return 0;
+    if (SDm && (!dp_fits(SDm, I, 4) || SDm->rows != D->rows)) return 0;
+    dpc_args a;
+    memset(&a, 0, sizeof a);
+    a.m = *D;
+    a.ms = SDm ? *SDm : *D;
+    a.sel = sel; a.wt = wt; a.sr = sr; a.hg = hg; a.hu = hu; a.x = x; a.add = add;
+    a.K = K; a.ns = ns;
+    const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;
+    switch (lpr) {
+    case 32: dpc_sbt<32>(s, a, sm); break;
+    case 16: dpc_sbt<16>(s, a, sm); break;
+    case 8: dpc_sbt<8>(s, a, sm); break;
+    case 4: dpc_sbt<4>(s, a, sm); break;
+    case 2: dpc_sbt<2>(s, a, sm); break;
+    default: dpc_sbt<1>(s, a, sm); break;
     }
     return 1;
 }

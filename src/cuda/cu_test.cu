@@ -430,7 +430,7 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
         cudaMemset(ds, 0xff, (size_t)nslots * 4);
         cudaMemset(dwt, 0xff, (size_t)rt->K * 4);
     }
-    float *dadd = nm ? (float *)dput(&L, nm->add, (size_t)cols * 4, st, &rc) : NULL;
+    float *dadd = nm && nm->add ? (float *)dput(&L, nm->add, (size_t)cols * 4, st, &rc) : NULL;
     float *dnw = nm ? (float *)dput(&L, nm->nw, (size_t)cols * 4, st, &rc) : NULL;
     float *dtout = nm ? (float *)dput(&L, NULL, (size_t)cols * 4, st, &rc) : NULL;
     for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)ns * ld[i] * 4, st, &rc);
@@ -538,9 +538,8 @@ lily_code lct_moe_combine(float *x, const float *add, const float *D, const floa
     return rc;
 }
 
-lily_code lct_moe_down_combine(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
-                               const float *hu, const float *sr, float *x, const float *add, const float *nw, float eps,
-                               float *tout, int reps, lily_status *st) {
+lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
+                        const float *hu, const float *sr, float *x, const float *add, int reps, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat dd, ds;
     lily_code rc = cu_upload_mats(m, D, E, &dd, st);
@@ -551,18 +550,11 @@ lily_code lct_moe_down_combine(const lw_mat *D, int E, const lw_mat *SD, const i
     float *dwt = (float *)dput(&L, wt, (size_t)K * 4, st, &rc), *dhg = (float *)dput(&L, hg, (size_t)ns * I * 4, st, &rc);
     float *dhu = (float *)dput(&L, hu, (size_t)ns * I * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
     float *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
-    float *dn = (float *)dput(&L, nw, (size_t)H * 4, st, &rc), *dt = (float *)dput(&L, NULL, (size_t)H * 4, st, &rc);
-    unsigned *dc = (unsigned *)dput(&L, NULL, 4, st, &rc);
-    if (!rc && cudaMemset(dc, 0, 4) != cudaSuccess) rc = lily_err(st, LILY_EIO, "cudaMemset");
     for (int i = 0; !rc && i < reps; i++)
-        if (!cu_moe_down_combine(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da, dn, eps, dt, dc))
-            rc = lily_err(st, LILY_EUNSUPPORTED, "cu_moe_down_combine declined");
+        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da))
+            rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     rc = finish(st, rc);
-    unsigned left = 1;
     if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
-    if (!rc) rc = dget(tout, dt, (size_t)H * 4, st);
-    if (!rc) rc = dget(&left, dc, 4, st);
-    if (!rc && left) rc = lily_err(st, LILY_EIO, "the block counter was left at %u, not 0", left);
     dfree(&L);
     lcuda_model_free(m);
     return rc;

@@ -117,11 +117,10 @@ lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, i
 /* cu_moe_combine (rows in order, no pos) reps times in place on x [T][H]; tout [T][H] when nw. */
 lily_code lct_moe_combine(float *x, const float *add, const float *D, const float *wt, int T, int K, int H, const float *SD,
                           const float *sr, const float *nw, float eps, float *tout, int reps, lct_packed *pk, lily_status *st);
-/* cu_moe_down_combine reps times in place on x [H] (D: E experts [H][I]; SD the shared expert's
- * down or NULL; hg, hu [K (+1)][I]); tout [H]. Fails where it declines. */
-lily_code lct_moe_down_combine(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
-                               const float *hu, const float *sr, float *x, const float *add, const float *nw, float eps,
-                               float *tout, int reps, lily_status *st);
+/* cu_mvdp_comb reps times in place on x [H] (D: E experts [H][I]; SD the shared expert's down or
+ * NULL; hg, hu [K (+1)][I]). Fails where it declines. */
+lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
+                        const float *hu, const float *sr, float *x, const float *add, int reps, lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* The prefill router: logits [T][W->rows] = X W^T to fp32 accuracy and their top-K, with the column
  * slices' sum in the top-k's launch (cu_router_exact_topk). */
