@@ -514,11 +514,11 @@ static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float 
     cu_matvec_group(s->st, n, W, s->x, NULL, c->hidden, Y, NULL, NULL, 1, 1, &fu);
     s->fold_nw = NULL;
 }
-/* Whether L's input projections can take the norm that a folded combine leaves to them: the
- * one-row matrix-vector kernels (proj_group's condition for one row) */
+/* Whether L's input projections (L NULL: the lm_head) can take the norm that a folded combine
+ * leaves to them: the one-row matrix-vector kernels (proj_group's condition for one row) */
 static int fold_in_ok(const lcuda_session *s, const cu_layer *L) {
-    const dmat *W[4];
-    const int n = pf_mixer_in(L, W);
+    const dmat *W[4] = { &s->m->lm_head };
+    const int n = L ? pf_mixer_in(L, W) : 1;
     for (int i = 0; i < n; i++)
         if (!cu_mvq_ok(W[i]) || W[i]->cols != s->m->cfg.hidden) return 0;
     return 1;
@@ -742,9 +742,10 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
             PM(s, "moe experts gate|up");
             /* one token with the shared expert riding (or none), and a next layer whose
-             * in-projection can take the norm: the combine folded into the down launch, the norm
-             * left to that in-projection (a launch a layer fewer; LILY_CU_FOLD=0 for measuring) */
-            if (T == 1 && next && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
+             * in-projection (or an lm_head) can take the norm: the combine folded into the down
+             * launch, the norm left to that launch (a launch a layer fewer; LILY_CU_FOLD=0 for
+             * measuring) */
+            if (T == 1 && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
                 cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
                 s->fold_nw = nw;
                 s->xp_src = NULL;
@@ -855,6 +856,21 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
         moe(s, L, next, T, next ? next->ln1 : m->norm, fused ? s->y : NULL);
     }
     if (pf) pf_join(s); /* (every fork above was under the same condition) */
+    if (s->fold_nw) { /* (one token) the last combine was folded: the final norm in the lm_head's staging, or alone */
+        if (logits) {
+            const dmat *W[1] = { &m->lm_head };
+            float *Y[1] = { s->lg };
+            mvq_fuse fu;
+            memset(&fu, 0, sizeof fu);
+            fu.nw = s->fold_nw; fu.eps = eps; fu.tout = s->t;
+            cu_matvec_group(s->st, 1, W, s->x, NULL, H, Y, NULL, NULL, 1, 1, &fu);
+            s->fold_nw = NULL;
+            PM(s, "final norm + lm_head");
+            return;
+        }
+        cu_rmsnorm(s->st, s->x, NULL, s->fold_nw, H, 1, eps, s->t);
+        s->fold_nw = NULL;
+    }
     if (!logits) return;
     if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
     else cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);

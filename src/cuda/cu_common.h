@@ -110,7 +110,8 @@ static inline int cu_q_sexp(float maxs) {
 /* Decode (one input row) fusions of the router group's launch, so the layer's MoE needs two
  * launches fewer (cu_matvec_group with a fuse; off with LILY_CU_FUSE=0):
  *   nw != NULL: the staged input is rmsnorm(X + add) * nw (add != NULL: the post-mixer residual
- *     and norm; X itself is not written: the combine adds `add` again) or rmsnorm(X) * nw (add
+ *     and norm; X itself is not written: the combine adds `add` again; k_mvq reads X before its
+ *     wait on the predecessor, so X's writer must be two launches back or more) or rmsnorm(X) * nw (add
  *     NULL: the next layer's in-projection after a folded combine, cu_mvdp_comb); block 0 writes
  *     it to tout;
  *   sel != NULL: the block that finishes matrix 0 last (count, a zeroed int, tells) picks the

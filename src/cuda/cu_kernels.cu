@@ -321,15 +321,36 @@ __device__ __forceinline__ void mvq_load(const mvq_pos &p, int c, uint4 &q, floa
 }
 /* The block's input: x (silu(x) * x2 when has2; rmsnorm(x (+ add)) * nw with the fused norm, which
  * block (0, 0) also writes to tout), swizzled and scaled into xs, and each chunk's sum into sxs. */
+/* With the fused norm of a dense launch, a thread's first four columns of x (with add: x is then
+ * the residual, written two launches back or more, never by the predecessor) and of nw, loaded
+ * before the wait, so that the add is the staging's one round trip after it. */
+struct mvq_pre {
+    float4 x, w;
+};
+__device__ __forceinline__ mvq_pre mvq_preload(const mvq_args &a, const float *X, bool dense, int nch) {
+    mvq_pre p;
+    p.x = p.w = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int i = threadIdx.x;
+    if (a.f.nw && dense && i < nch * 8) {
+        const float *w = a.f.nw + i * 4;
+        p.w = make_float4(w[0], w[1], w[2], w[3]);
+        if (a.f.add) {
+            const float *q = X + i * 4;
+            p.x = make_float4(q[0], q[1], q[2], q[3]);
+        }
+    }
+    return p;
+}
 __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, const float *x2, bool has2, int nch, float4 *xs,
-                                          float *sxs) {
+                                          float *sxs, const mvq_pre &pre) {
     if (a.f.nw) { /* the norm, fused (mvq_fuse): after the residual add, or after a folded combine */
         __shared__ float red[32];
         float ss = 0;
         for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
             int c = i / 8, j = i % 8;
             const float *p = x + c * 32 + j * 4, *ad = a.f.add + c * 32 + j * 4;
-            float4 v = a.f.add ? make_float4(p[0] + ad[0], p[1] + ad[1], p[2] + ad[2], p[3] + ad[3]) : make_float4(p[0], p[1], p[2], p[3]);
+            const float4 xv = a.f.add && i == (int)threadIdx.x ? pre.x : make_float4(p[0], p[1], p[2], p[3]);
+            float4 v = a.f.add ? make_float4(xv.x + ad[0], xv.y + ad[1], xv.z + ad[2], xv.w + ad[3]) : xv;
             ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
             xs[mvq_sw(c, j)] = v;
         }
@@ -337,9 +358,10 @@ __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, con
         const float r = 1.0f / sqrtf(ss / (nch * 32) + a.f.eps);
         for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) { /* the same elements as this thread staged */
             int c = i / 8, j = i % 8;
-            const float *w = a.f.nw + c * 32 + j * 4;
+            const float *wp = a.f.nw + c * 32 + j * 4;
+            const float4 w = i == (int)threadIdx.x ? pre.w : make_float4(wp[0], wp[1], wp[2], wp[3]);
             float4 v = xs[mvq_sw(c, j)];
-            v.x = v.x * r * w[0]; v.y = v.y * r * w[1]; v.z = v.z * r * w[2]; v.w = v.w * r * w[3];
+            v.x = v.x * r * w.x; v.y = v.y * r * w.y; v.z = v.z * r * w.z; v.w = v.w * r * w.w;
             xs[mvq_sw(c, j)] = v;
             if (blockIdx.x == 0 && blockIdx.y == 0) {
                 float *o = a.f.tout + c * 32 + j * 4;
@@ -365,8 +387,12 @@ __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, con
     __syncthreads();
 }
 
+/* chunks of 8-bit codes a lane loads before the wait (2: the router's 2,048 columns over 32 lanes) */
+#define MVQ_PRE8 2
+/* (one block an SM: 128 registers, where 64 spilled; its launches, decode's router group, are a
+ * few dozen blocks) */
 template <int LPR, int RW>
-__global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
+__global__ void __launch_bounds__(512, 1) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
                                              const int *eidx, int xdiv) {
     extern __shared__ float4 xs[]; /* [cols / 4] the input, swizzled and scaled (mvq_scale) */
     float *sxs = (float *)(xs + m_cols_f4(a)); /* [cols / 32] each chunk's unscaled sum */
@@ -402,10 +428,35 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
             bi0[k] = ld_sb((const char *)m0.b, m0.sbt, gi);
         }
     }
+    /* 8-bit codes (decode's router group) likewise, a lane's first MVQ_PRE8 chunks of its first
+     * row (one row a lane group): the loop below then starts on codes already in registers, where
+     * it had waited on a round trip a chunk after the staging */
+    const bool pre8 = !eidx && m0.bits == 8 && RW == 1;
+    uint4 p8[MVQ_PRE8][2];
+    float ps8[MVQ_PRE8], pb8[MVQ_PRE8];
+#pragma unroll
+    for (int u = 0; u < MVQ_PRE8; u++) { p8[u][0] = p8[u][1] = make_uint4(0, 0, 0, 0); ps8[u] = pb8[u] = 0.f; }
+    if (pre8) {
+        const int rb = ((tile - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp, r = min(rb, m0.rows - 1);
+        const int ng = m0.cols / m0.group, cpg = m0.group / 32;
+        const uint4 *wr = (const uint4 *)m0.w + (size_t)r * nch * 2;
+#pragma unroll
+        for (int u = 0; u < MVQ_PRE8; u++) {
+            const int c = sub + u * LPR;
+            if (c < nch) {
+                p8[u][0] = __ldg(wr + 2 * c);
+                p8[u][1] = __ldg(wr + 2 * c + 1);
+                const size_t gi = (size_t)r * ng + c / cpg;
+                ps8[u] = ld_sb((const char *)m0.s, m0.sbt, gi);
+                pb8[u] = ld_sb((const char *)m0.b, m0.sbt, gi);
+            }
+        }
+    }
+    const mvq_pre xp = mvq_preload(a, X, !eidx, nch);
     CU_PDL();
     const float *x = X, *x2 = X2;
     if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs);
+    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp);
     for (bool first = true; tile < ntiles; tile += gridDim.x, first = false) {
         while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
@@ -457,17 +508,28 @@ __global__ void __launch_bounds__(512, 2) k_mvq(mvq_args a, const float *__restr
                 }
             }
         } else {
-            for (int c = sub; c < nch; c += LPR) {
+            for (int c = sub, u = 0; c < nch; c += LPR, u++) {
                 float4 xv[8];
 #pragma unroll
                 for (int j = 0; j < 8; j++) xv[j] = mvq_unscale(xs[mvq_sw(c, j)], j);
                 const float sx = sxs[c];
 #pragma unroll
                 for (int k = 0; k < RW; k++) {
-                    const uint4 *wr = (const uint4 *)wb + (size_t)rr[k] * nch * 2;
-                    uint4 q0 = __ldg(wr + 2 * c), q1 = __ldg(wr + 2 * c + 1);
-                    size_t gi = (size_t)rr[k] * ng + c / cpg;
-                    float sc = ld_sb(sp, m.sbt, gi), bi = ld_sb(bp, m.sbt, gi);
+                    uint4 q0, q1;
+                    float sc, bi;
+                    if (pre8 && first && u < MVQ_PRE8) { /* (u < 2: selects, not an indexed array) */
+                        q0 = u == 0 ? p8[0][0] : p8[MVQ_PRE8 - 1][0];
+                        q1 = u == 0 ? p8[0][1] : p8[MVQ_PRE8 - 1][1];
+                        sc = u == 0 ? ps8[0] : ps8[MVQ_PRE8 - 1];
+                        bi = u == 0 ? pb8[0] : pb8[MVQ_PRE8 - 1];
+                    } else {
+                        const uint4 *wr = (const uint4 *)wb + (size_t)rr[k] * nch * 2;
+                        q0 = __ldg(wr + 2 * c);
+                        q1 = __ldg(wr + 2 * c + 1);
+                        size_t gi = (size_t)rr[k] * ng + c / cpg;
+                        sc = ld_sb(sp, m.sbt, gi);
+                        bi = ld_sb(bp, m.sbt, gi);
+                    }
                     uint32_t wv[8] = { q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w };
                     float sq = 0;
 #pragma unroll
@@ -526,6 +588,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         p = mvq_locate(a, xsl, 0, tile, mi, rpt, rib);
         if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
+    const mvq_pre xp = mvq_preload(a, X, !eidx, nch);
     CU_PDL();
     const float *x = X, *x2 = X2;
     if (eidx) {
@@ -533,7 +596,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         p = mvq_locate(a, xsl, e, tile, mi, rpt, rib);
         if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
-    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs);
+    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp);
     while (tile < ntiles) {
         float acc = 0.f;
         int nt = tile + gridDim.x, nmi = mi;

@@ -102,8 +102,14 @@ __device__ __forceinline__ void dp_put(const float (&v)[8], bool valid, int w, u
  * in-projection after the experts' down folded the combine in (k_mvdp_comb). The sum of squares
  * goes a word a thread as the staging does, so a thread's first word stays in registers. */
 /* t0 (a multiple of 32, no norm): threads below it skip the staging (the routing warp, busy
- * meanwhile) and meet the others at its closing barrier. */
-__device__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int cols, uint4 *xs, int t0 = 0) {
+ * meanwhile) and meet the others at its closing barrier. n0: with the norm, nw of the thread's first
+ * word, loaded before the wait (dp_nw0), so the norm's weights are not a round trip after the sum. */
+__device__ __forceinline__ void dp_nw0(const mvq_args &a, int cols, float (&n0)[8]) {
+    const int w = threadIdx.x;
+    for (int j = 0; j < 8; j++) n0[j] = a.f.nw && w < cols / 8 ? a.f.nw[8 * w + j] : 0.f;
+}
+__device__ __forceinline__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int cols, uint4 *xs, int t0,
+                                         const float (&n0)[8]) {
     const int nw = cols / 8;
     const float *add = a.f.add;
     const bool nrm = a.f.nw != NULL;
@@ -133,7 +139,7 @@ __device__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int
         if (w < nw)
             for (int j = 0; j < 8; j++) {
                 const int c = 8 * w + j;
-                v[j] = nrm ? (w0 == 0 ? v0[j] : add ? x[c] + add[c] : x[c]) * r * a.f.nw[c] : dp_in(x, x2, c);
+                v[j] = nrm ? w0 == 0 ? v0[j] * r * n0[j] : (add ? x[c] + add[c] : x[c]) * r * a.f.nw[c] : dp_in(x, x2, c);
                 if (wr) a.f.tout[c] = v[j];
             }
         dp_put(v, w < nw, w, xs);
@@ -323,6 +329,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
         have = true;
     }
+    float n0[8];
+    dp_nw0(a, cols, n0);
     CU_PDL();
     const float *x = X, *x2 = X2;
     int t0 = 0;
@@ -347,7 +355,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
         have = true;
     }
-    dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0);
+    dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
     if (a.f.rlog) {
         if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
             a.f.rsel[threadIdx.x] = rs[threadIdx.x];

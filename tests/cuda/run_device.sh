@@ -74,7 +74,7 @@ for stage in $stages; do
       done
       echo "## $v"; env ${v//,/ } "$BIN/lily-bench" --tests pp512,pp2048 --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done
-    for v in LILY_CU_DOWNCOMB=1 LILY_CU_PDL=0 LILY_CU_PREFETCH=0 LILY_CU_FUSE=0 LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 LILY_CU_MVTC=0 LILY_CU_MVTC_MIN=0 X=default; do
+    for v in LILY_CU_FOLD=0 LILY_CU_PDL=0 LILY_CU_PREFETCH=0 LILY_CU_FUSE=0 LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 LILY_CU_MVTC=0 LILY_CU_MVTC_MIN=0 X=default; do
       echo "## $v"; env $v "$BIN/lily-bench" --tests tg128,tg128s --reps ${REPS:-3} -o md 2>&1 | tee -a "$OUT/variants.md"
     done ;;
   batch) # decode batches: one pass for B sessions vs B single-token passes (not yet measured anywhere)
