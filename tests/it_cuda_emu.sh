@@ -97,8 +97,8 @@ kernel_test "--small --seed $seed" -- --small --seed "$seed"
 # the same in a random order of blocks, warps and lanes: results must not depend on it; and the
 # matrix-vector kernel's blocks capped at 2 a row of slots, so each walks many tiles of rows; and
 # k_mvdp's experts fetching their first codes before the staging (LILY_CU_MVDP_EPF=1, off by default)
-kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1" LILY_EMU_ORDER=random \
-  LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 -- --small --seed "$seed"
+kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1" LILY_EMU_ORDER=random \
+  LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 -- --small --seed "$seed"
 # the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default;
 # k_mvdp's routing warp before the staging rather than beside it (LILY_CU_ROUTE_OVL=0); greedy's
 # two-read first pass (LILY_CU_ARGMAX1=0)

@@ -855,7 +855,6 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
         const cu_layer *next = l + 1 < c->n_layers ? &m->L[l + 1] : NULL;
         moe(s, L, next, T, next ? next->ln1 : m->norm, fused ? s->y : NULL);
     }
-    if (pf) pf_join(s); /* (every fork above was under the same condition) */
     if (s->fold_nw) { /* (one token) the last combine was folded: the final norm in the lm_head's staging, or alone */
         if (logits) {
             const dmat *W[1] = { &m->lm_head };
@@ -864,17 +863,15 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
             memset(&fu, 0, sizeof fu);
             fu.nw = s->fold_nw; fu.eps = eps; fu.tout = s->t;
             cu_matvec_group(s->st, 1, W, s->x, NULL, H, Y, NULL, NULL, 1, 1, &fu);
-            s->fold_nw = NULL;
-            PM(s, "final norm + lm_head");
-            return;
-        }
-        cu_rmsnorm(s->st, s->x, NULL, s->fold_nw, H, 1, eps, s->t);
+        } else cu_rmsnorm(s->st, s->x, NULL, s->fold_nw, H, 1, eps, s->t);
         s->fold_nw = NULL;
-    }
-    if (!logits) return;
-    if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
-    else cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);
+    } else if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
+    else if (logits) cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);
     PM(s, "lm_head");
+    /* the prefetches joined after the lm_head, which reads nothing they fetch: joined before it, it
+     * waited for the second stream's backlog (the last layer's downs, fetched after their launch
+     * had run: ~20 us a token in session 19's timeline) */
+    if (pf) pf_join(s); /* (every fork above was under the same condition) */
 }
 
 void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits) {

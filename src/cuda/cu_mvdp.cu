@@ -517,6 +517,7 @@ typedef struct {
     float *x;             /* [H] the residual, updated in place */
     const float *add;     /* [H] the mixer's output, not yet added (the fused router group's), or NULL */
     int K, ns;            /* routed slots, all slots */
+    int epf;              /* an expert's first codes fetched before the staging (LILY_CU_FOLD_EPF=1, for measuring) */
 } dpc_args;
 
 /* a warp's own input silu(g) * u [cols] into xs (dp_put), DPC_BUF words a lane loaded at once */
@@ -584,7 +585,13 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
         if (a.ns > a.K) gs = sigm_f(a.sr[0]);
     }
     CU_PDL(); /* sel, wt and the inputs come from the experts' gate|up launch */
-    if (!shs) t = dp_rows_at<R, 4>(a.m, a.sel[slot], row0 + rib * R);
+    if (!shs) {
+        t = dp_rows_at<R, 4>(a.m, a.sel[slot], row0 + rib * R);
+        if (a.epf && sub < ng) { /* (LILY_CU_FOLD_EPF=1) the expert's first codes before the staging */
+            dp_fetch<R, SBT, 4>(t, a.m.sbt, sub, nrow16, I / a.m.group, c, sc, bi);
+            have = true;
+        }
+    }
     uint4 *xs = dxs + (size_t)slot * ng * DP_G4;
     dp_stage_warp(a.hg + (size_t)slot * I, a.hu + (size_t)slot * I, I, xs);
     __syncwarp();
@@ -634,6 +641,8 @@ int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel,
     a.ms = SDm ? *SDm : *D;
     a.sel = sel; a.wt = wt; a.sr = sr; a.hg = hg; a.hu = hu; a.x = x; a.add = add;
     a.K = K; a.ns = ns;
+    static int epf = -1;
+    a.epf = cu_env_flag(&epf, "LILY_CU_FOLD_EPF", 0);
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;
     switch (lpr) {
     case 32: dpc_sbt<32>(s, a, sm); break;
