@@ -151,7 +151,8 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny --heads 16"; fi
 # kernel's input in the wrong mma column, a prefill GEMM step computed before its copies land, attention seeing one key past its own, the chunked delta rule's
 # state update reading its chunk before the copies land, an expert tile of 17-24 tokens computed as
 # one of up to 16, the decode MoE tail folded into the down summing a row before every slot's warp wrote it or staging
-# every slot's gate outputs from the first slot, the MoE sort's scatter
+# every slot's gate outputs from the first slot, decode attention's folded q/k prep rotating a pair's
+# second half the wrong way or reading the new key before it is written, the MoE sort's scatter
 # reusing its first batch of slots, the integer matrix-vector kernel writing a lane group's rows to
 # its first row, its staging mixing the odd columns' bytes into the even ones', its 8-bit codes meeting
 # the wrong columns' input or its two-group form reusing the first group's codes, decode attention's merge taking half the partials' maximum or
@@ -161,7 +162,7 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny --heads 16"; fi
 # the wgmma GEMM's B operand with two lanes' words swapped, the fp16 keys' pairs holding one key twice) must fail the
 # kernel test, or, where it writes past a buffer (the sort's scatter does at some seeds: CI saw
 # glibc abort on the heap it had overwritten), be stopped there by the emulator's red zones
-for m in argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage sort-one-batch; do
+for m in argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch; do
   # -O1 without debug info: the mutant builds are the slow part of this test
   if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
     tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue

@@ -1938,9 +1938,44 @@ static int merge_w_enabled(void) {
 
 /* GQA form: one block per (token, KV head, split) runs the HG query heads that share the KV
  * head together, so each key and value is read once for all of them. R = hd / 32. */
+/* Decode's q/k prep folded into attention (one token, one session: a launch a layer fewer):
+ * k_qk_prep's per-head norm and RoPE of the raw q (qg, [nh][2 hd] with the gates) and of the new
+ * token's k, and the cache write of k and v, done by the attention blocks themselves. */
+typedef struct {
+    const float *qg, *k, *v;   /* [nh][2 hd] raw q with gates, [nkv][hd] raw k and v */
+    const float *qn, *kn;      /* [hd] the q and k norms' weights */
+    const float *inv_freq;     /* [rot / 2] */
+    float *kcw, *vcw;          /* the caches (as kc, vc), where the new token's k and v go */
+    int rot;                   /* rotated dims, a multiple of 64: a pair (i, i + rot / 2) is one lane's */
+    float eps;
+} qk_fold;
+
+/* One head's hd values, R a lane (column lane + 32 i), normalized (weights w) and rotated by RoPE
+ * as k_qk_prep does, in place; cs[i], sn[i] (i < rot / 64): column lane + 32 i's angle. */
+template <int R>
+__device__ __forceinline__ void qk_head(float (&v)[R], const float *w, int lane, int rot, float eps, const float (&cs)[R],
+                                        const float (&sn)[R]) {
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < R; i++) ss += v[i] * v[i];
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (R * WARP) + eps);
+#pragma unroll
+    for (int i = 0; i < R; i++) v[i] = v[i] * r * w[lane + WARP * i];
+    const int hw = rot / 2 / WARP; /* i < hw: the pair's first half, with i + hw */
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        if (i < hw) {
+            const float a = v[i], b = v[i + hw];
+            v[i] = a * cs[i] - b * sn[i];
+            v[i + hw] = b * cs[i] + a * sn[i];
+        }
+}
+
 template <int HG, int R>
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
-                                                               int nkv, const int *pos, int splits, float *part, cu_rows rows) {
+                                                               int nkv, const int *pos, int splits, float *part, cu_rows rows,
+                                                               qk_fold P) {
     CU_PDL();
     const int hd = R * WARP;
     int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
@@ -1950,6 +1985,43 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
     int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
     float qr[HG][R], acc[HG][R], mx[HG], l[HG];
     float scale = rsqrtf((float)hd);
+    if (P.qg) { /* (T = 1) the q heads' prep in every warp, which reads them all; the new key's by
+                 * the block whose keys end with it, before its warps read the cache */
+        const int p = n - 1;
+        float cs[R], sn[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const float ang = i < P.rot / 64 ? (float)p * P.inv_freq[lane + WARP * i] : 0.f;
+            cs[i] = cosf(ang);
+            sn[i] = sinf(ang);
+        }
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            const float *qh = P.qg + (size_t)(kvh * HG + g) * 2 * hd;
+#pragma unroll
+            for (int i = 0; i < R; i++) qr[g][i] = qh[lane + WARP * i];
+        }
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            qk_head<R>(qr[g], P.qn, lane, P.rot, P.eps, cs, sn);
+#pragma unroll
+            for (int i = 0; i < R; i++) { qr[g][i] *= scale; acc[g][i] = 0.f; }
+            mx[g] = -INFINITY; l[g] = 0.f;
+        }
+        if (j0 <= p && p < j1) { /* (block-uniform) */
+            const size_t o = (size_t)p * nkv * hd + (size_t)kvh * hd;
+            if (warp == 0) {
+                float kv[R];
+#pragma unroll
+                for (int i = 0; i < R; i++) kv[i] = P.k[(size_t)kvh * hd + lane + WARP * i];
+                qk_head<R>(kv, P.kn, lane, P.rot, P.eps, cs, sn);
+#pragma unroll
+                for (int i = 0; i < R; i++) P.kcw[o + lane + WARP * i] = kv[i];
+            } else
+                for (int i = threadIdx.x - WARP; i < hd; i += blockDim.x - WARP) P.vcw[o + i] = P.v[(size_t)kvh * hd + i];
+            __syncthreads(); /* (the block's writes are seen by its threads past the barrier) */
+        }
+    } else
 #pragma unroll
     for (int g = 0; g < HG; g++) {
         const float *qh = q + (size_t)t * nh * hd + (size_t)(kvh * HG + g) * hd;
@@ -2004,9 +2076,10 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
     return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
 }
+static const qk_fold qk_none = { NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0.f };
 static void attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                       int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw,
-                      int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0) {
+                      int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0, const qk_fold &P = qk_none) {
     if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) {
         const int np = cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o, part, cu_attention_part_floats(T, nh, hd, 1), p0h, h16,
                                   h16_bytes);
@@ -2015,10 +2088,10 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const flo
     }
     int hg = nh / nkv, np = splits;
     dim3 gq(T * nkv, splits);
-    if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw);
-    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw);
-    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw);
-    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw);
+    if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
+    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
+    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
+    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
     else {
         cu_go(k_attn, dim3(T * nh, splits), ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
         np = splits * ATT_WARPS;
@@ -2031,6 +2104,20 @@ void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *
     cu_rows none;
     memset(&none, 0, sizeof none);
     attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none);
+}
+int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
+                     int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
+                     float *part, float *o) {
+    static int on = -1;
+    const int hg = nkv > 0 ? nh / nkv : 0;
+    if (!cu_env_flag(&on, "LILY_CU_QK_FOLD", 1) || nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd ||
+        !((hd == 256 && (hg == 8 || hg == 4 || hg == 2)) || (hd == 128 && hg == 8)))
+        return 0;
+    const qk_fold P = { qg, k, v, qn, kn, inv_freq, kc, vc, rot, eps };
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    attention(s, NULL, qg, kc, vc, 1, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, P);
+    return 1;
 }
 void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
                       int hd, const int *pos, int p0h, void *h16, size_t h16_bytes, float *part, float *o) {

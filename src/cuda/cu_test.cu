@@ -344,6 +344,29 @@ lily_code lct_attention_split(const float *q, const float *qg, const float *kc, 
     return attention_run(q, qg, kc, vc, 1, nh, nkv, hd, pos0, ctx, splits, 0, o, st);
 }
 
+lily_code lct_attention_dec(const float *qg, const float *k, const float *v, const float *qn, const float *kn, const float *inv_freq,
+                            int nh, int nkv, int hd, int rot, float eps, int pos0, int ctx, int splits, float *kc, float *vc, float *o,
+                            lily_status *st) {
+    dlist L = { {0}, 0 };
+    lily_code rc = LILY_OK;
+    float *dqg = (float *)dput(&L, qg, (size_t)nh * 2 * hd * 4, st, &rc);
+    float *dk = (float *)dput(&L, k, (size_t)nkv * hd * 4, st, &rc), *dv = (float *)dput(&L, v, (size_t)nkv * hd * 4, st, &rc);
+    float *dqn = (float *)dput(&L, qn, (size_t)hd * 4, st, &rc), *dkn = (float *)dput(&L, kn, (size_t)hd * 4, st, &rc);
+    float *dif = (float *)dput(&L, inv_freq, (size_t)(rot / 2) * 4, st, &rc);
+    float *dkc = (float *)dput(&L, kc, (size_t)ctx * nkv * hd * 4, st, &rc), *dvc = (float *)dput(&L, vc, (size_t)ctx * nkv * hd * 4, st, &rc);
+    int *dp = (int *)dput(&L, &pos0, 4, st, &rc);
+    float *part = (float *)dput(&L, NULL, cu_attention_part_floats(1, nh, hd, splits) * 4, st, &rc);
+    float *dout = (float *)dput(&L, NULL, (size_t)nh * hd * 4, st, &rc);
+    if (!rc && !cu_attention_dec(0, dqg, dk, dv, dqn, dkn, nh, nkv, hd, rot, dif, eps, dp, dkc, dvc, splits, part, dout))
+        rc = lily_err(st, LILY_EUNSUPPORTED, "cu_attention_dec declined");
+    rc = finish(st, rc);
+    if (!rc) rc = dget(o, dout, (size_t)nh * hd * 4, st);
+    if (!rc) rc = dget(kc, dkc, (size_t)ctx * nkv * hd * 4, st);
+    if (!rc) rc = dget(vc, dvc, (size_t)ctx * nkv * hd * 4, st);
+    dfree(&L);
+    return rc;
+}
+
 /* lct_packed: device buffers for the producer's packed output and k_xp_pack's of y [T][n] */
 static uint16_t *pk_alloc(dlist *L, const lct_packed *pk, int T, int n, uint16_t **ref, lily_status *st, lily_code *rc) {
     if (!pk) return *ref = NULL;

@@ -54,6 +54,12 @@ lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, int wg, float *
 lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
                         int pos0, int ctx, int h16, float *o, lily_status *st);
 /* The same for one token (T 1) over the keys in `splits` parts merged after, as decode runs it. */
+/* Decode attention with the q/k prep folded in (cu_attention_dec): qg [nh][2 hd] raw q and gates, k,
+ * v [nkv][hd] the new token's raw key and value, at position pos0 of the caches kc, vc [ctx][nkv][hd]
+ * (written there); o [nh][hd]. Fails where it declines. */
+lily_code lct_attention_dec(const float *qg, const float *k, const float *v, const float *qn, const float *kn, const float *inv_freq,
+                            int nh, int nkv, int hd, int rot, float eps, int pos0, int ctx, int splits, float *kc, float *vc, float *o,
+                            lily_status *st);
 lily_code lct_attention_split(const float *q, const float *qg, const float *kc, const float *vc, int nh, int nkv, int hd,
                               int pos0, int ctx, int splits, float *o, lily_status *st);
 /* The gated RMSNorm of the delta rule's output at prefill (cu_gated_norm), in place on o
