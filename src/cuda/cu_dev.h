@@ -326,8 +326,7 @@ __device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X,
     return xsl || !eidx ? 0 : eidx[slot];
 }
 
-/* ---- the 4-bit matrix-vector kernels' input staging and chunk product (k_mvq, k_mvq4,
- * k_moe_down_comb) ---- */
+/* ---- the 4-bit matrix-vector kernels' input staging and chunk product (k_mvq, k_mvq4) ---- */
 /* The 4-bit codes become floats without int-to-float conversions, which run at a quarter of
  * the FMA rate and bound this kernel near 2 TB/s of weights on the H200: a nibble masked in
  * place and put under the exponent of 2^23 (0x4B000000) is the float 2^23 + q 2^s, exact, and
