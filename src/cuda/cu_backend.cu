@@ -596,7 +596,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
         return;
     }
     float *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
-    if (T == 1 && cu_attention_dec(q, s->qg, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
+    if (T == 1 && cu_qk_fold_enabled() && cu_attention_dec(q, s->qg, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
                                    (float)c->eps, s->d_pos, kc, vc, DECODE_SPLITS, s->part, s->ao)) {
         PM(s, "attn q/k norm + rope + cache + core");
         proj_out(s, &L->o, s->ao, nh * hd, T);

@@ -1985,28 +1985,29 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
     int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
     float qr[HG][R], acc[HG][R], mx[HG], l[HG];
     float scale = rsqrtf((float)hd);
-    if (P.qg) { /* (T = 1) the q heads' prep in every warp, which reads them all; the new key's by
-                 * the block whose keys end with it, before its warps read the cache */
-        const int p = n - 1;
+    if (P.qg) { /* (T = 1) the q heads' prep shared by the warps (a warp a head, through shared
+                 * memory: every warp reads them all; each warp doing all of them measured slower);
+                 * the new key's by the block whose keys end with it, before its warps read the cache */
+        __shared__ float qs[HG][R * WARP];
+        const int p = n - 1, hw = P.rot / 64;
         float cs[R], sn[R];
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            const float ang = i < P.rot / 64 ? (float)p * P.inv_freq[lane + WARP * i] : 0.f;
-            cs[i] = cosf(ang);
-            sn[i] = sinf(ang);
+            cs[i] = 1.f; sn[i] = 0.f;
+            if (i < hw) {
+                const float ang = (float)p * P.inv_freq[lane + WARP * i];
+                cs[i] = cosf(ang);
+                sn[i] = sinf(ang);
+            }
         }
-#pragma unroll
-        for (int g = 0; g < HG; g++) {
+        for (int g = warp; g < HG; g += ATT_WARPS) {
             const float *qh = P.qg + (size_t)(kvh * HG + g) * 2 * hd;
+            float v[R];
 #pragma unroll
-            for (int i = 0; i < R; i++) qr[g][i] = qh[lane + WARP * i];
-        }
+            for (int i = 0; i < R; i++) v[i] = qh[lane + WARP * i];
+            qk_head<R>(v, P.qn, lane, P.rot, P.eps, cs, sn);
 #pragma unroll
-        for (int g = 0; g < HG; g++) {
-            qk_head<R>(qr[g], P.qn, lane, P.rot, P.eps, cs, sn);
-#pragma unroll
-            for (int i = 0; i < R; i++) { qr[g][i] *= scale; acc[g][i] = 0.f; }
-            mx[g] = -INFINITY; l[g] = 0.f;
+            for (int i = 0; i < R; i++) qs[g][lane + WARP * i] = v[i] * scale;
         }
         if (j0 <= p && p < j1) { /* (block-uniform) */
             const size_t o = (size_t)p * nkv * hd + (size_t)kvh * hd;
@@ -2019,7 +2020,13 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
                 for (int i = 0; i < R; i++) P.kcw[o + lane + WARP * i] = kv[i];
             } else
                 for (int i = threadIdx.x - WARP; i < hd; i += blockDim.x - WARP) P.vcw[o + i] = P.v[(size_t)kvh * hd + i];
-            __syncthreads(); /* (the block's writes are seen by its threads past the barrier) */
+        }
+        __syncthreads(); /* (the q heads, and the block's cache writes, seen by its threads past the barrier) */
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+#pragma unroll
+            for (int i = 0; i < R; i++) { qr[g][i] = qs[g][lane + WARP * i]; acc[g][i] = 0.f; }
+            mx[g] = -INFINITY; l[g] = 0.f;
         }
     } else
 #pragma unroll
@@ -2108,9 +2115,8 @@ void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *
 int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
                      int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
                      float *part, float *o) {
-    static int on = -1;
     const int hg = nkv > 0 ? nh / nkv : 0;
-    if (!cu_env_flag(&on, "LILY_CU_QK_FOLD", 1) || nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd ||
+    if (nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd ||
         !((hd == 256 && (hg == 8 || hg == 4 || hg == 2)) || (hd == 128 && hg == 8)))
         return 0;
     const qk_fold P = { qg, k, v, qn, kn, inv_freq, kc, vc, rot, eps };
@@ -2118,6 +2124,10 @@ int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const floa
     memset(&none, 0, sizeof none);
     attention(s, NULL, qg, kc, vc, 1, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, P);
     return 1;
+}
+int cu_qk_fold_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_QK_FOLD", 0);
 }
 void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
                       int hd, const int *pos, int p0h, void *h16, size_t h16_bytes, float *part, float *o) {
