@@ -1950,6 +1950,15 @@ typedef struct {
     float eps;
 } qk_fold;
 
+template <int R, int HW>
+__device__ __forceinline__ void qk_rope(float (&v)[R], const float (&cs)[R], const float (&sn)[R]) {
+#pragma unroll
+    for (int i = 0; i < HW && i + HW < R; i++) {
+        const float a = v[i], b = v[i + HW];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + HW] = b * cs[i] + a * sn[i];
+    }
+}
 /* One head's hd values, R a lane (column lane + 32 i), normalized (weights w) and rotated by RoPE
  * as k_qk_prep does, in place; cs[i], sn[i] (i < rot / 64): column lane + 32 i's angle. */
 template <int R>
@@ -1962,14 +1971,13 @@ __device__ __forceinline__ void qk_head(float (&v)[R], const float *w, int lane,
     const float r = 1.0f / sqrtf(ss / (R * WARP) + eps);
 #pragma unroll
     for (int i = 0; i < R; i++) v[i] = v[i] * r * w[lane + WARP * i];
-    const int hw = rot / 2 / WARP; /* i < hw: the pair's first half, with i + hw */
-#pragma unroll
-    for (int i = 0; i < R; i++)
-        if (i < hw) {
-            const float a = v[i], b = v[i + hw];
-            v[i] = a * cs[i] - b * sn[i];
-            v[i + hw] = b * cs[i] + a * sn[i];
-        }
+    /* i < hw: the pair's first half, with i + hw; hw a template argument, so v stays in registers */
+    switch (rot / 64) {
+    case 1: qk_rope<R, 1>(v, cs, sn); break;
+    case 2: qk_rope<R, 2>(v, cs, sn); break;
+    case 3: qk_rope<R, 3>(v, cs, sn); break;
+    default: qk_rope<R, 4>(v, cs, sn); break;
+    }
 }
 
 template <int HG, int R>
@@ -2116,7 +2124,7 @@ int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const floa
                      int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
                      float *part, float *o) {
     const int hg = nkv > 0 ? nh / nkv : 0;
-    if (nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd ||
+    if (nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd || rot > 256 ||
         !((hd == 256 && (hg == 8 || hg == 4 || hg == 2)) || (hd == 128 && hg == 8)))
         return 0;
     const qk_fold P = { qg, k, v, qn, kn, inv_freq, kc, vc, rot, eps };
