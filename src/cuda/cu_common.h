@@ -393,8 +393,8 @@ void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const
 /* Decode (one token, one session): q/k norm, RoPE and the cache write (cu_qk_prep's) folded into the
  * attention launch, qg/k/v the in-projection's raw outputs; then cu_attention's merge into o. 0
  * when it declines (rot not a multiple of 64, head shapes k_attn_gqa does not take): then
- * cu_qk_prep and cu_attention. _enabled: whether the forward pass uses it (LILY_CU_QK_FOLD=1; off:
- * measured slower on the H200, bench/RESULTS.md session 19). */
+ * cu_qk_prep and cu_attention. _enabled: whether the forward pass uses it (default; LILY_CU_QK_FOLD=0
+ * for k_qk_prep's launch, for measuring). */
 int cu_qk_fold_enabled(void);
 int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
                      int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,

@@ -1994,7 +1994,8 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
     float qr[HG][R], acc[HG][R], mx[HG], l[HG];
     float scale = rsqrtf((float)hd);
     if (P.qg) { /* (T = 1) the q heads' prep shared by the warps (a warp a head, through shared
-                 * memory: every warp reads them all; each warp doing all of them measured slower);
+                 * memory: every warp reads them all; each warp doing all of them measured 1% slower
+                 * than k_qk_prep's launch, this form 0.8% faster, bench/RESULTS.md session 19);
                  * the new key's by the block whose keys end with it, before its warps read the cache */
         __shared__ float qs[HG][R * WARP];
         const int p = n - 1, hw = P.rot / 64;
@@ -2135,7 +2136,7 @@ int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const floa
 }
 int cu_qk_fold_enabled(void) {
     static int on = -1;
-    return cu_env_flag(&on, "LILY_CU_QK_FOLD", 0);
+    return cu_env_flag(&on, "LILY_CU_QK_FOLD", 1);
 }
 void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
                       int hd, const int *pos, int p0h, void *h16, size_t h16_bytes, float *part, float *o) {
