@@ -501,18 +501,22 @@ static void proj_group(lcuda_session *s, int n, const dmat *const *W, const floa
 /* A mixer's input projections of t. After a folded combine (s->fold_nw, decode) x holds the
  * layer's input before its norm: the launch normalizes it while staging (mvq_fuse.nw; every
  * matrix-vector kernel but k_mvtc, which declines, does) and writes t, as the combine did. */
-static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y) {
-    const lily_config *c = &s->m->cfg;
-    if (!s->fold_nw) {
-        proj_group(s, n, W, s->t, c->hidden, T, Y);
-        return;
-    }
-    LILY_ASSERT(T == 1 && n <= MVQ_MAX);
+/* one row's products W x with the norm a folded combine left (s->fold_nw) staged by the launch */
+static void fold_matvec(lcuda_session *s, int n, const dmat *const *W, float *const *Y) {
+    LILY_ASSERT(s->fold_nw && n <= MVQ_MAX);
     mvq_fuse fu;
     memset(&fu, 0, sizeof fu);
-    fu.nw = s->fold_nw; fu.eps = (float)c->eps; fu.tout = s->t;
-    cu_matvec_group(s->st, n, W, s->x, NULL, c->hidden, Y, NULL, NULL, 1, 1, &fu);
+    fu.nw = s->fold_nw; fu.eps = (float)s->m->cfg.eps; fu.tout = s->t;
+    cu_matvec_group(s->st, n, W, s->x, NULL, s->m->cfg.hidden, Y, NULL, NULL, 1, 1, &fu);
     s->fold_nw = NULL;
+}
+static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y) {
+    if (!s->fold_nw) {
+        proj_group(s, n, W, s->t, s->m->cfg.hidden, T, Y);
+        return;
+    }
+    LILY_ASSERT(T == 1);
+    fold_matvec(s, n, W, Y);
 }
 /* Whether L's input projections (L NULL: the lm_head) can take the norm that a folded combine
  * leaves to them: the one-row matrix-vector kernels (proj_group's condition for one row) */
@@ -863,15 +867,13 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
         moe(s, L, next, T, next ? next->ln1 : m->norm, fused ? s->y : NULL);
     }
     if (s->fold_nw) { /* (one token) the last combine was folded: the final norm in the lm_head's staging, or alone */
-        if (logits) {
-            const dmat *W[1] = { &m->lm_head };
-            float *Y[1] = { s->lg };
-            mvq_fuse fu;
-            memset(&fu, 0, sizeof fu);
-            fu.nw = s->fold_nw; fu.eps = eps; fu.tout = s->t;
-            cu_matvec_group(s->st, 1, W, s->x, NULL, H, Y, NULL, NULL, 1, 1, &fu);
-        } else cu_rmsnorm(s->st, s->x, NULL, s->fold_nw, H, 1, eps, s->t);
-        s->fold_nw = NULL;
+        const dmat *W[1] = { &m->lm_head };
+        float *Y[1] = { s->lg };
+        if (logits) fold_matvec(s, 1, W, Y);
+        else {
+            cu_rmsnorm(s->st, s->x, NULL, s->fold_nw, H, 1, eps, s->t);
+            s->fold_nw = NULL;
+        }
     } else if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
     else if (logits) cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);
     PM(s, "lm_head");
