@@ -106,6 +106,12 @@ typedef struct {
     int ldy[GT_MAX];
     int blk0[GT_MAX + 1];
     int n;
+    /* bytes of a row's scales (and of its biases) over the block's steps, which the block copies to
+     * shared memory once at its start (0: a step's with each stage). Why: a step's are 4 bytes a row,
+     * 128 rows apart, so each warp's copy touched 32 sectors for 128 bytes (Nsight, session 20: 35% of
+     * the experts' gate|up's L2 sectors and 34% of its shared-memory wavefronts were these copies'
+     * excess); a row's are contiguous over the steps, so once a block they are 16-byte copies. */
+    int sbup;
 } gt_group;
 
 /* The packed fp16 input (XP): a row of C columns is C halves in 128-column steps of 16 chunks
@@ -174,7 +180,8 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
         ssrc = (const char *)sm.s + (long long)e * sm.es + (size_t)r * sbrow;
         bsrc = (const char *)sm.b + (long long)e * sm.es + (size_t)r * sbrow;
     }
-    const size_t SB = gt_stage_bytes(BT, sbb, XP);
+    const int sbu = G.sbup, sbs = sbu ? 0 : sbb; /* (sbs: a stage's bytes of a row's scales) */
+    const size_t SB = gt_stage_bytes(BT, sbs, XP);
     /* the next step to issue goes to slot wslot; the sources advance a step each issue */
     const float *xsrc = (const float *)Xv + 4 * lane;
     const __half *xsrc16 = (const __half *)Xv + 8 * (tid & 15);
@@ -184,16 +191,18 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
         unsigned char *st = gt_sm + (size_t)wslot * SB;
 #pragma unroll
         for (int j = 0; j < 4; j++) { cu_cp<16>(st + (j * 128 + tid) * 16, wsrc[j]); wsrc[j] += GT_K / 2; }
-        unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
-        if (sbb == 4) { cu_cp<4>(ss + tid * 4, ssrc); cu_cp<4>(bs + tid * 4, bsrc); }
-        else if (sbb == 8) { cu_cp<8>(ss + tid * 8, ssrc); cu_cp<8>(bs + tid * 8, bsrc); }
-        else { cu_cp<16>(ss + tid * 16, ssrc); cu_cp<16>(bs + tid * 16, bsrc); }
-        ssrc += sbb;
-        bsrc += sbb;
+        unsigned char *ss = st + 8192, *bs = ss + 128 * sbs;
+        if (!sbu) {
+            if (sbb == 4) { cu_cp<4>(ss + tid * 4, ssrc); cu_cp<4>(bs + tid * 4, bsrc); }
+            else if (sbb == 8) { cu_cp<8>(ss + tid * 8, ssrc); cu_cp<8>(bs + tid * 8, bsrc); }
+            else { cu_cp<16>(ss + tid * 16, ssrc); cu_cp<16>(bs + tid * 16, bsrc); }
+            ssrc += sbb;
+            bsrc += sbb;
+        }
         if (XP) {
             /* token t's chunk c at c ^ 4 (t odd): the quarter-warp reading chunks 4w..4w+3 of
              * tokens 2i and 2i + 1 then hits all 32 banks */
-            uint4 *xs = (uint4 *)(bs + 128 * sbb);
+            uint4 *xs = (uint4 *)(bs + 128 * sbs);
 #pragma unroll
             for (int j = 0; j < NJ; j++) {
                 const int t = xt + 8 * j;
@@ -201,7 +210,7 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
             }
             xsrc16 += GT_K;
         } else {
-            float *xs = (float *)(bs + 128 * sbb);
+            float *xs = (float *)(bs + 128 * sbs);
 #pragma unroll
             for (int j = 0; j < BT / 4; j++) {
                 const int t = warp + 4 * j;
@@ -235,6 +244,21 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
     xsrc16 += (size_t)k0 * GT_K;
     float *const yout = blockIdx.z ? G.y2[mi] : (float *)G.y[mi];
     const int sboff = (32 * q / m.group) * gt_sbytes(m.sbt); /* this lane's group among a row's sbb bytes */
+    /* sbu: every row's scales and biases for the block's steps, 16-byte copies, in the first stage's group
+     * (row ri of the block in the copy order above; scales [128][sbu], then biases) */
+    unsigned char *sball = gt_sm + (size_t)NS * SB + (XP ? 0 : (size_t)BT * 256) + (WG ? (size_t)64 * 256 : 0);
+    if (sbu) {
+        const int pr = sbu / 16;
+        for (int i = tid; i < 128 * pr; i += GT_THREADS) {
+            const int ri = i / pr, pc = i - ri * pr;
+            const dmat &sm = DUAL && ((ri >> 4) & 1) ? m2 : m;
+            int r = gt_row<DUAL>(r0, ri >> 5, (ri >> 4) & 1, (ri >> 3) & 1, ri & 7);
+            r = r < m.rows ? r : m.rows - 1;
+            const size_t off = (size_t)((long long)e * sm.es) + (size_t)r * sbrow + (size_t)k0 * sbb + 16 * pc;
+            cu_cp<16>(sball + ri * sbu + 16 * pc, (const char *)sm.s + off);
+            cu_cp<16>(sball + (128 + ri) * sbu + 16 * pc, (const char *)sm.b + off);
+        }
+    }
     for (int s = 0; s < NS - 1; s++) {
         if (s < nk) stage();
         cu_cp_commit();
@@ -254,9 +278,15 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
         const unsigned char *st = gt_sm + (size_t)rslot * SB;
         rslot = rslot + 1 == NS ? 0 : rslot + 1;
         const uint4 *ws = (const uint4 *)st;
-        const unsigned char *ss = st + 8192, *bs = ss + 128 * sbb;
+        /* the step's inputs at bs + 128 sbs; its scales (rows sstr bytes apart) at ss, biases at bs */
+        const unsigned char *ss = st + 8192, *bs = ss + 128 * sbs, *xin = bs + 128 * sbs;
+        const int sstr = sbu ? sbu : sbb;
+        if (sbu) {
+            ss = sball + (size_t)k * sbb;
+            bs = ss + 128 * sbu;
+        }
         if (!XP) {
-            const float4 *xs = (const float4 *)(bs + 128 * sbb);
+            const float4 *xs = (const float4 *)xin;
 #pragma unroll
             for (int r = 0; r < BT / 8; r++) {
                 const int i = tid + GT_THREADS * r, t = 8 * (i >> 7) + ((i >> 2) & 7), c = 8 * (i & 3) + 2 * ((i >> 5) & 3);
@@ -276,8 +306,8 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
                 const int rr = (warp * 2 + i) * 2 + h;
                 wv[i][h] = ws[rr * 32 + lane];
                 const int ri = rr * 8 + g;
-                const float sc = mvq_sb<SBT>((const char *)ss + ri * sbb + sboff, m.sbt, 0);
-                const float bi = mvq_sb<SBT>((const char *)bs + ri * sbb + sboff, m.sbt, 0);
+                const float sc = mvq_sb<SBT>((const char *)ss + ri * sstr + sboff, m.sbt, 0);
+                const float bi = mvq_sb<SBT>((const char *)bs + ri * sstr + sboff, m.sbt, 0);
                 s2[i][h] = __float2half2_rn(sc * se[i]);
                 b2[i][h] = __float2half2_rn(bi * be[i]);
                 b16[i][h] = __float2half2_rn(bi * (16.f * be[i]));
@@ -286,7 +316,7 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
             /* token n's words w: chunks 4w + q (q = 0..3, a lane's four pairs) in, the pairs' rows out:
              * k16 step 2w + p / 2, k half p % 2, at (4w + p) KB + 16 n (core matrices of 8 tokens, 128
              * bytes apart; the k halves 1 KB apart) */
-            const uint4 *xs = (const uint4 *)(bs + 128 * sbb);
+            const uint4 *xs = (const uint4 *)xin;
             uint4 *wb = (uint4 *)(gt_sm + (size_t)NS * SB);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
@@ -331,7 +361,7 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
             continue;
         }
         if (!XP) __syncthreads(); /* the fp16 inputs are in */
-        const uint4 *xb = XP ? (const uint4 *)(bs + 128 * sbb) : xh;
+        const uint4 *xb = XP ? (const uint4 *)xin : xh;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             uint4 bf[NJ];
@@ -468,8 +498,18 @@ static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx,
         return;
     }
     const int sbb = gt_sbb(&G->m[0]), ns = gt_ns(so->count != NULL);
+    /* the scales once a block (gt_group.sbup) where a block's steps are whole 16-byte copies of every
+     * row's and they take at most 32 KB; LILY_CU_GT_SBUP=0: a step's with each stage, for measuring */
+    gt_group g = *G;
+    static int sbup_on = -1;
+    const int nkt = G->m[0].cols / GT_K, z = (int)grid.z;
+    g.sbup = cu_env_flag(&sbup_on, "LILY_CU_GT_SBUP", 1) && nkt % z == 0 ? nkt / z * sbb : 0;
+    if (g.sbup % 16 || (nkt * sbb) % 16 || 2 * 128 * g.sbup > 32768) g.sbup = 0;
+    for (int i = 0; i < (DUAL ? 2 : G->n); i++)
+        if (((uintptr_t)G->m[i].s & 15) || ((uintptr_t)G->m[i].b & 15) || G->m[i].es % 16) g.sbup = 0;
     /* WG: the step's inputs rewritten for wgmma, 64 tokens x 256 bytes, after the stages */
-    const size_t smem = ns * gt_stage_bytes(BT, sbb, XP) + (XP ? 0 : (size_t)BT * 256) + (WG ? (size_t)64 * 256 : 0);
+    const size_t smem = ns * gt_stage_bytes(BT, g.sbup ? 0 : sbb, XP) + (XP ? 0 : (size_t)BT * 256) + (WG ? (size_t)64 * 256 : 0) +
+                        (size_t)2 * 128 * g.sbup;
     static size_t opted = 0; /* the most shared memory this kernel has asked for (a refusal fails the launch) */
     if (smem > opted &&
         cudaFuncSetAttribute(k_gemm_tc<BT, DUAL, SBT, XP, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess)
@@ -478,7 +518,7 @@ static void gt_launch(cudaStream_t s, const gt_group *G, const void *X, int ldx,
      * loop for 32-token tiles of up to 16 tokens, 2 also three n-tiles and 64-token tiles' four */
     static int env = INT_MIN;
     const int njv = cu_env_int(&env, "LILY_CU_GT_NJ", 2);
-    cu_go(k_gemm_tc<BT, DUAL, SBT, XP, WG>, grid, GT_THREADS, smem, s)(*G, X, ldx, T, *so, xdiv, sbb, ns, njv);
+    cu_go(k_gemm_tc<BT, DUAL, SBT, XP, WG>, grid, GT_THREADS, smem, s)(g, X, ldx, T, *so, xdiv, sbb, ns, njv);
 }
 
 template <int DUAL, int XP>
