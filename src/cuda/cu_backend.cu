@@ -498,9 +498,6 @@ static void proj_group(lcuda_session *s, int n, const dmat *const *W, const floa
     for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
 }
 
-/* A mixer's input projections of t. After a folded combine (s->fold_nw, decode) x holds the
- * layer's input before its norm: the launch normalizes it while staging (mvq_fuse.nw; every
- * matrix-vector kernel but k_mvtc, which declines, does) and writes t, as the combine did. */
 /* one row's products W x with the norm a folded combine left (s->fold_nw) staged by the launch */
 static void fold_matvec(lcuda_session *s, int n, const dmat *const *W, float *const *Y) {
     LILY_ASSERT(s->fold_nw && n <= MVQ_MAX);
@@ -510,6 +507,9 @@ static void fold_matvec(lcuda_session *s, int n, const dmat *const *W, float *co
     cu_matvec_group(s->st, n, W, s->x, NULL, s->m->cfg.hidden, Y, NULL, NULL, 1, 1, &fu);
     s->fold_nw = NULL;
 }
+/* A mixer's input projections of t. After a folded combine (s->fold_nw, decode) x holds the
+ * layer's input before its norm: the launch normalizes it while staging (mvq_fuse.nw; every
+ * matrix-vector kernel but k_mvtc, which declines, does) and writes t, as the combine did. */
 static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y) {
     if (!s->fold_nw) {
         proj_group(s, n, W, s->t, s->m->cfg.hidden, T, Y);

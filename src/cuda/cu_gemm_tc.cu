@@ -107,8 +107,8 @@ typedef struct {
     int blk0[GT_MAX + 1];
     int n;
     /* bytes of a row's scales (and of its biases) over the block's steps, which the block copies to
-     * shared memory once at its start (0: a step's with each stage). Why: a step's are 4 bytes a row,
-     * 128 rows apart, so each warp's copy touched 32 sectors for 128 bytes (Nsight, session 20: 35% of
+     * shared memory once at its start (0: a step's with each stage). Why: a step's are 4 bytes from each
+     * of 128 rows, a scale row apart, so each warp's copy touched 32 sectors for 128 bytes (Nsight, session 20: 35% of
      * the experts' gate|up's L2 sectors and 34% of its shared-memory wavefronts were these copies'
      * excess); a row's are contiguous over the steps, so once a block they are 16-byte copies. */
     int sbup;
@@ -171,15 +171,17 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
         r = r < m.rows ? r : m.rows - 1; /* rows past the end load the last (outputs discarded) */
         wsrc[j] = (const char *)cm.w + (long long)e * cm.ew + (size_t)r * rowb + 16 * cq;
     }
-    const char *ssrc, *bsrc;
-    {
-        const int tl = (tid >> 4) & 1, hf = (tid >> 3) & 1, gg = tid & 7;
+    /* where row ri of the block (copy order: warp, tile, half, g) has its scales and biases */
+    auto sb_row = [&](int ri, const char *&sp, const char *&bp) {
+        const int tl = (ri >> 4) & 1;
         const dmat &sm = DUAL && tl ? m2 : m;
-        int r = gt_row<DUAL>(r0, tid >> 5, tl, hf, gg);
+        int r = gt_row<DUAL>(r0, ri >> 5, tl, (ri >> 3) & 1, ri & 7);
         r = r < m.rows ? r : m.rows - 1;
-        ssrc = (const char *)sm.s + (long long)e * sm.es + (size_t)r * sbrow;
-        bsrc = (const char *)sm.b + (long long)e * sm.es + (size_t)r * sbrow;
-    }
+        sp = (const char *)sm.s + (long long)e * sm.es + (size_t)r * sbrow;
+        bp = (const char *)sm.b + (long long)e * sm.es + (size_t)r * sbrow;
+    };
+    const char *ssrc, *bsrc;
+    sb_row(tid, ssrc, bsrc);
     const int sbu = G.sbup, sbs = sbu ? 0 : sbb; /* (sbs: a stage's bytes of a row's scales) */
     const size_t SB = gt_stage_bytes(BT, sbs, XP);
     /* the next step to issue goes to slot wslot; the sources advance a step each issue */
@@ -251,12 +253,11 @@ __device__ __forceinline__ void gt_body(const gt_group &G, const void *__restric
         const int pr = sbu / 16;
         for (int i = tid; i < 128 * pr; i += GT_THREADS) {
             const int ri = i / pr, pc = i - ri * pr;
-            const dmat &sm = DUAL && ((ri >> 4) & 1) ? m2 : m;
-            int r = gt_row<DUAL>(r0, ri >> 5, (ri >> 4) & 1, (ri >> 3) & 1, ri & 7);
-            r = r < m.rows ? r : m.rows - 1;
-            const size_t off = (size_t)((long long)e * sm.es) + (size_t)r * sbrow + (size_t)k0 * sbb + 16 * pc;
-            cu_cp<16>(sball + ri * sbu + 16 * pc, (const char *)sm.s + off);
-            cu_cp<16>(sball + (128 + ri) * sbu + 16 * pc, (const char *)sm.b + off);
+            const char *sp, *bp;
+            sb_row(ri, sp, bp);
+            const size_t off = (size_t)k0 * sbb + 16 * pc;
+            cu_cp<16>(sball + ri * sbu + 16 * pc, sp + off);
+            cu_cp<16>(sball + (128 + ri) * sbu + 16 * pc, bp + off);
         }
     }
     for (int s = 0; s < NS - 1; s++) {
