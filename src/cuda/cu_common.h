@@ -23,10 +23,15 @@ extern "C" {
 #if defined(LILY_CU_TRACE) && !defined(__CUDACC_EMU__)
 #include "cuda/cu_trace.h"
 #define CU_PDL() CU_TRACE_PDL()
+#define CU_MARK(i) CU_TRACE_MARK(i)
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define CU_PDL() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #else
 #define CU_PDL() do { } while (0)
+#endif
+/* CU_MARK(i), i < 3: in the timeline's build, when thread 0 of the block passed this point */
+#ifndef CU_MARK
+#define CU_MARK(i) do { } while (0)
 #endif
 
 /* Kernel launches: cu_go(kernel, grid, block[, smem[, stream]])(args...), in place of <<<>>>,
@@ -137,6 +142,10 @@ typedef struct {
     float *rwt;
     int epf; /* k_mvdp (set by its launcher; LILY_CU_MVDP_EPF=1): an expert's first codes fetched before the input's staging */
     int rovl; /* k_mvdp (set by its launcher): with rlog, the routing warp beside the staging (LILY_CU_ROUTE_OVL) */
+    /* gz (one dense matrix, k_mvdp only): the input is the gated norm of heads of 128 columns,
+     * x rmsnorm(x) gw silu(gz) a head (eps), applied while staging (cu_matvec_gated) */
+    const float *gz, *gw;
+    int nopre; /* k_mvdp (set by its launcher; LILY_CU_MVDP_PRE=0, for measuring): a dense matrix's first codes after the wait */
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
@@ -373,6 +382,14 @@ int cu_gdn_dec_ok(int nk, int nv, int dk, int dv, int K);
 int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
                const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, const float *z,
                const float *gw, float eps, unsigned *cnt);
+/* The same step split four ways a value head (k_gdn_dec_split), o [nv*dv] written before the gated
+ * norm (cu_matvec_gated, or cu_gated_norm, applies it); 0 where cu_gdn_dec_ok says no or with
+ * LILY_CU_GDN_SPLIT=0. */
+int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
+                     const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt);
+/* y [W->rows] = W g(o), g the gated norm of heads of 128 (o [cols] as k_gdn_dec_split leaves it, z
+ * [cols], gw [128]) applied by k_mvdp's staging: 0 (nothing launched) where k_mvdp declines. */
+int cu_matvec_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y);
 /* The delta rule step with the gated norm (z, gw) fused when the shape allows, else plain;
  * returns whether the norm was applied. */
 int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, const float *u, int cd,

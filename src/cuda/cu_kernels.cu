@@ -1486,16 +1486,19 @@ void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mix
 /* One delta rule step of state column j, its 128 rows over the four threads p of a quad (32 in
  * each one's sr): decay, d = (v_j - S_j . k) beta, S_j += k d, and the column's output S_j . q,
  * which every thread of the quad returns. */
+/* STR: the stride of the four threads' 32-row parts of q and k in shared memory (36 puts the four
+ * parts' 16-byte loads in distinct banks; 32 is four-way conflicted) */
+template <int STR = 32>
 __device__ __forceinline__ float gdn_col_step(float (&sr)[32], const float *qs, const float *ks, int p, float decay, float vj,
                                               float beta) {
     float d = 0.f, out = 0.f;
 #pragma unroll
-    for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * 32 + i]; }
+    for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * STR + i]; }
     d += __shfl_xor_sync(0xffffffffu, d, 1);
     d += __shfl_xor_sync(0xffffffffu, d, 2);
     d = (vj - d) * beta;
 #pragma unroll
-    for (int i = 0; i < 32; i++) { sr[i] += ks[p * 32 + i] * d; out += sr[i] * qs[p * 32 + i]; }
+    for (int i = 0; i < 32; i++) { sr[i] += ks[p * STR + i] * d; out += sr[i] * qs[p * STR + i]; }
     out += __shfl_xor_sync(0xffffffffu, out, 1);
     out += __shfl_xor_sync(0xffffffffu, out, 2);
     return out;
@@ -1663,6 +1666,7 @@ __global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const
     const float ss = warp_sum(v * v);
     if (tid % WARP == 0) red[warp] = ss;
     __syncthreads();
+    CU_MARK(0);
     if (tid < 256) {
         const float tot = tid < 128 ? red[0] + red[1] + red[2] + red[3] : red[4] + red[5] + red[6] + red[7];
         qkb[tid] = v * (1.0f / sqrtf(tot + 1e-6f) * (tid < 128 ? 1.0f / sqrtf((float)dk) : 1.0f));
@@ -1673,6 +1677,7 @@ __global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const
         if (last) cnt[kh] = 0;
     }
     __syncthreads();
+    CU_MARK(1);
     if (ch >= 0 && K > 1 && (tid >= 256 || last)) {
         float *st = state + (size_t)ch * (K - 1);
 #pragma unroll
@@ -1682,6 +1687,7 @@ __global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const
     }
     const float beta = sigm_f(bh), decay = expf(gdn_g(ah + dtb, alog)), vj = vsh[j];
     const float out = gdn_col_step(sr, qkb, qkb + 128, p, decay, vj, beta);
+    CU_MARK(2);
     float sq = warp_sum(p == 0 ? out * out : 0.f);
     if (tid % WARP == 0) red2[warp] = sq;
     __syncthreads();
@@ -1702,6 +1708,124 @@ int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const floa
                const float *gw, float eps, unsigned *cnt) {
     if (!cu_gdn_dec_ok(nk, nv, dk, dv, K) || !z || !gw || !cnt) return 0;
     cu_go(k_gdn_dec128, nv, 512, 0, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, z, gw, eps, cnt);
+    return 1;
+}
+
+/* The same step split four ways a value head (k_gdn_dec_split): block (h, sp) takes columns
+ * 32 sp .. 32 sp + 31 of head h's S, 128 threads. Why: k_gdn_dec128's 32 blocks each wait on 64 KB of S
+ * from one SM; the decode timeline (bench/RESULTS.md session 21) put ~4.5 us of a layer's path on
+ * that wait, in the column step that first uses S. Here 128 SMs take 16 KB each. What a quarter
+ * block cannot do alone is the gated norm (the head's sum of squares spans four blocks): o is
+ * written before it, and the out-projection's staging applies it (mvq_fuse.gz, cu_matvec_gated),
+ * or k_gated_norm128 does where that launch declines. Every block computes its key head's q and
+ * k conv (a channel a thread) and its own 32 value channels; the shared q | k conv state is
+ * written by the last of the key head's nv / nk x 4 blocks to count (cnt [nk], 0 between
+ * launches), whose count goes out before the column step and is read after it. q and k sit in
+ * shared memory at a 36-float stride a thread's part (gdn_col_step<36>: no bank conflicts).
+ * On the H200 (session 21): 4.6 us on a layer's path and the gated norm's launch 1.9, against
+ * k_gdn_dec128's 7.3: tg128 526.8 -> 534.3 against LILY_CU_GDN_SPLIT=0 (k_gdn_dec128) in one call, 538 with
+ * the norm in the out-projection's staging and the shared-memory pad below. */
+#define GDN_SPLIT 4
+__global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
+                                                       const float *__restrict__ cw, const float *__restrict__ bb,
+                                                       const float *__restrict__ aa, const float *__restrict__ A_log,
+                                                       const float *__restrict__ dt_bias, float *S, float *__restrict__ o, unsigned *cnt) {
+    __shared__ float qs[4 * 36], ks[4 * 36], vsh[32], red[8];
+    __shared__ int last;
+    const int dk = 128, dv = 128, tid = threadIdx.x, warp = tid / WARP;
+    const int h = blockIdx.x, sp = blockIdx.y, j = tid / 4, p = tid % 4, jj = sp * 32 + j;
+    const int ratio = nv / nk, kh = h / ratio, kd = nk * dk;
+    const int cq = kh * dk + tid, ck = kd + kh * dk + tid, cv = tid < 32 ? 2 * kd + h * dv + sp * 32 + tid : -1;
+    float *Sh = S + (size_t)h * dk * dv;
+    /* (indexed by constants only: registers, not a stack frame) */
+    float sr[32], wq[GDN_DEC_KMAX], wk[GDN_DEC_KMAX], wv[GDN_DEC_KMAX], sq[GDN_DEC_KMAX], sk[GDN_DEC_KMAX], sv[GDN_DEC_KMAX];
+#pragma unroll
+    for (int i = 0; i < 32; i++) sr[i] = Sh[(size_t)(p * 32 + i) * dv + jj];
+#pragma unroll
+    for (int i = 0; i < GDN_DEC_KMAX; i++) {
+        const bool in = i < K - 1;
+        wq[i] = in ? cw[(size_t)cq * K + i] : 0.f;
+        sq[i] = in ? state[(size_t)cq * (K - 1) + i] : 0.f;
+        wk[i] = in ? cw[(size_t)ck * K + i] : 0.f;
+        sk[i] = in ? state[(size_t)ck * (K - 1) + i] : 0.f;
+        wv[i] = in && cv >= 0 ? cw[(size_t)cv * K + i] : 0.f;
+        sv[i] = in && cv >= 0 ? state[(size_t)cv * (K - 1) + i] : 0.f;
+    }
+    const float wlq = cw[(size_t)cq * K + K - 1], wlk = cw[(size_t)ck * K + K - 1], wlv = cv >= 0 ? cw[(size_t)cv * K + K - 1] : 0.f;
+    const float alog = A_log[h], dtb = dt_bias[h];
+    CU_PDL();
+    const float iq = mixed[cq], ik = mixed[ck], iv = cv >= 0 ? mixed[cv] : 0.f, bh = bb[h], ah = aa[h];
+    float aq = 0.f, ak = 0.f, av = 0.f;
+#pragma unroll
+    for (int i = 0; i < GDN_DEC_KMAX; i++)
+        if (i < K - 1) {
+            aq += wq[i] * sq[i];
+            ak += wk[i] * sk[i];
+            av += wv[i] * sv[i];
+        }
+    aq += wlq * iq;
+    ak += wlk * ik;
+    av += wlv * iv;
+    const float vq = silu_f(aq), vk = silu_f(ak), vv = cv >= 0 ? silu_f(av) : 0.f;
+    const float ssq = warp_sum(vq * vq), ssk = warp_sum(vk * vk);
+    if (tid % WARP == 0) {
+        red[warp] = ssq;
+        red[4 + warp] = ssk;
+    }
+    __syncthreads();
+    unsigned ticket = 0;
+    if (tid == 0) { /* every thread of the block has read its conv state (its values are in aq, ak) */
+        __threadfence();
+        ticket = atomicAdd(&cnt[kh], 1u);
+    }
+    const float tq = (red[0] + red[1]) + (red[2] + red[3]), tk = (red[4] + red[5]) + (red[6] + red[7]);
+    const int pi = (tid / 32) * 36 + tid % 32;
+    qs[pi] = vq * (1.0f / sqrtf(tq + 1e-6f) * (1.0f / sqrtf((float)dk)));
+    ks[pi] = vk * (1.0f / sqrtf(tk + 1e-6f));
+    if (cv >= 0) vsh[tid] = vv;
+    __syncthreads();
+    const float beta = sigm_f(bh), decay = expf(gdn_g(ah + dtb, alog));
+    const float out = gdn_col_step<36>(sr, qs, ks, p, decay, vsh[j], beta);
+    if (p == 0) o[(size_t)h * dv + jj] = out;
+#pragma unroll
+    for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + jj] = sr[i];
+    if (cv >= 0 && K > 1) { /* the block's own value channels */
+        float *st = state + (size_t)cv * (K - 1);
+#pragma unroll
+        for (int i = 0; i + 1 < GDN_DEC_KMAX; i++)
+            if (i + 1 < K - 1) st[i] = sv[i + 1];
+        st[K - 2] = iv;
+    }
+    if (tid == 0) {
+        last = ticket == (unsigned)(ratio * GDN_SPLIT) - 1;
+        if (last) cnt[kh] = 0;
+    }
+    __syncthreads();
+    if (last && K > 1) {
+        float *stq = state + (size_t)cq * (K - 1), *stk = state + (size_t)ck * (K - 1);
+#pragma unroll
+        for (int i = 0; i + 1 < GDN_DEC_KMAX; i++)
+            if (i + 1 < K - 1) {
+                stq[i] = sq[i + 1];
+                stk[i] = sk[i + 1];
+            }
+        stq[K - 2] = iq;
+        stk[K - 2] = ik;
+    }
+}
+int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
+                     const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt) {
+    static int on = -1, pad = INT_MIN;
+    if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) || !cnt) return 0;
+    /* 60,000 bytes of shared memory a block that it does not use: at most three blocks an SM, where the
+     * scheduler otherwise packed the 128 onto the ~40 SMs the in-projection had left free (tg128 +0.3-0.5%
+     * on the H200, 30,000 -0.4%, bench/RESULTS.md session 21); LILY_CU_GDN_SPLIT_SMEM=BYTES, for measuring */
+    cu_env_int(&pad, "LILY_CU_GDN_SPLIT_SMEM", 60000);
+    static int opted = 0;
+    const size_t sm = pad > 0 && pad <= 160 * 1024 ? (size_t)pad : 0;
+    if (sm > 48 * 1024 && !opted)
+        opted = cudaFuncSetAttribute(k_gdn_dec_split, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
+    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt);
     return 1;
 }
 
@@ -2553,7 +2677,7 @@ void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part
 }
 
 /* ---- L2 prefetch (cu_l2_prefetch) ---- */
-#define PF_MAX 18 /* regions: three (codes, scales, biases) for each of up to six matrices */
+#define PF_MAX 21 /* regions: three (codes, scales, biases) for each of up to seven matrices */
 #define PF_CHUNK 4096 /* bytes a bulk prefetch */
 typedef struct {
     int mode;                    /* LILY_CU_PF_MODE (measuring): 0 bulk, 1 a line at a time evict_last, 2 a line */

@@ -101,12 +101,29 @@ __device__ __forceinline__ void dp_put(const float (&v)[8], bool valid, int w, u
  * group's launch (as k_mvq's mvq_stage; LILY_CU_MVDP_Q8=1); without, the next layer's
  * in-projection after the experts' down folded the combine in (k_mvdp_comb). The sum of squares
  * goes a word a thread as the staging does, so a thread's first word stays in registers. */
+/* With a.f.gz (no norm): the gated norm of heads of 128 columns (dp_gated), the DeltaNet
+ * out-projection's input as k_gdn_dec_split leaves it. */
 /* t0 (a multiple of 32, no norm): threads below it skip the staging (the routing warp, busy
  * meanwhile) and meet the others at its closing barrier. n0: with the norm, nw of the thread's first
  * word, loaded before the wait (dp_nw0), so the norm's weights are not a round trip after the sum. */
 __device__ __forceinline__ void dp_nw0(const mvq_args &a, int cols, float (&n0)[8]) {
     const int w = threadIdx.x;
     for (int j = 0; j < 8; j++) n0[j] = a.f.nw && w < cols / 8 ? a.f.nw[8 * w + j] : 0.f;
+}
+/* The gated norm (mvq_fuse.gz) of word w's 8 columns: a head of 128 columns is 16 words on 16
+ * consecutive lanes (t0 0, cols a multiple of 128: cu_mvdp_group's conditions), summed by shuffles;
+ * every lane comes here (v zero past the row). */
+__device__ __forceinline__ void dp_gated(const mvq_fuse &f, float (&v)[8], int w, bool valid) {
+    float zv[8], gv[8], ss = 0.f;
+    for (int j = 0; j < 8; j++) {
+        const int c = 8 * w + j;
+        zv[j] = valid ? f.gz[c] : 0.f;
+        gv[j] = valid ? f.gw[c % 128] : 0.f;
+        ss += v[j] * v[j];
+    }
+    for (int o = 1; o < 16; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = 1.0f / sqrtf(ss / 128 + f.eps);
+    for (int j = 0; j < 8; j++) v[j] = v[j] * r * gv[j] * silu_f(zv[j]);
 }
 __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int cols, uint4 *xs, int t0,
                                          const float (&n0)[8]) {
@@ -135,13 +152,14 @@ __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *x, cons
     for (int w0 = 0; w0 < nw; w0 += blockDim.x - t0) { /* (nw a multiple of 8: a group's lanes all in or all out) */
         if ((int)threadIdx.x < t0) break;
         const int w = w0 + threadIdx.x - t0;
-        float v[8];
+        float v[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
         if (w < nw)
             for (int j = 0; j < 8; j++) {
                 const int c = 8 * w + j;
                 v[j] = nrm ? w0 == 0 ? v0[j] * r * n0[j] : (add ? x[c] + add[c] : x[c]) * r * a.f.nw[c] : dp_in(x, x2, c);
                 if (wr) a.f.tout[c] = v[j];
             }
+        if (a.f.gz) dp_gated(a.f, v, w, w < nw);
         dp_put(v, w < nw, w, xs);
     }
     __syncthreads();
@@ -323,7 +341,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     /* a dense matrix's first group is fetched before the wait on the predecessor (weights are
      * never written); an expert's index comes from that kernel */
     bool have = false;
-    if (!eidx && tile < ntiles && sub < ng) {
+    if (!eidx && !a.f.nopre && tile < ntiles && sub < ng) {
         t = dp_locate<R, BITS>(a, xsl, 0, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
         dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
@@ -338,7 +356,10 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
                      * while the other warps stage the input (the slot's input row is the token's,
                      * whichever expert); dp_stage's closing barrier publishes rs and rw */
         mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
-        if (warp == 0) route_ld<8>(a.f.rlog, a.f.E, a.f.K, rs, rw);
+        if (warp == 0) {
+            route_ld<8>(a.f.rlog, a.f.E, a.f.K, rs, rw);
+            CU_MARK(2);
+        }
         if (a.f.rovl) t0 = WARP;
         else __syncthreads(); /* (LILY_CU_ROUTE_OVL=0: then the staging by every warp) */
     } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
@@ -356,6 +377,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         have = true;
     }
     dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
+    CU_MARK(0);
     if (a.f.rlog) {
         if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
             a.f.rsel[threadIdx.x] = rs[threadIdx.x];
@@ -371,6 +393,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         const float acc = dp_tile<LPR, R, SBT, BITS, G>(t, SBT >= 0 ? SBT : m.sbt, m.cols / m.group, ng, nrow16, sub, dxs, have, c, sc, bi, rsel);
         if ((sub & (LPR / R - 1)) == 0 && tile < ntiles && rsel < t.nr)
             a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + t.r0 + rsel] = acc;
+        if (tile < (int)(blockIdx.x * nwb + warp + gridDim.x * nwb)) CU_MARK(1); /* the first tile */
     }
 }
 
@@ -439,6 +462,7 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     const int q8_on = cu_env_flag(&q8, "LILY_CU_MVDP_Q8", 0) || test_r > 0;
     if (!mvdp_enabled() || test_r < 0 || in->f.sel || cols % 64 != 0 || cols > DP_MAX_COLS || (bits != 4 && bits != 8)) return 0;
     if (!q8_on && (bits == 8 || in->f.add)) return 0;
+    if (in->f.gz && (in->n != 1 || eidx || nslots != 1 || in->f.nw || in->f.rlog || in->f.xslot || X2 || cols % 128)) return 0;
     /* routing in the launch: one token's slots, route_ld's register form (E <= 256, K <= 32) */
     if (in->f.rlog && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1 || nslots != in->f.K + (in->f.xslot ? 1 : 0) ||
                        (in->f.xslot && in->f.xslot != in->f.K)))
@@ -469,6 +493,8 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     mvq_args a = *in;
     static int epf = -1;
     a.f.epf = cu_env_flag(&epf, "LILY_CU_MVDP_EPF", 0);
+    static int pre = -1;
+    a.f.nopre = !cu_env_flag(&pre, "LILY_CU_MVDP_PRE", 1);
     static int rovl = -1; /* LILY_CU_ROUTE_OVL=0: the routing warp, then the staging, for measuring */
     a.f.rovl = in->f.rlog && !in->f.add && cu_env_flag(&rovl, "LILY_CU_ROUTE_OVL", 1);
     const int rpt = (32 / lpr) * R;
@@ -487,6 +513,19 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     default: mvdp_r<1>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
     }
     return 1;
+}
+
+int cu_matvec_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y) {
+    if (!z || !gw) return 0;
+    mvq_args a;
+    memset(&a, 0, sizeof a);
+    a.n = 1;
+    a.m[0] = *W;
+    a.y[0] = y;
+    a.f.gz = z;
+    a.f.gw = gw;
+    a.f.eps = eps;
+    return cu_mvdp_group(s, &a, W->sbt, o, NULL, W->cols, NULL, 1, 1);
 }
 
 /* ---- Decode's MoE tail folded into the experts' down launch (k_mvdp_comb) ----
@@ -595,11 +634,14 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
     uint4 *xs = dxs + (size_t)slot * ng * DP_G4;
     dp_stage_warp(a.hg + (size_t)slot * I, a.hu + (size_t)slot * I, I, xs);
     __syncwarp();
+    CU_MARK(0);
     const dmat &m = shs ? a.ms : a.m;
     int rsel;
     const float acc = dp_tile<LPR, R, SBT, 4, 1>(t, SBT >= 0 ? SBT : m.sbt, I / m.group, ng, nrow16, sub, xs, have, c, sc, bi, rsel);
+    CU_MARK(1);
     if ((sub & (LPR / R - 1)) == 0 && rsel < t.nr) ys[slot][rib * R + rsel] = acc;
     __syncthreads();
+    CU_MARK(2);
     if (tid < rpt && row < H) { /* the combine's order: the routed slots, the shared one, then the residual */
         float y = 0.f;
         for (int k = 0; k < a.K; k++) y += a.wt[k] * ys[k][tid];

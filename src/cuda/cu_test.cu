@@ -454,8 +454,12 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
         cudaMemset(dwt, 0xff, (size_t)rt->K * 4);
     }
     float *dadd = nm && nm->add ? (float *)dput(&L, nm->add, (size_t)cols * 4, st, &rc) : NULL;
-    float *dnw = nm ? (float *)dput(&L, nm->nw, (size_t)cols * 4, st, &rc) : NULL;
-    float *dtout = nm ? (float *)dput(&L, NULL, (size_t)cols * 4, st, &rc) : NULL;
+    float *dnw = nm && nm->nw ? (float *)dput(&L, nm->nw, (size_t)cols * 4, st, &rc) : NULL;
+    float *dtout = nm && nm->nw ? (float *)dput(&L, NULL, (size_t)cols * 4, st, &rc) : NULL;
+    float *dgz = nm && nm->gz ? (float *)dput(&L, nm->gz, (size_t)cols * 4, st, &rc) : NULL;
+    float *dgw = nm && nm->gz ? (float *)dput(&L, nm->gw, 128 * 4, st, &rc) : NULL;
+    if (!rc && dgz && (n != 1 || E != 1 || XM || sel || rt || dp < 0))
+        rc = lily_err(st, LILY_EINVAL, "the gated norm takes one dense matrix, through k_mvdp");
     for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)ns * ld[i] * 4, st, &rc);
     mvq_fuse fu;
     memset(&fu, 0, sizeof fu);
@@ -468,12 +472,14 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     if (rt) { fu.rlog = dlg; fu.E = rt->E; fu.K = rt->K; fu.rsel = ds; fu.rwt = dwt; }
     if (!rc) {
         cu_mvdp_test_r(dp);
-        cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM || nm || rt ? &fu : NULL);
+        if (dgz) {
+            if (!cu_matvec_gated(0, dpp[0], ddx, dgz, dgw, nm->eps, dy[0])) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_matvec_gated declined");
+        } else cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM || nm || rt ? &fu : NULL);
         cu_mvdp_test_r(0);
     }
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)ns * ld[i] * 4, st);
-    if (!rc && nm) rc = dget(nm->tout, dtout, (size_t)cols * 4, st);
+    if (!rc && nm && nm->nw) rc = dget(nm->tout, dtout, (size_t)cols * 4, st);
     if (!rc && rt) rc = dget(rt->sel, ds, (size_t)rt->K * 4, st);
     if (!rc && rt) rc = dget(rt->wt, dwt, (size_t)rt->K * 4, st);
     dfree(&L);
@@ -671,7 +677,11 @@ lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *
     for (int t = 0; t < steps && !rc; t++) { /* one launch a token, as decode runs them */
         const float *m = dm + (size_t)t * cd, *b = db + (size_t)t * nv, *a = da + (size_t)t * nv, *zt = dz + (size_t)t * vd;
         float *ot = dout + (size_t)t * vd;
-        if (fused) cu_gdn_dec(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, zt, dgw, eps, dc);
+        if (fused == 2) {
+            if (!cu_gdn_dec_split(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, dc))
+                rc = lily_err(st, LILY_EINVAL, "cu_gdn_dec_split declined");
+            else cu_gated_norm(0, ot, zt, dgw, 1, nv, dv, eps);
+        } else if (fused) cu_gdn_dec(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, zt, dgw, eps, dc);
         else {
             cu_gdn_prep1(0, m, ds, dw, K, nk, dk, nv * dv, b, a, dal, ddt, nv, du, dg, dbeta);
             if (!cu_gdn_rec_norm(0, 1, nk, nv, dk, dv, du, cd, dg, dbeta, dS, ot, zt, dgw, eps)) rc = lily_err(st, LILY_EINVAL, "no fused norm");

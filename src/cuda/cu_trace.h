@@ -17,8 +17,11 @@ typedef struct {
     unsigned long long grid;       /* %gridid: one per launch, rising with launch order */
     unsigned long long t0, t1, t2; /* ns: block start, wait returned, block end (thread 0's) */
     unsigned site;                 /* fnv(basename of the file) << 16 | line of CU_PDL */
-    unsigned block, sm, pad;
+    unsigned block, sm;
+    unsigned mk[3]; /* ns after t1 of the kernel's CU_MARK(0..2) points (0: none), thread (0, 0, 0)'s */
+    unsigned pad;
 } cu_trace_rec;
+static_assert(sizeof(cu_trace_rec) == 64, "tests/cuda/trace_table.py's REC reads 64-byte records");
 typedef struct {
     unsigned n, cap; /* records written (may pass cap: the rest were dropped) */
     cu_trace_rec *r; /* [cap] */
@@ -45,8 +48,9 @@ __device__ __forceinline__ unsigned long long cu_trace_now(void) {
 
 struct cu_trace_scope {
     unsigned long long t0, t1;
-    unsigned site;
-    __device__ __forceinline__ explicit cu_trace_scope(unsigned s) : site(s) {
+    unsigned site, mk[3];
+    __device__ __forceinline__ void mark(int i) { mk[i] = (unsigned)(cu_trace_now() - t1); }
+    __device__ __forceinline__ explicit cu_trace_scope(unsigned s) : site(s), mk{ 0u, 0u, 0u } {
         t0 = cu_trace_now();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -69,11 +73,14 @@ struct cu_trace_scope {
                 r.t0 = t0; r.t1 = t1; r.t2 = t2; r.site = site;
                 r.block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
                 r.sm = sm; r.pad = 0;
+                r.mk[0] = mk[0]; r.mk[1] = mk[1]; r.mk[2] = mk[2];
                 b->r[i] = r;
             }
         }
     }
 };
+/* a point inside a kernel (after its CU_PDL, same scope): when thread (0, 0, 0) passed it */
+#define CU_TRACE_MARK(i) cu_trace_here_.mark(i)
 #define CU_TRACE_PDL() \
     constexpr unsigned cu_trace_site_ = (cu_trace_fnv(__FILE__) << 16) | (__LINE__ & 0xffff); \
     cu_trace_scope cu_trace_here_(cu_trace_site_)

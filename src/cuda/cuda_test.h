@@ -84,7 +84,9 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
  * lane group, 3 its two-group form (rows of more than 32 groups). */
 /* sel NULL: one dense launch (E 1, nslots 1). nm not NULL (dense only): the router group's fused
  * residual add and norm, the input rmsnorm(X + add) * nw, which tout [cols] gets too. */
-typedef struct { const float *add, *nw; float eps; float *tout; } lct_mvnorm;
+/* gz, gw (nw NULL): the gated norm of heads of 128 columns instead, x rmsnorm(x) gw silu(gz) a head
+ * (cu_matvec_gated: k_mvdp only; dp -1 fails) */
+typedef struct { const float *add, *nw; float eps; float *tout; const float *gz, *gw; } lct_mvnorm;
 /* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K] */
 typedef struct { const float *lg; int E, K; int *sel; float *wt; } lct_mvroute;
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
@@ -94,8 +96,8 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
  * scaled), g, beta [T][nv], S [nv][dk][dv] in/out, o [T][nv*dv]. */
 lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const float *g, const float *beta,
                   float *S, float *o, lily_status *st);
-/* Decode's DeltaNet steps (dk = dv = 128), one launch a token for steps tokens: fused (cu_gdn_dec) or
- * as cu_gdn_prep1 then the delta rule with its gated norm. mixed [steps][cd], bb, aa [steps][nv],
+/* Decode's DeltaNet steps (dk = dv = 128), one launch a token for steps tokens: fused 1 (cu_gdn_dec), 2
+ * split (cu_gdn_dec_split, then cu_gated_norm), 0 as cu_gdn_prep1 then the delta rule with its gated norm. mixed [steps][cd], bb, aa [steps][nv],
  * z [steps][nv*128] in; state [cd][K-1] and S [nv][128][128] in/out; o [steps][nv*128] out. Fails if
  * a counter of the fused form is not 0 after the launches. */
 lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *mixed, float *state, const float *cw, const float *bb,

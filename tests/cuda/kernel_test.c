@@ -220,16 +220,24 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
                 X[(size_t)r * cols + 64 + c] *= 1e-35f;
                 X[(size_t)r * cols + 128 + c] *= 1e30f;
             }
-    float *xin = malloc((size_t)nx * cols * 4), *add = norm == 1 ? rnd((size_t)cols, 1.0f) : NULL, *nw = norm ? rnd((size_t)cols, 1.0f) : NULL;
-    float *tout = norm ? malloc((size_t)cols * 4) : NULL;
+    float *xin = malloc((size_t)nx * cols * 4), *add = norm == 1 ? rnd((size_t)cols, 1.0f) : NULL, *nw = norm == 1 || norm == 2 ? rnd((size_t)cols, 1.0f) : NULL;
+    float *tout = norm == 1 || norm == 2 ? malloc((size_t)cols * 4) : NULL;
+    float *gz = norm == 3 ? rnd((size_t)cols, 2.0f) : NULL, *gw = norm == 3 ? rnd(128, 1.0f) : NULL;
     for (size_t k = 0; k < (size_t)nx * cols; k++) xin[k] = swiglu ? X[k] / (1.0f + expf(-X[k])) * X2[k] : X[k];
-    if (norm) {
+    if (norm == 3) /* the gated norm of heads of 128 columns (k_gdn_dec_split's output, cu_matvec_gated) */
+        for (int h = 0; h < cols / 128; h++) {
+            double ss = 0;
+            for (int c = 128 * h; c < 128 * h + 128; c++) ss += (double)X[c] * X[c];
+            const double r = 1.0 / sqrt(ss / 128 + 1e-6);
+            for (int c = 128 * h; c < 128 * h + 128; c++) xin[c] = (float)(X[c] * r * gw[c % 128] * (gz[c] / (1.0 + exp(-(double)gz[c]))));
+        }
+    else if (norm) {
         double ss = 0;
         for (int c = 0; c < cols; c++) ss += ((double)X[c] + (add ? add[c] : 0.f)) * ((double)X[c] + (add ? add[c] : 0.f));
         const double r = 1.0 / sqrt(ss / cols + 1e-6);
         for (int c = 0; c < cols; c++) xin[c] = (float)(((double)X[c] + (add ? add[c] : 0.f)) * r * nw[c]);
     }
-    const lct_mvnorm nm = { add, nw, 1e-6f, tout };
+    const lct_mvnorm nm = { add, nw, 1e-6f, tout, gz, gw };
     float *ref[4], *Y[4];
     for (int i = 0; i < n; i++) {
         ref[i] = malloc((size_t)ns * rows[i] * 4);
@@ -245,11 +253,13 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
         char what[160];
         snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : v == 4 ? "dp R4" : "dp G2",
                  bits, n, rows[0], cols, group, E, nslots, xdiv, shared ? "+shared" : "", swiglu ? " swiglu" : "",
-                 special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm == 1 ? " add+norm" : norm ? " norm" : "", route ? " routed" : "");
+                 special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm == 1 ? " add+norm" : norm == 3 ? " gated norm" : norm ? " norm" : "",
+                 route ? " routed" : "");
+        if (norm == 3 && v == 1) continue; /* (k_mvdp alone takes the gated norm) */
         const lct_mvroute rt = { lg, E, nslots, sdev, wdev };
         if (route)
             for (int j = 0; j < nslots; j++) { sdev[j] = -1; wdev[j] = NAN; }
-        if (norm) for (int c = 0; c < cols; c++) tout[c] = NAN;
+        if (tout) for (int c = 0; c < cols; c++) tout[c] = NAN;
         /* (the NaN case poisons with 7: NaN is what it wants) */
         for (int i = 0; i < n; i++)
             for (size_t k = 0; k < (size_t)ns * rows[i]; k++) Y[i][k] = special == 1 ? 7.0f : NAN;
@@ -274,7 +284,7 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
             }
         }
         if (special != 1) worst = isfinite(num) && den > 0 ? sqrt(num / den) : INFINITY;
-        if (norm) { /* the normed input the experts read: as the reference's (all NaN in the NaN case) */
+        if (tout) { /* the normed input the experts read: as the reference's (all NaN in the NaN case) */
             double r = 0;
             if (special == 1) {
                 for (int c = 0; c < cols; c++) if (!isnan(tout[c])) r = INFINITY;
@@ -287,7 +297,7 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
     free(lg); free(wref); free(wdev); free(sdev);
     for (int i = 0; i < n; i++) { free(ref[i]); free(Y[i]); }
     for (int i = 0; i < n * (E + 1) * 3; i++) free(hold[i]);
-    free(hold); free(W); free(sel); free(X); free(X2); free(xin); free(add); free(nw); free(tout);
+    free(hold); free(W); free(sel); free(X); free(X2); free(xin); free(add); free(nw); free(tout); free(gz); free(gw);
 }
 
 /* cu_wg_mma64 (wgmma with A from registers, B from shared memory) against double loops: fp16
@@ -784,8 +794,9 @@ static void test_gdn(int T, int nk, int nv, int dk, int dv) {
     free(u); free(g); free(beta); free(S0); free(S); free(Sref); free(o); free(oref); free(gh); free(bh);
 }
 
-/* Decode's DeltaNet step, fused (cu_gdn_dec) and as two launches, over several tokens (the fused
- * form's shared q|k conv state written once a key head, its counters back at 0) against a
+/* Decode's DeltaNet step, fused (cu_gdn_dec), split four ways a head (cu_gdn_dec_split, then the
+ * gated norm's own launch) and as two launches, over several tokens (the fused and split forms'
+ * shared q|k conv state written once a key head, their counters back at 0) against a
  * reference of double-precision conv, norms and gates and the CPU's recurrence: outputs after the
  * gated norm, the conv state and S after the last token. */
 static void test_gdn_dec(int steps, int nk, int nv, int K) {
@@ -825,11 +836,11 @@ static void test_gdn_dec(int steps, int nk, int nv, int K) {
         }
     }
     float *st_ = malloc((size_t)cd * (K - 1) * 4), *S = malloc((size_t)nv * dk * dv * 4), *o = malloc((size_t)steps * vd * 4);
-    for (int fused = 1; fused >= 0; fused--) {
+    for (int fused = 2; fused >= 0; fused--) {
         lily_status st = { 0 };
         char what[160];
-        snprintf(what, sizeof what, "gdn decode step %s steps=%d nk=%d nv=%d K=%d (out, conv state, S)", fused ? "fused" : "prep+rec", steps, nk,
-                 nv, K);
+        snprintf(what, sizeof what, "gdn decode step %s steps=%d nk=%d nv=%d K=%d (out, conv state, S)",
+                 fused == 2 ? "split+gated norm" : fused ? "fused" : "prep+rec", steps, nk, nv, K);
         memcpy(st_, state0, (size_t)cd * (K - 1) * 4);
         memcpy(S, S0, (size_t)nv * dk * dv * 4);
         for (size_t i = 0; i < (size_t)steps * vd; i++) o[i] = NAN;
@@ -1429,6 +1440,12 @@ int main(int argc, char **argv) {
         test_matvec_group_b(pool, 4, 4, inps, 512, 64, 1, 1, 1, 0, 0, 0, 2, 0); /* the norm alone: a folded combine's next in-projection */
         test_matvec_group_b(pool, 4, small ? 3 : 4, small ? o3 : inp, small ? 192 : 2048, 64, 1, 1, 1, 0, 0, 0, 2, 0);
         test_matvec_group_b(pool, 4, 1, o1, 1024, 128, 1, 1, 1, 0, 0, 1, 2, 0);
+        /* the gated norm staged (the DeltaNet out-projection after k_gdn_dec_split): the real width,
+         * odd ones, a NaN */
+        test_matvec_group_b(pool, 4, 1, small ? o1 : dn, small ? 1024 : 4096, 64, 1, 1, 1, 0, 0, 0, 3, 0);
+        test_matvec_group_b(pool, 4, 1, o1, 384, 128, 1, 1, 1, 0, 0, 0, 3, 0);
+        test_matvec_group_b(pool, 4, 1, o1, 256, 64, 1, 1, 1, 0, 0, 1, 3, 0);
+        test_matvec_group_b(pool, 4, 1, o1, 640, 64, 1, 1, 1, 0, 0, 0, 3, 0);
     }
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
     if (small) {

@@ -7,6 +7,7 @@ and the kernels summed over the step, each with the time it adds to the step's c
 A launch's records are its blocks' (start, wait returned, end) in the GPU's nanosecond clock.
 Per launch: 'span' first block start to last block end; 'wait' first block start to the last
 block's return from griddepcontrol.wait (time spent scheduled while the predecessor drained);
+'marks' the blocks' median time after the wait at each CU_MARK point the kernel has (thread 0's);
 'adds' the launch's last end minus the latest last end of the launches before it (what the step
 would lose if the launch cost nothing and nothing waited on it: the critical path's share; 0 for
 the second stream's L2 prefetches, which the step joins only before the lm_head)."""
@@ -16,7 +17,7 @@ import struct
 import sys
 from collections import defaultdict
 
-REC = struct.Struct("<QQQQIIII")  # grid, t0, t1, t2, site, block, sm, pad (cu_trace_rec)
+REC = struct.Struct("<QQQQIIIIIII4x")  # grid, t0, t1, t2, site, block, sm, mk[3], pad (cu_trace_rec)
 
 
 def fnv(name):
@@ -57,6 +58,17 @@ def read(path):
     return runs
 
 
+def marks(rs):
+    """the blocks' median (us after their wait) at each mark point, and at the end"""
+    out = []
+    for i in range(3):
+        v = sorted(r[7 + i] for r in rs if r[7 + i])
+        out.append("%.2f" % (v[len(v) // 2] / 1e3) if v else "-")
+    v = sorted(r[3] - r[2] for r in rs)
+    out.append("%.2f" % (v[len(v) // 2] / 1e3))
+    return " / ".join(out)
+
+
 def main():
     path = sys.argv[1]
     src = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(__file__), "..", "..", "src", "cuda")
@@ -76,7 +88,7 @@ def main():
             for r in rs + [None]:
                 if cur and (r is None or r[1] > max(c[3] for c in cur)):
                     launches.append(dict(grid=grid, site=site, blocks=len(cur), t0=cur[0][1], t1=max(c[2] for c in cur),
-                                         t2=max(c[3] for c in cur), sms=len(set(c[6] for c in cur))))
+                                         t2=max(c[3] for c in cur), sms=len(set(c[6] for c in cur)), marks=marks(cur)))
                     cur = []
                 if r is not None:
                     cur.append(r)
@@ -90,8 +102,8 @@ def main():
         s0 = step[0]["t0"]
         total = max(l["t2"] for l in step) - s0
         print("## one decode step (%d of %d), %d launches, %.1f us (%.1f tok/s)\n" % (k + 1, steps, per, total / 1e3, 1e9 / total))
-        print("| # | kernel | blocks | SMs | start us | span us | wait us | adds us |")
-        print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| # | kernel | blocks | SMs | start us | span us | wait us | adds us | marks 0 / 1 / 2 / end (us after wait) |")
+        print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         done = s0
         agg = defaultdict(lambda: [0, 0.0, 0.0])
         for i, l in enumerate(step):
@@ -104,9 +116,9 @@ def main():
             a[0] += 1
             a[1] += (l["t2"] - l["t0"]) / 1e3
             a[2] += adds / 1e3
-            print("| %d | %s | %d | %d | %.2f | %.2f | %.2f | %.2f |" % (i, name, l["blocks"], l["sms"], (l["t0"] - s0) / 1e3,
-                                                                      (l["t2"] - l["t0"]) / 1e3, (l["t1"] - l["t0"]) / 1e3,
-                                                                      adds / 1e3))
+            print("| %d | %s | %d | %d | %.2f | %.2f | %.2f | %.2f | %s |" % (i, name, l["blocks"], l["sms"], (l["t0"] - s0) / 1e3,
+                                                                           (l["t2"] - l["t0"]) / 1e3, (l["t1"] - l["t0"]) / 1e3,
+                                                                           adds / 1e3, l["marks"]))
         print("\n## by kernel (the step above)\n")
         print("| kernel | launches | span us | adds us | % of step |")
         print("| --- | ---: | ---: | ---: | ---: |")
