@@ -4,6 +4,7 @@
 #include "cuda/cu_sample.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <math.h>
 
 int lcuda_available(char *why, size_t n) {
@@ -431,7 +432,16 @@ static void PM(lcuda_session *s, const char *lab) {
  * chosen experts' down and the next layer's in-projection once the top-k is known (the experts'
  * gate|up run meanwhile). Joined before the lm_head. Decode only (T <= 8): prefill's GEMMs keep
  * the DRAM busy themselves. */
-static int pf_on(const lcuda_session *s, int T) { return T <= 8 && s->st2 && s->evp && cu_prefetch_enabled(); }
+/* LILY_CU_PF_PARTS, a mask of the forks: 1 the layer-start fork (out-projection, router group), 2 the
+ * chosen experts' down, 4 the next layer's in-projection. 1 alone by default: on the H200 (session 21)
+ * tg128 557.0 with it, 554.9 with none, 538.4 with all three, 521 with the downs alone, 504 with the
+ * next in-projection alone; the prefetch launches' blocks take SM slots from the launches they serve,
+ * which are bound by how many SMs stream their codes (bench/RESULTS.md). */
+static int pf_parts(void) {
+    static int v = INT_MIN;
+    return cu_env_int(&v, "LILY_CU_PF_PARTS", 1) & 7;
+}
+static int pf_on(const lcuda_session *s, int T) { return T <= 8 && s->st2 && s->evp && cu_prefetch_enabled() && pf_parts(); }
 /* the second stream waits for what the first has enqueued so far */
 static void pf_wait(lcuda_session *s) {
     /* (a failed record or wait is the caller's cudaGetLastError, as a failed launch) */
@@ -755,13 +765,14 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         if (T <= 8) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe top-k");
     }
-    if (pf_on(s, T)) { /* the chosen experts' down, then the next layer's in-projection */
+    if (pf_on(s, T) && (pf_parts() & 6)) { /* the chosen experts' down, then the next layer's in-projection */
         const dmat *Wd[1] = { &L->down }, *Wn[4];
-        if (route) { /* the prefetch routes itself too: sel is written by the gate|up launch */
+        if (!(pf_parts() & 2)) pf_wait(s);
+        else if (route) { /* the prefetch routes itself too: sel is written by the gate|up launch */
             pf_wait(s);
             cu_l2_prefetch_routed(s->st2, 1, Wd, s->rl, E, K);
         } else pf_fork(s, 1, Wd, s->sel, T * K);
-        if (next) cu_l2_prefetch(s->st2, pf_mixer_in(next, Wn), Wn, NULL, 0);
+        if (next && (pf_parts() & 4)) cu_l2_prefetch(s->st2, pf_mixer_in(next, Wn), Wn, NULL, 0);
     }
     const int *pos = NULL;
     if (T <= 8) { /* decode (and batches of up to 8 rows): one matrix-vector pass per (token, expert) slot */
@@ -872,14 +883,14 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     s->xp_src = cu_rmsnorm2p(s->st, s->x, NULL, NULL, m->L[0].ln1, H, T, eps, s->t, xp_out(s)) ? s->t : NULL;
     PM(s, "embed + norm");
     const int pf = pf_on(s, T);
-    if (pf) {
+    if (pf && (pf_parts() & 4)) {
         const dmat *W[4];
         pf_fork(s, pf_mixer_in(&m->L[0], W), W, NULL, 0);
     }
     int li = 0, fi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &m->L[l];
-        if (pf) { /* what the layer reads after its in-projection: the out-projection, the router group;
+        if (pf && (pf_parts() & 1)) { /* what the layer reads after its in-projection: the out-projection, the router group;
                    * a DeltaNet layer's state S first (pf_state) */
             dmat sd;
             const dmat *W[7] = { L->full ? &L->o : &L->out, &L->router, &L->sh_gate, &L->sh_up, &L->sh_router, &L->sh_down };
