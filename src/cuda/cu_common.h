@@ -150,7 +150,6 @@ typedef struct {
      * most DP_BMAX) bulk-copied into shared memory before the wait, btb bytes a tile: its rows' codes,
      * then their scales, then their biases bso bytes after the scales */
     int bnt, btb, bso;
-    int bpost; /* with bnt: tile 0 fetched as without it, tiles 1 .. bnt - 1 copied after the staging (LILY_CU_MVDP_BULK_POST) */
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
@@ -229,7 +228,7 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *a, int sbt, const float *X, co
 void cu_mvdp_test_r(int r);
 /* the kernel test: bulk-copied tiles forced (nt tiles a warp at most, one block a launch; 0 off), and
  * how many launches took them */
-void cu_mvdp_test_bulk(int nt, int post);
+void cu_mvdp_test_bulk(int nt);
 long cu_mvdp_bulk_count(void);
 /* Whether decode uses the fused router group (mvq_fuse; default, LILY_CU_FUSE=0 for measuring). */
 int cu_fuse_enabled(void);

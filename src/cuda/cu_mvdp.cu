@@ -317,26 +317,6 @@ __device__ __forceinline__ float dp_tile(const dp_rows &t, int sbt, int ngr, int
     return acc[0];
 }
 
-/* Lane 0 of a warp: its tiles j0 .. bnt - 1 (tile + j x the grid's warps) into shared memory, each
- * behind its barrier (mvq_fuse.bnt: dense launches) */
-__device__ __forceinline__ void dp_bulk_issue(const mvq_args &a, int j0, int bnt, int tile, int rpt, int nrow16, int ntiles, char *bsm,
-                                              uint64_t *bar) {
-    const int step = gridDim.x * (blockDim.x / WARP);
-    for (int j = j0, tj = tile + j0 * step; j < bnt && tj < ntiles; j++, tj += step) {
-        int mj = 0;
-        while (mj + 1 < a.n && tj >= a.blk0[mj + 1]) mj++;
-        const dmat &m = a.m[mj];
-        const int r0 = (tj - a.blk0[mj]) * rpt, nrt = min(rpt, m.rows - r0), sz = m.sbt == LW_F32 ? 4 : 2;
-        const unsigned cb = (unsigned)nrt * nrow16 * 16, sb = (unsigned)(nrt * (m.cols / m.group) * sz);
-        const size_t so = (size_t)r0 * (m.cols / m.group) * sz;
-        char *d = bsm + (size_t)j * a.f.btb;
-        cu_mbar_arm(&bar[j], cb + 2 * sb);
-        cu_bulk_g2s(d, (const char *)m.w + (size_t)r0 * nrow16 * 16, cb, &bar[j]);
-        cu_bulk_g2s(d + (size_t)rpt * nrow16 * 16, (const char *)m.s + so, sb, &bar[j]);
-        cu_bulk_g2s(d + (size_t)rpt * nrow16 * 16 + a.f.bso, (const char *)m.b + so, sb, &bar[j]);
-    }
-}
-
 /* G 2: a lane's next group of the tile is fetched before this one is computed (rows of more than
  * LPR groups, the 4,096-column out-projections: their two round trips a tile in flight together;
  * LILY_CU_MVDP_G2=1, measured slower, below) */
@@ -370,9 +350,21 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     bool have = false;
     const int bnt = eidx ? 0 : a.f.bnt;
     char *const bsm = (char *)dxs + dp_smem(cols) + (size_t)warp * bnt * a.f.btb;
-    const int j0 = a.f.bpost ? 1 : 0; /* bpost: tile 0 as without the form, the rest copied after the staging */
-    if (bnt && !j0 && lane == 0) dp_bulk_issue(a, 0, bnt, tile, rpt, nrow16, ntiles, bsm, bbar[warp]);
-    if (!eidx && !a.f.nopre && (!bnt || j0) && tile < ntiles && sub < ng) {
+    if (bnt && lane == 0) /* a warp's first bnt tiles into shared memory, each behind its barrier */
+        for (int j = 0, tj = tile; j < bnt && tj < ntiles; j++, tj += gridDim.x * nwb) {
+            int mj = 0;
+            while (mj + 1 < a.n && tj >= a.blk0[mj + 1]) mj++;
+            const dmat &m = a.m[mj];
+            const int r0 = (tj - a.blk0[mj]) * rpt, nrt = min(rpt, m.rows - r0);
+            const unsigned cb = (unsigned)nrt * nrow16 * 16, sb = (unsigned)(nrt * (m.cols / m.group) * (m.sbt == LW_F32 ? 4 : 2));
+            const size_t so = (size_t)r0 * (m.cols / m.group) * (m.sbt == LW_F32 ? 4 : 2);
+            char *d = bsm + (size_t)j * a.f.btb;
+            cu_mbar_arm(&bbar[warp][j], cb + 2 * sb);
+            cu_bulk_g2s(d, (const char *)m.w + (size_t)r0 * nrow16 * 16, cb, &bbar[warp][j]);
+            cu_bulk_g2s(d + (size_t)rpt * nrow16 * 16, (const char *)m.s + so, sb, &bbar[warp][j]);
+            cu_bulk_g2s(d + (size_t)rpt * nrow16 * 16 + a.f.bso, (const char *)m.b + so, sb, &bbar[warp][j]);
+        }
+    if (!eidx && !a.f.nopre && !bnt && tile < ntiles && sub < ng) {
         t = dp_locate<R, BITS>(a, xsl, 0, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
         dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
@@ -409,7 +401,6 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     }
     dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
     CU_MARK(0);
-    if (bnt && j0 && lane == 0) dp_bulk_issue(a, 1, bnt, tile, rpt, nrow16, ntiles, bsm, bbar[warp]);
     if (a.f.rlog) {
         if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
             a.f.rsel[threadIdx.x] = rs[threadIdx.x];
@@ -421,7 +412,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         mi = 0;
         t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        if (j < bnt && j >= j0) { /* the tile's rows from shared memory: a lane group's R rows at rib R of the tile's rpt */
+        if (j < bnt) { /* the tile's rows from shared memory: a lane group's R rows at rib R of the tile's rpt */
             cu_mbar_wait0(&bbar[warp][j]);
             const int sz = m.sbt == LW_F32 ? 4 : 2, ngr = m.cols / m.group;
             const char *d = bsm + (size_t)j * a.f.btb;
@@ -459,16 +450,14 @@ static int dp_warps(void) {
  * shared memory before the wait, up to that many bytes a block, where a warp walks at least
  * LILY_CU_MVDP_BULK_MIN (2) tiles; 0 off. The kernel test's hook (cu_mvdp_test_bulk) forces it with
  * one block a launch, so that warps walk many tiles, some past the copied ones. */
-static int test_bulk = 0, test_bulk_post = 0, bulk_post = 0;
+static int test_bulk = 0;
 static long bulk_launches = 0;
-void cu_mvdp_test_bulk(int nt, int post) { test_bulk = nt; test_bulk_post = post; }
+void cu_mvdp_test_bulk(int nt) { test_bulk = nt; }
 long cu_mvdp_bulk_count(void) { return bulk_launches; }
 static int dp_bulk_budget(int *min_tiles) {
     static int b = INT_MIN, mn = INT_MIN;
     cu_env_int(&b, "LILY_CU_MVDP_BULK", 0);
     cu_env_int(&mn, "LILY_CU_MVDP_BULK_MIN", 2);
-    static int post = -1;
-    bulk_post = test_bulk ? test_bulk_post : cu_env_flag(&post, "LILY_CU_MVDP_BULK_POST", 0);
     *min_tiles = test_bulk ? 1 : mn < 1 ? 1 : mn;
     return test_bulk ? 200 * 1024 : b;
 }
@@ -529,7 +518,6 @@ static void mvdp_go(cudaStream_t s, const mvq_args &in, int nslots, const float 
             const int nt = test_bulk ? (test_bulk < ntm ? test_bulk : ntm) : tpw < ntm ? tpw : ntm;
             if (nt >= mint) {
                 a.f.bnt = nt;
-                a.f.bpost = bulk_post;
                 a.f.btb = tb;
                 a.f.bso = bso;
                 gx = g1;

@@ -271,9 +271,9 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
             cpu_matmul(pool, m, xin + (size_t)(j < nslots ? j / xdiv : xrow) * cols, 1, ref[i] + (size_t)j * rows[i]);
         }
     }
-    /* dp 5, 6, 7: R 4 with a warp's first 2 or 4 tiles bulk-copied into shared memory (7: all but the first, after the staging), one block a launch
+    /* dp 5, 6: R 4 with a warp's first 2 or 4 tiles bulk-copied into shared memory, one block a launch
      * (dense launches only: the norm's, or one matrix's one slot given without its expert index) */
-    static const int dps[9] = { 0, -1, 1, 2, 4, 3, 5, 6, 7 };
+    static const int dps[8] = { 0, -1, 1, 2, 4, 3, 5, 6 };
     const int dense1 = E == 1 && nslots == 1 && !shared && !route && !norm;
     /* cu_mvdp_group's conditions: a row's scales a multiple of 16 bytes, 8 warps' tiles within 227 KB
      * beside the staged input, less the kernel's static shared memory (the test's budget: 200 KB) */
@@ -281,12 +281,12 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
     const int rr = bits == 8 ? (lpr < 2 ? lpr : 2) : (lpr < 4 ? lpr : 4), rpt = 32 / lpr * rr;
     const long tb = (long)rpt * cols * bits / 8 + 2L * rpt * (cols / group) * sz;
     const int bulk_ok = ((cols / group) * sz) % 16 == 0 && 8 * tb <= 200 * 1024 && ng * 13 * 16 + 8 * tb <= 226 * 1024;
-    for (int v = 0; v < 9; v++) {
+    for (int v = 0; v < 8; v++) {
         if (v == 5 && cols <= 2048) continue;
         if (v >= 6 && !norm && !dense1) continue;
         lily_status st = { 0 };
         char what[160];
-        snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : v == 4 ? "dp R4" : v == 5 ? "dp G2" : v == 6 ? "dp bulk2" : v == 7 ? "dp bulk4" : "dp bulk4 post",
+        snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : v == 4 ? "dp R4" : v == 5 ? "dp G2" : v == 6 ? "dp bulk2" : "dp bulk4",
                  bits, n, rows[0], cols, group, E, nslots, xdiv, shared ? "+shared" : "", swiglu ? " swiglu" : "",
                  special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm == 1 ? " add+norm" : norm == 3 ? " gated norm" : norm ? " norm" : "",
                  route ? " routed" : "");
