@@ -484,7 +484,7 @@ static void mvdp_go(cudaStream_t s, const mvq_args &in, int nslots, const float 
     /* as many blocks as the GPU holds at once over the slots, the walks made equal, as k_mvq4's
      * (mvq_grid; every block held with some warps a tile more measured slower, bench/RESULTS.md) */
     static mvq_kstate ks;
-    static int maxdyn = -1; /* the dynamic shared memory the kernel may take: the opt-in limit less its static */
+    static int big_attr = 0;
     mvq_args a = in;
     const int warps = dp_warps(), ntiles = a.blk0[a.n], blocks = (ntiles + warps - 1) / warps;
     size_t sm = dp_smem(a.m[0].cols);
@@ -497,22 +497,11 @@ static void mvdp_go(cudaStream_t s, const mvq_args &in, int nslots, const float 
     if (tb > 0) ntm = budget / (warps * tb);
     if (ntm > DP_BMAX) ntm = DP_BMAX;
     if (ntm > 0) {
-        if (maxdyn < 0) {
-            cudaFuncAttributes fa;
-            cudaDeviceProp p;
-            int dev = 0;
-            maxdyn = 0;
-            int ok = cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess &&
-                     cudaFuncGetAttributes(&fa, (const void *)k_mvdp<LPR, R, SBT, BITS, G>) == cudaSuccess;
-            if (ok && p.sharedMemPerBlockOptin > fa.sharedSizeBytes) {
-                const int mx = (int)(p.sharedMemPerBlockOptin - fa.sharedSizeBytes);
-                ok = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, mx) == cudaSuccess;
-                if (ok) maxdyn = mx;
-            }
-            if (!ok) (void)cudaGetLastError(); /* a refusal leaves the form off, not an error for the next launch check */
-        }
+        if (!big_attr)
+            big_attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024) ==
+                       cudaSuccess;
         const size_t sm1 = sm + (size_t)warps * ntm * tb;
-        if (sm1 <= (size_t)maxdyn) {
+        if (big_attr && sm1 <= 227 * 1024) {
             const int g1 = test_bulk ? 1 : mvq_grid(k_mvdp<LPR, R, SBT, BITS, G>, ks, blocks, nslots, 0, warps * WARP, sm1);
             const int tpw = (ntiles + g1 * warps - 1) / (g1 * warps);
             const int nt = test_bulk ? (test_bulk < ntm ? test_bulk : ntm) : tpw < ntm ? tpw : ntm;
