@@ -146,10 +146,6 @@ typedef struct {
      * x rmsnorm(x) gw silu(gz) a head (eps), applied while staging (cu_matvec_gated) */
     const float *gz, *gw;
     int nopre; /* k_mvdp (set by its launcher; LILY_CU_MVDP_PRE=0, for measuring): a dense matrix's first codes after the wait */
-    /* k_mvdp (set by its launcher, dense launches; LILY_CU_MVDP_BULK): a warp's first bnt tiles (at
-     * most DP_BMAX) bulk-copied into shared memory before the wait, btb bytes a tile: its rows' codes,
-     * then their scales, then their biases bso bytes after the scales */
-    int bnt, btb, bso;
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
@@ -226,10 +222,6 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *a, int sbt, const float *X, co
 /* For the kernel test: 0 the usual choice, -1 k_mvdp declines, 1/2/4 rows a lane group (R), 3 the
  * two-group form at R 2 where the rows take it (LILY_CU_MVDP_G2) */
 void cu_mvdp_test_r(int r);
-/* the kernel test: bulk-copied tiles forced (nt tiles a warp at most, one block a launch; 0 off), and
- * how many launches took them */
-void cu_mvdp_test_bulk(int nt);
-long cu_mvdp_bulk_count(void);
 /* Whether decode uses the fused router group (mvq_fuse; default, LILY_CU_FUSE=0 for measuring). */
 int cu_fuse_enabled(void);
 /* The same for T input rows (decode batches; any T, 2-8 in one pass when cols <= 6144):

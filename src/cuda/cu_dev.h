@@ -317,47 +317,6 @@ __device__ __forceinline__ void cu_cp_wait(void) {
 #endif
 }
 
-/* Bulk copies (the TMA's one-dimensional form): one thread moves n bytes (a multiple of 16, both
- * addresses 16-byte aligned) from global to shared memory with one instruction and no register
- * held, and the bytes' arrival completes the phase of an mbarrier in shared memory, which any
- * thread then waits on. cu_mbar_arm initializes the barrier for one arrival and arrives with the
- * bytes to expect; the copies follow. Each barrier here is used once (phase 0). The emulator does
- * a barrier's copies at its first wait, so a kernel that reads before waiting reads poison. */
-__device__ __forceinline__ void cu_mbar_arm(uint64_t *bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n\tfence.mbarrier_init.release.cluster;\n\t"
-                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-#else
-    (void)bar; (void)bytes;
-#endif
-}
-__device__ __forceinline__ void cu_bulk_g2s(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem), b = (unsigned)__cvta_generic_to_shared(bar);
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(sa), "l"(gmem),
-                 "r"(bytes), "r"(b) : "memory");
-#elif defined(__CUDACC_EMU__)
-    emu::bulk_copy(smem, gmem, bytes, bar);
-#else
-    memcpy(smem, gmem, bytes);
-    (void)bar;
-#endif
-}
-__device__ __forceinline__ void cu_mbar_wait0(uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-    asm volatile("{\n\t.reg .pred p;\n"
-                 "LILY_MBAR_WAIT:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n\t"
-                 "@!p bra LILY_MBAR_WAIT;\n\t}" ::"r"(b) : "memory");
-#elif defined(__CUDACC_EMU__)
-    emu::bulk_wait(bar);
-#else
-    (void)bar;
-#endif
-}
-
 /* Slot mode (eidx): this slot's expert (none for the extra slot xsl) and its input rows. */
 __device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X, const float *X2, int ldx, const int *eidx,
                                               int xdiv, bool xsl, int slot, const float *&x, const float *&x2) {

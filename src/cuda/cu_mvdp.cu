@@ -37,7 +37,6 @@
  * not 12, so the lanes of a quarter-warp, one group each, read distinct banks */
 #define DP_G4 13
 #define DP_XMAX 8323072.0f /* 127 * 2^16 */
-#define DP_BMAX 4              /* tiles a warp bulk-copies into shared memory before its wait (mvq_fuse.bnt) */
 
 /* four byte products of a (unsigned: the codes) and b (signed: the input's bytes) added to c */
 __device__ __forceinline__ int cu_dp4a(uint32_t a, uint32_t b, int c) {
@@ -50,9 +49,6 @@ __device__ __forceinline__ int cu_dp4a(uint32_t a, uint32_t b, int c) {
     return c;
 #endif
 }
-
-/* the staged input's bytes (the bulk-copied tiles follow it) */
-__host__ __device__ __forceinline__ size_t dp_smem(int cols) { return (size_t)(cols / 64) * DP_G4 * 16; }
 
 __device__ __forceinline__ float dp_in(const float *x, const float *x2, int i) { return x2 ? silu_f(x[i]) * x2[i] : x[i]; }
 
@@ -177,14 +173,12 @@ struct dp_rows {
     const uint4 *w;  /* row r0's codes; the others follow at cols * BITS / 128 uint4s */
     const char *s, *b;
     int lg, r0, nr; /* log2 of the units a group; first row; rows here */
-    int sm;         /* w, s, b point into shared memory (a bulk-copied tile) */
 };
 /* rows r0 .. r0 + R - 1 of matrix (or expert e of) m */
 template <int R, int BITS>
 __device__ __forceinline__ dp_rows dp_rows_at(const dmat &m, int e, int r0) {
     dp_rows t;
     t.r0 = r0;
-    t.sm = 0;
     t.lg = __ffs(m.group / 64) - 1;
     t.nr = min(R, max(m.rows - t.r0, 0));
     const int r = min(t.r0, m.rows - 1), ngr = m.cols / m.group;
@@ -210,7 +204,7 @@ __device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int n
         const int kk = k < t.nr ? k : (t.nr > 0 ? t.nr - 1 : 0);
         const uint4 *w = t.w + (size_t)kk * nrow16 + (BITS / 2) * g;
 #pragma unroll
-        for (int i = 0; i < BITS / 2; i++) c[k][i] = t.sm ? w[i] : __ldg(w + i);
+        for (int i = 0; i < BITS / 2; i++) c[k][i] = __ldg(w + i);
         const int gi = g >> t.lg;
         sc[k] = mvq_sb<SBT>(t.s + (size_t)kk * ngr * sz, sbt, gi);
         bi[k] = mvq_sb<SBT>(t.b + (size_t)kk * ngr * sz, sbt, gi);
@@ -325,10 +319,9 @@ __device__ __forceinline__ float dp_tile(const dp_rows &t, int sbt, int ngr, int
 template <int LPR, int R, int SBT, int BITS, int G>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
-    extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input, then (a.f.bnt) [warps][bnt] tiles of btb bytes */
+    extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input */
     __shared__ int rs[WARP];       /* with a.f.rlog: the block's routing (experts, weights) */
     __shared__ float rw[WARP];
-    __shared__ uint64_t bbar[DP_WARPS][DP_BMAX]; /* the bulk-copied tiles' barriers */
     const int cols = a.m[0].cols, ng = cols / 64, nrow16 = cols * BITS / 128, ntiles = a.blk0[a.n];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
     const int rpt = (WARP / LPR) * R, slot = blockIdx.y;
@@ -348,23 +341,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     /* a dense matrix's first group is fetched before the wait on the predecessor (weights are
      * never written); an expert's index comes from that kernel */
     bool have = false;
-    const int bnt = eidx ? 0 : a.f.bnt;
-    char *const bsm = (char *)dxs + dp_smem(cols) + (size_t)warp * bnt * a.f.btb;
-    if (bnt && lane == 0) /* a warp's first bnt tiles into shared memory, each behind its barrier */
-        for (int j = 0, tj = tile; j < bnt && tj < ntiles; j++, tj += gridDim.x * nwb) {
-            int mj = 0;
-            while (mj + 1 < a.n && tj >= a.blk0[mj + 1]) mj++;
-            const dmat &m = a.m[mj];
-            const int r0 = (tj - a.blk0[mj]) * rpt, nrt = min(rpt, m.rows - r0);
-            const unsigned cb = (unsigned)nrt * nrow16 * 16, sb = (unsigned)(nrt * (m.cols / m.group) * (m.sbt == LW_F32 ? 4 : 2));
-            const size_t so = (size_t)r0 * (m.cols / m.group) * (m.sbt == LW_F32 ? 4 : 2);
-            char *d = bsm + (size_t)j * a.f.btb;
-            cu_mbar_arm(&bbar[warp][j], cb + 2 * sb);
-            cu_bulk_g2s(d, (const char *)m.w + (size_t)r0 * nrow16 * 16, cb, &bbar[warp][j]);
-            cu_bulk_g2s(d + (size_t)rpt * nrow16 * 16, (const char *)m.s + so, sb, &bbar[warp][j]);
-            cu_bulk_g2s(d + (size_t)rpt * nrow16 * 16 + a.f.bso, (const char *)m.b + so, sb, &bbar[warp][j]);
-        }
-    if (!eidx && !a.f.nopre && !bnt && tile < ntiles && sub < ng) {
+    if (!eidx && !a.f.nopre && tile < ntiles && sub < ng) {
         t = dp_locate<R, BITS>(a, xsl, 0, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
         dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
@@ -408,19 +385,10 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         }
         e = xsl ? 0 : rs[slot];
     }
-    for (int j = 0; tile < ntiles; tile += gridDim.x * nwb, j++) {
+    for (; tile < ntiles; tile += gridDim.x * nwb) {
         mi = 0;
         t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        if (j < bnt) { /* the tile's rows from shared memory: a lane group's R rows at rib R of the tile's rpt */
-            cu_mbar_wait0(&bbar[warp][j]);
-            const int sz = m.sbt == LW_F32 ? 4 : 2, ngr = m.cols / m.group;
-            const char *d = bsm + (size_t)j * a.f.btb;
-            t.w = (const uint4 *)d + (size_t)rib * R * nrow16;
-            t.s = d + (size_t)rpt * nrow16 * 16 + (size_t)rib * R * ngr * sz;
-            t.b = t.s + a.f.bso;
-            t.sm = 1;
-        }
         int rsel;
         const float acc = dp_tile<LPR, R, SBT, BITS, G>(t, SBT >= 0 ? SBT : m.sbt, m.cols / m.group, ng, nrow16, sub, dxs, have, c, sc, bi, rsel);
         if ((sub & (LPR / R - 1)) == 0 && tile < ntiles && rsel < t.nr)
@@ -445,76 +413,17 @@ static int dp_warps(void) {
     cu_env_int(&w, "LILY_CU_MVDP_WARPS", DP_WARPS); /* 4 or 8 warps a block, for measuring */
     return w == 4 ? 4 : DP_WARPS;
 }
-
-/* LILY_CU_MVDP_BULK=bytes: a dense launch's warps bulk-copy their first tiles (up to DP_BMAX) into
- * shared memory before the wait, up to that many bytes a block, where a warp walks at least
- * LILY_CU_MVDP_BULK_MIN (2) tiles; 0 off. The kernel test's hook (cu_mvdp_test_bulk) forces it with
- * one block a launch, so that warps walk many tiles, some past the copied ones. */
-static int test_bulk = 0;
-static long bulk_launches = 0;
-void cu_mvdp_test_bulk(int nt) { test_bulk = nt; }
-long cu_mvdp_bulk_count(void) { return bulk_launches; }
-static int dp_bulk_budget(int *min_tiles) {
-    static int b = INT_MIN, mn = INT_MIN;
-    cu_env_int(&b, "LILY_CU_MVDP_BULK", 0);
-    cu_env_int(&mn, "LILY_CU_MVDP_BULK_MIN", 2);
-    *min_tiles = test_bulk ? 1 : mn < 1 ? 1 : mn;
-    return test_bulk ? 200 * 1024 : b;
-}
-/* the tile's bytes in shared memory (codes, scales, biases of rpt rows), 0 where a matrix cannot be
- * bulk-copied (16-byte rows of scales, 16-byte aligned arrays) */
-static int dp_bulk_tile(const mvq_args &a, int rpt, int bits, int *bso) {
-    if (a.f.xslot || a.f.rlog) return 0;
-    int szm = 2;
-    for (int i = 0; i < a.n; i++) {
-        const dmat &m = a.m[i];
-        const int sz = m.sbt == LW_F32 ? 4 : 2;
-        if (((m.cols / m.group) * sz) % 16 || (uintptr_t)m.w % 16 || (uintptr_t)m.s % 16 || (uintptr_t)m.b % 16) return 0;
-        if (sz > szm) szm = sz;
-    }
-    *bso = rpt * (a.m[0].cols / a.m[0].group) * szm;
-    for (int i = 1; i < a.n; i++)
-        if (rpt * (a.m[i].cols / a.m[i].group) * szm > *bso) *bso = rpt * (a.m[i].cols / a.m[i].group) * szm;
-    return rpt * (a.m[0].cols * bits / 8) + 2 * *bso;
-}
+static size_t dp_smem(int cols) { return (size_t)(cols / 64) * DP_G4 * 16; }
 
 template <int LPR, int R, int SBT, int BITS, int G>
-static void mvdp_go(cudaStream_t s, const mvq_args &in, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
+static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
                     int xdiv) {
     /* as many blocks as the GPU holds at once over the slots, the walks made equal, as k_mvq4's
      * (mvq_grid; every block held with some warps a tile more measured slower, bench/RESULTS.md) */
     static mvq_kstate ks;
-    static int big_attr = 0;
-    mvq_args a = in;
-    const int warps = dp_warps(), ntiles = a.blk0[a.n], blocks = (ntiles + warps - 1) / warps;
-    size_t sm = dp_smem(a.m[0].cols);
-    int gx = mvq_grid(k_mvdp<LPR, R, SBT, BITS, G>, ks, blocks, nslots, 0, warps * WARP, sm);
-    a.f.bnt = 0;
-    int mint = 1, bso = 0;
-    const int budget = eidx || G != 1 ? 0 : dp_bulk_budget(&mint);
-    const int tb = budget > 0 ? dp_bulk_tile(a, (WARP / LPR) * R, BITS, &bso) : 0;
-    int ntm = 0;
-    if (tb > 0) ntm = budget / (warps * tb);
-    if (ntm > DP_BMAX) ntm = DP_BMAX;
-    if (ntm > 0) {
-        if (!big_attr)
-            big_attr = cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS, G>, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024) ==
-                       cudaSuccess;
-        const size_t sm1 = sm + (size_t)warps * ntm * tb;
-        if (big_attr && sm1 <= 227 * 1024) {
-            const int g1 = test_bulk ? 1 : mvq_grid(k_mvdp<LPR, R, SBT, BITS, G>, ks, blocks, nslots, 0, warps * WARP, sm1);
-            const int tpw = (ntiles + g1 * warps - 1) / (g1 * warps);
-            const int nt = test_bulk ? (test_bulk < ntm ? test_bulk : ntm) : tpw < ntm ? tpw : ntm;
-            if (nt >= mint) {
-                a.f.bnt = nt;
-                a.f.btb = tb;
-                a.f.bso = bso;
-                gx = g1;
-                sm += (size_t)warps * nt * tb;
-                bulk_launches++;
-            }
-        }
-    }
+    const int warps = dp_warps(), blocks = (a.blk0[a.n] + warps - 1) / warps;
+    const size_t sm = dp_smem(a.m[0].cols);
+    const int gx = mvq_grid(k_mvdp<LPR, R, SBT, BITS, G>, ks, blocks, nslots, 0, warps * WARP, sm);
     cu_go(k_mvdp<LPR, R, SBT, BITS, G>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int R, int BITS, int G = 1>

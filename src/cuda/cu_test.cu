@@ -120,8 +120,6 @@ lily_code lct_moe_sort(const int *sel, int n, int E, int bt, int merged, int *co
     return rc;
 }
 
-long lct_mvdp_bulk_count(void) { return cu_mvdp_bulk_count(); }
-
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
@@ -473,13 +471,11 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     }
     if (rt) { fu.rlog = dlg; fu.E = rt->E; fu.K = rt->K; fu.rsel = ds; fu.rwt = dwt; }
     if (!rc) {
-        cu_mvdp_test_r(dp >= 5 ? 4 : dp);
-        cu_mvdp_test_bulk(dp == 5 ? 2 : dp == 6 ? 4 : 0);
+        cu_mvdp_test_r(dp);
         if (dgz) {
             if (!cu_matvec_gated(0, dpp[0], ddx, dgz, dgw, nm->eps, dy[0])) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_matvec_gated declined");
         } else cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM || nm || rt ? &fu : NULL);
         cu_mvdp_test_r(0);
-        cu_mvdp_test_bulk(0);
     }
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)ns * ld[i] * 4, st);

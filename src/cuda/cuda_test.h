@@ -89,9 +89,6 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
 typedef struct { const float *add, *nw; float eps; float *tout; const float *gz, *gw; } lct_mvnorm;
 /* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K] */
 typedef struct { const float *lg; int E, K; int *sel; float *wt; } lct_mvroute;
-/* dp (lct_matvec_group): 5, 6: k_mvdp at R 4 with 2 or 4 tiles a warp bulk-copied (one block); how
- * many launches took bulk copies so far */
-long lct_mvdp_bulk_count(void);
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
                            const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, const lct_mvroute *rt,
                            float *const *Y, lily_status *st);

@@ -202,10 +202,6 @@ int lane_id(void);
 void cp_async(void *dst, const void *src, size_t n);
 void cp_commit(void);
 void cp_wait(int n);
-/* Bulk copies (cu_bulk_g2s): queued on their mbarrier's address until the first bulk_wait on it,
- * which does them all; a block's copies never waited for are dropped at its end. */
-void bulk_copy(void *dst, const void *src, size_t n, const void *bar);
-void bulk_wait(const void *bar);
 template <class T> static inline T shfl_t(unsigned mask, T v, int src) {
     static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
     uint64_t b = 0;

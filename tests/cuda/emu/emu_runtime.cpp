@@ -238,13 +238,6 @@ std::vector<fiber_t> fib;
 std::vector<warp_t> warps;
 ctx_t sched;
 int cur = -1, n_done;
-struct bulk_t {
-    void *dst;
-    const void *src;
-    size_t n;
-    const void *bar;
-};
-std::vector<bulk_t> bulk_q; /* the running block's bulk copies not yet waited for */
 #ifdef EMU_ASAN
 const void *sched_bottom;
 size_t sched_size;
@@ -456,7 +449,6 @@ void run_block(int nt) {
         memset(W.stamp, 0xff, sizeof W.stamp);
     }
     n_done = 0;
-    bulk_q.clear();
     shared_seen.clear();
     shared_static = 0;
     if (dyn_size) memset(dyn_base, 0xff, dyn_size); /* uninitialised shared memory reads as NaN / -1 */
@@ -589,20 +581,6 @@ static bool read_tf32_off(void) {
 }
 const bool tf32_off = read_tf32_off();
 int lane_id(void) { return cur >= 0 ? fib[cur].lane : 0; }
-void bulk_copy(void *dst, const void *src, size_t n, const void *bar) {
-    if (n % 16 || (uintptr_t)dst % 16 || (uintptr_t)src % 16) fault("bulk copy of a size or address not a multiple of 16");
-    if (cur < 0) { memcpy(dst, src, n); return; }
-    bulk_q.push_back(bulk_t{ dst, src, n, bar });
-}
-void bulk_wait(const void *bar) {
-    if (cur < 0) return;
-    size_t k = 0;
-    for (size_t i = 0; i < bulk_q.size(); i++) {
-        if (bulk_q[i].bar == bar) memcpy(bulk_q[i].dst, bulk_q[i].src, bulk_q[i].n);
-        else bulk_q[k++] = bulk_q[i];
-    }
-    bulk_q.resize(k);
-}
 void cp_async(void *dst, const void *src, size_t n) {
     if (cur < 0) { memcpy(dst, src, n); return; }
     fib[cur].cp.push_back(fiber_t::cp_t{ dst, src, n, fib[cur].ncommit });
