@@ -456,21 +456,6 @@ static void pf_join(lcuda_session *s) {
     cudaEventRecord(s->evp, s->st2);
     cudaStreamWaitEvent(s->st, s->evp, 0);
 }
-/* A DeltaNet layer's recurrent state S ([nv][dk][dv] fp32, 2 MB at the 35B-A3B shape) as a matrix
- * for the prefetch, in decode's one-row step only. LILY_CU_PF_STATE=1, for measuring: on the H200
- * it made decode ~3% slower (tg128 ~517 against ~534, bench/RESULTS.md session 21), the layer's
- * prefetch launch then finishing well after the delta rule it was meant to serve. */
-static int pf_state(const lcuda_session *s, dmat *d, int li, int T) {
-    static int on = -1;
-    if (T != 1 || s->rows || !cu_env_flag(&on, "LILY_CU_PF_STATE", 0)) return 0;
-    const lily_config *c = &s->m->cfg;
-    memset(d, 0, sizeof *d);
-    d->type = LW_F32;
-    d->rows = c->lin_nv * c->lin_dk;
-    d->cols = c->lin_dv;
-    d->w = s->S + (size_t)li * s->S_n;
-    return 1;
-}
 /* the mixer's input projections (what the layer reads first) */
 static int pf_mixer_in(const cu_layer *L, const dmat **W) {
     if (L->full) { W[0] = &L->q; W[1] = &L->k; W[2] = &L->v; return 3; }
@@ -890,16 +875,11 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     int li = 0, fi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &m->L[l];
-        if (pf && (pf_parts() & 1)) { /* what the layer reads after its in-projection: the out-projection, the router group;
-                   * a DeltaNet layer's state S first (pf_state) */
-            dmat sd;
-            const dmat *W[7] = { L->full ? &L->o : &L->out, &L->router, &L->sh_gate, &L->sh_up, &L->sh_router, &L->sh_down };
-            const int n = c->shared_inter ? 6 : 2, st = !L->full && pf_state(s, &sd, li, T);
-            if (st) {
-                memmove(W + 1, W, n * sizeof *W);
-                W[0] = &sd;
-            }
-            pf_fork(s, n + st, W, NULL, 0);
+        if (pf && (pf_parts() & 1)) { /* what the layer reads after its in-projection: the out-projection, the router group
+                   * (not a DeltaNet layer's state S: its prefetch finished after the delta rule it was for,
+                   * decode 2.5% slower, bench/RESULTS.md session 21) */
+            const dmat *W[6] = { L->full ? &L->o : &L->out, &L->router, &L->sh_gate, &L->sh_up, &L->sh_router, &L->sh_down };
+            pf_fork(s, c->shared_inter ? 6 : 2, W, NULL, 0);
         }
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);

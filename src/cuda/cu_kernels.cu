@@ -1634,6 +1634,15 @@ int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int
  * One launch a DeltaNet layer fewer: k_gdn_prep1 added ~3.3 us a layer to the decode step's
  * critical path (the decode timeline, bench/RESULTS.md session 18). */
 #define GDN_DEC_KMAX 8
+/* A conv channel's state after the step: its K - 1 taps c shifted down one, the new input last
+ * (decode's k_gdn_dec128 and k_gdn_dec_split, c read before the wait) */
+static __device__ __forceinline__ void gdn_conv_shift(float *state, int ch, int K, const float (&c)[GDN_DEC_KMAX], float in) {
+    float *st = state + (size_t)ch * (K - 1);
+#pragma unroll
+    for (int i = 0; i + 1 < GDN_DEC_KMAX; i++)
+        if (i + 1 < K - 1) st[i] = c[i + 1];
+    st[K - 2] = in;
+}
 __global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
                                                      const float *__restrict__ cw, const float *__restrict__ bb, const float *__restrict__ aa,
                                                      const float *__restrict__ A_log, const float *__restrict__ dt_bias, float *S,
@@ -1678,13 +1687,7 @@ __global__ void __launch_bounds__(512) k_gdn_dec128(int nk, int nv, int K, const
     }
     __syncthreads();
     CU_MARK(1);
-    if (ch >= 0 && K > 1 && (tid >= 256 || last)) {
-        float *st = state + (size_t)ch * (K - 1);
-#pragma unroll
-        for (int i = 0; i + 1 < GDN_DEC_KMAX; i++)
-            if (i + 1 < K - 1) st[i] = cs[i + 1];
-        st[K - 2] = in;
-    }
+    if (ch >= 0 && K > 1 && (tid >= 256 || last)) gdn_conv_shift(state, ch, K, cs, in);
     const float beta = sigm_f(bh), decay = expf(gdn_g(ah + dtb, alog)), vj = vsh[j];
     const float out = gdn_col_step(sr, qkb, qkb + 128, p, decay, vj, beta);
     CU_MARK(2);
@@ -1789,28 +1792,15 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     if (p == 0) o[(size_t)h * dv + jj] = out;
 #pragma unroll
     for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + jj] = sr[i];
-    if (cv >= 0 && K > 1) { /* the block's own value channels */
-        float *st = state + (size_t)cv * (K - 1);
-#pragma unroll
-        for (int i = 0; i + 1 < GDN_DEC_KMAX; i++)
-            if (i + 1 < K - 1) st[i] = sv[i + 1];
-        st[K - 2] = iv;
-    }
+    if (cv >= 0 && K > 1) gdn_conv_shift(state, cv, K, sv, iv); /* the block's own value channels */
     if (tid == 0) {
         last = ticket == (unsigned)(ratio * GDN_SPLIT) - 1;
         if (last) cnt[kh] = 0;
     }
     __syncthreads();
     if (last && K > 1) {
-        float *stq = state + (size_t)cq * (K - 1), *stk = state + (size_t)ck * (K - 1);
-#pragma unroll
-        for (int i = 0; i + 1 < GDN_DEC_KMAX; i++)
-            if (i + 1 < K - 1) {
-                stq[i] = sq[i + 1];
-                stk[i] = sk[i + 1];
-            }
-        stq[K - 2] = iq;
-        stk[K - 2] = ik;
+        gdn_conv_shift(state, cq, K, sq, iq);
+        gdn_conv_shift(state, ck, K, sk, ik);
     }
 }
 int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
