@@ -265,13 +265,6 @@ lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
 
 /* ---- sessions ---- */
 #define DECODE_SPLITS 64
-/* one token's attention key splits (k_attn_gqa's blocks a KV head): LILY_CU_DEC_SPLITS, a power of two
- * 16-1024, for measuring; the session's partials are sized for it */
-static int dec_splits(void) {
-    static int n = INT_MIN;
-    cu_env_int(&n, "LILY_CU_DEC_SPLITS", DECODE_SPLITS);
-    return n >= 16 && n <= 1024 && (n & (n - 1)) == 0 ? n : DECODE_SPLITS;
-}
 
 typedef struct { void **p; size_t n; } sbuf;
 
@@ -286,7 +279,7 @@ static uint64_t xp_cols(const lily_config *c) {
 static uint64_t scratch_bytes(const lily_config *c, int T) {
     uint64_t H = c->hidden, cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv, nh = c->n_heads, hd = c->head_dim;
     uint64_t nkv = c->n_kv_heads, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter ? c->shared_inter : 1;
-    size_t p1 = cu_attention_part_floats(T, (int)nh, (int)hd, 1), p2 = cu_attention_part_floats(1, (int)nh, (int)hd, dec_splits() > DECODE_SPLITS ? dec_splits() : DECODE_SPLITS);
+    size_t p1 = cu_attention_part_floats(T, (int)nh, (int)hd, 1), p2 = cu_attention_part_floats(1, (int)nh, (int)hd, DECODE_SPLITS);
     uint64_t f = 3 * T * H + 2 * T * cd + 2 * T * vd + 4 * T * nv + T * nh * 2 * hd + 2 * T * nh * hd + 2 * T * nkv * hd
                  + (p1 > p2 ? p1 : p2) + T * E + T * K + 2 * T * K * I + T * K * H + 2 * T * SI + T + T * H + c->vocab;
     uint64_t i = 3 * T * K + 2 * E + 16 + (uint64_t)cu_moe_max_tiles((int)(T * K), (int)E, 16);
@@ -341,7 +334,7 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
     size_t T = (size_t)m->chunk, H = c->hidden, cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
     size_t nh = c->n_heads, hd = c->head_dim, nkv = c->n_kv_heads, E = c->n_experts, K = c->top_k, I = c->moe_inter;
     size_t SI = c->shared_inter ? c->shared_inter : 1;
-    size_t p1 = cu_attention_part_floats((int)T, (int)nh, (int)hd, 1), p2 = cu_attention_part_floats(1, (int)nh, (int)hd, dec_splits() > DECODE_SPLITS ? dec_splits() : DECODE_SPLITS);
+    size_t p1 = cu_attention_part_floats((int)T, (int)nh, (int)hd, 1), p2 = cu_attention_part_floats(1, (int)nh, (int)hd, DECODE_SPLITS);
     s->lg_rows = 1;
     size_t xpc = xp_cols(c);
     struct { float **p; size_t n; } f[] = {
@@ -632,7 +625,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     }
     float *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
     if (T == 1 && cu_qk_fold_enabled() && cu_attention_dec(q, s->qg, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
-                                   (float)c->eps, s->d_pos, kc, vc, dec_splits(), s->part, s->ao)) {
+                                   (float)c->eps, s->d_pos, kc, vc, DECODE_SPLITS, s->part, s->ao)) {
         PM(s, "attn q/k norm + rope + cache + core");
         proj_out(s, &L->o, s->ao, nh * hd, T);
         PM(s, "attn out-proj");
@@ -645,7 +638,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     if (T > 1 && s->hpos >= 0)
         cu_attention_h16(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, s->hpos, s->D, moe_d_floats(s->m) * sizeof(float),
                          s->part, s->ao);
-    else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? dec_splits() : 1, s->part, s->ao);
+    else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
     PM(s, "attn core");
     proj_out(s, &L->o, s->ao, nh * hd, T);
     PM(s, "attn out-proj");

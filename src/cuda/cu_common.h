@@ -222,7 +222,6 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *a, int sbt, const float *X, co
 /* For the kernel test: 0 the usual choice, -1 k_mvdp declines, 1/2/4 rows a lane group (R), 3 the
  * two-group form at R 2 where the rows take it (LILY_CU_MVDP_G2) */
 void cu_mvdp_test_r(int r);
-void cu_attn_test_u(int u); /* decode attention's keys a warp an iteration, for the kernel test (0: as configured) */
 /* Whether decode uses the fused router group (mvq_fuse; default, LILY_CU_FUSE=0 for measuring). */
 int cu_fuse_enabled(void);
 /* The same for T input rows (decode batches; any T, 2-8 in one pass when cols <= 6144):

@@ -2094,10 +2094,7 @@ __device__ __forceinline__ void qk_head(float (&v)[R], const float *w, int lane,
     }
 }
 
-/* U keys a warp an iteration, their loads issued together: at long context a warp's one key (2 KB) in
- * flight at a time left ~8 KB an SM in flight (LILY_CU_ATTN_U). The keys a warp takes and their order
- * do not change with U, so neither do its sums. */
-template <int HG, int R, int U>
+template <int HG, int R>
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
                                                                int nkv, const int *pos, int splits, float *part, cu_rows rows,
                                                                qk_fold P) {
@@ -2163,30 +2160,22 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
         mx[g] = -INFINITY; l[g] = 0.f;
     }
     size_t ld = (size_t)nkv * hd;
-    for (int j = j0 + warp; j < j1; j += ATT_WARPS * U) {
-        float kr[U][R], vr[U][R];
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
+        float kr[R], vr[R];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int ju = j + u * ATT_WARPS < j1 ? j + u * ATT_WARPS : j; /* (past the chunk: loaded, not used) */
-            const float *kj = kc + ju * ld + (size_t)kvh * hd, *vj = vc + ju * ld + (size_t)kvh * hd;
+        for (int i = 0; i < R; i++) { kr[i] = kj[lane + WARP * i]; vr[i] = vj[lane + WARP * i]; }
 #pragma unroll
-            for (int i = 0; i < R; i++) { kr[u][i] = kj[lane + WARP * i]; vr[u][i] = vj[lane + WARP * i]; }
-        }
+        for (int g = 0; g < HG; g++) {
+            float d = 0;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (j + u * ATT_WARPS >= j1) break; /* (warp-uniform) */
+            for (int i = 0; i < R; i++) d += qr[g][i] * kr[i];
+            float sc = warp_sum(d);
+            float mnew = fmaxf(mx[g], sc), corr = expf(mx[g] - mnew), p = expf(sc - mnew);
+            l[g] = l[g] * corr + p;
 #pragma unroll
-            for (int g = 0; g < HG; g++) {
-                float d = 0;
-#pragma unroll
-                for (int i = 0; i < R; i++) d += qr[g][i] * kr[u][i];
-                float sc = warp_sum(d);
-                float mnew = fmaxf(mx[g], sc), corr = expf(mx[g] - mnew), p = expf(sc - mnew);
-                l[g] = l[g] * corr + p;
-#pragma unroll
-                for (int i = 0; i < R; i++) acc[g][i] = acc[g][i] * corr + p * vr[u][i];
-                mx[g] = mnew;
-            }
+            for (int i = 0; i < R; i++) acc[g][i] = acc[g][i] * corr + p * vr[i];
+            mx[g] = mnew;
         }
     }
     /* merge the warps in shared memory: one partial per block and head */
@@ -2217,8 +2206,6 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
     return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
 }
-static int attn_test_u = 0; /* the kernel test's k_attn_gqa unroll (1, 2; 0: LILY_CU_ATTN_U) */
-void cu_attn_test_u(int u) { attn_test_u = u; }
 static const qk_fold qk_none = { NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0.f };
 static void attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                       int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw,
@@ -2231,14 +2218,10 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const flo
     }
     int hg = nh / nkv, np = splits;
     dim3 gq(T * nkv, splits);
-    static int u_env = INT_MIN;
-    cu_env_int(&u_env, "LILY_CU_ATTN_U", 1);
-    const int u2 = attn_test_u ? attn_test_u == 2 : u_env == 2;
-    if (hd == 256 && hg == 8 && u2) cu_go(k_attn_gqa<8, 8, 2>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
-    else if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8, 1>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
-    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8, 1>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
-    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8, 1>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
-    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4, 1>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
+    if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
+    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
+    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
+    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
     else {
         cu_go(k_attn, dim3(T * nh, splits), ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
         np = splits * ATT_WARPS;

@@ -120,8 +120,6 @@ lily_code lct_moe_sort(const int *sel, int n, int E, int bt, int merged, int *co
     return rc;
 }
 
-void lct_attn_u(int u) { cu_attn_test_u(u); }
-
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);

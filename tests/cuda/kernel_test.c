@@ -464,7 +464,6 @@ static void test_experts(lily_pool *pool, int bits, int E, int rows, int cols, i
 /* Prefill attention against plain loops in double: causal over a cache holding pos0 earlier keys,
  * gated. The tensor-core kernel (head dim 256, 8 query heads a KV head) has fp16 operands. */
 static void test_attention_s(int T, int nh, int nkv, int hd, int pos0, int splits);
-static int attn_u = 0; /* decode attention's keys a warp an iteration, as the label says (lct_attn_u) */
 static void test_attention(int T, int nh, int nkv, int hd, int pos0) { test_attention_s(T, nh, nkv, hd, pos0, 0); }
 /* splits > 0 (T 1): decode's form, the keys in splits parts (some empty at short context) merged
  * by k_attn_merge */
@@ -505,7 +504,7 @@ static void test_attention_s(int T, int nh, int nkv, int hd, int pos0, int split
         char what[160];
         snprintf(what, sizeof what, "attention%s T=%d nh=%d nkv=%d hd=%d after %d%s",
                  tc && !splits ? (h16 ? " (tensor cores, fp16 keys)" : " (tensor cores)") : "", T, nh, nkv, hd, pos0,
-                 splits ? (attn_u == 2 ? " (decode splits, 2 keys a warp)" : " (decode splits)") : "");
+                 splits ? " (decode splits)" : "");
         if (splits ? lct_attention_split(q, qg, kc, vc, nh, nkv, hd, pos0, ctx, splits, o, &st)
                    : lct_attention(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, h16, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
         else report(what, rel(o, ref, (size_t)T * nh * hd), tc && !splits ? 3e-3 : 1e-5);
@@ -569,8 +568,8 @@ static void test_attention_dec(int nh, int nkv, int hd, int rot, int pos0, int s
     for (size_t i = 0; i < (size_t)nh * hd; i++) o[i] = NAN;
     lily_status st = { 0 };
     char what[160];
-    snprintf(what, sizeof what, "decode attention, q/k prep folded nh=%d nkv=%d hd=%d rot=%d after %d, %d splits%s", nh, nkv, hd, rot,
-             pos0, splits, attn_u == 2 ? ", 2 keys a warp" : "");
+    snprintf(what, sizeof what, "decode attention, q/k prep folded nh=%d nkv=%d hd=%d rot=%d after %d, %d splits", nh, nkv, hd, rot,
+             pos0, splits);
     if (lct_attention_dec(qg, k, v, qn, kn, inv, nh, nkv, hd, rot, 1e-6f, pos0, ctx, splits, kc, vc, o, &st)) {
         printf("%s: %s\n", what, st.msg);
         n_fail++;
@@ -1511,17 +1510,6 @@ int main(int argc, char **argv) {
     test_attention_dec(16, 2, 256, 64, small ? 300 : 3000, 64);
     test_attention_dec(8, 2, 256, 128, 0, 64);    /* the first token: one key, two rotated lanes' columns */
     test_attention_dec(16, 2, 128, 64, 77, 64);   /* head dim 128 */
-    /* two keys a warp an iteration (LILY_CU_ATTN_U=2): blocks of one key, of an odd count, of many;
-     * more splits than the default (LILY_CU_DEC_SPLITS) */
-    lct_attn_u(attn_u = 2);
-    test_attention_s(1, 16, 2, 256, 40, 64);
-    test_attention_s(1, 16, 2, 256, small ? 300 : 3000, 64);
-    test_attention_s(1, 16, 2, 256, small ? 1000 : 5000, 256);
-    test_attention_dec(16, 2, 256, 64, 40, 64);
-    test_attention_dec(16, 2, 256, 64, small ? 300 : 3000, 64);
-    test_attention_dec(16, 2, 256, 64, small ? 1000 : 5000, 512);
-    lct_attn_u(attn_u = 0);
-    test_attention_s(1, 16, 2, 256, small ? 1000 : 5000, 256);
     test_attention(9, 4, 2, 64, 3);  /* the SIMT kernels: other head shapes */
     test_attention(11, 6, 1, 32, 0);
     if (!(getenv("LILY_CU_GEMM_TC") && !strcmp(getenv("LILY_CU_GEMM_TC"), "0"))) { /* k_gemm_tc's alone */
