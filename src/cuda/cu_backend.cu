@@ -264,7 +264,17 @@ lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
 }
 
 /* ---- sessions ---- */
-#define DECODE_SPLITS 64
+/* One token's decode attention: 128 key splits a KV head, of which as many as give each at least
+ * 32 keys and at least half are used (attn_splits_used): up to 2,048 keys the 64 splits of before,
+ * at 4K and 32K every split's loads in flight (H200, bench/RESULTS.md session 22: a fixed 128
+ * took tg128@32768 333 -> 404 and tg128@4096 504 -> 515, tg128 555 -> 549). LILY_CU_DEC_KMIN=0:
+ * always all 128, for measuring. The decode batches' rows keep cu_decode_splits. */
+#define DECODE_SPLITS 128
+static int dec_kmin(void) {
+    static int k = INT_MIN;
+    cu_env_int(&k, "LILY_CU_DEC_KMIN", 32);
+    return k < 0 ? 0 : k;
+}
 
 typedef struct { void **p; size_t n; } sbuf;
 
@@ -625,7 +635,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     }
     float *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
     if (T == 1 && cu_qk_fold_enabled() && cu_attention_dec(q, s->qg, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
-                                   (float)c->eps, s->d_pos, kc, vc, DECODE_SPLITS, s->part, s->ao)) {
+                                   (float)c->eps, s->d_pos, kc, vc, DECODE_SPLITS, s->part, s->ao, dec_kmin())) {
         PM(s, "attn q/k norm + rope + cache + core");
         proj_out(s, &L->o, s->ao, nh * hd, T);
         PM(s, "attn out-proj");
@@ -638,7 +648,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     if (T > 1 && s->hpos >= 0)
         cu_attention_h16(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, s->hpos, s->D, moe_d_floats(s->m) * sizeof(float),
                          s->part, s->ao);
-    else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao);
+    else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao, dec_kmin());
     PM(s, "attn core");
     proj_out(s, &L->o, s->ao, nh * hd, T);
     PM(s, "attn out-proj");
@@ -978,7 +988,7 @@ lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st) {
 int cu_decode_splits(const lcuda_session *s, int T) {
     /* s->part holds T x splits partials up to max(chunk, DECODE_SPLITS) (see lcuda_session_new) */
     int cap = s->m->chunk > DECODE_SPLITS ? s->m->chunk : DECODE_SPLITS;
-    int sp = DECODE_SPLITS / T < 16 ? 16 : DECODE_SPLITS / T;
+    int sp = 64 / T < 16 ? 16 : 64 / T; /* (64 over the rows: the batches' measured split, session 14) */
     while (sp > 1 && (long long)T * sp > cap) sp /= 2;
     return sp;
 }

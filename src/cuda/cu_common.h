@@ -415,9 +415,11 @@ void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const
 int cu_qk_fold_enabled(void);
 int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
                      int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
-                     float *part, float *o);
+                     float *part, float *o, int amin);
+/* (amin > 0, T 1: of the splits, as many as give each amin keys, at least half and at most all:
+ * attn_splits_used in cu_kernels.cu) */
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
-                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o);
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin);
 /* The same for a prefill chunk whose first position the host knows (p0h == *pos), with scratch for
  * the tensor-core kernel's fp16 keys (cu_attn_tc); where that kernel does not take the shape, or the
  * scratch is short, as cu_attention. */

@@ -1964,12 +1964,21 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const
 #pragma unroll
     for (int i = 0; i < ATT_MAXR; i++) if (i < R) pp[2 + lane + WARP * i] = acc[i];
 }
-__global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o) {
+/* The key splits a token's decode attention uses of its grid's `splits` (amin > 0: one token, n keys):
+ * at least amin keys a split past half of them, so short contexts keep half the splits (their partials
+ * and their merge cost as before) and long ones get every split's loads in flight (splits > 0). */
+__host__ __device__ __forceinline__ int attn_splits_used(int splits, int amin, int n) {
+    if (amin <= 0) return splits;
+    const int se = (n + amin - 1) / amin;
+    return se < splits / 2 ? (splits / 2 > 0 ? splits / 2 : 1) : se > splits ? splits : se;
+}
+__global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o, const int *pos, int amin) {
     CU_PDL();
     __shared__ float wsh[1024];
     __shared__ float Lsh;
     int th = blockIdx.x, t = th / nh, h = th % nh;
     const float *pp = part + (size_t)th * np * (hd + 2);
+    if (amin > 0) np = attn_splits_used(np, amin, *pos + 1); /* (the stride stays the grid's) */
     /* the partials' maxima and sums by the first warp, a partial a lane (one thread walking decode's
      * 64 splits was a chain of dependent loads: 12 us a launch under Nsight) */
     if (threadIdx.x < WARP) {
@@ -2002,12 +2011,13 @@ __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd,
  * decode step's critical path (bench/RESULTS.md, session 18). */
 #define AMW_WARPS 8
 __global__ void __launch_bounds__(AMW_WARPS * WARP) k_attn_merge_w(const float *part, const float *qg, int nh, int hd, int np,
-                                                                  float *o) {
+                                                                  float *o, const int *pos, int amin) {
     CU_PDL();
     __shared__ float sm[AMW_WARPS], sl[AMW_WARPS], sa[AMW_WARPS][WARP];
     const int th = blockIdx.x, t = th / nh, h = th % nh, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int i = blockIdx.y * WARP + lane; /* hd is a multiple of 32 */
     const float *pp = part + (size_t)th * np * (hd + 2);
+    if (amin > 0) np = attn_splits_used(np, amin, *pos + 1); /* (the stride stays the grid's) */
     float M = -INFINITY, L = 0.f, A = 0.f;
     for (int p0 = warp; p0 < np; p0 += AMW_WARPS * 8) {
         float m[8], l[8], a[8];
@@ -2097,14 +2107,16 @@ __device__ __forceinline__ void qk_head(float (&v)[R], const float *w, int lane,
 template <int HG, int R>
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
                                                                int nkv, const int *pos, int splits, float *part, cu_rows rows,
-                                                               qk_fold P) {
+                                                               qk_fold P, int amin) {
     CU_PDL();
     const int hd = R * WARP;
     int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int n = (rows.pos ? rows.pos[t] : *pos + t) + 1;
     if (rows.pos) { kc = rows.kc[t] + rows.kv_off; vc = rows.vc[t] + rows.kv_off; } /* decode batch: row t's own cache */
-    int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
+    const int se = attn_splits_used(splits, amin, n); /* (amin: one token, no rows) */
+    if ((int)blockIdx.y >= se) return; /* a split past those used: the merge reads none of its partials */
+    int chunk = (n + se - 1) / se, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
     float qr[HG][R], acc[HG][R], mx[HG], l[HG];
     float scale = rsqrtf((float)hd);
     if (P.qg) { /* (T = 1) the q heads' prep shared by the warps (a warp a head, through shared
@@ -2209,35 +2221,38 @@ size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
 static const qk_fold qk_none = { NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0.f };
 static void attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                       int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw,
-                      int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0, const qk_fold &P = qk_none) {
+                      int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0, const qk_fold &P = qk_none, int amin = 0) {
     if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) {
         const int np = cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o, part, cu_attention_part_floats(T, nh, hd, 1), p0h, h16,
                                   h16_bytes);
-        if (np > 1) cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o);
+        if (np > 1) cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o, pos, 0);
         return;
     }
     int hg = nh / nkv, np = splits;
     dim3 gq(T * nkv, splits);
-    if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
-    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
-    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
-    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P);
+    if (T != 1 || rw.pos) amin = 0;
+    if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
     else {
         cu_go(k_attn, dim3(T * nh, splits), ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
         np = splits * ATT_WARPS;
+        amin = 0;
     }
-    if (np >= 16 && hd % WARP == 0 && merge_w_enabled()) cu_go(k_attn_merge_w, dim3(T * nh, hd / WARP), AMW_WARPS * WARP, 0, s)(part, qg, nh, hd, np, o);
-    else cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o);
+    if (np >= 16 && hd % WARP == 0 && merge_w_enabled())
+        cu_go(k_attn_merge_w, dim3(T * nh, hd / WARP), AMW_WARPS * WARP, 0, s)(part, qg, nh, hd, np, o, pos, amin);
+    else cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o, pos, amin);
 }
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
-                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o) {
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin) {
     cu_rows none;
     memset(&none, 0, sizeof none);
-    attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none);
+    attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, qk_none, amin);
 }
 int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
                      int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
-                     float *part, float *o) {
+                     float *part, float *o, int amin) {
     const int hg = nkv > 0 ? nh / nkv : 0;
     if (nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd || rot > 256 ||
         !((hd == 256 && (hg == 8 || hg == 4 || hg == 2)) || (hd == 128 && hg == 8)))
@@ -2245,7 +2260,7 @@ int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const floa
     const qk_fold P = { qg, k, v, qn, kn, inv_freq, kc, vc, rot, eps };
     cu_rows none;
     memset(&none, 0, sizeof none);
-    attention(s, NULL, qg, kc, vc, 1, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, P);
+    attention(s, NULL, qg, kc, vc, 1, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, P, amin);
     return 1;
 }
 int cu_qk_fold_enabled(void) {

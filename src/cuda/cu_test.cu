@@ -120,6 +120,9 @@ lily_code lct_moe_sort(const int *sel, int n, int E, int bt, int merged, int *co
     return rc;
 }
 
+static int attn_amin = 0;
+void lct_attn_amin(int amin) { attn_amin = amin; }
+
 lily_code lct_matmul(const lw_mat *W, int E, const float *X, int T, int variant, const int *sel, int K,
                      float *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
@@ -328,7 +331,7 @@ static lily_code attention_run(const float *q, const float *qg, const float *kc,
     void *dh = h16 ? dput(&L, NULL, hb, st, &rc) : NULL;
     cu_attn_h16_test(h16);
     if (!rc && h16) cu_attention_h16(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, pos0, dh, hb, part, dout);
-    else if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, splits, part, dout);
+    else if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, splits, part, dout, attn_amin);
     rc = finish(st, rc);
     cu_attn_h16_test(-1);
     if (!rc) rc = dget(o, dout, (size_t)T * nh * hd * 4, st);
@@ -357,7 +360,7 @@ lily_code lct_attention_dec(const float *qg, const float *k, const float *v, con
     int *dp = (int *)dput(&L, &pos0, 4, st, &rc);
     float *part = (float *)dput(&L, NULL, cu_attention_part_floats(1, nh, hd, splits) * 4, st, &rc);
     float *dout = (float *)dput(&L, NULL, (size_t)nh * hd * 4, st, &rc);
-    if (!rc && !cu_attention_dec(0, dqg, dk, dv, dqn, dkn, nh, nkv, hd, rot, dif, eps, dp, dkc, dvc, splits, part, dout))
+    if (!rc && !cu_attention_dec(0, dqg, dk, dv, dqn, dkn, nh, nkv, hd, rot, dif, eps, dp, dkc, dvc, splits, part, dout, attn_amin))
         rc = lily_err(st, LILY_EUNSUPPORTED, "cu_attention_dec declined");
     rc = finish(st, rc);
     if (!rc) rc = dget(o, dout, (size_t)nh * hd * 4, st);

@@ -89,6 +89,8 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
 typedef struct { const float *add, *nw; float eps; float *tout; const float *gz, *gw; } lct_mvnorm;
 /* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K] */
 typedef struct { const float *lg; int E, K; int *sel; float *wt; } lct_mvroute;
+/* decode attention's adaptive splits (cu_attention's amin) in the split and folded calls that follow; 0 off */
+void lct_attn_amin(int amin);
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
                            const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, const lct_mvroute *rt,
                            float *const *Y, lily_status *st);

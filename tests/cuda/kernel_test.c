@@ -1510,6 +1510,16 @@ int main(int argc, char **argv) {
     test_attention_dec(16, 2, 256, 64, small ? 300 : 3000, 64);
     test_attention_dec(8, 2, 256, 128, 0, 64);    /* the first token: one key, two rotated lanes' columns */
     test_attention_dec(16, 2, 128, 64, 77, 64);   /* head dim 128 */
+    /* decode's adaptive splits (128, of which as many as give 32 keys each, at least 64): short,
+     * between, past them all */
+    lct_attn_amin(32);
+    test_attention_s(1, 16, 2, 256, 40, 128);
+    test_attention_s(1, 16, 2, 256, small ? 2559 : 3039, 128); /* (n a multiple of 32: the next key adds a split) */
+    test_attention_s(1, 16, 2, 256, small ? 5000 : 9000, 128);
+    test_attention_dec(16, 2, 256, 64, 40, 128);
+    test_attention_dec(16, 2, 256, 64, small ? 2559 : 3039, 128);
+    test_attention_dec(16, 2, 256, 64, small ? 5000 : 9000, 128);
+    lct_attn_amin(0);
     test_attention(9, 4, 2, 64, 3);  /* the SIMT kernels: other head shapes */
     test_attention(11, 6, 1, 32, 0);
     if (!(getenv("LILY_CU_GEMM_TC") && !strcmp(getenv("LILY_CU_GEMM_TC"), "0"))) { /* k_gemm_tc's alone */
