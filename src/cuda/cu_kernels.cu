@@ -1969,8 +1969,8 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const
  * and their merge cost as before) and long ones get every split's loads in flight (splits > 0). */
 __host__ __device__ __forceinline__ int attn_splits_used(int splits, int amin, int n) {
     if (amin <= 0) return splits;
-    const int se = (n + amin - 1) / amin;
-    return se < splits / 2 ? (splits / 2 > 0 ? splits / 2 : 1) : se > splits ? splits : se;
+    const int lo = splits / 2 > 0 ? splits / 2 : 1, se = (n + amin - 1) / amin;
+    return se < lo ? lo : se > splits ? splits : se;
 }
 __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o, const int *pos, int amin) {
     CU_PDL();
