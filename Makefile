@@ -70,7 +70,7 @@ $(BUILD)/$(EMU_DIR)/emu_runtime.o: $(EMU_DIR)/emu_runtime.cpp
 $(BUILD)/emu-selftest: $(BUILD)/emu-src/emu_selftest.o $(BUILD)/$(EMU_DIR)/emu_runtime.o
 	$(CXX) $(EMU_CXXFLAGS) -pthread $^ -o $@
 # A deliberately broken kernel (cu2cpp.py --mutate NAME) linked into its own kernel test.
-MUT_SRC = cu_kernels cu_mvtc cu_mvdp cu_gemm_tc cu_attn_tc cu_gdn_tc
+MUT_SRC = cu_kernels cu_mvtc cu_mvdp cu_gemm_tc cu_attn_tc cu_gdn_tc cu_router
 define MUT_RULES
 $$(BUILD)/mutant/%/$(1).cpp: src/cuda/$(1).cu $$(EMU_DIR)/cu2cpp.py
 	@mkdir -p $$(dir $$@)

@@ -133,8 +133,11 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
                         const float *hu, const float *sr, float *x, const float *add, int reps, lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* The prefill router: logits [T][W->rows] = X W^T to fp32 accuracy and their top-K, with the column
- * slices' sum in the top-k's launch (cu_router_exact_topk). */
-lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, float *logits, int *sel, float *wt, lily_status *st);
+ * slices' sum in the top-k's launch (cu_router_exact_topk). splits: -1 cu_matmul_exact's tiles (no
+ * fragment copy), 0 cu_router_tc's own choice, n > 0 n column slices; *used gets cu_router_tc's S (0
+ * where it declined or was not asked). */
+lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, int splits, float *logits, int *sel, float *wt,
+                           int *used, lily_status *st);
 /* out[0] = argmax, out[1] = its log-probability bits. */
 lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st);
 /* `steps` sampling steps of the GPU sampler (cu_sample.cu) on one logits row [V], as the

@@ -1021,8 +1021,10 @@ static void test_router(int T, int E, int K, int ties) {
 }
 
 /* The prefill router end to end (cu_router_exact_topk): the logits against the CPU's matmul, the
- * choice and weights against router_ref on the GPU's own logits (so a near-tie cannot flip it). */
-static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K) {
+ * choice and weights against router_ref on the GPU's own logits (so a near-tie cannot flip it).
+ * splits: -1 cu_matmul_exact's tiles, 0 cu_router_tc's choice, n > 0 forced; where the shape takes
+ * cu_router_tc (rows % 64, cols % 32, T > 8) it must have run, with want slices when want > 0. */
+static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K, int splits, int want) {
     void *hold[3];
     lw_mat W = mk_mat(LW_Q, 8, 64, E, cols, hold);
     float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * E * 4), *lg = malloc((size_t)T * E * 4);
@@ -1031,10 +1033,16 @@ static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K) {
     cpu_matmul(pool, &W, X, T, ref);
     for (size_t i = 0; i < (size_t)T * E; i++) lg[i] = NAN;
     lily_status st = { 0 };
-    char what[160];
-    snprintf(what, sizeof what, "router exact matmul + top-k T=%d E=%d cols=%d K=%d (logits, weights; ids must match)", T, E, cols, K);
-    if (lct_router_exact(&W, X, T, K, lg, sel, wt, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else {
+    char what[200];
+    int used = 0;
+    const int tc = splits >= 0 && T > 8 && E % 64 == 0 && cols % 32 == 0;
+    snprintf(what, sizeof what, "router exact matmul + top-k T=%d E=%d cols=%d K=%d %s (logits, weights; ids must match)", T, E, cols,
+             K, splits < 0 ? "tiles" : tc ? "fragment copy" : "(copy declined)");
+    if (lct_router_exact(&W, X, T, K, splits, lg, sel, wt, &used, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else if (tc != (used > 0) || (want > 0 && used != want)) {
+        printf("%s: cu_router_tc gave %d slices, expected %s %d\n", what, used, tc ? "" : "none:", want);
+        n_fail++;
+    } else {
         for (int t = 0; t < T; t++) router_ref(lg + (size_t)t * E, E, K, sref + t * K, wref + t * K);
         const int same = !memcmp(sel, sref, (size_t)T * K * 4);
         const double e1 = rel(lg, ref, (size_t)T * E), e2 = rel(wt, wref, (size_t)T * K);
@@ -1581,9 +1589,14 @@ int main(int argc, char **argv) {
     test_router(3, 512, 10, 0);  /* the registers' second size */
     test_router(3, 600, 8, 7);   /* shared memory, ties */
     test_router(2, 64, 33, 0);   /* K past a warp: shared memory */
-    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8); /* split tiles, the sum in the top-k */
-    test_router_exact(pool, 5, 40, 128, 3);                                 /* matrix-vector, no split */
-    test_router_exact(pool, small ? 37 : 129, 600, 256, 8);                 /* split tiles, shared-memory top-k */
+    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, -1, 0); /* split tiles, the sum in the top-k */
+    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, 0, 8);  /* the fragment copy, 256 / 32 tiles */
+    test_router_exact(pool, 5, 40, 128, 3, 0, 0);                                 /* matrix-vector, no split */
+    test_router_exact(pool, small ? 37 : 129, 600, 256, 8, 0, 0);                 /* split tiles, shared-memory top-k */
+    test_router_exact(pool, 129, 128, 512, 8, 1, 1);                              /* fragment copy, one slice: Y direct */
+    test_router_exact(pool, 129, 128, 512, 8, 3, 2);                              /* 16 stages: 3 slices -> 2 */
+    test_router_exact(pool, 37, 64, 192, 4, 0, 6);                                /* 6 stages: 16 -> 6 one-stage slices */
+    test_router_exact(pool, 9, 192, 320, 6, 5, 5);                                /* 9 tokens (T > 8), 5 two-stage slices */
     if (!small) batch_tests(0);
     test_argmax(248320);
     test_argmax(1);
