@@ -241,23 +241,20 @@ __device__ __forceinline__ uint4 xp_chunk(float4 a, float4 b) {
 
 /* a[0..n) in shared memory <- its exclusive prefix sums, by warp 0 (32 at a time, a shuffle scan
  * each); the total goes to a[n] where total_out. The caller syncs before and after. */
-__device__ __forceinline__ void cu_warp_exclusive_scan(int *a, int n, bool total_out) { /* by the calling warp */
-    const int lane = threadIdx.x % WARP;
+__device__ __forceinline__ void cu_warp0_exclusive_scan(int *a, int n, bool total_out) {
+    if (threadIdx.x >= WARP) return;
     int carry = 0;
     for (int e0 = 0; e0 < n; e0 += WARP) {
-        const int e = e0 + lane, v = e < n ? a[e] : 0;
+        const int e = e0 + threadIdx.x, v = e < n ? a[e] : 0;
         int incl = v;
         for (int o = 1; o < WARP; o <<= 1) {
             const int u = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += u;
+            if ((int)threadIdx.x >= o) incl += u;
         }
         if (e < n) a[e] = carry + incl - v;
         carry += __shfl_sync(0xffffffffu, incl, WARP - 1);
     }
-    if (total_out && lane == 0) a[n] = carry;
-}
-__device__ __forceinline__ void cu_warp0_exclusive_scan(int *a, int n, bool total_out) {
-    if (threadIdx.x < WARP) cu_warp_exclusive_scan(a, n, total_out);
+    if (total_out && threadIdx.x == 0) a[n] = carry;
 }
 
 /* The grouped GEMM's (expert, tile) map from start [E + 1], each expert's first tile (start[E]

@@ -2423,8 +2423,9 @@ __device__ void k_router_sort_tail(const cu_rsort &rs, const int *sel, int n, in
         rs.acc[e] = 0;
     }
     __syncthreads();
-    if (threadIdx.x < WARP) cu_warp_exclusive_scan(cur, E, false); /* (two warps, side by side) */
-    else if (threadIdx.x < 2 * WARP) cu_warp_exclusive_scan(start, E, true);
+    cu_warp0_exclusive_scan(cur, E, false);
+    __syncwarp();
+    cu_warp0_exclusive_scan(start, E, true);
     __syncthreads();
     cu_moe_tile_map(start, E, rs.tiles, rs.max_tiles);
     for (int e = threadIdx.x; e < E; e += blockDim.x) rs.off[e] = cur[e];
@@ -2456,16 +2457,13 @@ void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, in
 }
 int cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
                          size_t scr_floats, int K, int *sel, float *wt, const cu_rsort *rs) {
-    const int E = W->rows;
+    const int E = W->rows, wpb = 4;
     int S = T > 8 && rf && cu_router_tc_enabled() ? cu_router_tc(s, rf, E, W->cols, X, ldx, T, logits, E, scr, scr_floats) : 0;
     if (!S) S = exact_parts(s, W, X, ldx, T, logits, E, scr, scr_floats);
     static int fold = -1; /* LILY_CU_SORT_FOLD=0: the sort in its own launch, for measuring */
     cu_rsort r;
     memset(&r, 0, sizeof r);
     if (rs && rs->acc && S > 1 && K <= WARP && E <= 8 * WARP && cu_env_flag(&fold, "LILY_CU_SORT_FOLD", 1)) r = *rs;
-    /* with the sort, 16 warps a block: its last block's scatter takes 4,096 slots (512 tokens) in one
-     * batch of loads a thread, where 4 warps took four (the top-k + sort 19 us against 9 + 9 apart) */
-    const int wpb = r.acc ? 16 : 4;
     const size_t sm = (size_t)wpb * E * sizeof(float) > (2 * (size_t)E + 1) * sizeof(int) ? (size_t)wpb * E * sizeof(float)
                                                                                              : (2 * (size_t)E + 1) * sizeof(int);
     cu_go(k_router_topk, (T + wpb - 1) / wpb, wpb * WARP, sm, s)(logits, T, E, K, sel, wt, S > 1 ? scr : NULL, S, (size_t)T * E, r);
