@@ -327,7 +327,7 @@ void lcuda_session_free(lcuda_session *s) {
                      &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr, (float **)&s->xpx, (float **)&s->xph, (float **)&s->xps };
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
     int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles,
-                   (int **)&s->fcount, (int **)&s->racc };
+                   (int **)&s->fcount };
     for (size_t i = 0; i < sizeof il / sizeof *il; i++) cudaFree(*il[i]);
     for (int i = 0; i < LCU_SNAPSHOTS; i++) { cudaFree(s->snap_conv[i]); cudaFree(s->snap_S[i]); }
     if (s->ring_h) cudaFreeHost(s->ring_h);
@@ -380,13 +380,12 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         struct { int **p; size_t n; } ii[] = { { &s->d_ids, T }, { &s->d_pos, 1 }, { &s->d_tok, 2 }, { &s->d_step, 1 }, { &s->sel, T * K },
                                                 { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K },
                                                 { &s->tiles, (size_t)cu_moe_max_tiles((int)(T * K), (int)E, 16) },
-                                                { (int **)&s->fcount, 2 + GDN_DEC_CNT }, { (int **)&s->racc, E + 1 } };
+                                                { (int **)&s->fcount, 2 + GDN_DEC_CNT } };
         for (size_t i = 0; i < sizeof ii / sizeof *ii; i++) {
             e = cudaMalloc((void **)ii[i].p, ii[i].n * sizeof(int));
             if (e != cudaSuccess) goto oom;
         }
         e = cudaMemset(s->fcount, 0, (2 + GDN_DEC_CNT) * sizeof(unsigned));
-        if (e == cudaSuccess) e = cudaMemset(s->racc, 0, (E + 1) * sizeof(unsigned));
         if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaMemset", __FILE__, __LINE__); goto fail; }
     }
     e = cudaHostAlloc((void **)&s->ring_h, LCU_RING * 2 * sizeof(int), cudaHostAllocMapped);
@@ -714,13 +713,6 @@ static void moe_shared_side(lcuda_session *s, const cu_layer *L, int T) {
     if (!cu_gemm_tc_xp2(q2, &L->sh_down, s->sg, SI, T, s->SD, NULL, H, s->xps, 0)) cu_matmul(q2, &L->sh_down, s->sg, SI, T, s->SD, H);
 }
 
-/* whether prefill's experts run on the grouped tensor-core GEMMs, which read the sort's tile map */
-static int moe_tc(const lcuda_session *s, const cu_layer *L) {
-    const lily_config *c = &s->m->cfg;
-    return c->n_experts <= 1024 && cu_gemm_q4_enabled() && cu_gemm_q4_ok(&L->gate, s->t, c->hidden) &&
-           cu_gemm_q4_ok(&L->up, s->t, c->hidden) && cu_gemm_q4_ok(&L->down, s->hg, c->moe_inter);
-}
-
 /* add: the mixer's output when moe_fused (the residual add and norm not done yet), else NULL.
  * next: the next layer (its in-projection is prefetched in decode), or NULL. */
 static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T, const float *nw, const float *add) {
@@ -734,7 +726,6 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const int side = !add && T > 8 && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
     int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch */
-    int sorted = 0; /* the top-k's launch sorted the slots by expert too (cu_rsort) */
     if (add) {
         int ld[4] = { E, SI, SI, 1 };
         mvq_fuse fu;
@@ -766,11 +757,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             moe_shared_side(s, L, T);
             cudaEventRecord(s->evj, s->st2);
         }
-        /* the slots' sort rides in the top-k's launch where the grouped GEMMs will read it */
-        const int bt = cu_moe_tile_rows(T * K, E);
-        const cu_rsort rs = { s->racc, s->cnt, s->off, s->src, s->spos, s->tiles, bt, cu_moe_max_tiles(T * K, E, bt) };
-        sorted = cu_router_exact_topk(q, &L->router, L->rtr, s->t, H, T, s->rl, s->D, (size_t)T * K * H, K, s->sel, s->wt,
-                                      moe_tc(s, L) ? &rs : NULL);
+        cu_router_exact_topk(q, &L->router, L->rtr, s->t, H, T, s->rl, s->D, (size_t)T * K * H, K, s->sel, s->wt);
         if (SI && !side) {
             /* the shared gate and up, sg = silu(gate) * up in one launch where the kernel takes them */
             const int in = xp_ready(s, s->t);
@@ -838,9 +825,10 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     } else { /* prefill: tokens sorted by expert, one tiled GEMM per expert */
         dsort so = { s->cnt, s->off, s->src, s->spos, NULL };
         int bt = cu_moe_tile_rows(T * K, E), mt = cu_moe_max_tiles(T * K, E, bt);
-        const int tc = moe_tc(s, L);
-        if (tc && !sorted) cu_moe_sort_tiles(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos, bt, s->tiles, mt);
-        else if (!tc) cu_moe_sort(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos);
+        const int tc = E <= 1024 && cu_gemm_q4_enabled() && cu_gemm_q4_ok(&L->gate, s->t, H) && cu_gemm_q4_ok(&L->up, s->t, H) &&
+                       cu_gemm_q4_ok(&L->down, s->hg, I);
+        if (tc) cu_moe_sort_tiles(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos, bt, s->tiles, mt);
+        else cu_moe_sort(q, s->sel, T * K, E, s->cnt, s->off, s->src, s->spos);
         PM(s, "moe sort (+ tile map)");
         if (tc) { /* FP16 tensor cores over the (expert, tile) map */
             so.tiles = s->tiles;

@@ -444,17 +444,8 @@ int cu_prefetch_enabled(void);
 /* cu_matmul_exact (Y = logits [T][W->rows]), or cu_router_tc where rf (cu_router_frag) is given and
  * T > 8, then cu_router_topk, the column slices' sum done by the top-k's launch (one launch fewer;
  * the same sums in the same order) */
-/* The slots' sort by expert (cu_moe_sort_tiles' outputs) that cu_router_exact_topk folds into its
- * top-k launch where it can: acc [E + 1] zeroed before, zero again after. */
-typedef struct {
-    unsigned *acc;                          /* [E] the experts' counts as the blocks add them, [E] their ticket */
-    int *count, *off, *src, *pos, *tiles;   /* [E], [E], [n], [n], [max_tiles]: as cu_moe_sort_tiles */
-    int bt, max_tiles;
-} cu_rsort;
-/* 1 where the sort was done too (rs given, S > 1 column slices, K <= 32, E <= 256; LILY_CU_SORT_FOLD=0
- * never), else 0: the caller sorts. */
-int cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
-                         size_t scr_floats, int K, int *sel, float *wt, const cu_rsort *rs);
+void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
+                          size_t scr_floats, int K, int *sel, float *wt);
 /* The router's weights in fp32 in the mma's A-fragment order (rf: [rows / 16][cols / 8][32][4]
  * floats), made once at load for cu_router_tc; cu_router_frag_floats is 0 where the shape does not
  * take it (rows a multiple of 64, cols of 32). */

@@ -2331,13 +2331,8 @@ __device__ void route_warp(const float *lg, int E, int K, float *p, int *sel, fl
 }
 /* P: the logits are first the sum of S <= 16 column slices P [S][T][E] (pstride apart), added in
  * slice order as k_sum_splits does, by the whole block for its tokens (the slices' loads all in
- * flight before the adds), and written to logits for the warps to read back after the barrier.
- * rs.acc (the register form only): the slots' sort by expert too, as k_moe_sort with tiles leaves
- * it (k_router_sort_tail), one launch a prefill layer fewer */
-#define SORT_R 8 /* slots a thread loads at once (k_moe_sort, k_router_sort_tail) */
-__device__ void k_router_sort_tail(const cu_rsort &rs, const int *sel, int n, int E, int *sh);
-__global__ void k_router_topk(float *logits, int T, int E, int K, int *sel, float *wt, const float *P, int S, size_t pstride,
-                              cu_rsort rs) {
+ * flight before the adds), and written to logits for the warps to read back after the barrier */
+__global__ void k_router_topk(float *logits, int T, int E, int K, int *sel, float *wt, const float *P, int S, size_t pstride) {
     CU_PDL();
     extern __shared__ float pr[]; /* [warps][E] */
     int warp = threadIdx.x / WARP;
@@ -2345,40 +2340,31 @@ __global__ void k_router_topk(float *logits, int T, int E, int K, int *sel, floa
     if (P && K <= WARP && E <= 8 * WARP) {
         /* each warp sums its own token's slices into registers (all 16 x 4 loads of a half in
          * flight before the adds, in slice order as below), writes the logits, routes */
+        if (t >= T) return;
         const int lane = threadIdx.x % WARP;
-        if (t < T) {
-            float v[8];
+        float v[8];
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float pz[4][16];
+        for (int h = 0; h < 2; h++) {
+            float pz[4][16];
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int e = lane + WARP * (4 * h + i);
-                    const size_t o = (size_t)t * E + e;
+            for (int i = 0; i < 4; i++) {
+                const int e = lane + WARP * (4 * h + i);
+                const size_t o = (size_t)t * E + e;
 #pragma unroll
-                    for (int z = 0; z < 16; z++) pz[i][z] = z < S && e < E ? P[(size_t)z * pstride + o] : 0.f;
-                }
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int e = lane + WARP * (4 * h + i);
-                    float a = pz[i][0];
-#pragma unroll
-                    for (int z = 1; z < 16; z++)
-                        if (z < S) a += pz[i][z];
-                    v[4 * h + i] = a;
-                    if (e < E) logits[(size_t)t * E + e] = a;
-                }
+                for (int z = 0; z < 16; z++) pz[i][z] = z < S && e < E ? P[(size_t)z * pstride + o] : 0.f;
             }
-            route_regs<8>(v, E, K, sel + (size_t)t * K, wt + (size_t)t * K);
-            if (rs.acc) {
-                __syncwarp(); /* the lanes' sel in */
-                if (lane < K) { /* the slot's rank among its expert's, for the last block's scatter */
-                    const int i = t * K + lane;
-                    rs.pos[i] = (int)atomicAdd(&rs.acc[sel[i]], 1u);
-                }
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int e = lane + WARP * (4 * h + i);
+                float a = pz[i][0];
+#pragma unroll
+                for (int z = 1; z < 16; z++)
+                    if (z < S) a += pz[i][z];
+                v[4 * h + i] = a;
+                if (e < E) logits[(size_t)t * E + e] = a;
             }
         }
-        if (rs.acc) k_router_sort_tail(rs, sel, T * K, E, (int *)pr);
+        route_regs<8>(v, E, K, sel + (size_t)t * K, wt + (size_t)t * K);
         return;
     }
     if (P) {
@@ -2399,81 +2385,25 @@ __global__ void k_router_topk(float *logits, int T, int E, int K, int *sel, floa
     if (t >= T) return;
     route_warp(logits + (size_t)t * E, E, K, pr + (size_t)warp * E, sel + (size_t)t * K, wt + (size_t)t * K);
 }
-/* The last block to finish (a ticket in rs.acc[E]) sorts the n slots by expert from the counts
- * (rs.acc[0..E)) and ranks (rs.pos) the blocks' atomics left: k_moe_sort's scans, tile map and
- * scatter, without its counting pass or its launch (9 us a layer at 512 tokens on the H200,
- * bench/RESULTS.md session 23). It zeroes rs.acc for the next launch. sh: 2E + 1 ints. The order
- * of an expert's slots follows the atomics, as k_moe_sort's, which changes no row's value. */
-__device__ void k_router_sort_tail(const cu_rsort &rs, const int *sel, int n, int E, int *sh) {
-    __shared__ int last;
-    __syncthreads(); /* the block's atomics and ranks issued */
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(&rs.acc[E], 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence(); /* the other blocks' sel and ranks, read from L2 below (__ldcg) */
-    int *cur = sh, *start = sh + E;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const int c = (int)__ldcg(&rs.acc[e]);
-        rs.count[e] = c;
-        cur[e] = c;
-        start[e] = (c + rs.bt - 1) / rs.bt;
-        rs.acc[e] = 0;
-    }
-    __syncthreads();
-    cu_warp0_exclusive_scan(cur, E, false);
-    __syncwarp();
-    cu_warp0_exclusive_scan(start, E, true);
-    __syncthreads();
-    cu_moe_tile_map(start, E, rs.tiles, rs.max_tiles);
-    for (int e = threadIdx.x; e < E; e += blockDim.x) rs.off[e] = cur[e];
-    for (int b0 = 0; b0 < n; b0 += SORT_R * blockDim.x) { /* a thread's SORT_R slots' loads together */
-        int ev[SORT_R], rv[SORT_R];
-#pragma unroll
-        for (int j = 0; j < SORT_R; j++) {
-            const int i = b0 + threadIdx.x + j * blockDim.x;
-            ev[j] = i < n ? __ldcg(&sel[i]) : -1;
-            rv[j] = i < n ? __ldcg(&rs.pos[i]) : 0;
-        }
-#pragma unroll
-        for (int j = 0; j < SORT_R; j++)
-            if (ev[j] >= 0) {
-                const int i = b0 + threadIdx.x + j * blockDim.x, p = cur[ev[j]] + rv[j];
-                rs.src[p] = i;
-                rs.pos[i] = p;
-            }
-    }
-    if (threadIdx.x == 0) rs.acc[E] = 0;
-}
-
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt) {
     int wpb = 4;
-    cu_rsort none;
-    memset(&none, 0, sizeof none);
     cu_go(k_router_topk, (T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s)((float *)logits, T, E, K, sel, wt,
-                                                                                          NULL, 0, 0, none);
+                                                                                          NULL, 0, 0);
 }
-int cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
-                         size_t scr_floats, int K, int *sel, float *wt, const cu_rsort *rs) {
+void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
+                          size_t scr_floats, int K, int *sel, float *wt) {
     const int E = W->rows, wpb = 4;
     int S = T > 8 && rf && cu_router_tc_enabled() ? cu_router_tc(s, rf, E, W->cols, X, ldx, T, logits, E, scr, scr_floats) : 0;
     if (!S) S = exact_parts(s, W, X, ldx, T, logits, E, scr, scr_floats);
-    static int fold = -1; /* LILY_CU_SORT_FOLD=0: the sort in its own launch, for measuring */
-    cu_rsort r;
-    memset(&r, 0, sizeof r);
-    if (rs && rs->acc && S > 1 && K <= WARP && E <= 8 * WARP && cu_env_flag(&fold, "LILY_CU_SORT_FOLD", 1)) r = *rs;
-    const size_t sm = (size_t)wpb * E * sizeof(float) > (2 * (size_t)E + 1) * sizeof(int) ? (size_t)wpb * E * sizeof(float)
-                                                                                             : (2 * (size_t)E + 1) * sizeof(int);
-    cu_go(k_router_topk, (T + wpb - 1) / wpb, wpb * WARP, sm, s)(logits, T, E, K, sel, wt, S > 1 ? scr : NULL, S, (size_t)T * E, r);
-    return r.acc != NULL;
+    cu_go(k_router_topk, (T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s)(logits, T, E, K, sel, wt,
+                                                                                          S > 1 ? scr : NULL, S, (size_t)T * E);
 }
 
 /* Counting sort of the n = T*K slots by expert. The order inside an expert follows the
  * atomics, which changes no row's value: every row is computed on its own. With tiles, also the
  * grouped GEMM's (expert, tile) map as k_moe_tiles writes it, from the counts already in shared
  * memory (a launch a layer fewer). */
+#define SORT_R 8
 __global__ void k_moe_sort(const int *sel, int n, int E, int *count, int *off, int *src, int *pos, int bt, int *tiles,
                            int max_tiles) {
     CU_PDL();

@@ -56,7 +56,6 @@ struct lcuda_session {
                                     * GEMMs that read it next (cu_rmsnorm2p and the other _p forms; cu_backend.cu) */
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
-    unsigned *racc;                /* [E + 1] the prefill router's expert counts and block ticket, 0 between launches (cu_rsort) */
     unsigned *fcount;              /* [2 + GDN_DEC_CNT] block counters, 0 between launches: the fused router group's (mvq_fuse),
                                     * one unused, then cu_gdn_dec's (one a key head) */
     const float *fold_nw;          /* decode: the next in-projection's norm weight when the combine was folded into the

@@ -607,7 +607,7 @@ lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *
 }
 
 lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, int splits, float *logits, int *sel, float *wt,
-                           int *used, lct_sort *so, lily_status *st) {
+                           int *used, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d;
     lily_code rc = cu_upload_mats(m, W, 1, &d, st);
@@ -626,33 +626,9 @@ lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, int sp
         cu_router_tc_splits(splits);
         *used = cu_router_tc(0, rf, E, cols, dx, cols, T, dl, E, scr, nscr);
     }
-    const size_t n = (size_t)T * K;
-    cu_rsort rs;
-    memset(&rs, 0, sizeof rs);
-    if (so) {
-        rs.acc = (unsigned *)dput(&L, NULL, (size_t)(E + 1) * 4, st, &rc);
-        rs.count = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc);
-        rs.off = (int *)dput(&L, NULL, (size_t)E * 4, st, &rc);
-        rs.src = (int *)dput(&L, NULL, n * 4, st, &rc);
-        rs.pos = (int *)dput(&L, NULL, n * 4, st, &rc);
-        rs.tiles = (int *)dput(&L, NULL, (size_t)so->mt * 4, st, &rc);
-        rs.bt = so->bt;
-        rs.max_tiles = so->mt;
-        if (!rc && cudaMemset(rs.acc, 0, (size_t)(E + 1) * 4) != cudaSuccess) rc = lily_err(st, LILY_EDEVICE, "cudaMemset");
-    }
-    for (int r = 0; r < (so ? 2 : 1) && !rc; r++) {
-        const int done = cu_router_exact_topk(0, &d, rf, dx, cols, T, dl, scr, nscr, K, ds, dw, so ? &rs : NULL);
-        if (so) so->done = done;
-    }
+    if (!rc) cu_router_exact_topk(0, &d, rf, dx, cols, T, dl, scr, nscr, K, ds, dw);
     cu_router_tc_splits(0);
     rc = finish(st, rc);
-    if (so && !rc) {
-        rc = dget(so->count, rs.count, (size_t)E * 4, st);
-        if (!rc) rc = dget(so->off, rs.off, (size_t)E * 4, st);
-        if (!rc) rc = dget(so->src, rs.src, n * 4, st);
-        if (!rc) rc = dget(so->pos, rs.pos, n * 4, st);
-        if (!rc) rc = dget(so->tiles, rs.tiles, (size_t)so->mt * 4, st);
-    }
     if (!rc) rc = dget(logits, dl, (size_t)T * E * 4, st);
     if (!rc) rc = dget(sel, ds, (size_t)T * K * 4, st);
     if (!rc) rc = dget(wt, dw, (size_t)T * K * 4, st);

@@ -136,15 +136,8 @@ lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *
  * slices' sum in the top-k's launch (cu_router_exact_topk). splits: -1 cu_matmul_exact's tiles (no
  * fragment copy), 0 cu_router_tc's own choice, n > 0 n column slices; *used gets cu_router_tc's S (0
  * where it declined or was not asked). */
-/* so (or NULL): the slots' sort folded into the top-k's launch (cu_rsort), its outputs as lct_moe_sort's
- * for bt-token tiles (mt entries); the router then runs twice, so the second run checks that the
- * first left its counters at 0; so->done is whether the launch took the sort. */
-typedef struct {
-    int bt, mt, done;
-    int *count, *off, *src, *pos, *tiles; /* [E], [E], [T*K], [T*K], [mt] */
-} lct_sort;
 lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, int splits, float *logits, int *sel, float *wt,
-                           int *used, lct_sort *so, lily_status *st);
+                           int *used, lily_status *st);
 /* out[0] = argmax, out[1] = its log-probability bits. */
 lily_code lct_argmax(const float *x, int V, int out[2], lily_status *st);
 /* `steps` sampling steps of the GPU sampler (cu_sample.cu) on one logits row [V], as the

@@ -349,14 +349,23 @@ static void test_wgmma(void) {
 /* The MoE sort (k_moe_sort) of n slots over E experts, alone and with the bt-token tile map
  * (merged), against counting on the host: counts, offsets, src/pos inverse and grouped by
  * expert, the map exactly. skew: every other slot to expert 0 (a crowded expert, many empty). */
-static long sort_faults(const int *sel, int n, int E, int bt, int mt, const int *gc, const int *go, const int *src, const int *pos,
-                        const int *tiles);
 static void test_moe_sort(int n, int E, int bt, int skew) {
-    int *sel = malloc((size_t)n * sizeof *sel), *gc = malloc((size_t)E * sizeof *gc), *go = malloc((size_t)E * sizeof *go);
+    int *sel = malloc((size_t)n * sizeof *sel), *cnt = calloc((size_t)E, sizeof *cnt), *off = malloc((size_t)E * sizeof *off);
     int *src = malloc((size_t)n * sizeof *src), *pos = malloc((size_t)n * sizeof *pos);
+    int *gc = malloc((size_t)E * sizeof *gc), *go = malloc((size_t)E * sizeof *go);
     const int mt = (n + bt - 1) / bt + E;
-    int *tiles = malloc((size_t)mt * sizeof *tiles);
-    for (int i = 0; i < n; i++) sel[i] = skew && i % 2 ? 0 : (int)(lily_rng_u64(&rng) % (uint64_t)E);
+    int *tiles = malloc((size_t)mt * sizeof *tiles), *want = malloc((size_t)mt * sizeof *want);
+    for (int i = 0; i < n; i++) {
+        sel[i] = skew && i % 2 ? 0 : (int)(lily_rng_u64(&rng) % (uint64_t)E);
+        cnt[sel[i]]++;
+    }
+    int acc = 0, nt = 0;
+    for (int e = 0; e < E; e++) {
+        off[e] = acc;
+        acc += cnt[e];
+        for (int j = 0; j * bt < cnt[e]; j++) want[nt++] = e << 16 | j;
+    }
+    while (nt < mt) want[nt++] = -1;
     for (int merged = 0; merged < 2; merged++) {
         lily_status st = { 0 };
         char what[160];
@@ -366,9 +375,16 @@ static void test_moe_sort(int n, int E, int bt, int skew) {
             n_fail++;
             continue;
         }
-        report(what, (double)sort_faults(sel, n, E, bt, mt, gc, go, src, pos, merged ? tiles : NULL), 0);
+        long bad = 0;
+        for (int e = 0; e < E; e++) bad += gc[e] != cnt[e] || go[e] != off[e];
+        for (int i = 0; i < n; i++) {
+            const int p = pos[i];
+            bad += p < 0 || p >= n || src[p] != i || p < off[sel[i]] || p >= off[sel[i]] + cnt[sel[i]];
+        }
+        for (int j = 0; merged && j < mt; j++) bad += tiles[j] != want[j];
+        report(what, (double)bad, 0);
     }
-    free(sel); free(src); free(pos); free(gc); free(go); free(tiles);
+    free(sel); free(cnt); free(off); free(src); free(pos); free(gc); free(go); free(tiles); free(want);
 }
 
 /* Experts: E matrices, T tokens each routed to K distinct experts. */
@@ -1008,34 +1024,6 @@ static void test_router(int T, int E, int K, int ties) {
  * choice and weights against router_ref on the GPU's own logits (so a near-tie cannot flip it).
  * splits: -1 cu_matmul_exact's tiles, 0 cu_router_tc's choice, n > 0 forced; where the shape takes
  * cu_router_tc (rows % 64, cols % 32, T > 8) it must have run, with want slices when want > 0. */
-/* the slots' sort (sel [n] by expert, bt-token tiles: cu_moe_sort_tiles' outputs) against the CPU's counting
- * sort: counts, offsets and tile map exact, each slot at a distinct place in its expert's range; the number
- * of faults */
-static long sort_faults(const int *sel, int n, int E, int bt, int mt, const int *gc, const int *go, const int *src, const int *pos,
-                        const int *tiles) {
-    int *cnt = calloc((size_t)E, sizeof *cnt), *off = malloc((size_t)E * sizeof *off), *want = malloc((size_t)mt * sizeof *want);
-    long bad = 0;
-    for (int i = 0; i < n; i++) {
-        if (sel[i] < 0 || sel[i] >= E) { bad++; continue; }
-        cnt[sel[i]]++;
-    }
-    int acc = 0, nt = 0;
-    for (int e = 0; e < E; e++) {
-        off[e] = acc;
-        acc += cnt[e];
-        for (int j = 0; j * bt < cnt[e] && nt < mt; j++) want[nt++] = e << 16 | j;
-    }
-    while (nt < mt) want[nt++] = -1;
-    for (int e = 0; e < E; e++) bad += gc[e] != cnt[e] || go[e] != off[e];
-    for (int i = 0; i < n; i++) {
-        const int p = pos[i], e = sel[i] >= 0 && sel[i] < E ? sel[i] : 0;
-        bad += p < 0 || p >= n || src[p] != i || p < off[e] || p >= off[e] + cnt[e];
-    }
-    for (int j = 0; tiles && j < mt; j++) bad += tiles[j] != want[j];
-    free(cnt); free(off); free(want);
-    return bad;
-}
-
 static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K, int splits, int want) {
     void *hold[3];
     lw_mat W = mk_mat(LW_Q, 8, 64, E, cols, hold);
@@ -1050,11 +1038,7 @@ static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K, in
     const int tc = splits >= 0 && T > 8 && E % 64 == 0 && cols % 32 == 0;
     snprintf(what, sizeof what, "router exact matmul + top-k T=%d E=%d cols=%d K=%d %s (logits, weights; ids must match)", T, E, cols,
              K, splits < 0 ? "tiles" : tc ? "fragment copy" : "(copy declined)");
-    /* the slots' sort folded into the top-k launch, run twice (the counters must come back to 0) */
-    const int n = T * K, bt = 32, mt = (n + bt - 1) / bt + E;
-    lct_sort so = { bt, mt, 0, malloc((size_t)E * 4), malloc((size_t)E * 4), malloc((size_t)n * 4), malloc((size_t)n * 4),
-                    malloc((size_t)mt * 4) };
-    if (lct_router_exact(&W, X, T, K, splits, lg, sel, wt, &used, &so, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    if (lct_router_exact(&W, X, T, K, splits, lg, sel, wt, &used, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
     else if (tc != (used > 0) || (want > 0 && used != want)) {
         printf("%s: cu_router_tc gave %d slices, expected %s %d\n", what, used, tc ? "" : "none:", want);
         n_fail++;
@@ -1063,16 +1047,7 @@ static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K, in
         const int same = !memcmp(sel, sref, (size_t)T * K * 4);
         const double e1 = rel(lg, ref, (size_t)T * E), e2 = rel(wt, wref, (size_t)T * K);
         report(what, same ? (e1 > e2 ? e1 : e2) : INFINITY, 1e-5);
-        /* the fold takes column slices (S > 1), K <= 32 and E <= 256: required where cu_router_tc split */
-        if (used > 1 && E <= 256 && K <= 32 && !so.done) {
-            printf("%s: the slots' sort was not folded into the top-k\n", what);
-            n_fail++;
-        } else if (so.done) {
-            snprintf(what, sizeof what, "router top-k + slots' sort folded T=%d E=%d K=%d (second run: counters back at 0)", T, E, K);
-            report(what, (double)sort_faults(sel, n, E, bt, mt, so.count, so.off, so.src, so.pos, so.tiles), 0);
-        }
     }
-    free(so.count); free(so.off); free(so.src); free(so.pos); free(so.tiles);
     free(X); free(ref); free(lg); free(sel); free(sref); free(wt); free(wref);
     for (int i = 0; i < 3; i++) free(hold[i]);
 }
