@@ -165,7 +165,8 @@ lily_code cu_model_finish(lcuda_model *m, lily_status *st) {
     free(inv);
     for (int l = 0; l < c->n_layers && !rc; l++) { /* the prefill router's copy (cu_router.cu) */
         cu_layer *L = &m->L[l];
-        const size_t n = cu_router_frag_floats(L->router.rows, L->router.cols);
+        const dmat *R = &L->router;
+        const size_t n = cu_router_frag_floats(R->type, R->bits, R->group, R->rows, R->cols);
         if (!n) continue;
         rc = cu_model_alloc(m, (void **)&L->rtr, n * sizeof(float), st);
         if (!rc) cu_router_frag(0, &L->router, L->rtr);
@@ -217,7 +218,7 @@ lily_code lcuda_model_new(const lily_weights *w, int max_ctx, int max_sessions,
         if (L->full_attn) total += mats_bytes(&L->q, 1) + mats_bytes(&L->k, 1) + mats_bytes(&L->v, 1) + mats_bytes(&L->o, 1) + 2ull * c->head_dim * 4;
         else total += mats_bytes(&L->qkv, 1) + mats_bytes(&L->z, 1) + mats_bytes(&L->b, 1) + mats_bytes(&L->a, 1) + mats_bytes(&L->out, 1)
                       + ((uint64_t)cd * c->conv_k + 2ull * c->lin_nv + c->lin_dv) * 4;
-        total += cu_router_frag_floats(L->router.rows, L->router.cols) * 4;
+        total += cu_router_frag_floats(L->router.type, L->router.bits, L->router.group, L->router.rows, L->router.cols) * 4;
         total += mats_bytes(&L->router, 1) + mats_bytes(L->gate, E) + mats_bytes(L->up, E) + mats_bytes(L->down, E);
         if (c->shared_inter) total += mats_bytes(&L->sh_gate, 1) + mats_bytes(&L->sh_up, 1) + mats_bytes(&L->sh_down, 1) + mats_bytes(&L->sh_router, 1);
     }

@@ -446,17 +446,17 @@ int cu_prefetch_enabled(void);
  * the same sums in the same order) */
 void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
                           size_t scr_floats, int K, int *sel, float *wt);
-/* The router's weights in fp32 in the mma's A-fragment order (rf: [rows / 16][cols / 8][32][4]
- * floats), made once at load for cu_router_tc; cu_router_frag_floats is 0 where the shape does not
- * take it (rows a multiple of 64, cols of 32). */
-int cu_router_frag_ok(int rows, int cols);
-size_t cu_router_frag_floats(int rows, int cols);
+/* The router copied for cu_router_tc (cu_router.cu), once at load: its codes (or bf16/fp16 values) as
+ * floats in the mma's A-fragment order, [rows / 16][cols / 8][32][4], then each (row, group)'s scale and
+ * bias, [rows][cols / group] float2. cu_router_frag_floats is its size, 0 where the matrix is not
+ * taken (rows a multiple of 64, cols of 32 and of the group; codes of 2, 4 or 8 bits, or bf16/fp16). */
+size_t cu_router_frag_floats(int type, int bits, int group, int rows, int cols);
 void cu_router_frag(cudaStream_t s, const dmat *W, float *rf);
-/* The prefill router's logits from rf (cu_router.cu): 0 when it declines (no rf, the shape, X not
+/* The prefill router's logits from rf (cu_router.cu): 0 when it declines (no rf, the matrix, X not
  * 16-byte rows), else S: S == 1 wrote Y [T][ldy], S > 1 left S column slices' partials in scr
  * ([S][T][ldy]) for k_router_topk to add in slice order. LILY_CU_RTR=0 leaves the router to
  * cu_matmul_exact's tiles, for measuring; cu_router_tc_splits(n > 0) forces n slices (tests). */
-int cu_router_tc(cudaStream_t s, const float *rf, int E, int C, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
+int cu_router_tc(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
                  size_t scr_floats);
 int cu_router_tc_enabled(void);
 void cu_router_tc_splits(int s);

@@ -1169,24 +1169,6 @@ __global__ void __launch_bounds__(128) k_mm_tc3(dmat m, const float *__restrict_
             }
 }
 
-/* The router's weights as fp32 in the mma's A-fragment order, for k_rtr (cu_router.cu): lane
- * 4g + q of m16 tile mt at k8 step k holds rf[((mt (cols / 8) + k) 32 + lane) 4 + i] =
- * W[16 mt + g + 8 (i & 1)][8 k + q + 4 (i >> 1)] (a0..a3 of tc_mma_tf32), so a warp's tile is one
- * 512-byte read. Once at load: one thread a lane's four values. */
-__global__ void k_router_frag(dmat m, float *rf) {
-    const int c8 = m.cols / 8;
-    const size_t n = (size_t)(m.rows / 16) * c8 * 32;
-    for (size_t x = blockIdx.x * (size_t)blockDim.x + threadIdx.x; x < n; x += (size_t)gridDim.x * blockDim.x) {
-        const int lane = (int)(x & 31), g = lane >> 2, q = lane & 3, k = (int)((x >> 5) % c8), mt = (int)((x >> 5) / c8);
-        float a[8], b[8];
-        load8(m, 0, 16 * mt + g, 8 * k, a);
-        load8(m, 0, 16 * mt + g + 8, 8 * k, b);
-        *(float4 *)(rf + 4 * x) = make_float4(a[q], b[q], a[q + 4], b[q + 4]);
-    }
-}
-size_t cu_router_frag_floats(int rows, int cols) { return cu_router_frag_ok(rows, cols) ? (size_t)rows * cols : 0; }
-void cu_router_frag(cudaStream_t s, const dmat *W, float *rf) { cu_go(k_router_frag, 512, 256, 0, s)(*W, rf); }
-
 static int exact_tc_force = -1; /* cu_matmul_exact_tc: -1 the environment's choice */
 void cu_matmul_exact_tc(int on) { exact_tc_force = on; }
 
@@ -2393,7 +2375,7 @@ void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, in
 void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
                           size_t scr_floats, int K, int *sel, float *wt) {
     const int E = W->rows, wpb = 4;
-    int S = T > 8 && rf && cu_router_tc_enabled() ? cu_router_tc(s, rf, E, W->cols, X, ldx, T, logits, E, scr, scr_floats) : 0;
+    int S = T > 8 && rf && cu_router_tc_enabled() ? cu_router_tc(s, W, rf, X, ldx, T, logits, E, scr, scr_floats) : 0;
     if (!S) S = exact_parts(s, W, X, ldx, T, logits, E, scr, scr_floats);
     cu_go(k_router_topk, (T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s)(logits, T, E, K, sel, wt,
                                                                                           S > 1 ? scr : NULL, S, (size_t)T * E);

@@ -18,7 +18,7 @@ typedef struct {
     dmat q, k, v, o;
     float *q_norm, *k_norm;
     dmat router, gate, up, down, sh_gate, sh_up, sh_down, sh_router;
-    float *rtr; /* [E / 16][H / 8][32][4] the router in fp32, A-fragment order (cu_router_frag), or NULL */
+    float *rtr; /* the router's codes in A-fragment order and its scales (cu_router_frag), or NULL */
 } cu_layer;
 
 struct lcuda_model {

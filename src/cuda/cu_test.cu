@@ -617,14 +617,14 @@ lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, int sp
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc), *dl = (float *)dput(&L, NULL, (size_t)T * E * 4, st, &rc);
     float *scr = (float *)dput(&L, NULL, nscr * 4, st, &rc), *dw = (float *)dput(&L, NULL, (size_t)T * K * 4, st, &rc);
     int *ds = (int *)dput(&L, NULL, (size_t)T * K * 4, st, &rc);
-    const size_t nf = splits >= 0 ? cu_router_frag_floats(E, cols) : 0;
+    const size_t nf = splits >= 0 ? cu_router_frag_floats(W->type, W->bits, W->group, E, cols) : 0;
     float *rf = nf ? (float *)dput(&L, NULL, nf * 4, st, &rc) : NULL;
     *used = 0;
     if (!rc && rf) cu_router_frag(0, &d, rf);
     if (!rc && rf && T > 8 && cu_router_tc_enabled()) {
         /* the launch cu_router_exact_topk makes, run alone first to learn its S (same output) */
         cu_router_tc_splits(splits);
-        *used = cu_router_tc(0, rf, E, cols, dx, cols, T, dl, E, scr, nscr);
+        *used = cu_router_tc(0, &d, rf, dx, cols, T, dl, E, scr, nscr);
     }
     if (!rc) cu_router_exact_topk(0, &d, rf, dx, cols, T, dl, scr, nscr, K, ds, dw);
     cu_router_tc_splits(0);

@@ -1024,9 +1024,9 @@ static void test_router(int T, int E, int K, int ties) {
  * choice and weights against router_ref on the GPU's own logits (so a near-tie cannot flip it).
  * splits: -1 cu_matmul_exact's tiles, 0 cu_router_tc's choice, n > 0 forced; where the shape takes
  * cu_router_tc (rows % 64, cols % 32, T > 8) it must have run, with want slices when want > 0. */
-static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K, int splits, int want) {
-    void *hold[3];
-    lw_mat W = mk_mat(LW_Q, 8, 64, E, cols, hold);
+static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K, int splits, int want, lw_type type, int bits) {
+    void *hold[3] = { NULL, NULL, NULL };
+    lw_mat W = mk_mat(type, bits, 64, E, cols, hold);
     float *X = rnd((size_t)T * cols, 1.0f), *ref = malloc((size_t)T * E * 4), *lg = malloc((size_t)T * E * 4);
     int *sel = malloc((size_t)T * K * 4), *sref = malloc((size_t)T * K * 4);
     float *wt = malloc((size_t)T * K * 4), *wref = malloc((size_t)T * K * 4);
@@ -1035,9 +1035,10 @@ static void test_router_exact(lily_pool *pool, int T, int E, int cols, int K, in
     lily_status st = { 0 };
     char what[200];
     int used = 0;
-    const int tc = splits >= 0 && T > 8 && E % 64 == 0 && cols % 32 == 0;
-    snprintf(what, sizeof what, "router exact matmul + top-k T=%d E=%d cols=%d K=%d %s (logits, weights; ids must match)", T, E, cols,
-             K, splits < 0 ? "tiles" : tc ? "fragment copy" : "(copy declined)");
+    const int tc = splits >= 0 && T > 8 && E % 64 == 0 && cols % 64 == 0 && type != LW_F32;
+    snprintf(what, sizeof what, "router exact matmul + top-k T=%d E=%d cols=%d K=%d %s%d %s (logits, weights; ids must match)", T, E,
+             cols, K, type == LW_Q ? "q" : type == LW_BF16 ? "bf" : type == LW_F16 ? "f" : "f", type == LW_Q ? bits : type == LW_F32 ? 32 : 16,
+             splits < 0 ? "tiles" : tc ? "code copy" : "(copy declined)");
     if (lct_router_exact(&W, X, T, K, splits, lg, sel, wt, &used, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
     else if (tc != (used > 0) || (want > 0 && used != want)) {
         printf("%s: cu_router_tc gave %d slices, expected %s %d\n", what, used, tc ? "" : "none:", want);
@@ -1589,14 +1590,21 @@ int main(int argc, char **argv) {
     test_router(3, 512, 10, 0);  /* the registers' second size */
     test_router(3, 600, 8, 7);   /* shared memory, ties */
     test_router(2, 64, 33, 0);   /* K past a warp: shared memory */
-    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, -1, 0); /* split tiles, the sum in the top-k */
-    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, 0, 8);  /* the fragment copy, 256 / 32 tiles */
-    test_router_exact(pool, 5, 40, 128, 3, 0, 0);                                 /* matrix-vector, no split */
-    test_router_exact(pool, small ? 37 : 129, 600, 256, 8, 0, 0);                 /* split tiles, shared-memory top-k */
-    test_router_exact(pool, 129, 128, 512, 8, 1, 1);                              /* fragment copy, one slice: Y direct */
-    test_router_exact(pool, 129, 128, 512, 8, 3, 2);                              /* 16 stages: 3 slices -> 2 */
-    test_router_exact(pool, 37, 64, 192, 4, 0, 6);                                /* 6 stages: 16 -> 6 one-stage slices */
-    test_router_exact(pool, 9, 192, 320, 6, 5, 5);                                /* 9 tokens (T > 8), 5 two-stage slices */
+    /* the router at prefill: cu_matmul_exact's tiles, then cu_router_tc's code copy (slices of whole groups:
+     * 8 at 512 tokens, 4 at 70), declined shapes and types, forced slice counts, 4-bit codes, bf16 and
+     * fp16 values (s = 1, b = 0), fp32 (declined) */
+    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, -1, 0, LW_Q, 8);
+    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, 0, small ? 4 : 8, LW_Q, 8);
+    test_router_exact(pool, 5, 40, 128, 3, 0, 0, LW_Q, 8);                  /* matrix-vector, no split */
+    test_router_exact(pool, small ? 37 : 129, 600, 256, 8, 0, 0, LW_Q, 8);  /* split tiles, shared-memory top-k */
+    test_router_exact(pool, 129, 128, 512, 8, 1, 1, LW_Q, 8);               /* one slice: Y direct */
+    test_router_exact(pool, 129, 128, 512, 8, 3, 2, LW_Q, 8);               /* 8 groups: 3 slices -> 2 */
+    test_router_exact(pool, 37, 64, 192, 4, 0, 3, LW_Q, 8);                 /* 3 groups: 16 -> 3 one-group slices */
+    test_router_exact(pool, 9, 192, 320, 6, 5, 5, LW_Q, 8);                 /* 9 tokens (T > 8), 5 one-group slices */
+    test_router_exact(pool, 100, 64, 384, 8, 0, 0, LW_Q, 4);                /* 4-bit codes */
+    test_router_exact(pool, 100, 128, 256, 8, 2, 2, LW_BF16, 16);           /* bf16 values, groups of 64 with s = 1 */
+    test_router_exact(pool, 70, 64, 320, 4, 0, 0, LW_F16, 16);              /* fp16 values */
+    test_router_exact(pool, 70, 64, 256, 8, 0, 0, LW_F32, 32);              /* fp32: declined, the tiles */
     if (!small) batch_tests(0);
     test_argmax(248320);
     test_argmax(1);
