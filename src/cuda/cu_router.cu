@@ -28,19 +28,11 @@
 #define RT_KS 32                      /* columns a stage: four k8 steps */
 #define RT_NS 4                       /* stages in the ring, RT_NS - 1 in flight while one computes */
 #define RT_XP 36                      /* an input row's pitch in floats: 4 mod 32 puts a B fragment's loads in 32 banks */
-#define RT_WF (4 * 4 * 128)           /* a stage's weight fragments: [4 m16 tiles][4 k8][32 lanes][4] codes */
-/* floats a stage: the inputs [64 tokens][RT_XP], then the fragments' codes of CB bytes */
-#define RT_STAGE(CB) (64 * RT_XP + RT_WF * (CB) / 4)
+#define RT_WF (4 * 4 * 128)           /* a stage's weight fragments: [4 m16 tiles][4 k8][32 lanes][4] floats */
+#define RT_STAGE (64 * RT_XP + RT_WF) /* floats a stage: the inputs [64 tokens][RT_XP], then the fragments */
 #define RT_WANT 256                   /* blocks the column split aims at (two an SM on the H200's 132) */
 
-static size_t rt_smem(int cb) { return sizeof(float) * (RT_NS * RT_STAGE(cb) + 2 * 64); }
-
-/* bytes a code in the copy: 1 for quantized routers under LILY_CU_RTR_B8=1 (a quarter of the shared
- * and L2 traffic, a conversion a code), else 4 (floats) */
-static int rt_cb(int type) {
-    static int b8 = -1;
-    return type == LW_Q && cu_env_flag(&b8, "LILY_CU_RTR_B8", 0) ? 1 : 4;
-}
+static size_t rt_smem(void) { return sizeof(float) * (RT_NS * RT_STAGE + 2 * 64); }
 
 /* the copy's group: the router's own where quantized (codes of 2, 4 or 8 bits), 64 (or 32) columns with
  * s = 1, b = 0 for bf16 and fp16 values; 0 where the copy does not take the matrix */
@@ -54,13 +46,13 @@ static int rt_group(int type, int bits, int group, int rows, int cols) {
 
 size_t cu_router_frag_floats(int type, int bits, int group, int rows, int cols) {
     const int G = rt_group(type, bits, group, rows, cols);
-    return G ? (size_t)rows * cols * rt_cb(type) / 4 + 2 * (size_t)rows * (cols / G) : 0;
+    return G ? (size_t)rows * cols + 2 * (size_t)rows * (cols / G) : 0;
 }
 
 /* Lane 4g + q of m16 tile mt at k8 step k holds rf[((mt (cols / 8) + k) 32 + lane) 4 + i] = code
  * [16 mt + g + 8 (i & 1)][8 k + q + 4 (i >> 1)] (a0..a3 of tc_mma_tf32), so a warp's tile is one 512-byte
  * read; then sb [rows][cols / G] (scale, bias). One thread a lane's four codes, then a (row, group). */
-__global__ void k_router_frag(dmat m, int G, int cb, float *rf) {
+__global__ void k_router_frag(dmat m, int G, float *rf) {
     const int c8 = m.cols / 8, ng = m.cols / G;
     const size_t n = (size_t)(m.rows / 16) * c8 * 32, ns = (size_t)m.rows * ng;
     auto code = [&](int r, int c) -> float {
@@ -76,29 +68,25 @@ __global__ void k_router_frag(dmat m, int G, int cb, float *rf) {
         if (x < n) {
             const int lane = (int)(x & 31), g = lane >> 2, q = lane & 3, k = (int)((x >> 5) % c8), mt = (int)((x >> 5) / c8);
             const int r = 16 * mt + g, c = 8 * k + q;
-            if (cb == 1)
-                ((uint32_t *)rf)[x] = (uint32_t)code(r, c) | (uint32_t)code(r + 8, c) << 8 | (uint32_t)code(r, c + 4) << 16 |
-                                      (uint32_t)code(r + 8, c + 4) << 24;
-            else *(float4 *)(rf + 4 * x) = make_float4(code(r, c), code(r + 8, c), code(r, c + 4), code(r + 8, c + 4));
+            *(float4 *)(rf + 4 * x) = make_float4(code(r, c), code(r + 8, c), code(r, c + 4), code(r + 8, c + 4));
         } else {
             const size_t i = x - n;
             float2 v = make_float2(1.f, 0.f);
             if (m.type == LW_Q) v = make_float2(ld_sb((const char *)m.s, m.sbt, i), ld_sb((const char *)m.b, m.sbt, i));
-            ((float2 *)(rf + cb * n))[i] = v;
+            ((float2 *)(rf + 4 * n))[i] = v;
         }
     }
 }
 
 void cu_router_frag(cudaStream_t s, const dmat *W, float *rf) {
-    cu_go(k_router_frag, 512, 256, 0, s)(*W, rt_group(W->type, W->bits, W->group, W->rows, W->cols), rt_cb(W->type), rf);
+    cu_go(k_router_frag, 512, 256, 0, s)(*W, rt_group(W->type, W->bits, W->group, W->rows, W->cols), rf);
 }
 
-template <int CB>
 __global__ void __launch_bounds__(128) k_rtr(const float *__restrict__ rf, const float2 *__restrict__ sb, int C, int G,
                                              const float *__restrict__ X, int ldx, int T, float *__restrict__ Y, int ldy,
                                              int kslice, size_t pstride) {
     extern __shared__ __align__(16) float sm[];
-    float *xs = sm + RT_NS * RT_STAGE(CB); /* [2][64] the tokens' input sums over a group, by group parity */
+    float *xs = sm + RT_NS * RT_STAGE; /* [2][64] the tokens' input sums over a group, by group parity */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g8 = lane >> 2, q = lane & 3;
     const int e0 = blockIdx.x * 64, t0 = blockIdx.y * 64, mt0 = 2 * (w & 1), wt = 32 * (w >> 1);
     const int kbeg = blockIdx.z * kslice, nst = kslice / RT_KS, c8 = C / 8, sg = G / RT_KS, ng = C / G;
@@ -106,15 +94,15 @@ __global__ void __launch_bounds__(128) k_rtr(const float *__restrict__ rf, const
     /* a thread's copies: chunks tid + 128 i (i < 4) of each half of a stage; the fragments of m16
      * tile mt for four k8 steps are 2 KB contiguous in rf */
     auto issue_w = [&](int st, int k0) {
-        float *Ws = sm + st * RT_STAGE(CB) + 64 * RT_XP;
+        float *Ws = sm + st * RT_STAGE + 64 * RT_XP;
 #pragma unroll
-        for (int i = 0; i < CB; i++) {
-            const int c = tid + 128 * i, mt = c >> (5 + (CB == 4 ? 2 : 0)), off = c & (32 * CB - 1);
-            cu_cp<16>(Ws + mt * 128 * CB + off * 4, rf + ((size_t)(e0 / 16 + mt) * c8 + k0 / 8) * 32 * CB + off * 4);
+        for (int i = 0; i < 4; i++) {
+            const int c = tid + 128 * i, mt = c >> 7, off = c & 127;
+            cu_cp<16>(Ws + mt * 512 + off * 4, rf + ((size_t)(e0 / 16 + mt) * c8 + k0 / 8) * 128 + off * 4);
         }
     };
     auto issue_x = [&](int st, int k0) {
-        float *Xs = sm + st * RT_STAGE(CB);
+        float *Xs = sm + st * RT_STAGE;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int c = tid + 128 * i, r = c >> 3, c4 = c & 7;
@@ -162,7 +150,7 @@ __global__ void __launch_bounds__(128) k_rtr(const float *__restrict__ rf, const
 #pragma unroll
                 for (int h = 0; h < 2; h++) sr[i][h] = sb[(size_t)(e0 + 16 * (mt0 + i) + g8 + 8 * h) * ng + grp];
         }
-        const float *Xs = sm + (s % RT_NS) * RT_STAGE(CB), *Ws = Xs + 64 * RT_XP;
+        const float *Xs = sm + (s % RT_NS) * RT_STAGE, *Ws = Xs + 64 * RT_XP;
         { /* the stage's share of each token's group sum: two threads a token, 16 columns each */
             const float4 *xr = (const float4 *)(Xs + (tid >> 1) * RT_XP + 16 * (tid & 1));
             float v = 0.f;
@@ -186,13 +174,7 @@ __global__ void __launch_bounds__(128) k_rtr(const float *__restrict__ rf, const
             }
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                uint4 a; /* codes: exact in TF32 */
-                if (CB == 4) a = *(const uint4 *)(Ws + ((mt0 + i) * 4 + kk) * 128 + lane * 4);
-                else { /* a byte as a float: its bits under 2^23's mantissa, less 2^23 (exact) */
-                    const uint32_t v = ((const uint32_t *)Ws)[((mt0 + i) * 4 + kk) * 32 + lane];
-                    const auto f = [](uint32_t b) { return __float_as_uint(__uint_as_float(0x4B000000u | b) - 8388608.f); };
-                    a = make_uint4(f(v & 255u), f(v >> 8 & 255u), f(v >> 16 & 255u), f(v >> 24));
-                }
+                const uint4 a = *(const uint4 *)(Ws + ((mt0 + i) * 4 + kk) * 128 + lane * 4); /* codes: exact in TF32 */
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     tc_mma_tf32(ph[i][j], a.x, a.y, a.z, a.w, bh[j][0], bh[j][1]);
@@ -226,24 +208,16 @@ int cu_router_tc(cudaStream_t s, const dmat *W, const float *rf, const float *X,
                  size_t scr_floats) {
     const int E = W->rows, C = W->cols, G = rt_group(W->type, W->bits, W->group, E, C);
     if (!rf || !G || T < 1 || ldx % 4 || ((uintptr_t)X & 15)) return 0;
-    const int cb = rt_cb(W->type);
-    static int attr[2] = { 0, 0 }; /* 1 set, -1 refused */
-    int &at = attr[cb == 1];
-    if (!at) {
-        const cudaError_t e = cb == 1 ? cudaFuncSetAttribute(k_rtr<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rt_smem(cb))
-                                      : cudaFuncSetAttribute(k_rtr<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rt_smem(cb));
-        at = e == cudaSuccess ? 1 : -1;
-    }
-    if (at < 0) { cudaGetLastError(); return 0; }
+    static int attr = 0; /* 1 set, -1 refused */
+    if (!attr) attr = cudaFuncSetAttribute(k_rtr, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rt_smem()) == cudaSuccess ? 1 : -1;
+    if (attr < 0) { cudaGetLastError(); return 0; }
     static int env = INT_MIN; /* LILY_CU_RTR_SPLITS: the column slices, for measuring */
     const int gx = E / 64, gy = (T + 63) / 64, groups = C / G;
     int S = rt_force > 0 ? rt_force : cu_env_int(&env, "LILY_CU_RTR_SPLITS", 0);
     if (S < 1) S = RT_WANT / (gx * gy);
     S = S < 1 ? 1 : S > 16 ? 16 : S;
     while (S > 1 && (groups % S || (size_t)S * T * ldy > scr_floats)) S--; /* whole groups a slice; room for the partials */
-    const float2 *sb = (const float2 *)(rf + (size_t)E * C * cb / 4);
-    float *out = S > 1 ? scr : Y;
-    if (cb == 1) cu_go(k_rtr<1>, dim3(gx, gy, S), 128, rt_smem(cb), s)(rf, sb, C, G, X, ldx, T, out, ldy, C / S, (size_t)T * ldy);
-    else cu_go(k_rtr<4>, dim3(gx, gy, S), 128, rt_smem(cb), s)(rf, sb, C, G, X, ldx, T, out, ldy, C / S, (size_t)T * ldy);
+    const float2 *sb = (const float2 *)(rf + (size_t)E * C);
+    cu_go(k_rtr, dim3(gx, gy, S), 128, rt_smem(), s)(rf, sb, C, G, X, ldx, T, S > 1 ? scr : Y, ldy, C / S, (size_t)T * ldy);
     return S;
 }
