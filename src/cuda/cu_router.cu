@@ -26,11 +26,11 @@
 #include <limits.h>
 
 #define RT_KS 32                      /* columns a stage: four k8 steps */
-#define RT_NS 4                       /* stages in the ring, RT_NS - 1 in flight while one computes */
+#define RT_NS 3                       /* stages in the ring, RT_NS - 1 in flight while one computes */
 #define RT_XP 36                      /* an input row's pitch in floats: 4 mod 32 puts a B fragment's loads in 32 banks */
 #define RT_WF (4 * 4 * 128)           /* a stage's weight fragments: [4 m16 tiles][4 k8][32 lanes][4] floats */
 #define RT_STAGE (64 * RT_XP + RT_WF) /* floats a stage: the inputs [64 tokens][RT_XP], then the fragments */
-#define RT_WANT 256                   /* blocks the column split aims at (two an SM on the H200's 132) */
+#define RT_WANT 512                   /* blocks the column split aims at (four an SM on the H200's 132, one wave) */
 
 static size_t rt_smem(void) { return sizeof(float) * (RT_NS * RT_STAGE + 2 * 64); }
 
@@ -82,7 +82,7 @@ void cu_router_frag(cudaStream_t s, const dmat *W, float *rf) {
     cu_go(k_router_frag, 512, 256, 0, s)(*W, rt_group(W->type, W->bits, W->group, W->rows, W->cols), rf);
 }
 
-__global__ void __launch_bounds__(128) k_rtr(const float *__restrict__ rf, const float2 *__restrict__ sb, int C, int G,
+__global__ void __launch_bounds__(128, 4) k_rtr(const float *__restrict__ rf, const float2 *__restrict__ sb, int C, int G,
                                              const float *__restrict__ X, int ldx, int T, float *__restrict__ Y, int ldy,
                                              int kslice, size_t pstride) {
     extern __shared__ __align__(16) float sm[];

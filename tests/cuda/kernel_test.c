@@ -1591,10 +1591,10 @@ int main(int argc, char **argv) {
     test_router(3, 600, 8, 7);   /* shared memory, ties */
     test_router(2, 64, 33, 0);   /* K past a warp: shared memory */
     /* the router at prefill: cu_matmul_exact's tiles, then cu_router_tc's code copy (slices of whole groups:
-     * 8 at 512 tokens, 4 at 70), declined shapes and types, forced slice counts, 4-bit codes, bf16 and
+     * 16 at 512 tokens, 4 at 70), declined shapes and types, forced slice counts, 4-bit codes, bf16 and
      * fp16 values (s = 1, b = 0), fp32 (declined) */
     test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, -1, 0, LW_Q, 8);
-    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, 0, small ? 4 : 8, LW_Q, 8);
+    test_router_exact(pool, small ? 70 : 512, 256, small ? 256 : 2048, 8, 0, small ? 4 : 16, LW_Q, 8);
     test_router_exact(pool, 5, 40, 128, 3, 0, 0, LW_Q, 8);                  /* matrix-vector, no split */
     test_router_exact(pool, small ? 37 : 129, 600, 256, 8, 0, 0, LW_Q, 8);  /* split tiles, shared-memory top-k */
     test_router_exact(pool, 129, 128, 512, 8, 1, 1, LW_Q, 8);               /* one slice: Y direct */
