@@ -7,7 +7,7 @@
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
 #   variants: check and pp512/pp2048 with LILY_CU_GEMM=0, LILY_CU_GEMM_TC=0 (the wmma GEMM), LILY_CU_ATTN_TC=0
 #             (SIMT prefill attention), LILY_CU_ATTN_SPLIT=0, LILY_CU_GDN_CHUNK=0, LILY_CU_GDN_CHUNK=1 with LILY_CU_GDN_TC=0,
-#             LILY_CU_ROUTER_TC=0, LILY_CU_SPLITK=0, LILY_CU_MOE_XP=0 and
+#             LILY_CU_RTR=0 (the router on the tiles) alone and with LILY_CU_ROUTER_TC=0 or LILY_CU_SPLITK=0, LILY_CU_MOE_XP=0 and
 #             LILY_CU_DENSE_XP=0 (fp32 GEMM inputs), LILY_CU_SIMT8=0 (k_mm_simt router), LILY_CU_SIDE=0
 #             (one stream); tg128 and tg128s
 #             with LILY_CU_PDL=0, LILY_CU_FUSE=0, LILY_CU_SHSLOT=0, LILY_CU_MVTC=0, LILY_CU_MVTC_MIN=0, and as they are
@@ -66,7 +66,7 @@ for stage in $stages; do
             # (LILY_CU_GDN_CHUNK=0: the staged recurrence; LILY_CU_GDN_CHUNK=1,LILY_CU_GDN_TC=0: the tiled SIMT
             # chunks; a comma joins variables), the decode graph without programmatic launch (LILY_CU_PDL=0),
             # decode's matrix-vector products without the tensor-core kernel or with it on every launch
-    for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_ATTN_SPLIT=0 LILY_CU_GDN_CHUNK=0 LILY_CU_GDN_CHUNK=1,LILY_CU_GDN_TC=0 LILY_CU_ROUTER_TC=0 LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
+    for v in LILY_CU_GEMM=0 LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 LILY_CU_ATTN_SPLIT=0 LILY_CU_GDN_CHUNK=0 LILY_CU_GDN_CHUNK=1,LILY_CU_GDN_TC=0 LILY_CU_RTR=0 LILY_CU_RTR=0,LILY_CU_ROUTER_TC=0 LILY_CU_RTR=0,LILY_CU_SPLITK=0 LILY_CU_MOE_XP=0 \
              LILY_CU_DENSE_XP=0 LILY_CU_SIMT8=0 LILY_CU_SIDE=0 LILY_CU_PDL_STREAM=1 LILY_CU_GT_SPLIT=0 LILY_CU_GT_NJ=0; do
       for d in tests/fixtures/tinyq tests/fixtures/pe-mlx4; do
         env ${v//,/ } "$BIN/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$OUT/var_check.log" 2>&1 &&
