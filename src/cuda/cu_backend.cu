@@ -171,8 +171,9 @@ lily_code cu_model_finish(lcuda_model *m, lily_status *st) {
         rc = cu_model_alloc(m, (void **)&L->rtr, n * sizeof(float), st);
         if (!rc) cu_router_frag(0, &L->router, L->rtr);
     }
-    if (!rc) {
-        cudaError_t e = cudaGetLastError();
+    if (!rc) { /* done before any session's stream (non-blocking: no order with stream 0) reads it */
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaGetLastError();
         if (e != cudaSuccess) rc = cu_fail(st, e, "router copy", __FILE__, __LINE__);
     }
     return rc;
