@@ -441,8 +441,8 @@ void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const fl
 /* whether decode (one token) routes inside the experts' gate|up launch: LILY_CU_ROUTE_FUSED, on */
 int cu_route_fused(void);
 int cu_prefetch_enabled(void);
-/* cu_matmul_exact (Y = logits [T][W->rows]), or cu_router_tc where rf (cu_router_frag) is given and
- * T > 8, then cu_router_topk, the column slices' sum done by the top-k's launch (one launch fewer;
+/* cu_router_tc where it takes the router (rf from cu_router_frag, T > 8), else cu_matmul_exact
+ * (Y = logits [T][W->rows]), then cu_router_topk, the column slices' sum done by the top-k's launch (one launch fewer;
  * the same sums in the same order) */
 void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
                           size_t scr_floats, int K, int *sel, float *wt);
@@ -452,8 +452,8 @@ void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const 
  * taken (rows a multiple of 64, cols of 32 and of the group; codes of 2, 4 or 8 bits, or bf16/fp16). */
 size_t cu_router_frag_floats(int type, int bits, int group, int rows, int cols);
 void cu_router_frag(cudaStream_t s, const dmat *W, float *rf);
-/* The prefill router's logits from rf (cu_router.cu): 0 when it declines (no rf, the matrix, X not
- * 16-byte rows), else S: S == 1 wrote Y [T][ldy], S > 1 left S column slices' partials in scr
+/* The prefill router's logits from rf (cu_router.cu): 0 when it declines (no rf, T <= 8, the matrix,
+ * X not 16-byte rows, LILY_CU_RTR=0), else S: S == 1 wrote Y [T][ldy], S > 1 left S column slices' partials in scr
  * ([S][T][ldy]) for k_router_topk to add in slice order. LILY_CU_RTR=0 leaves the router to
  * cu_matmul_exact's tiles, for measuring; cu_router_tc_splits(n > 0) forces n slices (tests). */
 int cu_router_tc(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *Y, int ldy, float *scr,

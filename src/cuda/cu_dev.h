@@ -213,6 +213,21 @@ __device__ __forceinline__ void tc_mma_3xtf32(float (&c)[N][4], float (&d)[N][4]
 #pragma unroll
     for (int n = 0; n < N; n++) tc_mma_tf32(d[n], ah[0], ah[1], ah[2], ah[3], bl[n][0], bl[n][1]);
 }
+/* A warp's 32 x 32 accumulator tile (two m16 tiles i x four n8 tiles j in tc_mma's c layout) to
+ * Y [token][row]: row r0 + 16 i + g + 8 (e >> 1), token t0 + 8 j + 2 q + (e & 1), those past rows or
+ * T left out (k_mm_tc3, k_rtr). */
+__device__ __forceinline__ void tc_store_32x32(const float (&acc)[2][4][4], float *Y, int ldy, int r0, int t0, int rows, int T) {
+    const int g = (threadIdx.x & 31) >> 2, q = threadIdx.x & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + 16 * i + g + 8 * (e >> 1), t = t0 + 8 * j + 2 * q + (e & 1);
+                if (r < rows && t < T) Y[(size_t)t * ldy + r] = acc[i][j][e];
+            }
+}
 
 /* (a, b) as an fp16 pair, a in the low half, saturated at fp16's largest finite value (the
  * tensor-core kernels' inputs) */

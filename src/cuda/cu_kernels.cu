@@ -1158,15 +1158,7 @@ __global__ void __launch_bounds__(128) k_mm_tc3(dmat m, const float *__restrict_
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = r0 + wr + 16 * i + g8 + 8 * (e >> 1), t = t0 + wt + 8 * j + 2 * q + (e & 1);
-                if (r < m.rows && t < T) Y[(size_t)t * ldy + r] = acc[i][j][e];
-            }
+    tc_store_32x32(acc, Y, ldy, r0 + wr, t0 + wt, m.rows, T);
 }
 
 static int exact_tc_force = -1; /* cu_matmul_exact_tc: -1 the environment's choice */
@@ -2375,7 +2367,7 @@ void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, in
 void cu_router_exact_topk(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *logits, float *scr,
                           size_t scr_floats, int K, int *sel, float *wt) {
     const int E = W->rows, wpb = 4;
-    int S = T > 8 && rf && cu_router_tc_enabled() ? cu_router_tc(s, W, rf, X, ldx, T, logits, E, scr, scr_floats) : 0;
+    int S = cu_router_tc(s, W, rf, X, ldx, T, logits, E, scr, scr_floats);
     if (!S) S = exact_parts(s, W, X, ldx, T, logits, E, scr, scr_floats);
     cu_go(k_router_topk, (T + wpb - 1) / wpb, wpb * WARP, (size_t)wpb * E * sizeof(float), s)(logits, T, E, K, sel, wt,
                                                                                           S > 1 ? scr : NULL, S, (size_t)T * E);

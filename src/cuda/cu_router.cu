@@ -47,6 +47,9 @@ static int rt_group(int type, int bits, int group, int rows, int cols) {
     return G >= RT_KS && G % RT_KS == 0 && cols % G == 0 ? G : 0;
 }
 
+/* floats before the copy's (scale, bias) pairs: the rows x cols codes */
+static size_t rt_sb_at(int rows, int cols) { return (size_t)rows * cols; }
+
 size_t cu_router_frag_floats(int type, int bits, int group, int rows, int cols) {
     const int G = rt_group(type, bits, group, rows, cols);
     return G ? (size_t)rows * cols + 2 * (size_t)rows * (cols / G) : 0;
@@ -55,7 +58,7 @@ size_t cu_router_frag_floats(int type, int bits, int group, int rows, int cols) 
 /* Lane 4g + q of m16 tile mt at k8 step k holds rf[((mt (cols / 8) + k) 32 + lane) 4 + i] = code
  * [16 mt + g + 8 (i & 1)][8 k + q + 4 (i >> 1)] (a0..a3 of tc_mma_tf32), so a warp's tile is one 512-byte
  * read; then sb [rows][cols / G] (scale, bias). One thread a lane's four codes, then a (row, group). */
-__global__ void k_router_frag(dmat m, int G, float *rf) {
+__global__ void k_router_frag(dmat m, int G, float *rf, float2 *sb) {
     const int c8 = m.cols / 8, ng = m.cols / G;
     const size_t n = (size_t)(m.rows / 16) * c8 * 32, ns = (size_t)m.rows * ng;
     auto code = [&](int r, int c) -> float {
@@ -76,13 +79,14 @@ __global__ void k_router_frag(dmat m, int G, float *rf) {
             const size_t i = x - n;
             float2 v = make_float2(1.f, 0.f);
             if (m.type == LW_Q) v = make_float2(ld_sb((const char *)m.s, m.sbt, i), ld_sb((const char *)m.b, m.sbt, i));
-            ((float2 *)(rf + 4 * n))[i] = v;
+            sb[i] = v;
         }
     }
 }
 
 void cu_router_frag(cudaStream_t s, const dmat *W, float *rf) {
-    cu_go(k_router_frag, 512, 256, 0, s)(*W, rt_group(W->type, W->bits, W->group, W->rows, W->cols), rf);
+    cu_go(k_router_frag, 512, 256, 0, s)(*W, rt_group(W->type, W->bits, W->group, W->rows, W->cols), rf,
+                                         (float2 *)(rf + rt_sb_at(W->rows, W->cols)));
 }
 
 __global__ void __launch_bounds__(128, 4) k_rtr(const float *__restrict__ rf, const float2 *__restrict__ sb, int C, int G,
@@ -188,15 +192,7 @@ __global__ void __launch_bounds__(128, 4) k_rtr(const float *__restrict__ rf, co
     }
     __syncthreads(); /* the last group's xs */
     fold(((nst - 1) / sg) & 1);
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e0 + 16 * (mt0 + i) + g8 + 8 * (e >> 1), t = t0 + wt + 8 * j + 2 * q + (e & 1);
-                if (t < T) Y[(size_t)t * ldy + r] = acc[i][j][e];
-            }
+    tc_store_32x32(acc, Y, ldy, e0 + 16 * mt0, t0 + wt, INT_MAX, T); /* (the rows: whole 64-row blocks) */
 }
 
 int cu_router_tc_enabled(void) {
@@ -210,7 +206,7 @@ void cu_router_tc_splits(int s) { rt_force = s; }
 int cu_router_tc(cudaStream_t s, const dmat *W, const float *rf, const float *X, int ldx, int T, float *Y, int ldy, float *scr,
                  size_t scr_floats) {
     const int E = W->rows, C = W->cols, G = rt_group(W->type, W->bits, W->group, E, C);
-    if (!rf || !G || T < 1 || ldx % 4 || ((uintptr_t)X & 15)) return 0;
+    if (!rf || !G || T <= 8 || !cu_router_tc_enabled() || ldx % 4 || ((uintptr_t)X & 15)) return 0;
     static int attr = 0; /* 1 set, -1 refused */
     if (!attr) attr = cudaFuncSetAttribute(k_rtr, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)rt_smem()) == cudaSuccess ? 1 : -1;
     if (attr < 0) { cudaGetLastError(); return 0; }
@@ -220,7 +216,7 @@ int cu_router_tc(cudaStream_t s, const dmat *W, const float *rf, const float *X,
     if (S < 1) S = RT_WANT / (gx * gy);
     S = S < 1 ? 1 : S > 16 ? 16 : S;
     while (S > 1 && (groups % S || (size_t)S * T * ldy > scr_floats)) S--; /* whole groups a slice; room for the partials */
-    const float2 *sb = (const float2 *)(rf + (size_t)E * C);
+    const float2 *sb = (const float2 *)(rf + rt_sb_at(E, C));
     cu_go(k_rtr, dim3(gx, gy, S), 128, rt_smem(), s)(rf, sb, C, G, X, ldx, T, S > 1 ? scr : Y, ldy, C / S, (size_t)T * ldy);
     return S;
 }

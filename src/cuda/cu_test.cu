@@ -621,7 +621,7 @@ lily_code lct_router_exact(const lw_mat *W, const float *X, int T, int K, int sp
     float *rf = nf ? (float *)dput(&L, NULL, nf * 4, st, &rc) : NULL;
     *used = 0;
     if (!rc && rf) cu_router_frag(0, &d, rf);
-    if (!rc && rf && T > 8 && cu_router_tc_enabled()) {
+    if (!rc && rf) {
         /* the launch cu_router_exact_topk makes, run alone first to learn its S (same output) */
         cu_router_tc_splits(splits);
         *used = cu_router_tc(0, &d, rf, dx, cols, T, dl, E, scr, nscr);
