@@ -476,7 +476,12 @@ static __device__ __forceinline__ float warp_max(float v) {
  * round, a chain of dependent loads (the top-k launch 7.0 -> 5.2 us a decode layer under Nsight,
  * 18.6 -> 12.9 us at 512 tokens, bench/RESULTS.md session 13). Both give the same choices and weights bit for bit.
  * Logits are read past L1 (__ldcg): in k_mvq's fused form other blocks wrote them in this launch. */
-template <int NV>
+/* RDX: each round's warp-wide choice by two redux.sync reductions (the largest probability, then
+ * the lowest id among lanes holding it) in place of five shuffle pairs: the same choice. For
+ * decode's one routing warp, where the round's latency is on the step's path; prefill's top-k
+ * launch (a warp a token, many warps an SM) measured 0.7% slower with it (bench/RESULTS.md
+ * session 24). */
+template <int NV, bool RDX = false>
 static __device__ __forceinline__ void route_regs(float (&v)[NV], int E, int K, int *sel, float *wt) {
     const int lane = threadIdx.x % WARP;
     float mx = -INFINITY;
@@ -499,11 +504,18 @@ static __device__ __forceinline__ void route_regs(float (&v)[NV], int E, int K, 
 #pragma unroll
         for (int i = 0; i < NV; i++)
             if (v[i] > bv) { bv = v[i]; bi = lane + WARP * i; }
-        for (int o = 16; o; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-        }
+        if (RDX) { /* (bv a probability in [0, 1], or -1 where the lane has none left: key 0) */
+            const unsigned key = bv >= 0.f ? __float_as_uint(bv) + 1u : 0u;
+            const unsigned km = __reduce_max_sync(0xffffffffu, key);
+            const unsigned gi = __reduce_min_sync(0xffffffffu, key == km ? (unsigned)bi : 0xffffffffu);
+            bv = km ? __uint_as_float(km - 1u) : -1.0f;
+            bi = km ? (int)gi : 0x7fffffff;
+        } else
+            for (int o = 16; o; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+            }
         if (bi >= E) bi = 0; /* only NaN logits (a defect upstream) leave no choice: stay in range */
         if (lane == j) { ms = bi; mw = bv; }
         tot += bv;
@@ -514,13 +526,13 @@ static __device__ __forceinline__ void route_regs(float (&v)[NV], int E, int K, 
     if (lane < K) { sel[lane] = ms; wt[lane] = mw / tot; }
 }
 
-template <int NV>
+template <int NV, bool RDX = false>
 static __device__ __forceinline__ void route_ld(const float *lg, int E, int K, int *sel, float *wt) {
     const int lane = threadIdx.x % WARP;
     float v[NV];
 #pragma unroll
     for (int i = 0; i < NV; i++) v[i] = lane + WARP * i < E ? __ldcg(lg + lane + WARP * i) : 0.f;
-    route_regs<NV>(v, E, K, sel, wt);
+    route_regs<NV, RDX>(v, E, K, sel, wt);
 }
 
 #endif

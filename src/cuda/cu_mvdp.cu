@@ -37,6 +37,9 @@
  * not 12, so the lanes of a quarter-warp, one group each, read distinct banks */
 #define DP_G4 13
 #define DP_XMAX 8323072.0f /* 127 * 2^16 */
+#ifndef LILY_DP_RDX
+#define LILY_DP_RDX true /* the routing warp's rounds by warp reductions (route_regs) */
+#endif
 
 /* four byte products of a (unsigned: the codes) and b (signed: the input's bytes) added to c */
 __device__ __forceinline__ int cu_dp4a(uint32_t a, uint32_t b, int c) {
@@ -112,18 +115,37 @@ __device__ __forceinline__ void dp_nw0(const mvq_args &a, int cols, float (&n0)[
 }
 /* The gated norm (mvq_fuse.gz) of word w's 8 columns: a head of 128 columns is 16 words on 16
  * consecutive lanes (t0 0, cols a multiple of 128: cu_mvdp_group's conditions), summed by shuffles;
- * every lane comes here (v zero past the row). */
-__device__ __forceinline__ void dp_gated(const mvq_fuse &f, float (&v)[8], int w, bool valid) {
-    float zv[8], gv[8], ss = 0.f;
-    for (int j = 0; j < 8; j++) {
-        const int c = 8 * w + j;
-        zv[j] = valid ? f.gz[c] : 0.f;
-        gv[j] = valid ? f.gw[c % 128] : 0.f;
-        ss += v[j] * v[j];
-    }
+ * every lane comes here (v zero past the row). zv, gv: the word's gz and gw, loaded with v. */
+__device__ __forceinline__ void dp_gated(const mvq_fuse &f, float (&v)[8], const float (&zv)[8], const float (&gv)[8]) {
+    float ss = 0.f;
+    for (int j = 0; j < 8; j++) ss += v[j] * v[j];
     for (int o = 1; o < 16; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float r = 1.0f / sqrtf(ss / 128 + f.eps);
     for (int j = 0; j < 8; j++) v[j] = v[j] * r * gv[j] * silu_f(zv[j]);
+}
+/* 8 floats p[c0 .. c0 + 7] (c0 a multiple of 8): two 16-byte loads where p is aligned */
+__device__ __forceinline__ void dp_ld8(const float *p, int c0, float (&v)[8]) {
+    if (((uintptr_t)p & 15) == 0) {
+        const float4 a = *(const float4 *)(p + c0), b = *(const float4 *)(p + c0 + 4);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else
+        for (int j = 0; j < 8; j++) v[j] = p[c0 + j];
+}
+/* Word w of the input (no norm, no x2), its loads only: x, and for the gated norm its gz (zeros
+ * past the row) */
+struct dp_win {
+    float v[8], z[8];
+};
+__device__ __forceinline__ void dp_win_load(const mvq_fuse &f, const float *x, int w, int nw, dp_win &d) {
+    for (int j = 0; j < 8; j++) d.v[j] = d.z[j] = 0.f;
+    if (w >= nw) return;
+    dp_ld8(x, 8 * w, d.v);
+    if (f.gz) dp_ld8(f.gz, 8 * w, d.z);
+}
+/* ... then the values staged (dp_put; every lane of the warp comes here); g: the word's gw */
+__device__ __forceinline__ void dp_win_put(const mvq_fuse &f, dp_win &d, const float (&g)[8], int w, int nw, uint4 *xs) {
+    if (f.gz) dp_gated(f, d.v, d.z, g);
+    dp_put(d.v, w < nw, w, xs);
 }
 __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *x, const float *x2, int cols, uint4 *xs, int t0,
                                          const float (&n0)[8]) {
@@ -149,7 +171,25 @@ __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *x, cons
         r = 1.0f / sqrtf(ss / cols + a.f.eps);
     }
     const bool wr = nrm && blockIdx.x == 0 && blockIdx.y == 0;
-    for (int w0 = 0; w0 < nw; w0 += blockDim.x - t0) { /* (nw a multiple of 8: a group's lanes all in or all out) */
+    int wstart = 0;
+    const int st = blockDim.x - t0;
+    if (!nrm && !x2 && st % 16 == 0 && (int)threadIdx.x >= t0) {
+        /* Without the norm, a thread's first two words' loads all go out before either is staged:
+         * a loop of load-then-stage made a round trip to L2 a pass, and the out-projections
+         * (512 words, 256 threads) and the experts' gate|up (256 words, 224 threads beside the
+         * routing warp) take two passes (bench/RESULTS.md session 24). The two words' gw are the
+         * same 8 (st a multiple of 16 words: 128 columns). */
+        const int wa = threadIdx.x - t0, wb = wa + st;
+        dp_win da, db;
+        float g[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
+        dp_win_load(a.f, x, wa, nw, da);
+        if (st < nw) dp_win_load(a.f, x, wb, nw, db);
+        if (a.f.gz) dp_ld8(a.f.gw, 8 * wa % 128, g);
+        dp_win_put(a.f, da, g, wa, nw, xs);
+        if (st < nw) dp_win_put(a.f, db, g, wb, nw, xs);
+        wstart = 2 * st;
+    }
+    for (int w0 = wstart; w0 < nw; w0 += st) { /* (nw a multiple of 8: a group's lanes all in or all out) */
         if ((int)threadIdx.x < t0) break;
         const int w = w0 + threadIdx.x - t0;
         float v[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
@@ -159,7 +199,13 @@ __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *x, cons
                 v[j] = nrm ? w0 == 0 ? v0[j] * r * n0[j] : (add ? x[c] + add[c] : x[c]) * r * a.f.nw[c] : dp_in(x, x2, c);
                 if (wr) a.f.tout[c] = v[j];
             }
-        if (a.f.gz) dp_gated(a.f, v, w, w < nw);
+        if (a.f.gz) {
+            dp_win d;
+            float g[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
+            dp_win_load(a.f, x, w, nw, d);
+            if (w < nw) dp_ld8(a.f.gw, 8 * w % 128, g);
+            dp_gated(a.f, v, d.z, g);
+        }
         dp_put(v, w < nw, w, xs);
     }
     __syncthreads();
@@ -357,7 +403,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
                      * whichever expert); dp_stage's closing barrier publishes rs and rw */
         mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
         if (warp == 0) {
-            route_ld<8>(a.f.rlog, a.f.E, a.f.K, rs, rw);
+            route_ld<8, LILY_DP_RDX>(a.f.rlog, a.f.E, a.f.K, rs, rw);
             CU_MARK(2);
         }
         if (a.f.rovl) t0 = WARP;

@@ -228,6 +228,15 @@ template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int m, in
     int lane = emu::lane_id(), src = lane ^ m;
     return emu::shfl_t(mask, v, (src & ~(width - 1)) == (lane & ~(width - 1)) ? src : -1);
 }
+/* redux.sync's unsigned max and min over the whole warp */
+static inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+    for (int o = 16; o; o >>= 1) { const unsigned w = __shfl_xor_sync(mask, v, o); v = w > v ? w : v; }
+    return v;
+}
+static inline unsigned __reduce_min_sync(unsigned mask, unsigned v) {
+    for (int o = 16; o; o >>= 1) { const unsigned w = __shfl_xor_sync(mask, v, o); v = w < v ? w : v; }
+    return v;
+}
 unsigned __ballot_sync(unsigned mask, int pred);
 static inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == __ballot_sync(mask, 1); }
 static inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
