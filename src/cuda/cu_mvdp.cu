@@ -37,6 +37,9 @@
  * not 12, so the lanes of a quarter-warp, one group each, read distinct banks */
 #define DP_G4 13
 #define DP_XMAX 8323072.0f /* 127 * 2^16 */
+#ifndef LILY_DP_RAWSB
+#define LILY_DP_RAWSB 1
+#endif
 #ifndef LILY_DP_RDX
 #define LILY_DP_RDX true /* the routing warp's rounds by warp reductions (route_regs) */
 #endif
@@ -257,6 +260,31 @@ __device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int n
     }
 }
 
+/* dp_fetch's scales and biases as their raw bits (a 16-bit type's in the low half), converted by
+ * dp_sb_cvt later: a conversion right after the load waits for it there */
+template <int R, int SBT, int BITS>
+__device__ __forceinline__ void dp_fetch_raw(const dp_rows &t, int sbt, int g, int nrow16, int ngr, uint4 (&c)[R][BITS / 2],
+                                             uint32_t (&sr)[R], uint32_t (&br)[R]) {
+    const int ty = SBT >= 0 ? SBT : sbt;
+    const size_t sz = ty == LW_F32 ? 4 : 2;
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const int kk = k < t.nr ? k : (t.nr > 0 ? t.nr - 1 : 0);
+        const uint4 *w = t.w + (size_t)kk * nrow16 + (BITS / 2) * g;
+#pragma unroll
+        for (int i = 0; i < BITS / 2; i++) c[k][i] = __ldg(w + i);
+        const int gi = g >> t.lg;
+        const char *ps = t.s + (size_t)kk * ngr * sz, *pb = t.b + (size_t)kk * ngr * sz;
+        sr[k] = ty == LW_F32 ? ((const uint32_t *)ps)[gi] : ((const uint16_t *)ps)[gi];
+        br[k] = ty == LW_F32 ? ((const uint32_t *)pb)[gi] : ((const uint16_t *)pb)[gi];
+    }
+}
+template <int SBT>
+__device__ __forceinline__ float dp_sb_cvt(uint32_t raw, int sbt) {
+    const int ty = SBT >= 0 ? SBT : sbt;
+    return ty == LW_BF16 ? bf2f((uint16_t)raw) : ty == LW_F16 ? h2f((uint16_t)raw) : __uint_as_float(raw);
+}
+
 /* One tile: the R rows of t over the input xg's groups (a lane the groups sub, sub + LPR, ...),
  * reduced across the LPR lanes; rsel: the row (of the R) whose whole sum the lane returns, valid
  * on lanes with (sub & (LPR / R - 1)) == 0. have: c, sc, bi hold group sub already (fetched early). */
@@ -386,16 +414,34 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     t.w = NULL; t.s = t.b = NULL; t.lg = t.r0 = t.nr = 0;
     /* a dense matrix's first group is fetched before the wait on the predecessor (weights are
      * never written); an expert's index comes from that kernel */
+    /* (LILY_DP_RAWSB: the scales' and biases' raw bits held across the wait and converted after
+     * it, so a block started after its predecessor ended does not stop at the conversion for
+     * loads from DRAM before it even reaches its wait) */
     bool have = false;
+    uint32_t sr[R], br[R];
+    int psbt = 0;
     if (!eidx && !a.f.nopre && tile < ntiles && sub < ng) {
         t = dp_locate<R, BITS>(a, xsl, 0, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
+        if (LILY_DP_RAWSB) {
+            dp_fetch_raw<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sr, br);
+            psbt = m.sbt;
+        } else dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
         have = true;
     }
     float n0[8];
     dp_nw0(a, cols, n0);
     CU_PDL();
+    if (LILY_DP_RAWSB && have) {
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+#ifdef __CUDA_ARCH__
+            asm volatile("" : "+r"(sr[k]), "+r"(br[k])); /* (the conversions stay after the wait) */
+#endif
+            sc[k] = dp_sb_cvt<SBT>(sr[k], psbt);
+            bi[k] = dp_sb_cvt<SBT>(br[k], psbt);
+        }
+    }
     const float *x = X, *x2 = X2;
     int t0 = 0;
     if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
