@@ -419,6 +419,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
      * loads from DRAM before it even reaches its wait) */
     bool have = false;
     uint32_t sr[R], br[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) sr[k] = br[k] = 0u;
     int psbt = 0;
     if (!eidx && !a.f.nopre && tile < ntiles && sub < ng) {
         t = dp_locate<R, BITS>(a, xsl, 0, tile, mi, rpt, rib);
