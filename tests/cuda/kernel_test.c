@@ -1476,6 +1476,7 @@ int main(int argc, char **argv) {
         test_matvec_group_b(pool, 4, 1, o1, 384, 128, 1, 1, 1, 0, 0, 0, 3, 0);
         test_matvec_group_b(pool, 4, 1, o1, 256, 64, 1, 1, 1, 0, 0, 1, 3, 0);
         test_matvec_group_b(pool, 4, 1, o1, 640, 64, 1, 1, 1, 0, 0, 0, 3, 0);
+        test_matvec_group_b(pool, 4, 1, o1, 6144, 64, 1, 1, 1, 0, 0, 0, 3, 0); /* 768 words: a third pass of the staging */
     }
     /* experts: the real shapes (gate/up 512x2048, down 2048x512, 256 experts, top 8) and odd ones */
     if (small) {
