@@ -111,11 +111,8 @@ __device__ __forceinline__ void dp_put(const float (&v)[8], bool valid, int w, u
  * out-projection's input as k_gdn_dec_split leaves it. */
 /* t0 (a multiple of 32, no norm): threads below it skip the staging (the routing warp, busy
  * meanwhile) and meet the others at its closing barrier. n0: with the norm, nw of the thread's first
- * word, loaded before the wait (dp_nw0), so the norm's weights are not a round trip after the sum. */
-__device__ __forceinline__ void dp_nw0(const mvq_args &a, int cols, float (&n0)[8]) {
-    const int w = threadIdx.x;
-    for (int j = 0; j < 8; j++) n0[j] = a.f.nw && w < cols / 8 ? a.f.nw[8 * w + j] : 0.f;
-}
+ * word, with the gated norm its words' gw, loaded before the wait (dp_nw0), so the norm's weights
+ * are not a round trip after the sum. */
 /* The gated norm (mvq_fuse.gz) of word w's 8 columns: a head of 128 columns is 16 words on 16
  * consecutive lanes (t0 0, cols a multiple of 128: cu_mvdp_group's conditions), summed by shuffles;
  * every lane comes here (v zero past the row). zv, gv: the word's gz and gw, loaded with v. */
@@ -133,6 +130,18 @@ __device__ __forceinline__ void dp_ld8(const float *p, int c0, float (&v)[8]) {
         v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
     } else
         for (int j = 0; j < 8; j++) v[j] = p[c0 + j];
+}
+/* With the gated norm (a.f.gz, no norm: t0 0), n0 is gw of the thread's words instead (the same 8
+ * for every word of the thread: its words are a multiple of 16 apart). Loaded after the wait it
+ * was a miss to DRAM in every out-projection's staging: tg128 +1% before the wait
+ * (bench/RESULTS.md session 25). */
+__device__ __forceinline__ void dp_nw0(const mvq_args &a, int cols, float (&n0)[8]) {
+    const int w = threadIdx.x;
+    if (!a.f.nw && a.f.gz) {
+        dp_ld8(a.f.gw, 8 * w % 128, n0);
+        return;
+    }
+    for (int j = 0; j < 8; j++) n0[j] = a.f.nw && w < cols / 8 ? a.f.nw[8 * w + j] : 0.f;
 }
 /* Word w of the input (no norm, no x2), its loads only: x, and for the gated norm its gz (zeros
  * past the row) */
@@ -184,12 +193,10 @@ __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *x, cons
          * same 8 (st a multiple of 16 words: 128 columns). */
         const int wa = threadIdx.x - t0, wb = wa + st;
         dp_win da, db;
-        float g[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
         dp_win_load(a.f, x, wa, nw, da);
         if (st < nw) dp_win_load(a.f, x, wb, nw, db);
-        if (a.f.gz) dp_ld8(a.f.gw, 8 * wa % 128, g);
-        dp_win_put(a.f, da, g, wa, nw, xs);
-        if (st < nw) dp_win_put(a.f, db, g, wb, nw, xs);
+        dp_win_put(a.f, da, n0, wa, nw, xs); /* (n0: gw of words wa and wb, loaded before the wait) */
+        if (st < nw) dp_win_put(a.f, db, n0, wb, nw, xs);
         wstart = 2 * st;
     }
     for (int w0 = wstart; w0 < nw; w0 += st) { /* (nw a multiple of 8: a group's lanes all in or all out) */
