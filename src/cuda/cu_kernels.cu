@@ -2075,10 +2075,10 @@ __device__ __forceinline__ void qk_rope(float (&v)[R], const float (&cs)[R], con
         v[i + HW] = b * cs[i] + a * sn[i];
     }
 }
-/* One head's hd values, R a lane (column lane + 32 i), normalized (weights w) and rotated by RoPE
+/* One head's hd values, R a lane (column lane + 32 i), normalized (weights w, the same columns) and rotated by RoPE
  * as k_qk_prep does, in place; cs[i], sn[i] (i < rot / 64): column lane + 32 i's angle. */
 template <int R>
-__device__ __forceinline__ void qk_head(float (&v)[R], const float *w, int lane, int rot, float eps, const float (&cs)[R],
+__device__ __forceinline__ void qk_head(float (&v)[R], const float (&w)[R], int rot, float eps, const float (&cs)[R],
                                         const float (&sn)[R]) {
     float ss = 0.f;
 #pragma unroll
@@ -2086,7 +2086,7 @@ __device__ __forceinline__ void qk_head(float (&v)[R], const float *w, int lane,
     ss = warp_sum(ss);
     const float r = 1.0f / sqrtf(ss / (R * WARP) + eps);
 #pragma unroll
-    for (int i = 0; i < R; i++) v[i] = v[i] * r * w[lane + WARP * i];
+    for (int i = 0; i < R; i++) v[i] = v[i] * r * w[i];
     /* i < hw: the pair's first half, with i + hw; hw a template argument, so v stays in registers */
     switch (rot / 64) {
     case 1: qk_rope<R, 1>(v, cs, sn); break;
@@ -2100,10 +2100,20 @@ template <int HG, int R>
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
                                                                int nkv, const int *pos, int splits, float *part, cu_rows rows,
                                                                qk_fold P, int amin) {
-    CU_PDL();
     const int hd = R * WARP;
     int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    /* the fold's weights (the q and k norms', RoPE's frequencies: a lane's columns) before the
+     * wait: after it, each token streams 2 GB through L2 and they were misses to DRAM on the
+     * step's path (as the out-projection's gw, bench/RESULTS.md session 25) */
+    float qw[R], kw[R], fr[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        qw[i] = P.qg ? P.qn[lane + WARP * i] : 0.f;
+        kw[i] = P.qg ? P.kn[lane + WARP * i] : 0.f;
+        fr[i] = P.qg && i < P.rot / 64 ? P.inv_freq[lane + WARP * i] : 0.f;
+    }
+    CU_PDL();
     int n = (rows.pos ? rows.pos[t] : *pos + t) + 1;
     if (rows.pos) { kc = rows.kc[t] + rows.kv_off; vc = rows.vc[t] + rows.kv_off; } /* decode batch: row t's own cache */
     const int se = attn_splits_used(splits, amin, n); /* (amin: one token, no rows) */
@@ -2122,7 +2132,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
         for (int i = 0; i < R; i++) {
             cs[i] = 1.f; sn[i] = 0.f;
             if (i < hw) {
-                const float ang = (float)p * P.inv_freq[lane + WARP * i];
+                const float ang = (float)p * fr[i];
                 cs[i] = cosf(ang);
                 sn[i] = sinf(ang);
             }
@@ -2132,7 +2142,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
             float v[R];
 #pragma unroll
             for (int i = 0; i < R; i++) v[i] = qh[lane + WARP * i];
-            qk_head<R>(v, P.qn, lane, P.rot, P.eps, cs, sn);
+            qk_head<R>(v, qw, P.rot, P.eps, cs, sn);
 #pragma unroll
             for (int i = 0; i < R; i++) qs[g][lane + WARP * i] = v[i] * scale;
         }
@@ -2142,7 +2152,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
                 float kv[R];
 #pragma unroll
                 for (int i = 0; i < R; i++) kv[i] = P.k[(size_t)kvh * hd + lane + WARP * i];
-                qk_head<R>(kv, P.kn, lane, P.rot, P.eps, cs, sn);
+                qk_head<R>(kv, kw, P.rot, P.eps, cs, sn);
 #pragma unroll
                 for (int i = 0; i < R; i++) P.kcw[o + lane + WARP * i] = kv[i];
             } else
