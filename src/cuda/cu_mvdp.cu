@@ -250,26 +250,9 @@ __device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl, int e,
     while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
     return dp_rows_at<R, BITS>(xsl ? a.f.xm[mi] : a.m[mi], e, (tile - a.blk0[mi]) * rpt + rib * R);
 }
-/* group g of the R rows: codes (BITS / 2 uint4 a row), scales and biases; rows past the matrix
- * read its last row again (row r0 + k clamped: offsets k or fewer rows from r0) */
-template <int R, int SBT, int BITS>
-__device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int nrow16, int ngr, uint4 (&c)[R][BITS / 2],
-                                         float (&sc)[R], float (&bi)[R]) {
-    const size_t sz = (SBT >= 0 ? SBT : sbt) == LW_F32 ? 4 : 2;
-#pragma unroll
-    for (int k = 0; k < R; k++) {
-        const int kk = k < t.nr ? k : (t.nr > 0 ? t.nr - 1 : 0);
-        const uint4 *w = t.w + (size_t)kk * nrow16 + (BITS / 2) * g;
-#pragma unroll
-        for (int i = 0; i < BITS / 2; i++) c[k][i] = __ldg(w + i);
-        const int gi = g >> t.lg;
-        sc[k] = mvq_sb<SBT>(t.s + (size_t)kk * ngr * sz, sbt, gi);
-        bi[k] = mvq_sb<SBT>(t.b + (size_t)kk * ngr * sz, sbt, gi);
-    }
-}
-
-/* dp_fetch's scales and biases as their raw bits (a 16-bit type's in the low half), converted by
- * dp_sb_cvt later: a conversion right after the load waits for it there */
+/* A group's codes, and its scales' and biases' raw bits (a 16-bit type's in the low half), converted
+ * by dp_sb_cvt: k_mvdp holds the raw bits across its wait, since a conversion right after the load
+ * waits for it there; dp_fetch converts at once */
 template <int R, int SBT, int BITS>
 __device__ __forceinline__ void dp_fetch_raw(const dp_rows &t, int sbt, int g, int nrow16, int ngr, uint4 (&c)[R][BITS / 2],
                                              uint32_t (&sr)[R], uint32_t (&br)[R]) {
@@ -292,6 +275,19 @@ __device__ __forceinline__ float dp_sb_cvt(uint32_t raw, int sbt) {
     const int ty = SBT >= 0 ? SBT : sbt;
     return ty == LW_BF16 ? bf2f((uint16_t)raw) : ty == LW_F16 ? h2f((uint16_t)raw) : __uint_as_float(raw);
 }
+/* group g of the R rows: codes (BITS / 2 uint4 a row), scales and biases; rows past the matrix
+ * read its last row again (row r0 + k clamped: offsets k or fewer rows from r0) */
+template <int R, int SBT, int BITS>
+__device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g, int nrow16, int ngr, uint4 (&c)[R][BITS / 2],
+                                         float (&sc)[R], float (&bi)[R]) {
+    uint32_t sr[R], br[R];
+    dp_fetch_raw<R, SBT, BITS>(t, sbt, g, nrow16, ngr, c, sr, br);
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        sc[k] = dp_sb_cvt<SBT>(sr[k], sbt);
+        bi[k] = dp_sb_cvt<SBT>(br[k], sbt);
+    }
+}
 
 /* One tile: the R rows of t over the input xg's groups (a lane the groups sub, sub + LPR, ...),
  * reduced across the LPR lanes; rsel: the row (of the R) whose whole sum the lane returns, valid
@@ -300,8 +296,10 @@ template <int LPR, int R, int SBT, int BITS, int G>
 __device__ __forceinline__ float dp_tile(const dp_rows &t, int sbt, int ngr, int ng, int nrow16, int sub, const uint4 *dxs, bool &have,
                                          uint4 (&c)[R][BITS / 2], float (&sc)[R], float (&bi)[R], int &rsel) {
     uint4 c2[R][BITS / 2];
-    float sc2[R], bi2[R];
+    float sc2[R], bi2[R]; /* (zeroed: g++ cannot see that G 2 fetches them before their first read) */
     float acc[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) sc2[k] = bi2[k] = 0.f;
 #pragma unroll
     for (int k = 0; k < R; k++) acc[k] = 0.f;
     for (int g = sub; g < ng; g += LPR) {
