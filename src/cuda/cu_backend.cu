@@ -482,20 +482,14 @@ static void pf_join(lcuda_session *s) {
 }
 /* The layer-start fork: what the layer reads after its in-projection, the out-projection and the
  * router group (not a DeltaNet layer's state S: its prefetch finished after the delta rule it was
- * for, decode 2.5% slower, bench/RESULTS.md session 21). LILY_CU_PF_LATE=1: forked after the
- * in-projection (s->pf_at), so its DRAM traffic does not meet the in-projection's staging. */
-static int pf_late(void) {
+ * for, decode 2.5% slower, bench/RESULTS.md session 21), forked before the in-projection (late 0)
+ * or, with LILY_CU_PF_LATE=1 (measured slower, session 25), after it (late 1, from the mixer), so
+ * its DRAM traffic does not meet the in-projection's staging. */
+static void pf_layer(lcuda_session *s, const cu_layer *L, int T, int late) {
     static int v = -1;
-    return cu_env_flag(&v, "LILY_CU_PF_LATE", 0);
-}
-static void pf_layer(lcuda_session *s, const cu_layer *L) {
+    if (!pf_on(s, T) || !(pf_parts() & 1) || cu_env_flag(&v, "LILY_CU_PF_LATE", 0) != late) return;
     const dmat *W[6] = { L->full ? &L->o : &L->out, &L->router, &L->sh_gate, &L->sh_up, &L->sh_router, &L->sh_down };
     pf_fork(s, s->m->cfg.shared_inter ? 6 : 2, W, NULL, 0);
-}
-static void pf_after_in(lcuda_session *s, const cu_layer *L) {
-    if (s->pf_at != L) return;
-    s->pf_at = NULL;
-    pf_layer(s, L);
 }
 /* the mixer's input projections (what the layer reads first) */
 static int pf_mixer_in(const cu_layer *L, const dmat **W) {
@@ -586,7 +580,7 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
     float *Y[4] = { s->mixed, s->zb, s->bb, s->aa };
     proj_in(s, 4, W, T, Y);
-    pf_after_in(s, L);
+    pf_layer(s, L, T, 1);
     s->xp_src = NULL; /* (o is written below) */
     PM(s, "gdn in-proj qkv|z|b|a");
     if (s->rows) { /* decode batch: each row one step on its own session's conv and S */
@@ -652,7 +646,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     const dmat *W[3] = { &L->q, &L->k, &L->v };
     float *Y[3] = { s->qg, s->kb, s->vb };
     proj_in(s, 3, W, T, Y);
-    pf_after_in(s, L);
+    pf_layer(s, L, T, 1);
     s->xp_src = NULL;
     PM(s, "attn in-proj q|k|v");
     if (s->rows) { /* decode batch: each row at its own position in its own session's cache */
@@ -907,7 +901,6 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     float eps = (float)c->eps;
     PM(s, "start");
     s->fold_nw = NULL;
-    s->pf_at = NULL;
     cu_embed(s->st, &m->embed, s->d_ids, T, s->x);
     s->xp_src = cu_rmsnorm2p(s->st, s->x, NULL, NULL, m->L[0].ln1, H, T, eps, s->t, xp_out(s)) ? s->t : NULL;
     PM(s, "embed + norm");
@@ -919,10 +912,7 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     int li = 0, fi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &m->L[l];
-        if (pf && (pf_parts() & 1)) {
-            if (pf_late()) s->pf_at = L;
-            else pf_layer(s, L);
-        }
+        pf_layer(s, L, T, 0);
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);
         const int fused = moe_fused(s, L, T);

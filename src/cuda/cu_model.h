@@ -58,7 +58,6 @@ struct lcuda_session {
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     unsigned *fcount;              /* [2 + GDN_DEC_CNT] block counters, 0 between launches: the fused router group's (mvq_fuse),
                                     * one unused, then cu_gdn_dec's (one a key head) */
-    const cu_layer *pf_at;          /* decode: the layer whose layer-start prefetch waits for its in-projection (LILY_CU_PF_LATE) */
     const float *fold_nw;          /* decode: the next in-projection's norm weight when the combine was folded into the
                                     * experts' down (cu_mvdp_comb): it normalizes x itself (mvq_fuse.nw); else NULL */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */

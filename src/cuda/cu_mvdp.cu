@@ -209,13 +209,10 @@ __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *x, cons
                 v[j] = nrm ? w0 == 0 ? v0[j] * r * n0[j] : (add ? x[c] + add[c] : x[c]) * r * a.f.nw[c] : dp_in(x, x2, c);
                 if (wr) a.f.tout[c] = v[j];
             }
-        if (a.f.gz) { /* (v loaded above: only the word's z and gw here) */
-            float z[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f }, g[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
-            if (w < nw) {
-                dp_ld8(a.f.gz, 8 * w, z);
-                dp_ld8(a.f.gw, 8 * w % 128, g);
-            }
-            dp_gated(a.f, v, z, g);
+        if (a.f.gz) { /* (v loaded above: only the word's z here; its gw is n0, w0 a multiple of 16 words) */
+            float z[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
+            if (w < nw) dp_ld8(a.f.gz, 8 * w, z);
+            dp_gated(a.f, v, z, n0);
         }
         dp_put(v, w < nw, w, xs);
     }
