@@ -69,6 +69,12 @@ $(BUILD)/$(EMU_DIR)/emu_runtime.o: $(EMU_DIR)/emu_runtime.cpp
 	$(EMU_CXX) -c $< -o $@
 $(BUILD)/emu-selftest: $(BUILD)/emu-src/emu_selftest.o $(BUILD)/$(EMU_DIR)/emu_runtime.o
 	$(CXX) $(EMU_CXXFLAGS) -pthread $^ -o $@
+# bench/micro/chain.cu (a persistent kernel's chain of stages) on the emulator, for its checks
+$(BUILD)/emu-src/%.cpp: bench/micro/%.cu $(EMU_DIR)/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 $(EMU_DIR)/cu2cpp.py $< $@
+$(BUILD)/emu-chain: $(BUILD)/emu-src/chain.o $(BUILD)/$(EMU_DIR)/emu_runtime.o
+	$(CXX) $(EMU_CXXFLAGS) -pthread $^ -o $@
 # A deliberately broken kernel (cu2cpp.py --mutate NAME) linked into its own kernel test.
 MUT_SRC = cu_kernels cu_mvtc cu_mvdp cu_gemm_tc cu_attn_tc cu_gdn_tc cu_router
 define MUT_RULES
@@ -128,7 +134,8 @@ cuda-compile-check:
 # The CUDA backend on the CPU emulator (tests/cuda/emu, docs/cuda.md): $(BUILD)/emu/lily and
 # $(BUILD)/emu/cuda-kernel-test, no nvcc or GPU needed.
 emu:
-	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu $(BUILD)/emu/lily $(BUILD)/emu/cuda-kernel-test $(BUILD)/emu/emu-selftest
+	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu $(BUILD)/emu/lily $(BUILD)/emu/cuda-kernel-test $(BUILD)/emu/emu-selftest \
+	  $(BUILD)/emu/emu-chain
 
 # The same with AddressSanitizer: kernels' out-of-bounds accesses to device buffers and static
 # shared arrays are reported.

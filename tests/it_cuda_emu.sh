@@ -25,6 +25,14 @@ line=$(tail -n 1 "$tmp/self.log")
 if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulator self-test: $line"
 else cat "$tmp/self.log"; bad "emulator self-test (rc=$rc)"; fi
 
+# bench/micro/chain.cu, the persistent kernel's measurement (a ring of bulk copies, grid flags),
+# at rows / 64 on 3 blocks: every ring form must give the direct loads' results bit for bit
+t0=$(date +%s.%N)
+"$E/emu-chain" 2 64 3 >"$tmp/chain.log" 2>&1; rc=$?
+if [ $rc = 0 ] && grep -q '^chain: all checks passed' "$tmp/chain.log" && [ "$(grep -c 'equal to the direct' "$tmp/chain.log")" = 7 ]; then
+  ok "emulated bench/micro/chain.cu: 7 ring and direct runs equal, first stage as the host's ($(secs "$t0") s)"
+else cat "$tmp/chain.log"; bad "emulated bench/micro/chain.cu (rc=$rc)"; fi
+
 # lily check replays each fixture's reference (prefill, continuation, greedy generation)
 for d in ../shared/fixtures/tiny tests/fixtures/tinyq tests/fixtures/pe tests/fixtures/pe-mlx4; do
   if [ ! -f "$d/reference.safetensors" ]; then bad "fixture $d missing"; continue; fi

@@ -202,6 +202,22 @@ int lane_id(void);
 void cp_async(void *dst, const void *src, size_t n);
 void cp_commit(void);
 void cp_wait(int n);
+/* Persistent kernels (src/cuda/cu_persist.h). mbarriers are the runtime's records, keyed by
+ * address and reset by mb_init (a block's are dropped when it ends): mb_arrive counts one
+ * arrival and tx more bytes expected; a phase completes when every arrival came and every
+ * expected byte landed. A bulk copy poisons its destination when issued and lands at the next
+ * operation on its barrier (the first wait's test, or the next arrival), so reading before the
+ * wait, or a slot overwritten while still read, gives wrong results. bar_named: bar.sync id, n (n threads of the block). spin: the fiber
+ * yields and runs again once every other fiber had its turn; a launch whose fibers all spin or
+ * wait without progress faults (a flag no thread will set, or a block waiting for another in a
+ * launch that is not cooperative, where blocks run one after another). */
+void mb_init(void *bar, unsigned count);
+void mb_arrive(void *bar, unsigned tx);
+void bulk_g2s(void *dst, const void *src, size_t n, void *bar);
+bool mb_test(void *bar, unsigned parity);
+void bar_named(int id, int n);
+void spin(void);
+unsigned long long clock_ns(void);
 template <class T> static inline T shfl_t(unsigned mask, T v, int src) {
     static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
     uint64_t b = 0;
@@ -312,8 +328,9 @@ struct launch_cfg {
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
+    bool coop; /* a cooperative launch: every block resident at once (fibers of all blocks interleaved) */
 };
-static inline launch_cfg cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) { return launch_cfg{ g, b, smem, s }; }
+static inline launch_cfg cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) { return launch_cfg{ g, b, smem, s, false }; }
 /* Runs (or, while s is capturing, records) a grid whose every thread calls body(); ptrs
  * lists the kernel's plain pointer arguments, checked to be device-accessible memory;
  * max_threads is the kernel's __launch_bounds__ (0: none). */
@@ -350,6 +367,12 @@ template <class... P> struct launcher {
         (collect_ptr(a, ptrs, n), ...);
         submit(name, (const void *)k, c, body, ptrs, n, max_threads);
     }
+    /* cu_go(...).coop()(args): cudaLaunchAttributeCooperative */
+    launcher coop() const {
+        launcher l = *this;
+        l.c.coop = true;
+        return l;
+    }
 };
 template <class... P> static inline launcher<P...> launch(const char *name, void (*k)(P...), launch_cfg c, int max_threads = 0) {
     return launcher<P...>{ name, k, c, max_threads };
@@ -359,7 +382,7 @@ template <class... P> static inline launcher<P...> launch(const char *name, void
 template <class... P>
 static inline launcher<P...> go(const char *name, void (*k)(P...), int max_threads, dim3 g, dim3 b, size_t smem = 0,
                                 cudaStream_t s = 0) {
-    return launcher<P...>{ name, k, launch_cfg{ g, b, smem, s }, max_threads };
+    return launcher<P...>{ name, k, launch_cfg{ g, b, smem, s, false }, max_threads };
 }
 } // namespace emu
 #endif

@@ -199,10 +199,16 @@ void ctx_init(ctx_t *c, char *stack, size_t size, void (*fn)(void *), void *arg)
 void ctx_switch(ctx_t *from, ctx_t *to) { swapcontext(&from->uc, &to->uc); }
 #endif
 
-enum { F_RUN, F_WAIT_WARP, F_WAIT_BLOCK, F_DONE };
+/* F_SPIN: yielded in a wait loop (emu::spin), runnable again at the scheduler's next round;
+ * F_WAIT_BAR: at a named barrier (emu::bar_named) */
+enum { F_RUN, F_WAIT_WARP, F_WAIT_BLOCK, F_DONE, F_SPIN, F_WAIT_BAR };
 struct fiber_t {
     ctx_t ctx;
     int state, lane, warp;
+    int blk, bar_id;           /* its block among those running now; the named barrier it waits at */
+    uint3 bidx;                /* blockIdx */
+    unsigned long long serial; /* its block's number among all blocks run (mma_reuse's key) */
+    char *dyn;                 /* its block's dynamic shared memory */
     unsigned nx;   /* warp exchanges done */
     unsigned nmma; /* mma_sync calls done */
     uint3 tid;
@@ -238,6 +244,20 @@ std::vector<fiber_t> fib;
 std::vector<warp_t> warps;
 ctx_t sched;
 int cur = -1, n_done;
+/* the blocks running now: one, or a cooperative launch's all */
+const int NBAR = 16;
+struct blk_t { int bar_n[NBAR], bar_need[NBAR]; };
+std::vector<blk_t> blks;
+bool progressed; /* a fiber did more than spin since the scheduler's round began */
+bool coop_running;
+struct bulk_t { void *dst; const void *src; size_t n; };
+struct mbar_t {
+    unsigned count, pending;
+    unsigned phase;
+    long long tx;
+    std::vector<bulk_t> q; /* bulk copies issued, landing at the next mb_test */
+};
+std::map<const void *, mbar_t> mbars;
 #ifdef EMU_ASAN
 const void *sched_bottom;
 size_t sched_size;
@@ -383,6 +403,8 @@ void warp_arrive(unsigned mask) {
 void switch_to(int i) {
     cur = i;
     threadIdx = fib[i].tid;
+    blockIdx = fib[i].bidx;
+    dyn_base = fib[i].dyn;
 #ifdef EMU_ASAN
     void *fake = NULL;
     __sanitizer_start_switch_fiber(&fake, fib[i].stack, STACK);
@@ -392,6 +414,7 @@ void switch_to(int i) {
     ctx_switch(&sched, &fib[i].ctx);
 #endif
     cur = -1;
+    if (fib[i].state != F_SPIN) progressed = true;
 }
 
 /* LILY_EMU_ORDER: the order blocks, warps and lanes run in: forward (default), reverse, or
@@ -421,68 +444,123 @@ template <class T> void make_perm(T *p, size_t n) {
         }
 }
 
-void run_block(int nt) {
+/* Runs nb blocks' threads to their end: one block (a plain launch runs its blocks one after
+ * another) or every block of a cooperative launch, interleaved, so that blocks can wait for each
+ * other. bids: the blocks' indices; dyn: block b's dynamic shared memory at dyn[b]. A block's
+ * fibers are fib[b * nt ..], its warps warps[b * nw ..] (nb > 1 needs nt a multiple of 32, so that
+ * a warp's lanes are fib[32 * warp ..]). */
+void run_blocks(int nt, const std::vector<uint3> &bids, const std::vector<char *> &dyn) {
     unsigned bx = blockDim.x, by = blockDim.y;
-    int nw = (nt + 31) / 32;
-    for (int i = 0; i < nt; i++) {
-        fiber_t &f = fib[i];
-        f.state = F_RUN;
-        f.lane = i % 32;
-        f.warp = i / 32;
-        f.nx = 0;
-        f.nmma = 0;
-        f.cp.clear();
-        f.ncommit = 0;
-        f.tid = uint3{ (unsigned)i % bx, ((unsigned)i / bx) % by, (unsigned)i / (bx * by) };
-        f.stack = stacks + (size_t)i * (STACK + page) + page;
+    const int nb = (int)bids.size(), nw = (nt + 31) / 32;
+    blks.assign((size_t)nb, blk_t{});
+    mbars.clear();
+    for (int b = 0; b < nb; b++)
+        for (int t = 0; t < nt; t++) {
+            const int i = b * nt + t;
+            fiber_t &f = fib[i];
+            f.state = F_RUN;
+            f.lane = t % 32;
+            f.warp = b * nw + t / 32;
+            f.blk = b;
+            f.bidx = bids[b];
+            f.serial = n_blocks + (unsigned long long)b;
+            f.dyn = dyn[b];
+            f.nx = 0;
+            f.nmma = 0;
+            f.cp.clear();
+            f.ncommit = 0;
+            f.tid = uint3{ (unsigned)t % bx, ((unsigned)t / bx) % by, (unsigned)t / (bx * by) };
+            f.stack = stacks + (size_t)i * (STACK + page) + page;
 #ifdef EMU_ASAN
-        __asan_unpoison_memory_region(f.stack, STACK); /* frames of the fiber that ran here before */
+            __asan_unpoison_memory_region(f.stack, STACK); /* frames of the fiber that ran here before */
 #endif
-        ctx_init(&f.ctx, f.stack, STACK, fiber_main, NULL);
-    }
-    for (int w = 0; w < nw; w++) {
-        warp_t &W = warps[w];
-        int n = nt - 32 * w < 32 ? nt - 32 * w : 32;
-        W.live = n;
-        W.arrived = 0;
-        W.exist = n == 32 ? 0xffffffffu : (1u << n) - 1;
-        memset(W.stamp, 0xff, sizeof W.stamp);
-    }
+            ctx_init(&f.ctx, f.stack, STACK, fiber_main, NULL);
+        }
+    for (int b = 0; b < nb; b++)
+        for (int w = 0; w < nw; w++) {
+            warp_t &W = warps[(size_t)b * nw + w];
+            int n = nt - 32 * w < 32 ? nt - 32 * w : 32;
+            W.live = n;
+            W.arrived = 0;
+            W.exist = n == 32 ? 0xffffffffu : (1u << n) - 1;
+            memset(W.stamp, 0xff, sizeof W.stamp);
+        }
     n_done = 0;
     shared_seen.clear();
     shared_static = 0;
-    if (dyn_size) memset(dyn_base, 0xff, dyn_size); /* uninitialised shared memory reads as NaN / -1 */
+    for (int b = 0; b < nb; b++)
+        if (dyn_size) memset(dyn[b], 0xff, dyn_size); /* uninitialised shared memory reads as NaN / -1 */
     int wperm[32], lperm[32];
     make_perm(wperm, nw);
     make_perm(lperm, 32);
+    std::vector<int> bperm((size_t)nb);
+    make_perm(bperm.data(), (size_t)nb);
+    int idle = 0;
     for (;;) {
-        for (int k = 0; k < nw; k++) {
-            int w = wperm[k];
-            int lo = 32 * w, hi = lo + 32 < nt ? lo + 32 : nt;
-            bool any;
-            do {
-                any = false;
-                for (int j = 0; j < 32; j++) {
-                    int i = lo + lperm[j];
-                    if (i < hi && fib[i].state == F_RUN) { switch_to(i); any = true; }
+        progressed = false;
+        for (int kb = 0; kb < nb; kb++) {
+            const int b = bperm[kb], f0 = b * nt, f1 = f0 + nt;
+            for (int k = 0; k < nw; k++) {
+                int w = wperm[k];
+                int lo = f0 + 32 * w, hi = lo + 32 < f1 ? lo + 32 : f1;
+                bool any;
+                do {
+                    any = false;
+                    for (int j = 0; j < 32; j++) {
+                        int i = lo + lperm[j];
+                        if (i < hi && fib[i].state == F_RUN) { switch_to(i); any = true; }
+                    }
+                } while (any);
+                if (warps[(size_t)b * nw + w].arrived) { /* some lanes wait at a warp operation: fine while the others spin or wait at a named barrier */
+                    int a = -1, c = -1;
+                    for (int i = lo; i < hi; i++) {
+                        if (fib[i].state == F_WAIT_WARP && a < 0) a = i;
+                        if (fib[i].state == F_WAIT_BLOCK && c < 0) c = i;
+                    }
+                    if (c >= 0) {
+                        cur = a;
+                        threadIdx = fib[a].tid;
+                        blockIdx = fib[a].bidx;
+                        fault("waits at a warp operation (shuffle/__syncwarp/ballot) that lane %d of its warp never reaches: it waits at "
+                              "__syncthreads",
+                              (c - f0) % 32);
+                    }
                 }
-            } while (any);
-            if (warps[w].arrived) { /* some lanes wait at a warp operation the others passed by */
-                int a = -1, b = -1;
-                for (int i = lo; i < hi; i++) {
-                    if (fib[i].state == F_WAIT_WARP && a < 0) a = i;
-                    if (fib[i].state == F_WAIT_BLOCK && b < 0) b = i;
-                }
-                cur = a;
-                threadIdx = fib[a].tid;
-                fault("waits at a warp operation (shuffle/__syncwarp/ballot) that lane %d of its warp never reaches: it waits at __syncthreads",
-                      b % 32);
+            }
+            /* __syncthreads: released when every thread of the block not yet exited is at it */
+            bool all = true, some = false;
+            for (int i = f0; i < f1 && all; i++) {
+                if (fib[i].state == F_WAIT_BLOCK) some = true;
+                else if (fib[i].state != F_DONE) all = false;
+            }
+            if (all && some) {
+                for (int i = f0; i < f1; i++)
+                    if (fib[i].state == F_WAIT_BLOCK) fib[i].state = F_RUN;
+                progressed = true;
             }
         }
-        if (n_done == nt) break;
-        for (int i = 0; i < nt; i++)
-            if (fib[i].state == F_WAIT_BLOCK) fib[i].state = F_RUN;
+        if (n_done == nb * nt) break;
+        bool spinning = false;
+        for (int i = 0; i < nb * nt; i++)
+            if (fib[i].state == F_SPIN) { fib[i].state = F_RUN; spinning = true; }
+        if (progressed) { idle = 0; continue; }
+        /* a round in which no thread did more than spin: none will (the spinning ones saw the same
+         * memory twice); a few rounds, for waits that complete a barrier as they test it */
+        if (!spinning || ++idle >= 4) {
+            int i = 0;
+            while (fib[i].state == F_DONE) i++;
+            cur = i;
+            threadIdx = fib[i].tid;
+            blockIdx = fib[i].bidx;
+            fault("deadlock: every thread left waits (%s)%s",
+                  spinning ? "a spin loop on a flag or mbarrier that no thread will complete" : "at barriers that cannot complete",
+                  nb == 1 && (size_t)gridDim.x * gridDim.y * gridDim.z > 1
+                      ? "; in a launch that is not cooperative, blocks run one after another, so a block cannot wait for another"
+                      : "");
+        }
     }
+    blks.clear();
+    mbars.clear();
 }
 
 void run_grid(const char *name, const emu::launch_cfg &c, const std::function<void()> &body) {
@@ -502,17 +580,41 @@ void run_grid(const char *name, const emu::launch_cfg &c, const std::function<vo
     kernel_launches[name]++;
     read_order();
     size_t nb = (size_t)c.grid.x * c.grid.y * c.grid.z;
-    std::vector<size_t> bperm;
-    if (order) {
-        bperm.resize(nb);
-        make_perm(bperm.data(), nb);
-    }
-    for (size_t k = 0; k < nb; k++) {
-        size_t b = order ? bperm[k] : k;
-        blockIdx = uint3{ (unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y), (unsigned)(b / c.grid.x / c.grid.y) };
-        n_blocks++;
-        run_block(nt);
-        n_threads += (unsigned long long)nt;
+    auto bid = [&](size_t b) { return uint3{ (unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y), (unsigned)(b / c.grid.x / c.grid.y) }; };
+    if (c.coop && nb > 1) {
+        if (nt % 32) fault("a cooperative launch of %d threads a block (the emulator needs whole warps)", nt);
+        /* every block's dynamic shared memory, each ending at a guard page */
+        const size_t per = (c.smem + page - 1) / page * page + page;
+        char *region = (char *)mmap(NULL, nb * per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (region == MAP_FAILED) { perror("lily emu: shared memory"); abort(); }
+        std::vector<uint3> bids(nb);
+        std::vector<char *> dyn(nb);
+        for (size_t b = 0; b < nb; b++) {
+            bids[b] = bid(b);
+            mprotect(region + (b + 1) * per - page, page, PROT_NONE);
+            dyn[b] = region + (b + 1) * per - page - ((c.smem + 15) & ~(size_t)15);
+        }
+        ensure_stacks((int)(nb * nt));
+        if (warps.size() < nb * (size_t)(nt / 32)) warps.resize(nb * (size_t)(nt / 32));
+        coop_running = true;
+        run_blocks(nt, bids, dyn);
+        coop_running = false;
+        n_blocks += nb;
+        n_threads += (unsigned long long)nt * nb;
+        munmap(region, nb * per);
+    } else {
+        std::vector<size_t> bperm;
+        if (order) {
+            bperm.resize(nb);
+            make_perm(bperm.data(), nb);
+        }
+        for (size_t k = 0; k < nb; k++) {
+            size_t b = order ? bperm[k] : k;
+            blockIdx = bid(b);
+            run_blocks(nt, std::vector<uint3>{ bid(b) }, std::vector<char *>{ dyn_base });
+            n_blocks++;
+            n_threads += (unsigned long long)nt;
+        }
     }
     in_kernel = false;
     cur_body = NULL;
@@ -600,6 +702,83 @@ void cp_wait(int n) {
     f.cp.resize(k);
 }
 
+static mbar_t &mb_get(void *bar) {
+    auto it = mbars.find(bar);
+    if (it == mbars.end()) fault("mbarrier %p used before mbarrier.init in this block", bar);
+    return it->second;
+}
+static void mb_complete(mbar_t &m) {
+    if (m.pending || m.tx) return;
+    m.phase ^= 1;
+    m.pending = m.count;
+    progressed = true;
+}
+/* the barrier's bulk copies land (on the GPU they land on their own: by the next operation on
+ * the barrier at the latest, here) */
+static void mb_land(mbar_t &m) {
+    if (m.q.empty()) return;
+    for (const bulk_t &c : m.q) {
+        memcpy(c.dst, c.src, c.n);
+        m.tx -= (long long)c.n;
+    }
+    m.q.clear();
+    mb_complete(m);
+}
+void mb_init(void *bar, unsigned count) {
+    if (cur < 0) fault("mbarrier.init outside a kernel");
+    if (!count || count >= (1u << 20)) fault("mbarrier.init with count %u", count);
+    mbars[bar] = mbar_t{ count, count, 0, 0, {} };
+}
+void mb_arrive(void *bar, unsigned tx) {
+    mbar_t &m = mb_get(bar);
+    mb_land(m);
+    if (!m.pending) fault("mbarrier %p: more arrivals than its count (%u) in one phase", bar, m.count);
+    m.tx += tx;
+    m.pending--;
+    mb_complete(m);
+}
+void bulk_g2s(void *dst, const void *src, size_t n, void *bar) {
+    if (!n || n % 16 || (uintptr_t)dst % 16 || (uintptr_t)src % 16) fault("bulk copy of %zu bytes from %p to %p: size and addresses must be multiples of 16", n, src, dst);
+    if (!dev_ok(src, n)) fault("bulk copy from %p (%zu bytes): not device memory", src, n);
+    mbar_t &m = mb_get(bar);
+    memset(dst, 0xff, n);
+    m.q.push_back(bulk_t{ dst, src, n });
+}
+bool mb_test(void *bar, unsigned parity) {
+    mbar_t &m = mb_get(bar);
+    mb_land(m);
+    return (m.phase & 1) != (parity & 1);
+}
+void bar_named(int id, int n) {
+    if (cur < 0) fault("bar.sync outside a kernel");
+    fiber_t &f = fib[cur];
+    if (id < 0 || id >= NBAR || n <= 0 || n % 32 || n > (int)(blockDim.x * blockDim.y * blockDim.z))
+        fault("bar.sync %d, %d: barrier 0-15, a thread count that is a multiple of 32 and at most the block's", id, n);
+    blk_t &B = blks[(size_t)f.blk];
+    if (!B.bar_n[id]) B.bar_need[id] = n;
+    else if (B.bar_need[id] != n) fault("bar.sync %d: threads arrive with counts %d and %d", id, B.bar_need[id], n);
+    if (++B.bar_n[id] == n) {
+        const int nt = (int)(blockDim.x * blockDim.y * blockDim.z), f0 = f.blk * nt;
+        for (int i = f0; i < f0 + nt; i++)
+            if (fib[i].state == F_WAIT_BAR && fib[i].bar_id == id) fib[i].state = F_RUN;
+        B.bar_n[id] = 0;
+        return; /* the last thread goes on */
+    }
+    f.state = F_WAIT_BAR;
+    f.bar_id = id;
+    yield();
+}
+void spin(void) {
+    if (cur < 0) return;
+    fib[cur].state = F_SPIN;
+    yield();
+}
+unsigned long long clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
 uint64_t shfl(unsigned mask, uint64_t v, int src) {
     if (cur < 0) fault("warp shuffle outside a kernel");
     fiber_t &f = fib[cur];
@@ -643,7 +822,7 @@ bool mma_reuse(const void *in, size_t nin, void *out, size_t nout) {
     warp_t &w = warps[f.warp];
     if (!w.mma) return false;
     mma_entry &e = w.mma[f.nmma % MMA_KEEP];
-    if (e.block != n_blocks || e.seq != f.nmma || e.nin != nin || e.nout != nout || memcmp(e.in, in, nin)) return false;
+    if (e.block != f.serial || e.seq != f.nmma || e.nin != nin || e.nout != nout || memcmp(e.in, in, nin)) return false;
     memcpy(out, e.out, nout);
     f.nmma++;
     n_mma_reused++;
@@ -658,7 +837,7 @@ void mma_keep(const void *in, size_t nin, const void *out, size_t nout) {
     if (!w.mma) w.mma = (mma_entry *)calloc(MMA_KEEP, sizeof(mma_entry));
     if (!w.mma) return;
     mma_entry &e = w.mma[seq % MMA_KEEP];
-    e.block = n_blocks;
+    e.block = f.serial;
     e.seq = seq;
     e.nin = nin;
     e.nout = nout;
@@ -673,6 +852,7 @@ void *dyn_smem(size_t elem) {
 }
 
 void shared(void *p, size_t n) {
+    if (coop_running) fault("static shared memory in a cooperative launch (the emulator keeps one copy: use dynamic shared memory)");
     for (void *q : shared_seen)
         if (q == p) return;
     shared_seen.push_back(p);

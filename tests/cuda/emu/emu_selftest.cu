@@ -5,7 +5,9 @@
  * that its fault checks fire (divergent barrier, shuffle from an absent lane, host pointer
  * as a kernel argument, dynamic shared memory overrun). Plain CUDA: nvcc builds it too
  * (nvcc -std=c++17 -arch=sm_90 tests/cuda/emu/emu_selftest.cu), so a GPU can confirm the
- * expectations. Last line: "N passed, N failed". */
+ * expectations (with -Isrc, for the persistent kernels' primitives of src/cuda/cu_persist.h:
+ * mbarrier phases and bulk copies through a ring, named barriers, grid flags across a
+ * cooperative launch's blocks). Last line: "N passed, N failed". */
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -17,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #endif
+#include "cuda/cu_persist.h"
 using namespace nvcuda;
 
 static int n_pass, n_fail;
@@ -307,6 +310,123 @@ static void test_errors_graphs_events(void) {
     cudaFree(d);
 }
 
+/* ---- persistent kernels' primitives (cu_persist.h) ---- */
+/* a ring of 3 slots in shared memory: warp 1's lane 0 copies n chunks of 64 bytes (bulk copies
+ * on the slot's full barrier, after its empty barrier's phase), warp 0 sums each chunk's words
+ * and releases the slot. skip: warp 0 reads chunk 1 without waiting for it (a bug the emulator's
+ * poisoned destination shows) */
+__global__ void k_ring(const unsigned *src, int n, unsigned *out, int skip) {
+    extern __shared__ uint4 smr[];
+    uint64_t *full = (uint64_t *)smr, *empty = full + 3;
+    unsigned *slot = (unsigned *)(smr + 4); /* [3][16] */
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 3; i++) { cu_mb_init(&full[i], 1); cu_mb_init(&empty[i], 1); }
+        cu_mb_fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) {
+        if (threadIdx.x == 32)
+            for (int c = 0; c < n; c++) {
+                cu_mb_wait(&empty[c % 3], ((c / 3) & 1) ^ 1);
+                cu_mb_copy(&full[c % 3], slot + 16 * (c % 3), src + 16 * c, 64);
+            }
+        return;
+    }
+    for (int c = 0; c < n; c++) {
+        if (!(skip && c == 1)) cu_mb_wait(&full[c % 3], (c / 3) & 1);
+        unsigned v = threadIdx.x < 16 ? slot[16 * (c % 3) + threadIdx.x] : 0;
+        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (threadIdx.x == 0) { out[c] = v; cu_mb_arrive(&empty[c % 3]); }
+        __syncwarp();
+    }
+}
+static bool ring_ok(int skip) {
+    const int n = 11;
+    unsigned h[16 * n], *src, *out, got[n];
+    for (int i = 0; i < 16 * n; i++) h[i] = (unsigned)(i * 7 + 3);
+    cudaMalloc(&src, sizeof h);
+    cudaMalloc(&out, sizeof got);
+    cudaMemcpy(src, h, sizeof h, cudaMemcpyHostToDevice);
+    k_ring<<<1, 64, 4 * 16 + 3 * 64>>>(src, n, out, skip);
+    cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost);
+    bool ok = cudaGetLastError() == cudaSuccess;
+    for (int c = 0; c < n; c++) {
+        unsigned e = 0;
+        for (int i = 0; i < 16; i++) e += h[16 * c + i];
+        ok = ok && got[c] == e;
+    }
+    cudaFree(src);
+    cudaFree(out);
+    return ok;
+}
+/* warps 0 and 1 meet at named barrier 1 (64 threads) while warp 2 goes its own way */
+__global__ void k_named(int *out) {
+    __shared__ int s[64];
+    if (threadIdx.x < 64) {
+        s[threadIdx.x] = (int)threadIdx.x * 3;
+        cu_bar_named(1, 64);
+        out[threadIdx.x] = s[63 - threadIdx.x];
+    } else
+        out[threadIdx.x] = -1;
+}
+/* every block of a cooperative launch writes its round's value, raises the flag, waits until all
+ * blocks have, and sums what the others wrote (read past L1) */
+__global__ void k_grid(int *vals, int *flag, int *sums, int rounds) {
+    for (int r = 0; r < rounds; r++) {
+        if (threadIdx.x == 0) vals[r * gridDim.x + blockIdx.x] = (int)(blockIdx.x + 1) * (r + 1);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            cu_flag_add(flag, 1);
+            cu_flag_wait_ge(flag, (int)gridDim.x * (r + 1));
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int t = 0;
+            for (unsigned b = 0; b < gridDim.x; b++) t += __ldcg(vals + r * gridDim.x + b);
+            sums[r * gridDim.x + blockIdx.x] = t;
+        }
+    }
+}
+static void launch_grid(int nb, int *vals, int *flag, int *sums, int rounds, bool coop) {
+#ifdef __CUDACC_EMU__
+    if (coop) cu_go(k_grid, dim3(nb), dim3(64)).coop()(vals, flag, sums, rounds);
+    else k_grid<<<nb, 64>>>(vals, flag, sums, rounds);
+#else
+    void *args[] = { &vals, &flag, &sums, &rounds };
+    if (coop) cudaLaunchCooperativeKernel((const void *)k_grid, dim3(nb), dim3(64), args, 0, 0);
+    else k_grid<<<nb, 64>>>(vals, flag, sums, rounds);
+#endif
+}
+static void test_persist(void) {
+    check(ring_ok(0), "mbarriers: a 3-slot ring of bulk copies, 11 chunks through it");
+#ifdef __CUDACC_EMU__
+    check(!ring_ok(1), "mbarriers: a chunk read before its barrier's wait reads the emulator's poison");
+#endif
+    int *d, h[96];
+    cudaMalloc(&d, sizeof h);
+    k_named<<<1, 96>>>(d);
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    bool ok = cudaGetLastError() == cudaSuccess;
+    for (int t = 0; t < 96; t++) ok = ok && h[t] == (t < 64 ? (63 - t) * 3 : -1);
+    check(ok, "named barrier: two warps of three");
+    cudaFree(d);
+    const int nb = 5, rounds = 3;
+    int *vals, *flag, *sums, hs[nb * rounds];
+    cudaMalloc(&vals, nb * rounds * sizeof(int));
+    cudaMalloc(&flag, sizeof(int));
+    cudaMalloc(&sums, sizeof hs);
+    cudaMemset(flag, 0, sizeof(int));
+    launch_grid(nb, vals, flag, sums, rounds, true);
+    cudaMemcpy(hs, sums, sizeof hs, cudaMemcpyDeviceToHost);
+    ok = cudaGetLastError() == cudaSuccess;
+    for (int r = 0; r < rounds; r++)
+        for (int b = 0; b < nb; b++) ok = ok && hs[r * nb + b] == (r + 1) * nb * (nb + 1) / 2;
+    check(ok, "cooperative launch: 5 blocks meet at a grid flag three times");
+    cudaFree(vals);
+    cudaFree(flag);
+    cudaFree(sums);
+}
+
 #ifdef __CUDACC_EMU__
 /* ---- the emulator's fault checks, each in a child process that must abort with a message ---- */
 __global__ void k_divergent(float *out) {
@@ -400,6 +520,18 @@ static void run_past_end(void) {
     k_past_end<<<1, 32>>>(p, dev_out(), 100);
 }
 static void run_shared_past_end(void) { k_shared_past_end<<<1, 64>>>(dev_out()); }
+static void run_grid_plain(void) {
+    int *p;
+    cudaMalloc(&p, 64 * sizeof(int));
+    cudaMemset(p, 0, 64 * sizeof(int));
+    launch_grid(2, p, p + 16, p + 32, 1, false);
+}
+__global__ void k_mb_uninit(int *out) {
+    __shared__ uint64_t bar;
+    cu_mb_arrive(&bar);
+    out[threadIdx.x] = 1;
+}
+static void run_mb_uninit(void) { k_mb_uninit<<<1, 32>>>((int *)dev_out()); }
 #endif
 
 int main(void) {
@@ -409,6 +541,7 @@ int main(void) {
     test_wmma();
     test_convert();
     test_errors_graphs_events();
+    test_persist();
 #ifdef __CUDACC_EMU__
     expect_fault("fault: lanes split between a shuffle and __syncthreads", "never reaches", NULL, run_divergent);
     expect_fault("fault: shuffle reading an exited lane", "did not take part", NULL, run_absent);
@@ -420,6 +553,9 @@ int main(void) {
                  run_write_before);
     expect_fault("fault: a write past a buffer held in a struct argument, seen at the next copy to the host",
                  "a copy to the host: device memory", "use-after-poison", run_write_past_s);
+    expect_fault("fault: a block waiting for another's flag in a launch that is not cooperative", "cannot wait for another", NULL,
+                 run_grid_plain);
+    expect_fault("fault: an mbarrier arrived on before its init", "before mbarrier.init", NULL, run_mb_uninit);
     if (ASAN) {
         expect_fault("ASan: a kernel reading past a cudaMalloc buffer", NULL, "use-after-poison", run_past_end); /* (its red zone) */
         expect_fault("ASan: a kernel writing past a static shared array", NULL, "global-buffer-overflow", run_shared_past_end);
