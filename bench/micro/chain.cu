@@ -21,7 +21,9 @@
  * The expert stages' copies wait for the router stage (their rows depend on its choice).
  *
  * Modes: direct (the consumers load their chunks from global memory after the barrier, as
- * today's kernels do after their wait), ring S K (the producer warp, S slots, K in flight).
+ * today's kernels do after their wait), ring S K (the producer warp, S slots, K in flight),
+ * launches (the direct form's stage a launch, 241 a token in a CUDA graph with programmatic
+ * edges, as today's decode: what grid flags save over kernel boundaries).
  * Checks: every mode's lm_head rows for the first token equal the direct mode's bit for bit,
  * and the first stage matches a host computation.
  *
@@ -71,17 +73,21 @@ __device__ __forceinline__ void rows_of(const Stage &st, int &r0, int &r1) {
     r1 = (int)((long long)st.R * (blockIdx.x + 1) / gridDim.x);
 }
 
-struct Smem {
-    uint64_t full[MAXS], empty[MAXS];
-    uint4 xq[2 * MAXC / 32];        /* [2][C/32]: uint4 k4's 32 int8 inputs, lo/hi nibble order */
+/* a stage's staged input */
+struct SmemIn {
+    uint4 xq[2 * MAXC / 32];            /* [2][C/32]: uint4 k4's 32 int8 inputs, lo/hi nibble order */
     float sx[MAXC / 64], xs[MAXC / 64]; /* a group's input scale and sum */
     float red[NW];
+};
+struct Smem {
+    uint64_t full[MAXS], empty[MAXS];
+    SmemIn in;
     alignas(16) unsigned char ring[MAXS][SLOT];
 };
 
 /* rows [i0 .. i0 + n) of stage s from p (codes [n][C/2], then scales [n][C/64] as bf16 scale:bias) */
 template <bool GLOBAL>
-__device__ __forceinline__ void rows_compute(const Smem &sm, const unsigned char *p, int n, int C, float *y, int warp, int lane) {
+__device__ __forceinline__ void rows_compute(const SmemIn &sm, const unsigned char *p, int n, int C, float *y, int warp, int lane) {
     const int nk4 = C / 32;
     for (int i = warp; i < n; i += NW) {
         const uint4 *cw = (const uint4 *)(p + (size_t)i * (C / 2));
@@ -110,7 +116,7 @@ __device__ __forceinline__ void rows_compute(const Smem &sm, const unsigned char
 
 /* the stage's input: xin[0 .. C) (indices wrapped to the previous stage's rows) RMS-normed
  * and quantized to int8 a group of 64, in the order the dp4a above reads */
-__device__ void stage_input(Smem &sm, const float *xin, int Rin, int C, int tid) {
+__device__ void stage_input(SmemIn &sm, const float *xin, int Rin, int C, int tid) {
     const int warp = tid / 32, lane = tid % 32, nk4 = C / 32;
     constexpr int IT = (MAXC / 8 + NW * 32 - 1) / (NW * 32); /* a thread's words at most: unrolled, so v stays in registers */
     float ss = 0.f;
@@ -196,10 +202,10 @@ __global__ void __launch_bounds__(NT, 1) k_chain(const Stage *st, const unsigned
                 if (blockIdx.x == 0) tm[g] = cu_gtime();
             }
             bar_c();
-            if (g == 0) stage_input(sm, x0, 2048, c.C, tid);
+            if (g == 0) stage_input(sm.in, x0, 2048, c.C, tid);
             else {
                 const Stage &p = st[s ? s - 1 : nst - 2]; /* the token's first stage reads the last layer's down */
-                stage_input(sm, Y + p.y, p.R, c.C, tid);
+                stage_input(sm.in, Y + p.y, p.R, c.C, tid);
             }
             int r0, r1;
             rows_of(c, r0, r1);
@@ -210,11 +216,11 @@ __global__ void __launch_bounds__(NT, 1) k_chain(const Stage *st, const unsigned
                 if (mode == 1) {
                     const int slot = n % S;
                     cu_mb_wait(&sm.full[slot], (n / S) & 1);
-                    rows_compute<false>(sm, sm.ring[slot], nr, c.C, y + r, warp, lane);
+                    rows_compute<false>(sm.in, sm.ring[slot], nr, c.C, y + r, warp, lane);
                     __syncwarp();
                     if (!lane) cu_mb_arrive(&sm.empty[slot]);
                 } else
-                    rows_compute<true>(sm, W + c.w + (size_t)r * rb, nr, c.C, y + r, warp, lane);
+                    rows_compute<true>(sm.in, W + c.w + (size_t)r * rb, nr, c.C, y + r, warp, lane);
             }
             bar_c(); /* the block's outputs written before its flag */
             if (tid == 0) cu_flag_add(cnt + g, 1);
@@ -223,6 +229,31 @@ __global__ void __launch_bounds__(NT, 1) k_chain(const Stage *st, const unsigned
         cu_flag_wait_ge(cnt + T * nst - 1, G);
         tm[T * nst] = cu_gtime();
     }
+}
+
+/* mode 2: stage s alone, a launch a stage as today's decode (a CUDA graph with programmatic
+ * edges: the next stage's blocks start while this one runs, two blocks an SM fit, and wait in
+ * griddepcontrol.wait), its weights loaded after the wait as the direct form's. first: the
+ * token's input is x0 */
+__global__ void __launch_bounds__(NW * 32, 2) k_stage(const Stage *st, const unsigned char *W, float *Y, const float *x0, int s, int first,
+                                                      int nst) {
+    extern __shared__ uint4 smraw[];
+    SmemIn &sm = *(SmemIn *)smraw;
+#ifndef __CUDACC_EMU__
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const Stage c = st[s];
+    if (first) stage_input(sm, x0, 2048, c.C, tid);
+    else {
+        const Stage &p = st[s ? s - 1 : nst - 2];
+        stage_input(sm, Y + p.y, p.R, c.C, tid);
+    }
+    int r0, r1;
+    rows_of(c, r0, r1);
+    const size_t rb = (size_t)c.C * 9 / 16;
+    for (int r = r0; r < r1; r += c.nr) rows_compute<true>(sm, W + c.w + (size_t)r * rb, min(c.nr, r1 - r), c.C, Y + c.y + r, warp, lane);
 }
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -243,6 +274,53 @@ static void launch(const Run &r, int nst, int T, int mode, int S, int K) {
     void *args[] = { &st, &W, &Y, &x0, &cnt, &nst, &T, &mode, &S, &K, &tm };
     CK(cudaLaunchCooperativeKernel((const void *)k_chain, dim3(r.G), dim3(NT), args, r.smb, 0));
 #endif
+}
+
+static void launch_stage(const Run &r, int s, int first, int nst, cudaStream_t str) {
+#ifdef __CUDACC_EMU__
+    cu_go(k_stage, dim3(r.G), dim3(NW * 32), sizeof(SmemIn), str)(r.st, r.W, r.Y, r.x0, s, first, nst);
+#else
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(r.G);
+    c.blockDim = dim3(NW * 32);
+    c.dynamicSmemBytes = sizeof(SmemIn);
+    c.stream = str;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&c, k_stage, r.st, r.W, r.Y, r.x0, s, first, nst));
+#endif
+}
+/* mode 2: T tokens as launches, a graph a token (the first token's graph starts from x0) */
+static float launch_tokens(const Run &r, int nst, int T) {
+    cudaStream_t str;
+    CK(cudaStreamCreateWithFlags(&str, cudaStreamNonBlocking));
+    cudaGraphExec_t ge[2];
+    for (int k = 0; k < 2; k++) {
+        cudaGraph_t gr;
+        CK(cudaStreamBeginCapture(str, cudaStreamCaptureModeGlobal));
+        for (int s = 0; s < nst; s++) launch_stage(r, s, k == 0 && s == 0, nst, str);
+        CK(cudaStreamEndCapture(str, &gr));
+        CK(cudaGraphInstantiate(&ge[k], gr, 0));
+        CK(cudaGraphDestroy(gr));
+    }
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaGraphLaunch(ge[0], str)); /* token 0, then T - 1 timed, as the persistent forms' */
+    CK(cudaEventRecord(e0, str));
+    for (int t = 1; t < T; t++) CK(cudaGraphLaunch(ge[1], str));
+    CK(cudaEventRecord(e1, str));
+    CK(cudaStreamSynchronize(str));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    for (int k = 0; k < 2; k++) CK(cudaGraphExecDestroy(ge[k]));
+    CK(cudaStreamDestroy(str));
+    return ms;
 }
 
 int main(int argc, char **argv) {
@@ -315,10 +393,11 @@ int main(int argc, char **argv) {
     run.G = G;
     run.smb = sizeof(Smem);
     CK(cudaFuncSetAttribute((const void *)k_chain, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)run.smb));
+    static_assert(sizeof(SmemIn) <= 48 * 1024, "k_stage's shared memory without the opt-in");
 
     std::vector<float> ref; /* the direct mode's lm_head rows of the last token */
     struct Mode { int mode, S, K; };
-    const Mode modes[] = { { 0, 1, 1 }, { 1, 12, 12 }, { 1, 12, 6 }, { 1, 12, 3 }, { 1, 12, 2 }, { 1, 6, 6 }, { 1, 4, 4 }, { 0, 1, 1 } };
+    const Mode modes[] = { { 0, 1, 1 }, { 1, 12, 12 }, { 1, 12, 6 }, { 1, 12, 3 }, { 1, 12, 2 }, { 1, 6, 6 }, { 1, 4, 4 }, { 2, 1, 1 }, { 0, 1, 1 } };
     int fails = 0;
     for (const Mode &m : modes) {
         CK(cudaMemset(run.cnt, 0, (size_t)T * nst * sizeof(int)));
@@ -326,12 +405,15 @@ int main(int argc, char **argv) {
         cudaEvent_t e0, e1;
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
-        CK(cudaEventRecord(e0));
-        launch(run, nst, T, m.mode, m.S, m.K);
-        CK(cudaEventRecord(e1));
-        CK(cudaDeviceSynchronize());
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        float ms = 0;
+        if (m.mode == 2) ms = launch_tokens(run, nst, T);
+        else {
+            CK(cudaEventRecord(e0));
+            launch(run, nst, T, m.mode, m.S, m.K);
+            CK(cudaEventRecord(e1));
+            CK(cudaDeviceSynchronize());
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+        }
         std::vector<unsigned long long> ht((size_t)T * nst + 1);
         CK(cudaMemcpy(ht.data(), run.tm, ht.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
         std::vector<float> lm(hs[nst - 1].R);
@@ -342,9 +424,13 @@ int main(int argc, char **argv) {
         else
             for (size_t i = 0; i < lm.size(); i++) bad += memcmp(&lm[i], &ref[i], 4) != 0;
         fails += bad != 0;
-        printf("%s S=%2d K=%2d: lm_head rows %s (%d differ or not finite); kernel %.2f ms for %d tokens\n", m.mode ? "ring  " : "direct", m.S, m.K,
-               bad ? "DIFFER" : &m == modes ? "taken as the reference" : "equal to the direct mode's", bad, ms, T);
-        if (T > 1) { /* tokens 1.. (the first pays the kernel's start) */
+        static const char *mname[3] = { "direct  ", "ring    ", "launches" };
+        printf("%s S=%2d K=%2d: lm_head rows %s (%d differ or not finite); kernel %.2f ms for %d tokens\n", mname[m.mode], m.S, m.K,
+               bad ? "DIFFER" : &m == modes ? "taken as the reference" : "equal to the direct mode's", bad, ms, m.mode == 2 ? T - 1 : T);
+        if (m.mode == 2 && T > 1) {
+            const double tok = ms * 1e3 / (T - 1);
+            printf("   %.1f us a token (%.1f tok/s, %.2f TB/s): %d launches a token in a graph, programmatic edges\n", tok, 1e6 / tok, wb / tok / 1e6, nst);
+        } else if (T > 1) { /* tokens 1.. (the first pays the kernel's start) */
             const double tok = (double)(ht[(size_t)T * nst] - ht[nst]) / (T - 1) / 1e3;
             double per[PER_LAYER + 1] = { 0 };
             for (int t = 1; t < T; t++)
