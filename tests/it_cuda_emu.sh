@@ -176,21 +176,42 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny --heads 16"; fi
 # launch's pre-wait group taking its scales for its biases) must fail the
 # kernel test, or, where it writes past a buffer (the sort's scatter does at some seeds: CI saw
 # glibc abort on the heap it had overwritten), be stopped there by the emulator's red zones
-for m in argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw; do
-  # -O1 without debug info: the mutant builds are the slow part of this test
-  if ! MAKEFLAGS= make -s EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 "$E/mutant/$m/cuda-kernel-test" >"$tmp/mb.log" 2>&1; then
-    tail -n 20 "$tmp/mb.log"; bad "build of mutant $m"; continue
-  fi
-  args=--small; [ $m = rows-pos-first ] && args="--small --batch"
+mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw"
+# -O1 without debug info, built by one make (-j2: the two cores; -k: a failed build is reported
+# below), then run two at a time, each ending at its first failing check (LILY_KT_FAILFAST): the
+# mutants were most of this test's time
+t0=$(date +%s.%N)
+targets=""; for m in $mutants; do targets="$targets $E/mutant/$m/cuda-kernel-test"; done
+MAKEFLAGS= make -s -k -j2 EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 $targets >"$tmp/mb.log" 2>&1
+mb_secs=$(secs "$t0")
+run_mutant() { # NAME: its result line in $tmp/mres.NAME
+  local m=$1 args=--small menv=X=1 rc nf log="$tmp/m.$1.log"
+  if [ ! -x "$E/mutant/$m/cuda-kernel-test" ]; then echo "FAIL build of mutant $m" >"$tmp/mres.$m"; return; fi
+  [ $m = rows-pos-first ] && args="--small --batch"
   # (k_attn_merge meets many partials only where decode's wide merge is off)
-  menv=X=1; [ $m = attn-merge-max ] && menv=LILY_CU_MERGE_W=0
-  env $menv "$E/mutant/$m/cuda-kernel-test" $args --seed "$seed" >"$tmp/m.log" 2>&1; rc=$?
-  nf=$(tail -n 1 "$tmp/m.log" | sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p')
-  if [ $rc != 0 ] && [ -n "$nf" ] && [ "$nf" -gt 0 ]; then ok "mutant $m caught: $nf kernel checks fail"
-  elif [ $rc != 0 ] && grep -q 'lily emu: kernel .* was written outside it' "$tmp/m.log"; then
-    ok "mutant $m caught: the emulator saw it write outside a buffer ($(grep -o 'kernel [a-z0-9_]*' "$tmp/m.log" | head -n 1))"
-  else tail -n 5 "$tmp/m.log"; bad "mutant $m not caught (rc=$rc)"; fi
+  [ $m = attn-merge-max ] && menv=LILY_CU_MERGE_W=0
+  env $menv LILY_KT_FAILFAST=1 "$E/mutant/$m/cuda-kernel-test" $args --seed "$seed" >"$log" 2>&1; rc=$?
+  nf=$(tail -n 1 "$log" | sed -nE 's/^[0-9]+ passed, ([0-9]+) failed$/\1/p')
+  if [ $rc != 0 ] && [ -n "$nf" ] && [ "$nf" -gt 0 ]; then
+    echo "ok   mutant $m caught: $(grep -m1 ' FAIL$' "$log" | sed -E 's/ +rel err.*//') fails" >"$tmp/mres.$m"
+  elif [ $rc != 0 ] && grep -q 'lily emu: kernel .* was written outside it' "$log"; then
+    echo "ok   mutant $m caught: the emulator saw it write outside a buffer ($(grep -o 'kernel [a-z0-9_]*' "$log" | head -n 1))" >"$tmp/mres.$m"
+  else { tail -n 5 "$log"; echo "FAIL mutant $m not caught (rc=$rc)"; } >"$tmp/mres.$m"; fi
+}
+t0=$(date +%s.%N); running=0
+for m in $mutants; do
+  run_mutant "$m" &
+  running=$((running+1))
+  if [ $running -ge 2 ]; then wait -n; running=$((running-1)); fi
 done
+wait
+for m in $mutants; do
+  if [ ! -f "$tmp/mres.$m" ]; then bad "mutant $m: no result"; continue; fi
+  if head -n 1 "$tmp/mres.$m" | grep -q '^FAIL build'; then grep -A3 -B3 "mutant/$m/" "$tmp/mb.log" | tail -n 20; fi
+  r=$(tail -n 1 "$tmp/mres.$m")
+  case "$r" in ok*) ok "${r#ok   }" ;; *) head -n -1 "$tmp/mres.$m"; bad "${r#FAIL }" ;; esac
+done
+echo "(mutants: built in $mb_secs s, run in $(secs "$t0") s)"
 # the same under AddressSanitizer: out-of-bounds accesses of device buffers and static shared
 # arrays inside kernels are reported (the self-test shows both are caught)
 t0=$(date +%s.%N)

@@ -18,20 +18,22 @@ tally() { # name, exit code, output file
   [ "$f" != 0 ] && broken="$broken $1"
 }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+t_all=$SECONDS
+took() { echo "-- $1: $(( SECONDS - $2 )) s"; } # each piece's time, for keeping CI short
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
-  n=$(basename "$t"); echo "== $n"
+  n=$(basename "$t"); echo "== $n"; t0=$SECONDS
   "$t" >"$tmp/$n.out" 2>&1; rc=$?
   [ $rc = 0 ] || { echo "-- failed checks:"; grep -E '^(FAIL|not ok)' "$tmp/$n.out" | head -n 30; echo "-- last lines:"; }
-  tail -n 40 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"
+  tail -n 40 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"; took "$n" $t0
 done
 for s in tests/it_*.sh; do
   [ -f "$s" ] || continue
-  n=$(basename "$s" .sh); echo "== $n"
+  n=$(basename "$s" .sh); echo "== $n"; t0=$SECONDS
   BUILD=$BUILD bash "$s" >"$tmp/$n.out" 2>&1; rc=$?
   # a failure's own lines first: the tail alone may not reach them
   [ $rc = 0 ] || { echo "-- failed checks:"; grep -E '^(FAIL|not ok)' "$tmp/$n.out" | head -n 30; echo "-- last lines:"; }
-  tail -n 40 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"
+  tail -n 40 "$tmp/$n.out"; tally "$n" $rc "$tmp/$n.out"; took "$n" $t0
 done
 for fz in "$BUILD"/fuzz/fuzz_*; do
   [ -x "$fz" ] || continue
@@ -56,5 +58,5 @@ if [ -x "$BUILD/cuda/lily" ] && ! nvidia-smi -L >/dev/null 2>&1; then
   else fail=$((fail+1)); broken="$broken cuda-auto-fallback"; echo "FAIL CUDA build, auto backend"; fi
 fi
 [ -n "$broken" ] && echo "failing:$broken"
-echo "total: $pass passed, $fail failed"
+echo "total: $pass passed, $fail failed ($(( SECONDS - t_all )) s)"
 [ "$fail" = 0 ]

@@ -26,10 +26,18 @@
 static int n_pass, n_fail;
 static lily_rng rng;
 
+/* LILY_KT_FAILFAST=1: end at the first failing check, as the summary line says (the emulator's
+ * mutants, tests/it_cuda_emu.sh, only need one) */
 static void report(const char *what, double err, double tol) {
     int ok = err <= tol; /* NaN fails */
     printf("%-58s rel err %.3e (tol %.0e)  %s\n", what, err, tol, ok ? "ok" : "FAIL");
     if (ok) n_pass++; else n_fail++;
+    const char *ff = getenv("LILY_KT_FAILFAST");
+    if (!ok && ff && *ff && *ff != '0') {
+        printf("%d passed, %d failed\n", n_pass, n_fail);
+        fflush(stdout);
+        exit(1);
+    }
 }
 
 /* ||a - ref|| / max(||ref||, sqrt(flo)) (flo 0: plain relative error) */
