@@ -139,7 +139,7 @@ emu:
 
 # The same with AddressSanitizer: kernels' out-of-bounds accesses to device buffers and static
 # shared arrays are reported.
-EMU_ASAN_FLAGS := -O1 -g -fsanitize=address -fno-omit-frame-pointer -Wno-maybe-uninitialized
+EMU_ASAN_FLAGS := -O1 -g -fsanitize=address,alignment -fno-sanitize-recover=alignment -fno-omit-frame-pointer -Wno-maybe-uninitialized
 emu-asan:
 	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu-asan CFLAGS="$(EMU_ASAN_FLAGS)" EMU_CXXFLAGS="$(EMU_ASAN_FLAGS)" \
 	  $(BUILD)/emu-asan/lily $(BUILD)/emu-asan/cuda-kernel-test $(BUILD)/emu-asan/emu-selftest

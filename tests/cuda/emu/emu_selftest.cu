@@ -520,6 +520,17 @@ static void run_past_end(void) {
     k_past_end<<<1, 32>>>(p, dev_out(), 100);
 }
 static void run_shared_past_end(void) { k_shared_past_end<<<1, 64>>>(dev_out()); }
+/* a 16-byte load from an address that is only 4-aligned (the GPU faults: misaligned address) */
+__global__ void k_misaligned(const float *p, float *out) {
+    const float4 v = *(const float4 *)(p + 1 + 4 * threadIdx.x);
+    out[threadIdx.x] = v.x + v.y + v.z + v.w;
+}
+static void run_misaligned(void) {
+    float *p;
+    cudaMalloc(&p, 1024 * 4);
+    cudaMemset(p, 0, 1024 * 4);
+    k_misaligned<<<1, 32>>>(p, dev_out());
+}
 static void run_grid_plain(void) {
     int *p;
     cudaMalloc(&p, 64 * sizeof(int));
@@ -559,6 +570,7 @@ int main(void) {
     if (ASAN) {
         expect_fault("ASan: a kernel reading past a cudaMalloc buffer", NULL, "use-after-poison", run_past_end); /* (its red zone) */
         expect_fault("ASan: a kernel writing past a static shared array", NULL, "global-buffer-overflow", run_shared_past_end);
+        expect_fault("UBSan: a kernel's 16-byte load from a 4-aligned address", NULL, "misaligned address", run_misaligned);
     }
 #endif
     printf("%d passed, %d failed\n", n_pass, n_fail);
