@@ -274,6 +274,7 @@ size_t dyn_size, dyn_cap;
 char *dyn_region;
 std::vector<void *> shared_seen;
 size_t shared_static, smem_limit;
+int smem_attr = -1; /* the running kernel's cudaFuncAttributeMaxDynamicSharedMemorySize (-1: never set) */
 unsigned long long n_launches, n_threads, n_blocks, n_mma, n_mma_reused;
 std::map<std::string, unsigned long long> kernel_launches; /* by name, for LILY_EMU_STATS=kernels */
 
@@ -859,6 +860,10 @@ void shared(void *p, size_t n) {
     shared_static += n;
     if (shared_static + dyn_size > smem_limit)
         fault("%zu bytes of static + %zu of dynamic shared memory exceed the block's %zu", shared_static, dyn_size, smem_limit);
+    if (smem_attr >= 0 && shared_static + (size_t)smem_attr > SMEM_OPTIN)
+        fault("%zu bytes of static shared memory and a cudaFuncAttributeMaxDynamicSharedMemorySize of %d exceed the %zu a block "
+              "can have: on the GPU that cudaFuncSetAttribute fails, and then this launch",
+              shared_static, smem_attr, SMEM_OPTIN);
     memset(p, 0xff, n); /* fresh for every block: what another block left is not readable */
 }
 
@@ -894,8 +899,10 @@ void submit(const char *name, const void *kernel, const launch_cfg &c, std::shar
     /* the dynamic size is bounded by the kernel's attribute (above); static plus dynamic by 48 KB,
      * or by the opt-in maximum once the kernel has raised its attribute past 48 KB */
     size_t slim = lim > SMEM_DEFAULT ? SMEM_OPTIN : SMEM_DEFAULT;
-    enqueue(c.stream, [name, cc, body, slim, args]() {
+    const int attr = it != func_smem_max.end() ? it->second : -1;
+    enqueue(c.stream, [name, cc, body, slim, attr, args]() {
         smem_limit = slim;
+        smem_attr = attr;
         run_grid(name, cc, *body);
         for (uintptr_t b : args) {
             auto a = allocs.find(b);

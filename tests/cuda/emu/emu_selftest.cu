@@ -520,6 +520,20 @@ static void run_past_end(void) {
     k_past_end<<<1, 32>>>(p, dev_out(), 100);
 }
 static void run_shared_past_end(void) { k_shared_past_end<<<1, 64>>>(dev_out()); }
+/* 16 KB of static shared memory beside an opt-in of the whole 227 KB for dynamic: the GPU refuses
+ * the attribute, so the launch fails there */
+__global__ void k_static_optin(float *out) {
+    __shared__ float st[4096];
+    extern __shared__ float dyn[];
+    st[threadIdx.x] = 1.0f;
+    dyn[threadIdx.x] = 2.0f;
+    __syncthreads();
+    out[threadIdx.x] = st[threadIdx.x] + dyn[threadIdx.x];
+}
+static void run_static_optin(void) {
+    cudaFuncSetAttribute(k_static_optin, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10);
+    k_static_optin<<<1, 32, 200 << 10>>>(dev_out());
+}
 /* a 16-byte load from an address that is only 4-aligned (the GPU faults: misaligned address) */
 __global__ void k_misaligned(const float *p, float *out) {
     const float4 v = *(const float4 *)(p + 1 + 4 * threadIdx.x);
@@ -567,6 +581,8 @@ int main(void) {
     expect_fault("fault: a block waiting for another's flag in a launch that is not cooperative", "cannot wait for another", NULL,
                  run_grid_plain);
     expect_fault("fault: an mbarrier arrived on before its init", "before mbarrier.init", NULL, run_mb_uninit);
+    expect_fault("fault: static shared memory beside a dynamic opt-in of the whole 227 KB", "cudaFuncSetAttribute fails", NULL,
+                 run_static_optin);
     if (ASAN) {
         expect_fault("ASan: a kernel reading past a cudaMalloc buffer", NULL, "use-after-poison", run_past_end); /* (its red zone) */
         expect_fault("ASan: a kernel writing past a static shared array", NULL, "global-buffer-overflow", run_shared_past_end);
