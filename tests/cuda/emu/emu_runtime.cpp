@@ -258,6 +258,23 @@ struct mbar_t {
     std::vector<bulk_t> q; /* bulk copies issued, landing at the next mb_test */
 };
 std::map<const void *, mbar_t> mbars;
+/* A cooperative launch's static __shared__ arrays (one C++ static each): the arrays hold the
+ * resident block's contents, every other block's wait in its store (the arrays' bytes in the
+ * order they were first declared), swapped when the scheduler switches to a fiber of another
+ * block. */
+std::vector<std::pair<void *, size_t>> coop_arrays;
+std::vector<std::vector<char>> coop_store;
+int coop_resident = -1;
+void coop_swap(int to) {
+    if (to == coop_resident) return;
+    if (coop_resident >= 0) {
+        size_t o = 0;
+        for (auto &a : coop_arrays) { memcpy(coop_store[(size_t)coop_resident].data() + o, a.first, a.second); o += a.second; }
+    }
+    size_t o = 0;
+    for (auto &a : coop_arrays) { memcpy(a.first, coop_store[(size_t)to].data() + o, a.second); o += a.second; }
+    coop_resident = to;
+}
 #ifdef EMU_ASAN
 const void *sched_bottom;
 size_t sched_size;
@@ -402,6 +419,7 @@ void warp_arrive(unsigned mask) {
 }
 
 void switch_to(int i) {
+    if (coop_running) coop_swap(fib[i].blk);
     cur = i;
     threadIdx = fib[i].tid;
     blockIdx = fib[i].bidx;
@@ -455,6 +473,9 @@ void run_blocks(int nt, const std::vector<uint3> &bids, const std::vector<char *
     const int nb = (int)bids.size(), nw = (nt + 31) / 32;
     blks.assign((size_t)nb, blk_t{});
     mbars.clear();
+    coop_arrays.clear();
+    coop_store.assign(coop_running ? (size_t)nb : 0, std::vector<char>());
+    coop_resident = -1;
     for (int b = 0; b < nb; b++)
         for (int t = 0; t < nt; t++) {
             const int i = b * nt + t;
@@ -853,7 +874,12 @@ void *dyn_smem(size_t elem) {
 }
 
 void shared(void *p, size_t n) {
-    if (coop_running) fault("static shared memory in a cooperative launch (the emulator keeps one copy: use dynamic shared memory)");
+    if (coop_running) { /* registered once a launch: every block's copy starts poisoned */
+        for (auto &a : coop_arrays)
+            if (a.first == p) return;
+        coop_arrays.push_back({ p, n });
+        for (auto &st : coop_store) st.resize(st.size() + n, (char)0xff);
+    }
     for (void *q : shared_seen)
         if (q == p) return;
     shared_seen.push_back(p);

@@ -387,6 +387,19 @@ __global__ void k_grid(int *vals, int *flag, int *sums, int rounds) {
         }
     }
 }
+/* each block's static shared array holds its own values across a grid flag that every block
+ * waits at (the emulator interleaves the blocks there) */
+__global__ void k_grid_shared(int *flag, int *out) {
+    __shared__ int sh[64];
+    sh[threadIdx.x] = (int)(blockIdx.x * 1000 + threadIdx.x);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        cu_flag_add(flag, 1);
+        cu_flag_wait_ge(flag, (int)gridDim.x);
+    }
+    __syncthreads();
+    out[blockIdx.x * 64 + threadIdx.x] = sh[63 - threadIdx.x];
+}
 static void launch_grid(int nb, int *vals, int *flag, int *sums, int rounds, bool coop) {
 #ifdef __CUDACC_EMU__
     if (coop) cu_go(k_grid, dim3(nb), dim3(64)).coop()(vals, flag, sums, rounds);
@@ -422,6 +435,21 @@ static void test_persist(void) {
     for (int r = 0; r < rounds; r++)
         for (int b = 0; b < nb; b++) ok = ok && hs[r * nb + b] == (r + 1) * nb * (nb + 1) / 2;
     check(ok, "cooperative launch: 5 blocks meet at a grid flag three times");
+    int *out, ho[4 * 64];
+    cudaMalloc(&out, sizeof ho);
+    cudaMemset(flag, 0, sizeof(int));
+#ifdef __CUDACC_EMU__
+    cu_go(k_grid_shared, dim3(4), dim3(64)).coop()(flag, out);
+#else
+    void *a2[] = { &flag, &out };
+    cudaLaunchCooperativeKernel((const void *)k_grid_shared, dim3(4), dim3(64), a2, 0, 0);
+#endif
+    cudaMemcpy(ho, out, sizeof ho, cudaMemcpyDeviceToHost);
+    ok = cudaGetLastError() == cudaSuccess;
+    for (int b = 0; b < 4; b++)
+        for (int t = 0; t < 64; t++) ok = ok && ho[b * 64 + t] == b * 1000 + 63 - t;
+    check(ok, "cooperative launch: each block's static shared array its own across a grid flag");
+    cudaFree(out);
     cudaFree(vals);
     cudaFree(flag);
     cudaFree(sums);
