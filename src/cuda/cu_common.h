@@ -1,5 +1,5 @@
 /* Internal to the CUDA backend (C++ side): the device matrix descriptor, the model and
- * session structures, and the kernel launchers that cu_kernels.cu defines.
+ * session structures, and the kernel launchers that cu_kernels.cu and its siblings define.
  *
  * Device activations are float32 row-major [T][dim], as in the CPU reference; weights
  * keep their checkpoint storage (bf16/f16/f32 or MLX affine 4/8-bit), copied into one
@@ -417,7 +417,7 @@ int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const floa
                      int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
                      float *part, float *o, int amin);
 /* (amin > 0, T 1: of the splits, as many as give each amin keys, at least half and at most all:
- * attn_splits_used in cu_kernels.cu) */
+ * attn_splits_used in cu_attn.cu) */
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
                   int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin);
 /* The same for a prefill chunk whose first position the host knows (p0h == *pos), with scratch for

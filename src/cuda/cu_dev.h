@@ -1,5 +1,5 @@
 /* Device helpers and the matrix-vector kernels' launch sizing, shared by the CUDA sources
- * (cu_kernels.cu, cu_mvtc.cu). */
+ * (cu_kernels.cu and its siblings, cu_mvtc.cu, cu_mvdp.cu, ...). */
 #ifndef LILY_CU_DEV_H
 #define LILY_CU_DEV_H
 #include "cuda/cu_common.h"
@@ -459,7 +459,7 @@ static int mvq_grid(K kern, mvq_kstate &ks, int tiles, int nslots, int one_a_til
     return (tiles + walk - 1) / walk;
 }
 /* ---- warp reductions and the router's top-k (k_router_topk, and k_mvdp routing itself) ----
- * static: each unit its own copy, so the emulator's mutants (cu2cpp.py) can break cu_kernels.cu's alone */
+ * static: each unit its own copy, so the emulator's mutants (cu2cpp.py) can break one unit's alone */
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

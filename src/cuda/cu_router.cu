@@ -2,7 +2,7 @@
  * accuracy, from a copy of the router made at load (cu_router_frag): its codes as floats in the mma's
  * A-fragment order, and each (row, group)'s scale and bias in fp32.
  *
- * Why: k_mm_tc3 (cu_kernels.cu), which reads the router in its stored form, took ~22 us a layer
+ * Why: k_mm_tc3 (cu_matmul.cu), which reads the router in its stored form, took ~22 us a layer
  * at 512 tokens on the H200 (bench/RESULTS.md session 23) for ~0.27 G multiply-adds: each thread
  * loaded its own weight and input rows (an 8-bit row dequantized per thread, 32 rows a warp
  * instruction), stored them transposed into shared memory and split every fragment it read, so

@@ -1,0 +1,433 @@
+/* Gated attention's kernels: q/k norm and RoPE with the KV write, the SIMT attention over the cache,
+ * decode's split attention (k_attn_gqa, its q/k prep folded in) and the merges of its partials. */
+#include "cuda/cu_common.h"
+#include "cuda/cu_dev.h"
+#include "cuda/cu_kern.h"
+#include <limits.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+using namespace nvcuda;
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- gated attention ---- */
+__global__ void k_qk_prep(const float *qg, float *q, const float *k, const float *v, const float *qn,
+                          const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
+                          const int *pos, float *kc, float *vc, cu_rows R) {
+    CU_PDL();
+    extern __shared__ float buf[];
+    __shared__ float sh[32];
+    int t = blockIdx.x, h = blockIdx.y, p = R.pos ? R.pos[t] : *pos + t;
+    if (R.pos) { kc = R.kc[t] + R.kv_off; vc = R.vc[t] + R.kv_off; } /* decode batch: row t's own cache */
+    const float *src;
+    const float *nw;
+    float *dst;
+    if (h < nh) {
+        src = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd;
+        nw = qn;
+        dst = q + (size_t)t * nh * hd + (size_t)h * hd;
+    } else {
+        int kh = h - nh;
+        src = k + (size_t)t * nkv * hd + (size_t)kh * hd;
+        nw = kn;
+        dst = kc + (size_t)p * nkv * hd + (size_t)kh * hd;
+        const float *vs = v + (size_t)t * nkv * hd + (size_t)kh * hd;
+        float *vd = vc + (size_t)p * nkv * hd + (size_t)kh * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) vd[i] = vs[i];
+    }
+    float ss = 0;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = src[i] * r * nw[i];
+    __syncthreads();
+    int half = rot / 2;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float val = buf[i];
+        if (i < rot) {
+            int fi = i < half ? i : i - half;
+            float ang = (float)p * inv_freq[fi], cs = cosf(ang), sn = sinf(ang);
+            float a = buf[fi], b = buf[fi + half];
+            val = i < half ? a * cs - b * sn : b * cs + a * sn;
+        }
+        dst[i] = val;
+    }
+}
+void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const float *v, const float *qn,
+                const float *kn, int T, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
+                const int *pos, float *kc, float *vc) {
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    cu_go(k_qk_prep, dim3(T, nh + nkv), 128, (size_t)hd * sizeof(float), s)(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps, pos, kc, vc, none);
+}
+void cu_qk_prep_rows(cudaStream_t s, const cu_rows *R, int n, const float *qg, float *q, const float *k, const float *v,
+                     const float *qn, const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps) {
+    cu_go(k_qk_prep, dim3(n, nh + nkv), 128, (size_t)hd * sizeof(float), s)(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps,
+                                                                         R->pos, NULL, NULL, *R);
+}
+
+/* Each warp runs an online softmax over its share of one split's keys and leaves
+ * (max, sum, acc[hd]) in part; k_attn_merge combines them and applies the gate. */
+#define ATT_WARPS 4
+#define ATT_MAXR 16
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const float *kc, const float *vc, int nh, int nkv,
+                                                           int hd, const int *pos, int splits, float *part, cu_rows rows) {
+    CU_PDL();
+    int th = blockIdx.x, t = th / nh, h = th % nh, kvh = h / (nh / nkv);
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, R = hd / WARP;
+    int n = (rows.pos ? rows.pos[t] : *pos + t) + 1;
+    if (rows.pos) { kc = rows.kc[t] + rows.kv_off; vc = rows.vc[t] + rows.kv_off; } /* decode batch: row t's own cache */
+    int chunk = (n + splits - 1) / splits, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
+    const float *qh = q + (size_t)t * nh * hd + (size_t)h * hd;
+    float qr[ATT_MAXR], acc[ATT_MAXR];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXR; i++) { qr[i] = i < R ? qh[lane + WARP * i] : 0.f; acc[i] = 0.f; }
+    float scale = rsqrtf((float)hd), mx = -INFINITY, l = 0;
+    size_t ld = (size_t)nkv * hd;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
+        float d = 0;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXR; i++) if (i < R) d += qr[i] * kj[lane + WARP * i];
+        float sc = warp_sum(d) * scale;
+        if (sc > mx) {
+            float corr = expf(mx - sc);
+            l = l * corr + 1.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] = acc[i] * corr + vj[lane + WARP * i];
+            mx = sc;
+        } else {
+            float p = expf(sc - mx);
+            l += p;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] += p * vj[lane + WARP * i];
+        }
+    }
+    float *pp = part + (((size_t)th * splits + blockIdx.y) * ATT_WARPS + warp) * (hd + 2);
+    if (lane == 0) { pp[0] = mx; pp[1] = l; }
+#pragma unroll
+    for (int i = 0; i < ATT_MAXR; i++) if (i < R) pp[2 + lane + WARP * i] = acc[i];
+}
+/* The key splits a token's decode attention uses of its grid's `splits` (amin > 0: one token, n keys):
+ * at least amin keys a split past half of them, so short contexts keep half the splits (their partials
+ * and their merge cost as before) and long ones get every split's loads in flight (splits > 0). */
+__host__ __device__ __forceinline__ int attn_splits_used(int splits, int amin, int n) {
+    if (amin <= 0) return splits;
+    const int lo = splits / 2 > 0 ? splits / 2 : 1, se = (n + amin - 1) / amin;
+    return se < lo ? lo : se > splits ? splits : se;
+}
+__global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o, const int *pos, int amin) {
+    CU_PDL();
+    __shared__ float wsh[1024];
+    __shared__ float Lsh;
+    int th = blockIdx.x, t = th / nh, h = th % nh;
+    const float *pp = part + (size_t)th * np * (hd + 2);
+    if (amin > 0) np = attn_splits_used(np, amin, *pos + 1); /* (the stride stays the grid's) */
+    /* the partials' maxima and sums by the first warp, a partial a lane (one thread walking decode's
+     * 64 splits was a chain of dependent loads: 12 us a launch under Nsight) */
+    if (threadIdx.x < WARP) {
+        const int lane = threadIdx.x;
+        float M = -INFINITY;
+        for (int p = lane; p < np; p += WARP) M = fmaxf(M, pp[(size_t)p * (hd + 2)]);
+        for (int o = 16; o; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float L = 0;
+        for (int p = lane; p < np; p += WARP) {
+            float m = pp[(size_t)p * (hd + 2)], w = m == -INFINITY ? 0.f : expf(m - M);
+            wsh[p] = w;
+            L += w * pp[(size_t)p * (hd + 2) + 1];
+        }
+        for (int o = 16; o; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) Lsh = L;
+    }
+    __syncthreads();
+    const float *gate = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd + hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float a = 0;
+#pragma unroll 8
+        for (int p = 0; p < np; p++) if (wsh[p] != 0.f) a += pp[(size_t)p * (hd + 2) + 2 + i] * wsh[p];
+        o[(size_t)t * nh * hd + (size_t)h * hd + i] = a / Lsh * sigm_f(gate[i]);
+    }
+}
+/* Decode's merge of many partials (the GQA form's 64 key splits a head), wide: a block per (token,
+ * head, 32 output columns), its 8 warps each folding every 8th partial online (the loads of 8
+ * partials issued before their sums), then one warp joining the 8 in shared memory. k_attn_merge
+ * read a head's 64 partials with 128 threads, 2 columns each: 16 rounds of loads, 11 us on the
+ * decode step's critical path (bench/RESULTS.md, session 18). */
+#define AMW_WARPS 8
+__global__ void __launch_bounds__(AMW_WARPS * WARP) k_attn_merge_w(const float *part, const float *qg, int nh, int hd, int np,
+                                                                  float *o, const int *pos, int amin) {
+    CU_PDL();
+    __shared__ float sm[AMW_WARPS], sl[AMW_WARPS], sa[AMW_WARPS][WARP];
+    const int th = blockIdx.x, t = th / nh, h = th % nh, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int i = blockIdx.y * WARP + lane; /* hd is a multiple of 32 */
+    const float *pp = part + (size_t)th * np * (hd + 2);
+    if (amin > 0) np = attn_splits_used(np, amin, *pos + 1); /* (the stride stays the grid's) */
+    float M = -INFINITY, L = 0.f, A = 0.f;
+    for (int p0 = warp; p0 < np; p0 += AMW_WARPS * 8) {
+        float m[8], l[8], a[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int p = p0 + AMW_WARPS * k;
+            const float *q = pp + (size_t)p * (hd + 2);
+            m[k] = p < np ? q[0] : -INFINITY;
+            l[k] = p < np ? q[1] : 0.f;
+            a[k] = p < np ? q[2 + i] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            if (m[k] == -INFINITY) continue; /* an empty split */
+            const float mn = fmaxf(M, m[k]), c = expf(M - mn), w = expf(m[k] - mn);
+            L = L * c + l[k] * w;
+            A = A * c + a[k] * w;
+            M = mn;
+        }
+    }
+    if (lane == 0) { sm[warp] = M; sl[warp] = L; }
+    sa[warp][lane] = A;
+    __syncthreads();
+    if (warp) return;
+    float Mx = -INFINITY, Ls = 0.f, As = 0.f;
+#pragma unroll
+    for (int w = 0; w < AMW_WARPS; w++) Mx = fmaxf(Mx, sm[w]);
+#pragma unroll
+    for (int w = 0; w < AMW_WARPS; w++) {
+        const float f = sm[w] == -INFINITY ? 0.f : expf(sm[w] - Mx);
+        Ls += f * sl[w];
+        As += f * sa[w][lane];
+    }
+    const float *gate = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd + hd;
+    o[(size_t)t * nh * hd + (size_t)h * hd + i] = As / Ls * sigm_f(gate[i]);
+}
+/* LILY_CU_MERGE_W=0: decode's merge by k_attn_merge again, for measuring */
+static int merge_w_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_MERGE_W", 1);
+}
+
+/* GQA form: one block per (token, KV head, split) runs the HG query heads that share the KV
+ * head together, so each key and value is read once for all of them. R = hd / 32. */
+/* Decode's q/k prep folded into attention (one token, one session: a launch a layer fewer):
+ * k_qk_prep's per-head norm and RoPE of the raw q (qg, [nh][2 hd] with the gates) and of the new
+ * token's k, and the cache write of k and v, done by the attention blocks themselves. */
+typedef struct {
+    const float *qg, *k, *v;   /* [nh][2 hd] raw q with gates, [nkv][hd] raw k and v */
+    const float *qn, *kn;      /* [hd] the q and k norms' weights */
+    const float *inv_freq;     /* [rot / 2] */
+    float *kcw, *vcw;          /* the caches (as kc, vc), where the new token's k and v go */
+    int rot;                   /* rotated dims, a multiple of 64: a pair (i, i + rot / 2) is one lane's */
+    float eps;
+} qk_fold;
+
+template <int R, int HW>
+__device__ __forceinline__ void qk_rope(float (&v)[R], const float (&cs)[R], const float (&sn)[R]) {
+#pragma unroll
+    for (int i = 0; i < HW && i + HW < R; i++) {
+        const float a = v[i], b = v[i + HW];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + HW] = b * cs[i] + a * sn[i];
+    }
+}
+/* One head's hd values, R a lane (column lane + 32 i), normalized (weights w, the same columns) and rotated by RoPE
+ * as k_qk_prep does, in place; cs[i], sn[i] (i < rot / 64): column lane + 32 i's angle. */
+template <int R>
+__device__ __forceinline__ void qk_head(float (&v)[R], const float (&w)[R], int rot, float eps, const float (&cs)[R],
+                                        const float (&sn)[R]) {
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < R; i++) ss += v[i] * v[i];
+    ss = warp_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (R * WARP) + eps);
+#pragma unroll
+    for (int i = 0; i < R; i++) v[i] = v[i] * r * w[i];
+    /* i < hw: the pair's first half, with i + hw; hw a template argument, so v stays in registers */
+    switch (rot / 64) {
+    case 1: qk_rope<R, 1>(v, cs, sn); break;
+    case 2: qk_rope<R, 2>(v, cs, sn); break;
+    case 3: qk_rope<R, 3>(v, cs, sn); break;
+    default: qk_rope<R, 4>(v, cs, sn); break;
+    }
+}
+
+template <int HG, int R>
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
+                                                               int nkv, const int *pos, int splits, float *part, cu_rows rows,
+                                                               qk_fold P, int amin) {
+    const int hd = R * WARP;
+    int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    /* the fold's weights (the q and k norms', RoPE's frequencies: a lane's columns) before the
+     * wait: after it, each token streams 2 GB through L2 and they were misses to DRAM on the
+     * step's path (as the out-projection's gw, bench/RESULTS.md session 25) */
+    float qw[R], kw[R], fr[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        qw[i] = P.qg ? P.qn[lane + WARP * i] : 0.f;
+        kw[i] = P.qg ? P.kn[lane + WARP * i] : 0.f;
+        fr[i] = P.qg && i < P.rot / 64 ? P.inv_freq[lane + WARP * i] : 0.f;
+    }
+    CU_PDL();
+    int n = (rows.pos ? rows.pos[t] : *pos + t) + 1;
+    if (rows.pos) { kc = rows.kc[t] + rows.kv_off; vc = rows.vc[t] + rows.kv_off; } /* decode batch: row t's own cache */
+    const int se = attn_splits_used(splits, amin, n); /* (amin: one token, no rows) */
+    if ((int)blockIdx.y >= se) return; /* a split past those used: the merge reads none of its partials */
+    int chunk = (n + se - 1) / se, j0 = blockIdx.y * chunk, j1 = min(n, j0 + chunk);
+    float qr[HG][R], acc[HG][R], mx[HG], l[HG];
+    float scale = rsqrtf((float)hd);
+    if (P.qg) { /* (T = 1) the q heads' prep shared by the warps (a warp a head, through shared
+                 * memory: every warp reads them all; each warp doing all of them measured 1% slower
+                 * than k_qk_prep's launch, this form 0.8% faster, bench/RESULTS.md session 19);
+                 * the new key's by the block whose keys end with it, before its warps read the cache */
+        __shared__ float qs[HG][R * WARP];
+        const int p = n - 1, hw = P.rot / 64;
+        float cs[R], sn[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            cs[i] = 1.f; sn[i] = 0.f;
+            if (i < hw) {
+                const float ang = (float)p * fr[i];
+                cs[i] = cosf(ang);
+                sn[i] = sinf(ang);
+            }
+        }
+        for (int g = warp; g < HG; g += ATT_WARPS) {
+            const float *qh = P.qg + (size_t)(kvh * HG + g) * 2 * hd;
+            float v[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) v[i] = qh[lane + WARP * i];
+            qk_head<R>(v, qw, P.rot, P.eps, cs, sn);
+#pragma unroll
+            for (int i = 0; i < R; i++) qs[g][lane + WARP * i] = v[i] * scale;
+        }
+        if (j0 <= p && p < j1) { /* (block-uniform) */
+            const size_t o = (size_t)p * nkv * hd + (size_t)kvh * hd;
+            if (warp == 0) {
+                float kv[R];
+#pragma unroll
+                for (int i = 0; i < R; i++) kv[i] = P.k[(size_t)kvh * hd + lane + WARP * i];
+                qk_head<R>(kv, kw, P.rot, P.eps, cs, sn);
+#pragma unroll
+                for (int i = 0; i < R; i++) P.kcw[o + lane + WARP * i] = kv[i];
+            } else
+                for (int i = threadIdx.x - WARP; i < hd; i += blockDim.x - WARP) P.vcw[o + i] = P.v[(size_t)kvh * hd + i];
+        }
+        __syncthreads(); /* (the q heads, and the block's cache writes, seen by its threads past the barrier) */
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+#pragma unroll
+            for (int i = 0; i < R; i++) { qr[g][i] = qs[g][lane + WARP * i]; acc[g][i] = 0.f; }
+            mx[g] = -INFINITY; l[g] = 0.f;
+        }
+    } else
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        const float *qh = q + (size_t)t * nh * hd + (size_t)(kvh * HG + g) * hd;
+#pragma unroll
+        for (int i = 0; i < R; i++) { qr[g][i] = qh[lane + WARP * i] * scale; acc[g][i] = 0.f; }
+        mx[g] = -INFINITY; l[g] = 0.f;
+    }
+    size_t ld = (size_t)nkv * hd;
+    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
+        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
+        float kr[R], vr[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) { kr[i] = kj[lane + WARP * i]; vr[i] = vj[lane + WARP * i]; }
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            float d = 0;
+#pragma unroll
+            for (int i = 0; i < R; i++) d += qr[g][i] * kr[i];
+            float sc = warp_sum(d);
+            float mnew = fmaxf(mx[g], sc), corr = expf(mx[g] - mnew), p = expf(sc - mnew);
+            l[g] = l[g] * corr + p;
+#pragma unroll
+            for (int i = 0; i < R; i++) acc[g][i] = acc[g][i] * corr + p * vr[i];
+            mx[g] = mnew;
+        }
+    }
+    /* merge the warps in shared memory: one partial per block and head */
+    __shared__ float sm_m[HG][ATT_WARPS], sm_l[HG][ATT_WARPS], sm_a[HG][ATT_WARPS][R * WARP];
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        if (lane == 0) { sm_m[g][warp] = mx[g]; sm_l[g][warp] = l[g]; }
+#pragma unroll
+        for (int i = 0; i < R; i++) sm_a[g][warp][lane + WARP * i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < HG * (hd + 2); idx += blockDim.x) {
+        int g = idx / (hd + 2), i = idx % (hd + 2);
+        float M = -INFINITY;
+        for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[g][w]);
+        float v = 0;
+        if (i == 0) v = M;
+        else if (M != -INFINITY)
+            for (int w = 0; w < ATT_WARPS; w++) {
+                float f = sm_m[g][w] == -INFINITY ? 0.f : expf(sm_m[g][w] - M);
+                v += f * (i == 1 ? sm_l[g][w] : sm_a[g][w][i - 2]);
+            }
+        int th = t * nh + kvh * HG + g;
+        part[((size_t)th * splits + blockIdx.y) * (hd + 2) + i] = v;
+    }
+}
+
+size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
+    return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
+}
+static const qk_fold qk_none = { NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0.f };
+static void attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+                      int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw,
+                      int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0, const qk_fold &P = qk_none, int amin = 0) {
+    if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) {
+        const int np = cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o, part, cu_attention_part_floats(T, nh, hd, 1), p0h, h16,
+                                  h16_bytes);
+        if (np > 1) cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o, pos, 0);
+        return;
+    }
+    int hg = nh / nkv, np = splits;
+    dim3 gq(T * nkv, splits);
+    if (T != 1 || rw.pos) amin = 0;
+    if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    else {
+        cu_go(k_attn, dim3(T * nh, splits), ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
+        np = splits * ATT_WARPS;
+        amin = 0;
+    }
+    if (np >= 16 && hd % WARP == 0 && merge_w_enabled())
+        cu_go(k_attn_merge_w, dim3(T * nh, hd / WARP), AMW_WARPS * WARP, 0, s)(part, qg, nh, hd, np, o, pos, amin);
+    else cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o, pos, amin);
+}
+void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin) {
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, qk_none, amin);
+}
+int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
+                     int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
+                     float *part, float *o, int amin) {
+    const int hg = nkv > 0 ? nh / nkv : 0;
+    if (nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd || rot > 256 ||
+        !((hd == 256 && (hg == 8 || hg == 4 || hg == 2)) || (hd == 128 && hg == 8)))
+        return 0;
+    const qk_fold P = { qg, k, v, qn, kn, inv_freq, kc, vc, rot, eps };
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    attention(s, NULL, qg, kc, vc, 1, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, P, amin);
+    return 1;
+}
+int cu_qk_fold_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_QK_FOLD", 1);
+}
+void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+                      int hd, const int *pos, int p0h, void *h16, size_t h16_bytes, float *part, float *o) {
+    cu_rows none;
+    memset(&none, 0, sizeof none);
+    attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, 1, part, o, none, p0h, h16, h16_bytes);
+}
+void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, const float *qg, int nh, int nkv, int hd,
+                       int splits, float *part, float *o) {
+    attention(s, q, qg, NULL, NULL, n, nh, nkv, hd, R->pos, splits, part, o, *R);
+}
