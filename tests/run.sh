@@ -18,8 +18,10 @@ tally() { # name, exit code, output file
   [ "$f" != 0 ] && broken="$broken $1"
 }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# every piece's whole output stays in $BUILD/test-logs (the console shows each one's tail)
+logs=$BUILD/test-logs; rm -rf "$logs"; mkdir -p "$logs"
 t_all=$SECONDS
-took() { echo "-- $1: $(( SECONDS - $2 )) s"; } # each piece's time, for keeping CI short
+took() { echo "-- $1: $(( SECONDS - $2 )) s"; cp "$tmp/$1.out" "$logs/$1.log" 2>/dev/null; } # each piece's time, for keeping CI short
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   n=$(basename "$t"); echo "== $n"; t0=$SECONDS
