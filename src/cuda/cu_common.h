@@ -429,7 +429,7 @@ void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const flo
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits);
 /* Router: softmax, top-k (lower index on ties), renormalized weights. */
 void cu_router_topk(cudaStream_t s, const float *logits, int T, int E, int K, int *sel, float *wt);
-/* Weights into L2 ahead of their launch (decode's side stream, cu_backend.cu): the codes, scales
+/* Weights into L2 ahead of their launch (decode's side stream, cu_forward.cu): the codes, scales
  * and biases of n <= 6 matrices (expert 0's where they are a stack), or with sel the experts
  * sel[0..slots-1] of W[0] (sel written by an earlier kernel). Fire and forget: nothing is read
  * into registers, so this only moves bytes from DRAM into L2 while the main stream's kernels,

@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(128) k_l2_prefetch(pf_args a) {
     }
 }
 
-/* LILY_CU_PREFETCH=0: decode's L2 prefetch off (which of its forks run: LILY_CU_PF_PARTS, cu_backend.cu) */
+/* LILY_CU_PREFETCH=0: decode's L2 prefetch off (which of its forks run: LILY_CU_PF_PARTS, cu_forward.cu) */
 int cu_prefetch_enabled(void) {
     static int on = -1;
     return cu_env_flag(&on, "LILY_CU_PREFETCH", 1);

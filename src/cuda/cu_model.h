@@ -1,8 +1,9 @@
-/* Internal to the CUDA backend: the model and session as cu_backend.cu, cu_random.cu and
- * cu_decode.cu share them. */
+/* Internal to the CUDA backend: the model and session as cu_backend.cu (the model), cu_session.cu,
+ * cu_forward.cu, cu_batch.cu, cu_random.cu and cu_decode.cu share them. */
 #ifndef LILY_CU_MODEL_H
 #define LILY_CU_MODEL_H
 #include "cuda/cu_common.h"
+#include <limits.h>
 extern "C" {
 #include "cuda/cuda_backend.h"
 }
@@ -53,7 +54,7 @@ struct lcuda_session {
     uint16_t *xps;                 /* fp16 [T][max(H, shared_inter)]: the shared expert's packed inputs on st2 */
     uint16_t *xpx, *xph;           /* fp16 [T][widest projection input] and [T*K][I]: packed GEMM inputs (cu_gemm_tc_xp, cu_moe_gate_up_xp) */
     const float *xp_src;           /* NULL, or the fp32 buffer (t or o) whose packed form its producer left in xpx for the
-                                    * GEMMs that read it next (cu_rmsnorm2p and the other _p forms; cu_backend.cu) */
+                                    * GEMMs that read it next (cu_rmsnorm2p and the other _p forms; cu_forward.cu) */
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     unsigned *fcount;              /* [2 + GDN_DEC_CNT] block counters, 0 between launches: the fused router group's (mvq_fuse),
@@ -91,4 +92,20 @@ void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits);
 lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st);
 /* Splits of the decode attention for T rows that s->part holds. */
 int cu_decode_splits(const lcuda_session *s, int T);
+/* One token's decode attention: 128 key splits a KV head, of which as many as give each at least
+ * 32 keys and at least half are used (attn_splits_used): up to 2,048 keys the 64 splits of before,
+ * at 4K and 32K every split's loads in flight (H200, bench/RESULTS.md session 22: a fixed 128
+ * took tg128@32768 333 -> 404 and tg128@4096 504 -> 515, tg128 555 -> 549). LILY_CU_DEC_KMIN=0:
+ * always all 128, for measuring. The decode batches' rows keep cu_decode_splits. */
+#define DECODE_SPLITS 128
+static inline int cu_dec_kmin(void) {
+    static int k = INT_MIN;
+    cu_env_int(&k, "LILY_CU_DEC_KMIN", 32);
+    return k < 0 ? 0 : k;
+}
+/* a session's device bytes for max_ctx tokens of context and chunk-token scratch (cu_session.cu) */
+uint64_t cu_session_bytes(const lily_config *c, int max_ctx, int chunk);
+/* floats of s->D, the experts' down outputs of a chunk's T * K slots (+ the shared expert's row) */
+static inline size_t moe_d_floats(const lcuda_model *m) { return ((size_t)m->chunk * m->cfg.top_k + 1) * m->cfg.hidden; }
+
 #endif
