@@ -1,7 +1,9 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench batch variants ncu   (default: build check kernels model bench batch)
+#   stages: build fixtures check kernels model bench batch variants ncu chain   (default: build check kernels model bench batch)
+#   chain: bench/micro/chain.cu, a synthetic 35B-A3B token as one persistent kernel (direct loads, rings of bulk
+#          copies, launches in a graph; docs/cuda.md "Persistent decode"), at full size and at one row a block
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
 #          lily-server's aggregate decode rate under 1, 4 and 8 concurrent streams (bench/server_concurrency.sh);
 #          tg32x{2,4,8}@1024 again with LILY_MVQB_RW=4 and LILY_MVQB=0 (the 2-8-row matrix-vector kernel's variants)
@@ -23,6 +25,13 @@ fail=0
 for stage in $stages; do
   echo "== $stage ($(date -u +%H:%M:%S))"
   case $stage in
+  chain)
+    nvcc -O3 -arch=sm_90a -Isrc -o "$OUT/chain" bench/micro/chain.cu >"$OUT/chain_build.log" 2>&1 ||
+      { tail -20 "$OUT/chain_build.log"; fail=1; continue; }
+    for a in "6 1" "6 100000"; do
+      "$OUT/chain" $a >"$OUT/chain.log" 2>&1 || fail=1
+      echo "chain $a:"; cat "$OUT/chain.log"
+    done ;;
   build)
     make -j16 CUDA=1 CUDA_ARCH=sm_90a BUILD=build >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
     BIN=build ;;
