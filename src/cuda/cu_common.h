@@ -472,7 +472,7 @@ void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, 
                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout);
 int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
                      int H, const float *SD, const float *sr, const float *nw, float eps, float *tout, uint16_t *tp);
-/* Decode's experts' down with the combine folded in (k_mvdp_comb, cu_mvdp.cu), T = 1:
+/* Decode's experts' down with the combine folded in (k_mvdp_comb, cu_mvdp_comb.cu), T = 1:
  * x = (x + add) + sum_k wt[k] D_sel[k] h_k (+ sigmoid(sr) SD h_K with the shared expert's down SD),
  * h_k = silu(hg[k]) * hu[k] ([K (+1)][I]); the next norm is left to the next launch (mvq_fuse.nw).
  * 0 when it declines (and nothing is launched). _enabled: the forward pass folds (LILY_CU_FOLD=0:

@@ -1,6 +1,7 @@
 /* Device helpers shared by the kernel files split from cu_kernels.cu (cu_matmul.cu, cu_mvq.cu,
  * cu_gdn.cu, cu_attn.cu, cu_moe.cu and cu_kernels.cu itself). static: each unit its own copy, so an
- * emulator mutant (tests/cuda/emu/cu2cpp.py) can break one unit's alone. */
+ * emulator mutant (tests/cuda/emu/cu2cpp.py) can break one unit's alone (one inline definition shared
+ * by the units would let the linker keep the intact one). */
 #ifndef LILY_CU_KERN_H
 #define LILY_CU_KERN_H
 #include "cuda/cu_dev.h"
@@ -10,12 +11,12 @@
  * conversion, which runs at a quarter of the FMA rate and bounded the matrix-vector kernels.
  * Exact; the caller folds the 1 into the group bias: sum q x = 16 (sum f x - sum x). */
 template <int J>
-__device__ __forceinline__ float q4_f1(uint32_t v) {
+static __device__ __forceinline__ float q4_f1(uint32_t v) {
     uint32_t t = J <= 4 ? v << (19 - 4 * J) : v >> (4 * J - 19);
     return __uint_as_float((t & 0x00780000u) | 0x3F800000u);
 }
 template <int J>
-__device__ __forceinline__ float q8_f1(uint32_t v) {
+static __device__ __forceinline__ float q8_f1(uint32_t v) {
     uint32_t t = J <= 1 ? v << (15 - 8 * J) : v >> (8 * J - 15);
     return __uint_as_float((t & 0x007F8000u) | 0x3F800000u);
 }
@@ -34,7 +35,7 @@ static inline __device__ float block_sum(float v, float *sh) {
 }
 
 /* Elements c..c+7 of row r of expert e (c % 8 == 0); columns past the end read as 0. */
-__device__ __forceinline__ void load8(const dmat &m, int e, int r, int c, float out[8]) {
+static __device__ __forceinline__ void load8(const dmat &m, int e, int r, int c, float out[8]) {
     if (m.type == LW_Q) {
         const char *wb = (const char *)m.w + (long long)e * m.ew;
         int ng = m.cols / m.group;
