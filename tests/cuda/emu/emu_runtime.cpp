@@ -6,7 +6,9 @@
  * stacks, allocated once and reused; the scheduler runs warp after warp, each lane until
  * it blocks at a warp operation (released when every live lane of the warp arrived) or at
  * __syncthreads (released when every live thread of the block arrived). Exited threads
- * count as arrived, as on sm_70 and later. */
+ * count as arrived, as on sm_70 and later. A plain launch runs its blocks one after another;
+ * a cooperative one all of them, interleaved round by round, so that they can wait for each
+ * other (grid flags, mbarriers and named barriers: the persistent kernels' primitives). */
 #include "cuda_runtime.h"
 #include <errno.h>
 #include <signal.h>
@@ -255,7 +257,7 @@ struct mbar_t {
     unsigned count, pending;
     unsigned phase;
     long long tx;
-    std::vector<bulk_t> q; /* bulk copies issued, landing at the next mb_test */
+    std::vector<bulk_t> q; /* bulk copies issued, landing at the next operation on the barrier */
 };
 std::map<const void *, mbar_t> mbars;
 /* A cooperative launch's static __shared__ arrays (one C++ static each): the arrays hold the
