@@ -180,6 +180,16 @@ __device__ void stage_input(SmemIn &sm, const float *xin, int Rin, int C, int ti
     bar_c();
 }
 
+/* stage s's input staged: the token's input x0 for the run's first stage, else the previous
+ * stage's outputs (a token's first stage reads the last layer's down) */
+__device__ void stage_in(SmemIn &sm, const Stage *st, int s, bool first, int nst, const float *Y, const float *x0, int tid) {
+    if (first) stage_input(sm, x0, 2048, st[s].C, tid);
+    else {
+        const Stage &p = st[s ? s - 1 : nst - 2];
+        stage_input(sm, Y + p.y, p.R, st[s].C, tid);
+    }
+}
+
 /* mode 0: direct; mode 1: ring of S slots, K copies in flight. cnt[t * nst + s]: blocks done with
  * stage s of token t. tm: block 0's clock at each stage's barrier (T * nst + 1) */
 __global__ void __launch_bounds__(NT, 1) k_chain(const Stage *st, const unsigned char *W, float *Y, const float *x0, int *cnt, int nst,
@@ -222,11 +232,7 @@ __global__ void __launch_bounds__(NT, 1) k_chain(const Stage *st, const unsigned
                 if (blockIdx.x == 0) tm[g] = cu_gtime();
             }
             bar_c();
-            if (g == 0) stage_input(sm.in, x0, 2048, c.C, tid);
-            else {
-                const Stage &p = st[s ? s - 1 : nst - 2]; /* the token's first stage reads the last layer's down */
-                stage_input(sm.in, Y + p.y, p.R, c.C, tid);
-            }
+            stage_in(sm.in, st, s, g == 0, nst, Y, x0, tid);
             int r0, r1;
             rows_of(c, r0, r1);
             const size_t rb = (size_t)c.C * 9 / 16;
@@ -265,11 +271,7 @@ __global__ void __launch_bounds__(NW * 32, 2) k_stage(const Stage *st, const uns
 #endif
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const Stage c = st[s];
-    if (first) stage_input(sm, x0, 2048, c.C, tid);
-    else {
-        const Stage &p = st[s ? s - 1 : nst - 2];
-        stage_input(sm, Y + p.y, p.R, c.C, tid);
-    }
+    stage_in(sm, st, s, first, nst, Y, x0, tid);
     int r0, r1;
     rows_of(c, r0, r1);
     const size_t rb = (size_t)c.C * 9 / 16;
