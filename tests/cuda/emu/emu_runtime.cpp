@@ -634,8 +634,7 @@ void run_grid(const char *name, const emu::launch_cfg &c, const std::function<vo
         }
         for (size_t k = 0; k < nb; k++) {
             size_t b = order ? bperm[k] : k;
-            blockIdx = bid(b);
-            run_blocks(nt, std::vector<uint3>{ bid(b) }, std::vector<char *>{ dyn_base });
+            run_blocks(nt, std::vector<uint3>{ bid(b) }, std::vector<char *>{ dyn_base }); /* (a fiber's switch sets blockIdx) */
             n_blocks++;
             n_threads += (unsigned long long)nt;
         }
