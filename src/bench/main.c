@@ -158,7 +158,8 @@ int main(int argc, char **argv) {
     for (int i = 1; i < max_nb; i++)
         if (lcuda_session_new(m, &bs[i], &st)) { fprintf(stderr, "lily-bench: session %d: %s\n", i + 1, st.msg); return 1; }
     float *blg = max_nb > 1 || strchr(tests, 'x') ? lcuda_host_alloc((size_t)max_nb * cfg.vocab * sizeof(float)) : NULL;
-    if (flag(argc, argv, "--profile")) { /* where the time goes, stage by stage (events between launches, no graph) */
+    const int prof = flag(argc, argv, "--profile");
+    if (prof) { /* where the time goes, stage by stage (events between launches, no graph) */
         static char rep[16384];
         int Ts[3] = { 1, 1, 512 }, Ps[3] = { 0, max_ctx > 4200 ? 4096 : 0, 0 };
         for (int i = 0; i < 3; i++) {
@@ -228,6 +229,17 @@ int main(int argc, char **argv) {
         fflush(out);
         first = 0;
         free(ms);
+        /* --profile with a batch test: one more round of the batch, an event after each stage
+         * (no graph, as the batch runs), printed after the row */
+        if (batched && prof) {
+            static char rep[16384];
+            int32_t ids[64];
+            int pos[64];
+            float *rows[64];
+            for (int i = 0; i < nb; i++) { ids[i] = (int32_t)((i * 7919u + 17u) % (unsigned)cfg.vocab); pos[i] = d + n; rows[i] = blg + (size_t)i * cfg.vocab; }
+            if (lcuda_profile_batch(bs, ids, pos, nb, rows, rep, sizeof rep, &st)) goto fail;
+            fprintf(out, "\n%s\n", rep);
+        }
         continue;
     fail:
         fprintf(stderr, "lily-bench: %s: %s\n", t, st.msg);

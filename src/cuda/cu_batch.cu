@@ -7,6 +7,7 @@
  * for `chunk` tokens) and logits buffer. Each session's state ends as if it had been fed
  * its token alone. */
 #include "cuda/cu_model.h"
+#include <stdio.h>
 #include <stdlib.h>
 
 /* The row table: pos [cap] ints, then 4 x [cap] pointers (conv, S, kc, vc). */
@@ -90,10 +91,21 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
     size_t V = (size_t)m->cfg.vocab;
     for (int i = 0; i < n; i++)
         LCU_CHECK(cudaMemcpyAsync(logits[i], c->lg + i * V, V * sizeof(float), cudaMemcpyDeviceToHost, c->st));
+    cu_prof_mark(c, "logits to the host");
     /* the staging table and ids are reused by the next batch: wait until this one has read them */
     LCU_CHECK(cudaStreamSynchronize(c->st));
     for (int i = 0; i < n; i++) ss[i]->pos = pos[i] + 1;
     return LILY_OK;
+}
+
+lily_code lcuda_profile_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits, char *out,
+                              size_t on, lily_status *st) {
+    cu_prof_start();
+    lily_code rc = lcuda_forward_batch(ss, ids, pos, n, logits, st);
+    char title[64];
+    snprintf(title, sizeof title, "decode batch of %d, pos=%d", n, pos[0]);
+    cu_prof_report(title, out, on); /* (lcuda_forward_batch synchronized the stream) */
+    return rc;
 }
 
 void *lcuda_host_alloc(size_t bytes) {

@@ -228,6 +228,11 @@ int cu_fuse_enabled(void);
  * Y[i] + t * ldy[i] = W[i] x_t for t < T, x_t = X + t * ldx (silu(X) * X2 when X2). */
 void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T,
                     float *const *Y, const int *ldy);
+/* cu_matvec_rows' 2-8-row kernel (k_mvdpb, cu_mvdpb.cu): 1 when it took the launch, 0 when it
+ * declines (then k_mvqb). _test_off(1): declines every launch, for the kernel test. */
+int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
+             const int *ldy);
+void cu_mvdpb_test_off(int off);
 /* Whether the forward pass uses cu_matvec_rows for 2-8 rows (default; LILY_MVQB=0: the older
  * k_mv with 4-byte loads, one launch per matrix, for measuring the difference). */
 int cu_mvqb_enabled(void);

@@ -16,12 +16,13 @@ static struct {
     cudaEvent_t ev[PROF_MAX];
     const char *lab[PROF_MAX];
 } prof;
-static void PM(lcuda_session *s, const char *lab) {
+void cu_prof_mark(lcuda_session *s, const char *lab) {
     if (!prof.on || prof.n >= PROF_MAX) return;
     if (!prof.ev[prof.n]) cudaEventCreate(&prof.ev[prof.n]);
     prof.lab[prof.n] = lab;
     cudaEventRecord(prof.ev[prof.n++], s->st);
 }
+#define PM cu_prof_mark
 
 /* Decode's weights into L2 ahead of their launches, on the second stream (cu_l2_prefetch): a
  * decode step's launches are latency chains that leave the DRAM mostly idle (a token reads 1.8 GB
@@ -523,22 +524,14 @@ void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits) {
     s->hpos = -1;
 }
 
-lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st) {
-    lcuda_model *m = s->m;
-    if (T < 1 || T > m->chunk || pos + T > m->max_ctx) return lily_err(st, LILY_ERANGE, "profile: %d tokens at %d do not fit", T, pos);
-    int32_t *ids = (int32_t *)malloc((size_t)T * sizeof *ids);
-    if (!ids) return lily_err(st, LILY_ENOMEM, "out of memory");
-    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919u + 17u) % (unsigned)m->cfg.vocab);
-    cudaError_t e = cudaMemcpy(s->d_ids, ids, (size_t)T * sizeof *ids, cudaMemcpyHostToDevice);
-    free(ids);
-    if (e != cudaSuccess) return cu_fail(st, e, "profile ids", __FILE__, __LINE__);
+void cu_prof_start(void) {
     prof.on = 1;
     prof.n = 0;
-    cu_enqueue_chunk(s, T, pos, 1);
+}
+
+/* the time between consecutive marks summed by label, largest first, as a markdown table */
+void cu_prof_report(const char *title, char *out, size_t n) {
     prof.on = 0;
-    LCU_CHECK(cudaStreamSynchronize(s->st));
-    LCU_CHECK(cudaGetLastError());
-    /* sum the time between consecutive marks by label */
     const char *lab[64];
     double ms[64];
     int cnt[64], nl = 0;
@@ -552,7 +545,7 @@ lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, l
         if (k < nl) { ms[k] += f; cnt[k]++; }
         tot += f;
     }
-    size_t o = (size_t)snprintf(out, n, "| stage (T=%d, pos=%d) | launches | ms | %% |\n| --- | ---: | ---: | ---: |\n", T, pos);
+    size_t o = (size_t)snprintf(out, n, "| stage (%s) | launches | ms | %% |\n| --- | ---: | ---: | ---: |\n", title);
     for (int pass = 0; pass < nl; pass++) { /* largest first */
         int b = -1;
         for (int k = 0; k < nl; k++) if (cnt[k] >= 0 && (b < 0 || ms[k] > ms[b])) b = k;
@@ -560,6 +553,25 @@ lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, l
         cnt[b] = -1;
     }
     if (o < n) snprintf(out + o, n - o, "| total | | %.3f | 100 |\n", tot);
+}
+
+lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st) {
+    lcuda_model *m = s->m;
+    if (T < 1 || T > m->chunk || pos + T > m->max_ctx) return lily_err(st, LILY_ERANGE, "profile: %d tokens at %d do not fit", T, pos);
+    int32_t *ids = (int32_t *)malloc((size_t)T * sizeof *ids);
+    if (!ids) return lily_err(st, LILY_ENOMEM, "out of memory");
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 7919u + 17u) % (unsigned)m->cfg.vocab);
+    cudaError_t e = cudaMemcpy(s->d_ids, ids, (size_t)T * sizeof *ids, cudaMemcpyHostToDevice);
+    free(ids);
+    if (e != cudaSuccess) return cu_fail(st, e, "profile ids", __FILE__, __LINE__);
+    cu_prof_start();
+    cu_enqueue_chunk(s, T, pos, 1);
+    prof.on = 0;
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    LCU_CHECK(cudaGetLastError());
+    char title[64];
+    snprintf(title, sizeof title, "T=%d, pos=%d", T, pos);
+    cu_prof_report(title, out, n);
     s->pos = pos + T;
     return LILY_OK;
 }

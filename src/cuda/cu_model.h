@@ -87,6 +87,11 @@ lily_code cu_model_finish(lcuda_model *m, lily_status *st); /* chunk size, rope 
 void cu_enqueue_forward(lcuda_session *s, int T, int logits);
 /* The same for a prefill chunk at position pos: sets d_pos, and hpos while enqueuing. */
 void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits);
+/* lcuda_profile's marks: on from cu_prof_start; cu_prof_report (after the stream's sync) turns
+ * them off and writes the time a stage as a markdown table */
+void cu_prof_start(void);
+void cu_prof_mark(lcuda_session *s, const char *lab);
+void cu_prof_report(const char *title, char *out, size_t n);
 /* Makes s->lg hold at least `rows` rows of logits (the decode graph, which captured the
  * old buffer, is dropped and rebuilt on next use). */
 lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st);

@@ -260,6 +260,57 @@ static __device__ __forceinline__ void dp_fetch(const dp_rows &t, int sbt, int g
     }
 }
 
+/* A group's three exact integer sums for R rows: the codes c (BITS / 2 uint4 a row) against the
+ * staged input's bytes xg (dp_put's layout), H the high bytes' sum, M the middle's, L the low's */
+template <int R, int BITS>
+static __device__ __forceinline__ void dp_gsum(const uint4 (&c)[R][BITS / 2], const uint4 *xg, int (&H)[R], int (&M)[R], int (&L)[R]) {
+#pragma unroll
+    for (int k = 0; k < R; k++) H[k] = M[k] = L[k] = 0;
+    if (BITS == 8) /* a word of codes is 4 columns in order: the staged bytes put back in order */
+#pragma unroll
+        for (int p = 0; p < 4; p++) { /* 8-column words 2p, 2p + 1 */
+            uint32_t xn[2][3][2]; /* [word][level][columns 0-3, 4-7] */
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int lev = 0; lev < 3; lev++) {
+                    const uint4 v = xg[3 * p + lev];
+                    xn[h][lev][0] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x5140);
+                    xn[h][lev][1] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x7362);
+                }
+#pragma unroll
+            for (int k = 0; k < R; k++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int q = 0; q < 2; q++) {
+                        const int wi = 4 * p + 2 * h + q; /* the code word: columns 4 wi .. 4 wi + 3 */
+                        const uint32_t wv = dp_word(c[k][wi / 4 % (BITS / 2)], wi % 4);
+                        H[k] = cu_dp4a(wv, xn[h][0][q], H[k]);
+                        M[k] = cu_dp4a(wv, xn[h][1][q], M[k]);
+                        L[k] = cu_dp4a(wv, xn[h][2][q], L[k]);
+                    }
+        }
+    else
+#pragma unroll
+    for (int p = 0; p < 4; p++) { /* word pairs 2p, 2p + 1 */
+        const uint4 xh = xg[3 * p], xm = xg[3 * p + 1], xl = xg[3 * p + 2];
+#pragma unroll
+        for (int k = 0; k < R; k++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint32_t wv = dp_word(c[k][p / 2], 2 * (p % 2) + h);
+                const uint32_t ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
+                H[k] = cu_dp4a(ev, dp_word(xh, 2 * h), H[k]);
+                H[k] = cu_dp4a(od, dp_word(xh, 2 * h + 1), H[k]);
+                M[k] = cu_dp4a(ev, dp_word(xm, 2 * h), M[k]);
+                M[k] = cu_dp4a(od, dp_word(xm, 2 * h + 1), M[k]);
+                L[k] = cu_dp4a(ev, dp_word(xl, 2 * h), L[k]);
+                L[k] = cu_dp4a(od, dp_word(xl, 2 * h + 1), L[k]);
+            }
+    }
+}
+
 /* One tile: the R rows of t over the input xg's groups (a lane the groups sub, sub + LPR, ...),
  * reduced across the LPR lanes; rsel: the row (of the R) whose whole sum the lane returns, valid
  * on lanes with (sub & (LPR / R - 1)) == 0. have: c, sc, bi hold group sub already (fetched early). */
@@ -280,51 +331,7 @@ static __device__ __forceinline__ float dp_tile(const dp_rows &t, int sbt, int n
         if (next) dp_fetch<R, SBT, BITS>(t, sbt, g + LPR, nrow16, ngr, c2, sc2, bi2);
         const uint4 *xg = dxs + (size_t)g * DP_G4;
         int H[R], M[R], L[R];
-#pragma unroll
-        for (int k = 0; k < R; k++) H[k] = M[k] = L[k] = 0;
-        if (BITS == 8) /* a word of codes is 4 columns in order: the staged bytes put back in order */
-#pragma unroll
-            for (int p = 0; p < 4; p++) { /* 8-column words 2p, 2p + 1 */
-                uint32_t xn[2][3][2]; /* [word][level][columns 0-3, 4-7] */
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-#pragma unroll
-                    for (int lev = 0; lev < 3; lev++) {
-                        const uint4 v = xg[3 * p + lev];
-                        xn[h][lev][0] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x5140);
-                        xn[h][lev][1] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x7362);
-                    }
-#pragma unroll
-                for (int k = 0; k < R; k++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int q = 0; q < 2; q++) {
-                            const int wi = 4 * p + 2 * h + q; /* the code word: columns 4 wi .. 4 wi + 3 */
-                            const uint32_t wv = dp_word(c[k][wi / 4 % (BITS / 2)], wi % 4);
-                            H[k] = cu_dp4a(wv, xn[h][0][q], H[k]);
-                            M[k] = cu_dp4a(wv, xn[h][1][q], M[k]);
-                            L[k] = cu_dp4a(wv, xn[h][2][q], L[k]);
-                        }
-            }
-        else
-#pragma unroll
-        for (int p = 0; p < 4; p++) { /* word pairs 2p, 2p + 1 */
-            const uint4 xh = xg[3 * p], xm = xg[3 * p + 1], xl = xg[3 * p + 2];
-#pragma unroll
-            for (int k = 0; k < R; k++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const uint32_t wv = dp_word(c[k][p / 2], 2 * (p % 2) + h);
-                    const uint32_t ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
-                    H[k] = cu_dp4a(ev, dp_word(xh, 2 * h), H[k]);
-                    H[k] = cu_dp4a(od, dp_word(xh, 2 * h + 1), H[k]);
-                    M[k] = cu_dp4a(ev, dp_word(xm, 2 * h), M[k]);
-                    M[k] = cu_dp4a(od, dp_word(xm, 2 * h + 1), M[k]);
-                    L[k] = cu_dp4a(ev, dp_word(xl, 2 * h), L[k]);
-                    L[k] = cu_dp4a(od, dp_word(xl, 2 * h + 1), L[k]);
-                }
-        }
+        dp_gsum<R, BITS>(c, xg, H, M, L);
         const uint4 meta = xg[12];
         const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
 #pragma unroll

@@ -594,10 +594,18 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
         env_rw = e && atoi(e) == 4 ? 4 : 1;
     }
     for (int i = 1; i < n && T > 1; i++) /* (k_mvq, for one row, takes mixed widths) */
-        if (W[i]->bits != W[0]->bits) {
-            for (int k = 0; k < n; k++) cu_matvec_rows(s, 1, &W[k], X, X2, ldx, T, &Y[k], &ldy[k]);
+        if (W[i]->bits != W[0]->bits) { /* a launch for each width (the router group: 8-bit router and gates, 4-bit gate|up) */
+            const dmat *w[2][MVQ_MAX];
+            float *y[2][MVQ_MAX];
+            int ld[2][MVQ_MAX], k[2] = { 0, 0 };
+            for (int j = 0; j < n; j++) {
+                const int b = W[j]->bits != W[0]->bits;
+                w[b][k[b]] = W[j]; y[b][k[b]] = Y[j]; ld[b][k[b]++] = ldy[j];
+            }
+            for (int b = 0; b < 2; b++) cu_matvec_rows(s, k[b], w[b], X, X2, ldx, T, y[b], ld[b]);
             return;
         }
+    if (T > 1 && cu_mvdpb(s, n, W, X, X2, ldx, T, Y, ldy)) return;
     int bits = W[0]->bits;
     int rw_max = lpr == 32 ? 4 : lpr == 16 ? 2 : 1, rw = env_rw < rw_max ? env_rw : rw_max;
     int rpb = 8 * (32 / lpr) * rw; /* eight warps */

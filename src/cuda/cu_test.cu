@@ -402,7 +402,7 @@ lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int n
     return rc;
 }
 
-lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y,
+lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
                           lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat d[MVQ_MAX];
@@ -421,7 +421,15 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
     float *dx2 = X2 ? (float *)dput(&L, X2, (size_t)T * cols * 4, st, &rc) : NULL;
     for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
-    if (!rc) cu_matvec_rows(0, n, dp, dx, dx2, cols, T, dy, ld);
+    if (!rc && kern >= 2) {
+        cu_mvdpb_test_off(kern == 3 ? -1 : 0);
+        if (!cu_mvdpb(0, n, dp, dx, dx2, cols, T, dy, ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpb declined the launch");
+        cu_mvdpb_test_off(0);
+    } else if (!rc) {
+        cu_mvdpb_test_off(kern == 1);
+        cu_matvec_rows(0, n, dp, dx, dx2, cols, T, dy, ld);
+        cu_mvdpb_test_off(0);
+    }
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
     dfree(&L);

@@ -103,4 +103,7 @@ lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_samplin
 /* Runs one T-token forward at pos (T <= the backend's chunk) with an event after every stage
  * and writes a markdown table of the time per stage, largest first. */
 lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st);
+/* lcuda_forward_batch (logits to logits[i]) with the same table for the batch's round */
+lily_code lcuda_profile_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits, char *out,
+                              size_t on, lily_status *st);
 #endif

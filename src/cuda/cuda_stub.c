@@ -67,3 +67,8 @@ lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, l
     (void)s; (void)T; (void)pos; (void)out; (void)n;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
+lily_code lcuda_profile_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits, char *out,
+                              size_t on, lily_status *st) {
+    (void)ss; (void)ids; (void)pos; (void)n; (void)logits; (void)out; (void)on;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}

@@ -172,7 +172,9 @@ static void test_matvec_range(lily_pool *pool, int rows, int cols) {
 
 /* The matrix-vector kernel for T input rows (decode batches, cu_matvec_rows): n matrices
  * reading the same T rows in one launch, optionally through the fused SwiGLU input; bits 0:
- * 4- and 8-bit matrices alternating (one launch per code width). */
+ * 4- and 8-bit matrices alternating (one launch per code width). Each case three ways: as
+ * cu_matvec_rows picks, without k_mvdpb (k_mvqb), and k_mvdpb's two forms alone where it takes
+ * the shape (cols % 64 == 0, at least 512; dp 1: it must). */
 static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, int cols, int T, int swiglu) {
     void *hold[4][3];
     lw_mat W[4];
@@ -187,17 +189,24 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
     float *xin = malloc((size_t)T * cols * 4);
     for (size_t k = 0; k < (size_t)T * cols; k++) xin[k] = swiglu ? X[k] / (1.0f + expf(-X[k])) * X2[k] : X[k];
     for (int i = 0; i < n; i++) cpu_matmul(pool, &W[i], xin, T, ref[i]);
-    lily_status st = { 0 };
-    char what[160];
-    snprintf(what, sizeof what, "matvec rows q%s n=%d %dx%d T=%d%s", bits == 8 ? "8" : bits == 4 ? "4" : "4+8", n, rows[0], cols, T, swiglu ? " swiglu" : "");
-    if (lct_matvec_rows(W, n, X, X2, T, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-    else {
-        double worst = 0;
-        for (int i = 0; i < n; i++) {
-            double r = rel(Y[i], ref[i], (size_t)T * rows[i]);
-            if (!(r <= worst)) worst = r;
+    static const char *kname[4] = { "", " k_mvqb", " k_mvdpb", " k_mvdpb pf" };
+    const int dp = bits != 0 && cols % 64 == 0 && cols >= 512;
+    for (int kern = 0; kern < 2 + 2 * dp; kern++) {
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "matvec rows q%s n=%d %dx%d T=%d%s%s", bits == 8 ? "8" : bits == 4 ? "4" : "4+8", n, rows[0], cols, T,
+                 swiglu ? " swiglu" : "", kname[kern]);
+        for (int i = 0; i < n; i++)
+            for (size_t k = 0; k < (size_t)T * rows[i]; k++) Y[i][k] = NAN;
+        if (lct_matvec_rows(W, n, X, X2, T, Y, kern, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+        else {
+            double worst = 0;
+            for (int i = 0; i < n; i++) {
+                double r = rel(Y[i], ref[i], (size_t)T * rows[i]);
+                if (!(r <= worst)) worst = r;
+            }
+            report(what, worst, 1e-5);
         }
-        report(what, worst, 1e-5);
     }
     for (int i = 0; i < n; i++) {
         free(ref[i]); free(Y[i]);
@@ -1437,6 +1446,12 @@ int main(int argc, char **argv) {
         test_matvec_rows(pool, 4, 2, rows, 4096, 8, 0);
         test_matvec_rows(pool, 4, 1, rows, 12288, 3, 1);
         test_matvec_rows(pool, 0, 2, rows, 1024, 6, 0);
+        /* the 35B-A3B's batch shapes: DeltaNet's in-projection (k_mvdpb's 8 rows a pass, R 2), the
+         * out-projection, the router group's 8-bit router with the shared expert's gate */
+        const int inp[4] = { 8192, 4096, 32, 32 }, rtr[2] = { 256, 1 }, outp[1] = { 2048 };
+        test_matvec_rows(pool, 4, 4, inp, 2048, 8, 0);
+        test_matvec_rows(pool, 4, 1, outp, 4096, 5, 0);
+        test_matvec_rows(pool, 8, 2, rtr, 2048, 3, 0);
     }
     { /* decode's grouped launches (k_mvdp and the kernels it stands beside): DeltaNet's in-projection,
        * the experts' gate|up and down with the shared expert riding along, an out-projection, odd
