@@ -88,7 +88,26 @@ static void xp_used(lcuda_session *s, int ready) { if (!ready) s->xp_src = NULL;
 
 /* One prefill projection, Y [T][W->rows] = X W^T: through the packed-input tensor-core GEMM where
  * it takes the matrix, else cu_matmul. */
+/* Whether a pass of T rows takes the matrix-vector kernels (fp32 or the exact integer form, as one
+ * token's step) rather than the tensor-core GEMMs (fp16 inputs): decode (T <= 8) and decode batches of
+ * up to LILY_CU_BATCH_MV rows (default 16), so that a session's tokens do not depend on how many others
+ * share its batch (bench/RESULTS.md session 27). Larger batches take the GEMMs, which read each
+ * weight once for all rows. */
+static int mv_pass(const lcuda_session *s, int T) {
+    static int mx = INT_MIN;
+    return T <= 8 || (s->rows && T <= cu_env_int(&mx, "LILY_CU_BATCH_MV", 16));
+}
+static int mv_rows_ok(const lcuda_session *s, int T) { return T == 1 || (mv_pass(s, T) && cu_mvqb_enabled()); }
+
+/* T rows of W X into Y through cu_matvec_rows where mv_pass wants it past cu_matmul's 8 rows */
+static int proj_mv(lcuda_session *s, const dmat *W, const float *X, int ldx, int T, float *Y) {
+    if (T <= 8 || !mv_rows_ok(s, T) || !cu_mvq_ok(W)) return 0;
+    const int ld = W->rows;
+    cu_matvec_rows(s->st, 1, &W, X, NULL, ldx, T, &Y, &ld);
+    return 1;
+}
 static void proj(lcuda_session *s, const dmat *W, const float *X, int ldx, int T, float *Y) {
+    if (proj_mv(s, W, X, ldx, T, Y)) return;
     const int in = xp_ready(s, X);
     if (!cu_gemm_tc_xp2(s->st, W, X, ldx, T, Y, NULL, W->rows, s->xpx, in)) cu_matmul(s->st, W, X, ldx, T, Y, W->rows);
     xp_used(s, in);
@@ -97,6 +116,8 @@ static void proj(lcuda_session *s, const dmat *W, const float *X, int ldx, int T
  * split its columns in two (cu_gemm_tc_xp2), the second part into s->D (the experts' down
  * outputs, free until this layer's experts run). */
 static void proj_out(lcuda_session *s, const dmat *W, const float *X, int ldx, int T) {
+    s->y2 = NULL;
+    if (proj_mv(s, W, X, ldx, T, s->y)) return;
     const int in = xp_ready(s, X);
     const int parts = cu_gemm_tc_xp2(s->st, W, X, ldx, T, s->y, s->D, W->rows, s->xpx, in);
     xp_used(s, in);
@@ -105,14 +126,14 @@ static void proj_out(lcuda_session *s, const dmat *W, const float *X, int ldx, i
 }
 
 static void proj_group(lcuda_session *s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y) {
-    int ok = (T == 1 || (T <= 8 && cu_mvqb_enabled())) && n <= MVQ_MAX, ld[MVQ_MAX];
+    int ok = mv_rows_ok(s, T) && n <= MVQ_MAX, ld[MVQ_MAX];
     for (int i = 0; i < n && ok; i++) {
         ok = cu_mvq_ok(W[i]) && W[i]->cols == W[0]->cols;
         ld[i] = W[i]->rows;
     }
     if (ok) { cu_matvec_rows(s->st, n, W, X, NULL, ldx, T, Y, ld); return; }
     const int in = xp_ready(s, X);
-    const int done = T > 8 && cu_gemm_tc_group(s->st, n, W, X, ldx, T, Y, s->xpx, in); /* prefill: one launch for the group */
+    const int done = !mv_pass(s, T) && cu_gemm_tc_group(s->st, n, W, X, ldx, T, Y, s->xpx, in); /* prefill: one launch for the group */
     xp_used(s, in);
     if (done) return;
     for (int i = 0; i < n; i++) cu_matmul(s->st, W[i], X, ldx, T, Y[i], W[i]->rows);
@@ -313,7 +334,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
     const int shx = add && SI && moe_shared_slot(s, L);
-    const int side = !add && T > 8 && SI && s->st2; /* the shared expert on the second stream */
+    const int side = !add && !mv_pass(s, T) && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
     int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch */
     if (add) {
@@ -335,7 +356,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         route = !fu.sel && T == 1 && cu_route_fused() && E <= 256 && K <= 32;
         if (!fu.sel && !route) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
-    } else if (T <= 8) {
+    } else if (mv_pass(s, T)) {
         proj_group(s, SI ? 4 : 1, RW, s->t, H, T, RY);
     } else { /* the router and the shared expert's gate decide (which experts, how much of the
               * shared one): exact fp32 tiles, so routing does not turn on the tensor cores'
@@ -359,7 +380,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     }
     if (!add) {
         PM(s, "moe router|shared gate|up|gate (+ top-k past 8 rows)");
-        if (T <= 8) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
+        if (mv_pass(s, T)) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe top-k");
     }
     if (pf_on(s, T) && (pf_parts() & 6)) { /* the chosen experts' down, then the next layer's in-projection */
@@ -372,7 +393,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         if (next && (pf_parts() & 4)) cu_l2_prefetch(s->st2, pf_mixer_in(next, Wn), Wn, NULL, 0);
     }
     const int *pos = NULL;
-    if (T <= 8) { /* decode (and batches of up to 8 rows): one matrix-vector pass per (token, expert) slot */
+    if (mv_pass(s, T)) { /* decode (and its batches, mv_pass): one matrix-vector pass per (token, expert) slot */
         const dmat *W[2] = { &L->gate, &L->up };
         float *Y[2] = { s->hg, s->hu };
         int ld[2] = { I, I };
@@ -453,7 +474,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         cudaStreamWaitEvent(q, s->evj, 0);
         SD = s->SD;
     } else if (SI) {
-        if ((T == 1 || (T <= 8 && cu_mvqb_enabled())) && cu_mvq_ok(&L->sh_down)) {
+        if (mv_rows_ok(s, T) && cu_mvq_ok(&L->sh_down)) {
             const dmat *W[1] = { &L->sh_down };
             float *Y[1] = { s->SD };
             int ld[1] = { H };
@@ -508,7 +529,9 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
             cu_rmsnorm(s->st, s->x, NULL, s->fold_nw, H, 1, eps, s->t);
             s->fold_nw = NULL;
         }
-    } else if (logits == 2) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
+    } else if (logits == 2) {
+        if (!proj_mv(s, &m->lm_head, s->t, H, T, s->lg)) cu_matmul(s->st, &m->lm_head, s->t, H, T, s->lg, c->vocab);
+    }
     else if (logits) cu_matmul(s->st, &m->lm_head, s->t + (size_t)(T - 1) * H, H, 1, s->lg, c->vocab);
     PM(s, "lm_head");
     /* the prefetches joined after the lm_head, which reads nothing they fetch: joined before it, it

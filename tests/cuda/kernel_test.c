@@ -1194,6 +1194,10 @@ static void batch_tests(int small) {
         c.full_attn[0] = 0; c.full_attn[1] = 1;
         int lens[4] = { 1, 9, 20, 31 };
         test_batch("tiny", &c, 64, 4, lens);
+        /* past 8 rows: still the matrix-vector kernels (mv_pass), not the fp16 GEMMs, so each row
+         * matches its session alone to 1e-4 (the GEMMs' fp16 inputs miss it: LILY_CU_BATCH_MV=8) */
+        int lens12[12] = { 2, 30, 7, 1, 15, 22, 4, 11, 28, 9, 3, 17 };
+        test_batch("tiny x12", &c, 64, 12, lens12);
         /* odd heads: the generic attention and delta-rule kernels, experts grouped (5 x 7 > 32) */
         c.n_heads = 3; c.n_kv_heads = 1; c.head_dim = 64; c.rot_dim = 16;
         c.lin_nk = 1; c.lin_nv = 2; c.lin_dk = 64; c.lin_dv = 64; c.n_experts = 12; c.top_k = 7;
@@ -1203,8 +1207,9 @@ static void batch_tests(int small) {
     } else { /* the 35B-A3B widths, four layers, eight sessions up to 1,000 tokens in */
         synth_preset("35b-a3b", &c, &st);
         c.n_layers = 4;
-        int lens[8] = { 1, 17, 100, 250, 511, 1000, 64, 3 };
+        int lens[12] = { 1, 17, 100, 250, 511, 1000, 64, 3, 700, 33, 2, 129 };
         test_batch("35b-a3b x4 layers", &c, 1100, 8, lens);
+        test_batch("35b-a3b x4 layers, 12 rows", &c, 1100, 12, lens);
     }
 }
 
