@@ -28,6 +28,7 @@ static lily_code meta_grow(lcuda_session *s, int n, lily_status *st) {
     }
     cudaFree(s->bmeta_d);
     cudaFreeHost(s->bmeta_h);
+    cu_batch_graphs_drop(s); /* (they read the old table) */
     s->bmeta_d = d;
     s->bmeta_h = h;
     s->bcap = cap;
@@ -40,6 +41,44 @@ static lily_code one_by_one(lcuda_session **ss, const int32_t *ids, const int *p
         lily_code rc = lcuda_forward(ss[i], &ids[i], 1, pos[i], logits[i], 0, st);
         if (rc) return rc;
     }
+    return LILY_OK;
+}
+
+void cu_batch_graphs_drop(lcuda_session *s) {
+    for (int i = 0; i < LCU_BGRAPHS; i++)
+        if (s->bgraph[i]) {
+            cudaGraphExecDestroy(s->bgraph[i]);
+            s->bgraph[i] = NULL;
+        }
+}
+
+/* The batch's pass (c->rows set) as a CUDA graph, one a row count, captured on the carrier's first
+ * batch of that many rows: a round's ~300 launches otherwise cost the host ~1 ms and the GPU a
+ * launch gap each without programmatic edges (what the decode loop's graph removed for one row).
+ * Every round reads its ids and row table from the carrier's device buffers, whose contents change
+ * and addresses do not; meta_grow and cu_logit_rows drop the graphs when they reallocate. Not while
+ * lily-bench profiles (events between stages). LILY_CU_BATCH_GRAPH=0: launches, for measuring. */
+static lily_code enqueue_pass(lcuda_session *c, int n, lily_status *st) {
+    static int on = -1;
+    if (n >= LCU_BGRAPHS || cu_prof_on() || !cu_env_flag(&on, "LILY_CU_BATCH_GRAPH", 1)) {
+        cu_enqueue_forward(c, n, 2);
+        return LILY_OK;
+    }
+    if (!c->bgraph[n]) {
+        cudaGraph_t g;
+        LCU_CHECK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
+        cu_enqueue_forward(c, n, 2);
+        cudaError_t e = cudaStreamEndCapture(c->st, &g);
+        if (e != cudaSuccess) return cu_fail(st, e, "graph capture of a decode batch", __FILE__, __LINE__);
+        cu_graph_pdl(g);
+        e = cudaGraphInstantiate(&c->bgraph[n], g, 0);
+        cudaGraphDestroy(g);
+        if (e != cudaSuccess) {
+            c->bgraph[n] = NULL;
+            return cu_fail(st, e, "cudaGraphInstantiate (decode batch)", __FILE__, __LINE__);
+        }
+    }
+    LCU_CHECK(cudaGraphLaunch(c->bgraph[n], c->st));
     return LILY_OK;
 }
 
@@ -83,8 +122,9 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
     LCU_CHECK(cudaMemcpyAsync(c->bmeta_d, c->bmeta_h, meta_bytes(cap), cudaMemcpyHostToDevice, c->st));
     LCU_CHECK(cudaMemcpyAsync(c->d_ids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st));
     c->rows = &R;
-    cu_enqueue_forward(c, n, 2);
+    lily_code rc2 = enqueue_pass(c, n, st);
     c->rows = NULL;
+    if (rc2) return rc2;
     LCU_CHECK(cudaGetLastError());
     /* each row straight to its session's buffer (page-locked in lily's sessions: no staging
      * copy, no [n][V] host array to fill and copy out again) */

@@ -12,7 +12,7 @@
  * programmatic one (CU_PDL in cu_common.h): the successor is scheduled while the
  * predecessor runs and waits for it in its first statement. Off with LILY_CU_PDL=0 or below
  * compute capability 9.0. An edge that cannot be changed is left as it was. */
-static void graph_pdl(cudaGraph_t g) {
+void cu_graph_pdl(cudaGraph_t g) {
 #ifdef __CUDACC_EMU__ /* the emulator's graphs replay launches in order: nothing to overlap */
     (void)g;
 #else
@@ -54,7 +54,7 @@ static lily_code build_graph(lcuda_session *s, cu_sampler *smp, lily_status *st)
     cu_step_advance(s->st, s->d_tok, s->d_ids, s->d_pos, s->d_step, s->ring_d, LCU_RING);
     cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (e != cudaSuccess) return cu_fail(st, e, "graph capture of the decode step", __FILE__, __LINE__);
-    graph_pdl(g);
+    cu_graph_pdl(g);
     e = cudaGraphInstantiate(out, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess) { *out = NULL; return cu_fail(st, e, "cudaGraphInstantiate", __FILE__, __LINE__); }

@@ -547,6 +547,8 @@ void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits) {
     s->hpos = -1;
 }
 
+int cu_prof_on(void) { return prof.on; }
+
 void cu_prof_start(void) {
     prof.on = 1;
     prof.n = 0;
@@ -613,6 +615,7 @@ lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st) {
         cudaGraphExecDestroy(s->graph);
         s->graph = NULL;
     }
+    cu_batch_graphs_drop(s); /* (so did these) */
     return LILY_OK;
 }
 

@@ -10,6 +10,7 @@ extern "C" {
 
 #define LCU_SNAPSHOTS 4
 #define LCU_RING 64
+#define LCU_BGRAPHS 33 /* decode batches of up to 32 rows run as graphs (cu_batch.cu) */
 
 typedef struct {
     int full;
@@ -73,6 +74,7 @@ struct lcuda_session {
     void *bmeta_d, *bmeta_h;
     int bcap;
     cudaGraphExec_t graph;
+    cudaGraphExec_t bgraph[LCU_BGRAPHS]; /* [n]: the pass of a decode batch of n rows this session carries, or NULL */
     cudaEvent_t ev[4];
     struct cu_sampler *samp;       /* GPU sampling (cu_sample.cu), made on first use */
 };
@@ -90,11 +92,16 @@ void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits);
 /* lcuda_profile's marks: on from cu_prof_start; cu_prof_report (after the stream's sync) turns
  * them off and writes the time a stage as a markdown table */
 void cu_prof_start(void);
+int cu_prof_on(void);
 void cu_prof_mark(lcuda_session *s, const char *lab);
 void cu_prof_report(const char *title, char *out, size_t n);
 /* Makes s->lg hold at least `rows` rows of logits (the decode graph, which captured the
  * old buffer, is dropped and rebuilt on next use). */
 lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st);
+/* Drops the decode batches' graphs s carries (their buffers were reallocated, or s is freed). */
+void cu_batch_graphs_drop(lcuda_session *s);
+/* A captured graph's kernel-to-kernel edges made programmatic where cu_pdl_on (cu_decode.cu). */
+void cu_graph_pdl(cudaGraph_t g);
 /* Splits of the decode attention for T rows that s->part holds. */
 int cu_decode_splits(const lcuda_session *s, int T);
 /* One token's decode attention: 128 key splits a KV head, of which as many as give each at least
