@@ -615,6 +615,10 @@ lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st) {
         cudaGraphExecDestroy(s->graph);
         s->graph = NULL;
     }
+    if (s->fgraph) {
+        cudaGraphExecDestroy(s->fgraph);
+        s->fgraph = NULL;
+    }
     cu_batch_graphs_drop(s); /* (so did these) */
     return LILY_OK;
 }
@@ -625,6 +629,38 @@ int cu_decode_splits(const lcuda_session *s, int T) {
     int sp = 64 / T < 16 ? 16 : 64 / T; /* (64 over the rows: the batches' measured split, session 14) */
     while (sp > 1 && (long long)T * sp > cap) sp /= 2;
     return sp;
+}
+
+/* One token's pass with its logits (s->d_ids, s->d_pos set) as a CUDA graph, captured on first use
+ * and replayed: the server's streams feed one token a round (alone, or a batch of one) and took
+ * ~300 launches a token without programmatic edges (tg32x1@1024 370 tok/s against the decode loop's
+ * 567, bench/RESULTS.md session 27). Position-independent as the decode loop's graph is (the same
+ * pass without its argmax and step). cu_logit_rows drops it with the logits it wrote.
+ * LILY_CU_FWD_GRAPH=0: launches, for measuring. */
+static int forward1(lcuda_session *s, lily_status *st, lily_code *rc) {
+    static int on = -1;
+    if (!cu_env_flag(&on, "LILY_CU_FWD_GRAPH", 1)) return 0;
+    if (!s->fgraph) {
+        cudaGraph_t g;
+        cudaError_t e = cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal);
+        if (e == cudaSuccess) {
+            cu_enqueue_forward(s, 1, 1);
+            e = cudaStreamEndCapture(s->st, &g);
+        }
+        if (e == cudaSuccess) {
+            cu_graph_pdl(g);
+            e = cudaGraphInstantiate(&s->fgraph, g, 0);
+            cudaGraphDestroy(g);
+        }
+        if (e != cudaSuccess) {
+            s->fgraph = NULL;
+            *rc = cu_fail(st, e, "graph capture of a one-token pass", __FILE__, __LINE__);
+            return 1;
+        }
+    }
+    cudaError_t e = cudaGraphLaunch(s->fgraph, s->st);
+    *rc = e == cudaSuccess ? LILY_OK : cu_fail(st, e, "cudaGraphLaunch", __FILE__, __LINE__);
+    return 1;
 }
 
 lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits, int all_logits, lily_status *st) {
@@ -640,7 +676,12 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
         int last = i + k == T;
         LCU_CHECK(cudaMemcpyAsync(s->d_ids, ids + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
         int mode = !logits ? 0 : all_logits ? 2 : last ? 1 : 0;
-        cu_enqueue_chunk(s, k, pos + i, mode);
+        lily_code rc = LILY_OK;
+        if (k == 1 && mode) { /* (one row: modes 1 and 2 are the same pass) */
+            cu_set_int(s->st, s->d_pos, pos + i);
+            if (!forward1(s, st, &rc)) cu_enqueue_chunk(s, k, pos + i, mode);
+            if (rc) return rc;
+        } else cu_enqueue_chunk(s, k, pos + i, mode);
         LCU_CHECK(cudaGetLastError());
         if (mode == 2) LCU_CHECK(cudaMemcpyAsync(logits + (size_t)i * V, s->lg, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
         if (mode == 1) LCU_CHECK(cudaMemcpyAsync(logits, s->lg, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s->st));

@@ -74,6 +74,7 @@ struct lcuda_session {
     void *bmeta_d, *bmeta_h;
     int bcap;
     cudaGraphExec_t graph;
+    cudaGraphExec_t fgraph;        /* lcuda_forward's one-token pass with its logits (cu_forward.cu), or NULL */
     cudaGraphExec_t bgraph[LCU_BGRAPHS]; /* [n]: the pass of a decode batch of n rows this session carries, or NULL */
     cudaEvent_t ev[4];
     struct cu_sampler *samp;       /* GPU sampling (cu_sample.cu), made on first use */

@@ -42,6 +42,7 @@ void lcuda_session_free(lcuda_session *s) {
     if (!s) return;
     if (s->st) cudaStreamSynchronize(s->st);
     if (s->graph) cudaGraphExecDestroy(s->graph);
+    if (s->fgraph) cudaGraphExecDestroy(s->fgraph);
     cu_batch_graphs_drop(s);
     cu_sampler_free(s->samp);
     float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
