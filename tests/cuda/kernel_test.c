@@ -259,6 +259,8 @@ int main(int argc, char **argv) {
         test_matvec_rows(pool, 4, 4, inp, 2048, 8, 0);
         test_matvec_rows(pool, 4, 1, outp, 4096, 5, 0);
         test_matvec_rows(pool, 8, 2, rtr, 2048, 3, 0);
+        /* a batch past 8 rows (mv_pass): k_mvdpb's passes of 8 rows, the last of one */
+        test_matvec_rows(pool, 4, 2, inp + 1, 2048, 17, 1);
     }
     { /* decode's grouped launches (k_mvdp and the kernels it stands beside): DeltaNet's in-projection,
        * the experts' gate|up and down with the shared expert riding along, an out-projection, odd
