@@ -7,14 +7,18 @@
  * 14 MB matrix: 80 us a launch, 0.18 TB/s, and a batch of 8 cost 7 times one token's step
  * (bench/RESULTS.md session 27). Here, as in k_mvdp, the grid is what the GPU holds at once, each
  * block stages the rows once (dp_put: three signed bytes a value, exact to 2^-24 of its group's
- * largest) and its warps walk the tiles; a lane's next group (or the next tile's first) is fetched
- * before the current one is summed, so two round trips of codes are in flight a lane. A word of
- * codes costs its masks once and six dp4a a row.
+ * largest) and its warps walk the tiles, each lane with two weight rows' group of codes in flight (R 2;
+ * or one row, the next group fetched before the current one is summed: LILY_CU_MVDPB_PF=1, 4-6%
+ * slower). A word of codes costs its masks once and six dp4a a row. On the H200 (session 27) decode
+ * batches of 2, 4 and 8 rows ran 38-52% faster than on k_mvqb; at 8 rows the DeltaNet in-projection
+ * takes 32 us (0.44 TB/s), bound by each lane's chain of fetch, 8 x 2 x 48 dp4a and reduction, not
+ * by bytes.
  *
  * Layout: as k_mvdp's (LPR lanes a row, R rows a lane group, tiles of R x 32 / LPR rows over all
  * matrices of the launch); the accumulators are [R][NT] (row-major), reduced across the LPR lanes by
  * halving over all R x NT of them, so a lane ends with whole sums of consecutive (row, input) pairs.
- * Shared memory: [NT][cols / 64][DP_G4] uint4, up to 110 KB (two blocks an SM).
+ * Shared memory: [NT][cols / 64][DP_G4] uint4, up to 110 KB (two blocks an SM). More than 8 rows go
+ * in passes of 8 (decode batches to 16 rows stay on this kernel: cu_forward.cu's mv_pass).
  *
  * LILY_CU_MVDPB=0 leaves these launches to k_mvqb, for measuring; the kernel test runs both. */
 #include "cuda/cu_dev.h"
