@@ -65,18 +65,10 @@ static lily_code enqueue_pass(lcuda_session *c, int n, lily_status *st) {
         return LILY_OK;
     }
     if (!c->bgraph[n]) {
-        cudaGraph_t g;
         LCU_CHECK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
         cu_enqueue_forward(c, n, 2);
-        cudaError_t e = cudaStreamEndCapture(c->st, &g);
-        if (e != cudaSuccess) return cu_fail(st, e, "graph capture of a decode batch", __FILE__, __LINE__);
-        cu_graph_pdl(g);
-        e = cudaGraphInstantiate(&c->bgraph[n], g, 0);
-        cudaGraphDestroy(g);
-        if (e != cudaSuccess) {
-            c->bgraph[n] = NULL;
-            return cu_fail(st, e, "cudaGraphInstantiate (decode batch)", __FILE__, __LINE__);
-        }
+        lily_code rc = cu_graph_end(c->st, &c->bgraph[n], "graph capture of a decode batch", st);
+        if (rc) return rc;
     }
     LCU_CHECK(cudaGraphLaunch(c->bgraph[n], c->st));
     return LILY_OK;

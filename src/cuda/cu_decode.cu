@@ -12,7 +12,7 @@
  * programmatic one (CU_PDL in cu_common.h): the successor is scheduled while the
  * predecessor runs and waits for it in its first statement. Off with LILY_CU_PDL=0 or below
  * compute capability 9.0. An edge that cannot be changed is left as it was. */
-void cu_graph_pdl(cudaGraph_t g) {
+static void graph_pdl(cudaGraph_t g) {
 #ifdef __CUDACC_EMU__ /* the emulator's graphs replay launches in order: nothing to overlap */
     (void)g;
 #else
@@ -42,23 +42,27 @@ void cu_graph_pdl(cudaGraph_t g) {
 #endif
 }
 
+lily_code cu_graph_end(cudaStream_t q, cudaGraphExec_t *out, const char *what, lily_status *st) {
+    cudaGraph_t g;
+    cudaError_t e = cudaStreamEndCapture(q, &g);
+    if (e != cudaSuccess) return cu_fail(st, e, what, __FILE__, __LINE__);
+    graph_pdl(g);
+    e = cudaGraphInstantiate(out, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) { *out = NULL; return cu_fail(st, e, "cudaGraphInstantiate", __FILE__, __LINE__); }
+    return LILY_OK;
+}
+
 /* The decode step's graph: greedy (argmax) into s->graph, or with the sampler into its own. */
 static lily_code build_graph(lcuda_session *s, cu_sampler *smp, lily_status *st) {
     cudaGraphExec_t *out = smp ? cu_sampler_graph(smp) : &s->graph;
     if (*out) return LILY_OK;
-    cudaGraph_t g;
     LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
     cu_enqueue_forward(s, 1, 1);
     if (smp) cu_sampler_enqueue(smp, s->st, s->lg, s->d_tok, s->d_step);
     else cu_argmax(s->st, s->lg, s->m->cfg.vocab, s->d_tok, s->part); /* (attention is done with part by then) */
     cu_step_advance(s->st, s->d_tok, s->d_ids, s->d_pos, s->d_step, s->ring_d, LCU_RING);
-    cudaError_t e = cudaStreamEndCapture(s->st, &g);
-    if (e != cudaSuccess) return cu_fail(st, e, "graph capture of the decode step", __FILE__, __LINE__);
-    cu_graph_pdl(g);
-    e = cudaGraphInstantiate(out, g, 0);
-    cudaGraphDestroy(g);
-    if (e != cudaSuccess) { *out = NULL; return cu_fail(st, e, "cudaGraphInstantiate", __FILE__, __LINE__); }
-    return LILY_OK;
+    return cu_graph_end(s->st, out, "graph capture of the decode step", st);
 }
 
 static lily_code start_steps(lcuda_session *s, int pos, int32_t first, lily_status *st) {

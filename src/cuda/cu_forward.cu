@@ -637,30 +637,15 @@ int cu_decode_splits(const lcuda_session *s, int T) {
  * 567, bench/RESULTS.md session 27). Position-independent as the decode loop's graph is (the same
  * pass without its argmax and step). cu_logit_rows drops it with the logits it wrote.
  * LILY_CU_FWD_GRAPH=0: launches, for measuring. */
-static int forward1(lcuda_session *s, lily_status *st, lily_code *rc) {
-    static int on = -1;
-    if (!cu_env_flag(&on, "LILY_CU_FWD_GRAPH", 1)) return 0;
+static lily_code forward1(lcuda_session *s, lily_status *st) {
     if (!s->fgraph) {
-        cudaGraph_t g;
-        cudaError_t e = cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal);
-        if (e == cudaSuccess) {
-            cu_enqueue_forward(s, 1, 1);
-            e = cudaStreamEndCapture(s->st, &g);
-        }
-        if (e == cudaSuccess) {
-            cu_graph_pdl(g);
-            e = cudaGraphInstantiate(&s->fgraph, g, 0);
-            cudaGraphDestroy(g);
-        }
-        if (e != cudaSuccess) {
-            s->fgraph = NULL;
-            *rc = cu_fail(st, e, "graph capture of a one-token pass", __FILE__, __LINE__);
-            return 1;
-        }
+        LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
+        cu_enqueue_forward(s, 1, 1);
+        lily_code rc = cu_graph_end(s->st, &s->fgraph, "graph capture of a one-token pass", st);
+        if (rc) return rc;
     }
-    cudaError_t e = cudaGraphLaunch(s->fgraph, s->st);
-    *rc = e == cudaSuccess ? LILY_OK : cu_fail(st, e, "cudaGraphLaunch", __FILE__, __LINE__);
-    return 1;
+    LCU_CHECK(cudaGraphLaunch(s->fgraph, s->st));
+    return LILY_OK;
 }
 
 lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits, int all_logits, lily_status *st) {
@@ -676,10 +661,10 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
         int last = i + k == T;
         LCU_CHECK(cudaMemcpyAsync(s->d_ids, ids + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
         int mode = !logits ? 0 : all_logits ? 2 : last ? 1 : 0;
-        lily_code rc = LILY_OK;
-        if (k == 1 && mode) { /* (one row: modes 1 and 2 are the same pass) */
+        static int fg = -1;
+        if (k == 1 && mode && cu_env_flag(&fg, "LILY_CU_FWD_GRAPH", 1)) { /* (one row: modes 1 and 2 are the same pass) */
             cu_set_int(s->st, s->d_pos, pos + i);
-            if (!forward1(s, st, &rc)) cu_enqueue_chunk(s, k, pos + i, mode);
+            lily_code rc = forward1(s, st);
             if (rc) return rc;
         } else cu_enqueue_chunk(s, k, pos + i, mode);
         LCU_CHECK(cudaGetLastError());

@@ -101,8 +101,9 @@ void cu_prof_report(const char *title, char *out, size_t n);
 lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st);
 /* Drops the decode batches' graphs s carries (their buffers were reallocated, or s is freed). */
 void cu_batch_graphs_drop(lcuda_session *s);
-/* A captured graph's kernel-to-kernel edges made programmatic where cu_pdl_on (cu_decode.cu). */
-void cu_graph_pdl(cudaGraph_t g);
+/* Ends the capture begun on q (cudaStreamCaptureModeThreadLocal) and instantiates it into *out, its
+ * kernel-to-kernel edges made programmatic where cu_pdl_on (cu_decode.cu); *out NULL on failure. */
+lily_code cu_graph_end(cudaStream_t q, cudaGraphExec_t *out, const char *what, lily_status *st);
 /* Splits of the decode attention for T rows that s->part holds. */
 int cu_decode_splits(const lcuda_session *s, int T);
 /* One token's decode attention: 128 key splits a KV head, of which as many as give each at least
