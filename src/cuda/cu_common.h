@@ -155,6 +155,26 @@ typedef struct {
     int n;
     mvq_fuse f;
 } mvq_args;
+/* A launch's n matrices W[i] and outputs Y[i] (row stride ldy[i]; ldy NULL: 0), f left as it is. */
+static inline void mvq_args_set(mvq_args *a, int n, const dmat *const *W, float *const *Y, const int *ldy) {
+    a->n = n;
+    for (int i = 0; i < n; i++) {
+        a->m[i] = *W[i];
+        a->y[i] = Y[i];
+        a->ldy[i] = ldy ? ldy[i] : 0;
+    }
+}
+/* a->blk0 for tiles of rpt rows over the matrices a->m[0 .. a->n) (matrix i's tiles start at blk0[i]);
+ * returns the tiles in all */
+static inline int mvq_tiles(mvq_args *a, int rpt) {
+    int nt = 0;
+    for (int i = 0; i < a->n; i++) {
+        a->blk0[i] = nt;
+        nt += (a->m[i].rows + rpt - 1) / rpt;
+    }
+    a->blk0[a->n] = nt;
+    return nt;
+}
 
 /* Per-expert counts and offsets after the on-GPU sort of (token, slot) pairs by expert. */
 typedef struct {

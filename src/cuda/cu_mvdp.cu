@@ -222,13 +222,7 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     a.f.nopre = !cu_env_flag(&pre, "LILY_CU_MVDP_PRE", 1);
     static int rovl = -1; /* LILY_CU_ROUTE_OVL=0: the routing warp, then the staging, for measuring */
     a.f.rovl = in->f.rlog && !in->f.add && cu_env_flag(&rovl, "LILY_CU_ROUTE_OVL", 1);
-    const int rpt = (32 / lpr) * R;
-    int nt = 0;
-    for (int i = 0; i < a.n; i++) {
-        a.blk0[i] = nt;
-        nt += (a.m[i].rows + rpt - 1) / rpt;
-    }
-    a.blk0[a.n] = nt;
+    mvq_tiles(&a, (32 / lpr) * R);
     switch (lpr) {
     case 32: mvdp_r<32>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;
     case 16: mvdp_r<16>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv); break;

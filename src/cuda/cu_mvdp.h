@@ -311,6 +311,57 @@ static __device__ __forceinline__ void dp_gsum(const uint4 (&c)[R][BITS / 2], co
     }
 }
 
+/* The group's sums for R rows added to acc[k * S] (S: the accumulators' stride, k_mvdpb's rows of
+ * input): its scale times the group's unit times 2^16 H + 2^8 M + L, plus its bias times the exact
+ * group sum. xg: the staged group (dp_put). */
+template <int R, int BITS, int S>
+static __device__ __forceinline__ void dp_group(const uint4 (&c)[R][BITS / 2], const float (&sc)[R], const float (&bi)[R], const uint4 *xg,
+                                                float *acc) {
+    int H[R], M[R], L[R];
+    dp_gsum<R, BITS>(c, xg, H, M, L);
+    const uint4 meta = xg[12];
+    const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
+        acc[k * S] += sc[k] * (unit * d) + bi[k] * gs;
+    }
+}
+/* the next group's codes, scales and biases (fetched ahead) become the current ones */
+template <int R, int BITS>
+static __device__ __forceinline__ void dp_take(uint4 (&c)[R][BITS / 2], float (&sc)[R], float (&bi)[R], const uint4 (&c2)[R][BITS / 2],
+                                               const float (&sc2)[R], const float (&bi2)[R]) {
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+#pragma unroll
+        for (int i = 0; i < BITS / 2; i++) c[k][i] = c2[k][i];
+        sc[k] = sc2[k];
+        bi[k] = bi2[k];
+    }
+}
+/* N partial sums over the LPR lanes of a row (lane sub): each shuffle stage trades half of those
+ * still held, then whole sums, so N sums cost log2(LPR) + N - 1 shuffles, not N log2(LPR). The lane
+ * ends with whole sums of entries sel .. sel + max(N / LPR, 1) - 1 in acc[0 ..]; with N < LPR the
+ * whole-sum stages are the low lane bits, so lanes with (sub & (LPR / N - 1)) == 0 hold them. */
+template <int LPR, int N>
+static __device__ __forceinline__ int dp_halve(float (&acc)[N], int sub) {
+    int sel = 0;
+#pragma unroll
+    for (int o = LPR / 2, n = N; o; o >>= 1) {
+        if (n > 1) {
+            const bool up = (sub & o) != 0;
+#pragma unroll
+            for (int i = 0; i < n / 2; i++) {
+                const float keep = up ? acc[i + n / 2] : acc[i], send = up ? acc[i] : acc[i + n / 2];
+                acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+            }
+            if (up) sel += n / 2;
+            n /= 2;
+        } else acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
+    }
+    return sel;
+}
+
 /* One tile: the R rows of t over the input xg's groups (a lane the groups sub, sub + LPR, ...),
  * reduced across the LPR lanes; rsel: the row (of the R) whose whole sum the lane returns, valid
  * on lanes with (sub & (LPR / R - 1)) == 0. have: c, sc, bi hold group sub already (fetched early). */
@@ -329,43 +380,14 @@ static __device__ __forceinline__ float dp_tile(const dp_rows &t, int sbt, int n
         have = false;
         const bool next = G == 2 && g + LPR < ng;
         if (next) dp_fetch<R, SBT, BITS>(t, sbt, g + LPR, nrow16, ngr, c2, sc2, bi2);
-        const uint4 *xg = dxs + (size_t)g * DP_G4;
-        int H[R], M[R], L[R];
-        dp_gsum<R, BITS>(c, xg, H, M, L);
-        const uint4 meta = xg[12];
-        const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
-#pragma unroll
-        for (int k = 0; k < R; k++) {
-            const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
-            acc[k] += sc[k] * (unit * d) + bi[k] * gs;
-        }
+        dp_group<R, BITS, 1>(c, sc, bi, dxs + (size_t)g * DP_G4, acc);
         if (next) {
-#pragma unroll
-            for (int k = 0; k < R; k++) {
-#pragma unroll
-                for (int i = 0; i < BITS / 2; i++) c[k][i] = c2[k][i];
-                sc[k] = sc2[k];
-                bi[k] = bi2[k];
-            }
+            dp_take<R, BITS>(c, sc, bi, c2, sc2, bi2);
             have = true;
         }
     }
-    /* the R rows over the LPR lanes: a stage trades half the rows still held, then whole sums */
-    rsel = 0;
-#pragma unroll
-    for (int o = LPR / 2, n = R; o; o >>= 1) {
-        if (n > 1) {
-            const bool up = (sub & o) != 0;
-#pragma unroll
-            for (int i = 0; i < n / 2; i++) {
-                const float keep = up ? acc[i + n / 2] : acc[i], send = up ? acc[i] : acc[i + n / 2];
-                acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-            }
-            if (up) rsel += n / 2;
-            n /= 2;
-        } else acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
-    }
-    /* (R <= LPR: the row stages end where the whole-sum ones begin, lane bits below are 0) */
+    /* the R rows over the LPR lanes (R <= LPR: a lane ends with one row's whole sum) */
+    rsel = dp_halve<LPR, R>(acc, sub);
     return acc[0];
 }
 

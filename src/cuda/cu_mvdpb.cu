@@ -99,44 +99,12 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdpb(mvq_args a, const 
 #pragma unroll
             for (int r = 0; r < NT; r++) {
                 if (r >= T) break;
-                const uint4 *xg = dxs + ((size_t)r * ng + g) * DP_G4;
-                int H[R], M[R], L[R];
-                dp_gsum<R, BITS>(c, xg, H, M, L);
-                const uint4 meta = xg[12];
-                const float unit = __uint_as_float(meta.x), gs = __uint_as_float(meta.y);
-#pragma unroll
-                for (int k = 0; k < R; k++) {
-                    const float d = fmaf(65536.f, (float)H[k], fmaf(256.f, (float)M[k], (float)L[k]));
-                    acc[k * NT + r] += sc[k] * (unit * d) + bi[k] * gs;
-                }
+                dp_group<R, BITS, NT>(c, sc, bi, dxs + ((size_t)r * ng + g) * DP_G4, acc + r);
             }
-            if (more) {
-#pragma unroll
-                for (int k = 0; k < R; k++) {
-#pragma unroll
-                    for (int i = 0; i < BITS / 2; i++) c[k][i] = c2[k][i];
-                    sc[k] = sc2[k];
-                    bi[k] = bi2[k];
-                }
-            }
+            if (more) dp_take<R, BITS>(c, sc, bi, c2, sc2, bi2);
         }
-        /* the R x NT sums over the LPR lanes: a stage trades half of those still held, then whole
-         * sums; the lane keeps pairs sel .. sel + n - 1 */
-        int sel = 0, n = R * NT;
-#pragma unroll
-        for (int o = LPR / 2; o; o >>= 1) {
-            if (n > 1) {
-                const bool up = (sub & o) != 0;
-#pragma unroll
-                for (int i = 0; i < n / 2; i++) {
-                    const float keep = up ? acc[i + n / 2] : acc[i], send = up ? acc[i] : acc[i + n / 2];
-                    acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-                }
-                if (up) sel += n / 2;
-                n /= 2;
-            } else acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
-        }
-        /* (with fewer pairs than lanes the whole-sum stages are the low lane bits: those at 0 write) */
+        /* the R x NT (row, input) pairs' sums over the LPR lanes: the lane keeps pairs sel .. */
+        const int sel = dp_halve<LPR, R * NT>(acc, sub);
         constexpr int LOW = LPR > R * NT ? LPR / (R * NT) - 1 : 0;
         if ((sub & LOW) == 0)
 #pragma unroll
@@ -197,18 +165,12 @@ int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const 
     for (int t0 = 0; t0 < T; t0 += nt) {
         const int tn = T - t0 < nt ? T - t0 : nt, ntl = tn <= 2 ? 2 : tn <= 4 ? 4 : 8;
         const int rpt = (32 / lpr) * DPB_R(pf, bits);
+        float *y[MVQ_MAX];
+        for (int i = 0; i < n; i++) y[i] = Y[i] + (size_t)t0 * ldy[i];
         mvq_args a;
         memset(&a, 0, sizeof a);
-        a.n = n;
-        int tiles = 0;
-        for (int i = 0; i < n; i++) {
-            a.m[i] = *W[i];
-            a.y[i] = Y[i] + (size_t)t0 * ldy[i];
-            a.ldy[i] = ldy[i];
-            a.blk0[i] = tiles;
-            tiles += (W[i]->rows + rpt - 1) / rpt;
-        }
-        a.blk0[n] = tiles;
+        mvq_args_set(&a, n, W, y, ldy);
+        mvq_tiles(&a, rpt);
         const float *x = X + (size_t)t0 * ldx, *x2 = X2 ? X2 + (size_t)t0 * ldx : NULL;
         if (lpr == 32) mvdpb_bits<32>(bits, pf, ntl, s, a, x, x2, ldx, tn);
         else if (lpr == 16) mvdpb_bits<16>(bits, pf, ntl, s, a, x, x2, ldx, tn);

@@ -387,9 +387,9 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
                      float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots, const mvq_fuse *fu) {
     mvq_args a;
     memset(&a, 0, sizeof a);
-    a.n = n;
     if (fu) a.f = *fu;
-    int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8, nb = 0;
+    mvq_args_set(&a, n, W, Y, ldy);
+    int cols = W[0]->cols, nch = cols / 32, lpr = nch >= 32 ? 32 : nch >= 16 ? 16 : 8;
     /* rows per lane group: as many as keep at least two blocks per multiprocessor busy */
     int rows = 0;
     for (int i = 0; i < n; i++) rows += W[i]->rows;
@@ -408,15 +408,7 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     }
     (void)rows;
     int rw = env_rw < rw_max ? env_rw : rw_max, warps = env_warps;
-    int rpb = warps * (32 / lpr) * rw;
-    for (int i = 0; i < n; i++) {
-        a.m[i] = *W[i];
-        a.y[i] = Y[i];
-        a.ldy[i] = ldy ? ldy[i] : 0;
-        a.blk0[i] = nb;
-        nb += (W[i]->rows + rpb - 1) / rpb;
-    }
-    a.blk0[n] = nb;
+    int rpb = warps * (32 / lpr) * rw, nb = mvq_tiles(&a, rpb);
     size_t sm = (size_t)cols * sizeof(float) + (size_t)nch * sizeof(float);
     int bt = warps * WARP, one = fu && fu->sel, all4 = 1;
     for (int i = 0; i < n; i++) { /* (k_mvq4 shifts chunk indices to group indices) */
@@ -617,16 +609,8 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
         if (tn == 1) { cu_matvec_group(s, n, W, x, x2, ldx, y, NULL, NULL, 1, 1, NULL); continue; }
         mvq_args a;
         memset(&a, 0, sizeof a);
-        a.n = n;
-        int nb = 0;
-        for (int i = 0; i < n; i++) {
-            a.m[i] = *W[i];
-            a.y[i] = y[i];
-            a.ldy[i] = ldy[i];
-            a.blk0[i] = nb;
-            nb += (W[i]->rows + rpb - 1) / rpb;
-        }
-        a.blk0[n] = nb;
+        mvq_args_set(&a, n, W, y, ldy);
+        const int nb = mvq_tiles(&a, rpb);
         int NBr = tn <= 2 ? 2 : tn <= 4 ? 4 : 8;
         dim3 g(nb, 1);
         size_t sm = (size_t)NBr * row_bytes;

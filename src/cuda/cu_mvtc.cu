@@ -282,14 +282,9 @@ int cu_mvtc_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     for (int i = 0; i < in->n; i++) nw += (long long)in->m[i].rows * cols;
     if (nw < min_w) return 0;
     mvq_args a = *in;
-    int nt = 0;
-    for (int i = 0; i < a.n; i++) {
-        /* (the extra slot's matrices walk the routed ones' tiles) */
+    for (int i = 0; i < a.n; i++) /* (the extra slot's matrices walk the routed ones' tiles) */
         if (!tc_fits(&a.m[i], cols) || (a.f.xslot && (!tc_fits(&a.f.xm[i], cols) || a.f.xm[i].rows != a.m[i].rows))) return 0;
-        a.blk0[i] = nt;
-        nt += (a.m[i].rows + 15) / 16;
-    }
-    a.blk0[a.n] = nt;
+    const int nt = mvq_tiles(&a, 16);
     /* warps a tile: its 512-column steps, up to the block's 8 warps */
     const int nsteps = (cols / 64 + 7) / 8;
     int ksl = 0;
