@@ -50,11 +50,29 @@ int cu_pdl_on(void);
 template <class... P> struct cu_launcher {
     void (*k)(P...);
     cudaLaunchConfig_t c;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
+    unsigned cl;
     void operator()(P... a) {
+        int n = 0;
+        if (cu_pdl_stream()) {
+            at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[n++].val.programmaticStreamSerializationAllowed = 1;
+        }
+        if (cl > 1) {
+            at[n].id = cudaLaunchAttributeClusterDimension;
+            at[n].val.clusterDim.x = cl;
+            at[n].val.clusterDim.y = 1;
+            at[n++].val.clusterDim.z = 1;
+        }
         c.attrs = at;
-        c.numAttrs = cu_pdl_stream() ? 1 : 0;
+        c.numAttrs = n;
         (void)cudaLaunchKernelEx(&c, k, a...); /* errors stay for cudaGetLastError, as with <<<>>> */
+    }
+    /* cu_go(...).cluster(n)(args): clusters of n blocks along x (sm_90; the grid's x a multiple of n) */
+    cu_launcher cluster(unsigned n) const {
+        cu_launcher l = *this;
+        l.cl = n;
+        return l;
     }
 };
 template <class... P>
@@ -67,8 +85,7 @@ static inline cu_launcher<P...> cu_go(void (*k)(P...), dim3 g, dim3 b, size_t sm
     l.c.stream = s;
     l.c.attrs = NULL;
     l.c.numAttrs = 0;
-    l.at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    l.at[0].val.programmaticStreamSerializationAllowed = 1;
+    l.cl = 0;
     return l;
 }
 #endif
@@ -146,6 +163,15 @@ typedef struct {
      * x rmsnorm(x) gw silu(gz) a head (eps), applied while staging (cu_matvec_gated) */
     const float *gz, *gw;
     int nopre; /* k_mvdp (set by its launcher; LILY_CU_MVDP_PRE=0, for measuring): a dense matrix's first codes after the wait */
+    /* nrc > 0 (decode, one token; k_mvdp in clusters, cu_mvdp_group): the launch computes the
+     * router itself from its staged input rmsnorm(X + add) * nw, then routes as with rlog (E, K,
+     * rsel, rwt): rc[0] the router [E][cols], rc[1] (nrc 2) the shared expert's gate [1][cols],
+     * 8-bit codes, their rows split over a cluster's blocks and the logits read across the
+     * cluster's shared memory; block (0, 0) writes them to rcy[0] [E] and rcy[1] [1]. The router
+     * group's launch is then not needed (cu_route_cluster_ok). */
+    int nrc;
+    dmat rc[2];
+    float *rcy[2];
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
@@ -465,6 +491,11 @@ void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel,
 void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const float *rlog, int E, int K);
 /* whether decode (one token) routes inside the experts' gate|up launch: LILY_CU_ROUTE_FUSED, on */
 int cu_route_fused(void);
+/* Whether that launch can compute the router and the shared expert's gate (shg, or NULL) itself
+ * (mvq_fuse.nrc, k_mvdp in clusters of blocks: sm_90 or the emulator, LILY_CU_ROUTE_CL not 0):
+ * 8-bit codes of the experts' cols (at most 2,048), E <= 256, 1 <= K <= 32, the experts' gate and up
+ * 4-bit. The router group's launch is then left out. */
+int cu_route_cluster_ok(const dmat *router, const dmat *shg, const dmat *gate, const dmat *up, int K);
 int cu_prefetch_enabled(void);
 /* cu_router_tc where it takes the router (rf from cu_router_frag, T > 8), else cu_matmul_exact
  * (Y = logits [T][W->rows]), then cu_router_topk, the column slices' sum done by the top-k's launch (one launch fewer;

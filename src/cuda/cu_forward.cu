@@ -303,6 +303,15 @@ static int moe_shared_slot(const lcuda_session *s, const cu_layer *L) {
            L->sh_down.cols == L->down.cols && L->sh_gate.cols == L->gate.cols;
 }
 
+/* Decode's router in the experts' gate|up launch (mvq_fuse.nrc, clusters of k_mvdp blocks): the
+ * router group's launch left out, its residual add and norm staged by the gate|up launch itself
+ * (LILY_CU_ROUTE_CL=0: the group's launch, for measuring). shx: the shared expert rides as slot K. */
+static int moe_route_cl(const lcuda_session *s, const cu_layer *L, int T, int shx) {
+    const lily_config *c = &s->m->cfg;
+    return T == 1 && cu_route_fused() && (shx || !c->shared_inter) && c->n_experts <= 256 && c->top_k <= 32 && cu_mvq_ok(&L->gate) &&
+           cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down) && cu_route_cluster_ok(&L->router, c->shared_inter ? &L->sh_router : NULL, &L->gate, &L->up, c->top_k);
+}
+
 /* The shared expert at prefill (T > 8) on the session's second stream, beside the router, the
  * top-k, the sort and the routed experts on the first: gate+up+SwiGLU, its exact gate, down, into
  * sg, sr and SD, with its own packing scratch (xps). Nothing there reads what the routed side
@@ -336,8 +345,11 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const int shx = add && SI && moe_shared_slot(s, L);
     const int side = !add && !mv_pass(s, T) && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
-    int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch */
-    if (add) {
+    int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch; 2:
+                    * it computes the router too (moe_route_cl): no router group's launch */
+    if (add && moe_route_cl(s, L, T, shx)) {
+        route = 2;
+    } else if (add) {
         int ld[4] = { E, SI, SI, 1 };
         mvq_fuse fu;
         memset(&fu, 0, sizeof fu);
@@ -385,7 +397,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     }
     if (pf_on(s, T) && (pf_parts() & 6)) { /* the chosen experts' down, then the next layer's in-projection */
         const dmat *Wd[1] = { &L->down }, *Wn[4];
-        if (!(pf_parts() & 2)) pf_wait(s);
+        if (!(pf_parts() & 2) || route == 2) pf_wait(s); /* (route 2: no logits before the gate|up launch) */
         else if (route) { /* the prefetch routes itself too: sel is written by the gate|up launch */
             pf_wait(s);
             cu_l2_prefetch_routed(s->st2, 1, Wd, s->rl, E, K);
@@ -408,7 +420,14 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
                 xd.xm[0] = L->sh_down; xd.xrow = K;
             }
             if (route) { xg.rlog = s->rl; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
-            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
+            if (route == 2) { /* the staged input rmsnorm(x + add) * ln2, t written by block (0, 0) */
+                xg.rlog = NULL;
+                xg.nrc = SI ? 2 : 1;
+                xg.rc[0] = L->router; xg.rc[1] = L->sh_router;
+                xg.rcy[0] = s->rl; xg.rcy[1] = s->sr;
+                xg.add = add; xg.nw = L->ln2; xg.eps = (float)c->eps; xg.tout = s->t;
+            }
+            cu_matvec_group(q, 2, W, route == 2 ? s->x : s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
             PM(s, "moe experts gate|up");
             /* one token with the shared expert riding (or none), and a next layer whose
              * in-projection (or an lm_head) can take the norm: the combine folded into the down

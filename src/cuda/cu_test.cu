@@ -458,7 +458,11 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     float *ddx = (float *)dput(&L, X, (size_t)nx * cols * 4, st, &rc);
     float *ddx2 = X2 ? (float *)dput(&L, X2, (size_t)nx * cols * 4, st, &rc) : NULL;
     int *ds = sel ? (int *)dput(&L, sel, (size_t)nslots * 4, st, &rc) : NULL;
-    float *dlg = rt ? (float *)dput(&L, rt->lg, (size_t)rt->E * 4, st, &rc) : NULL;
+    float *dlg = rt ? (float *)dput(&L, rt->rw ? NULL : rt->lg, (size_t)rt->E * 4, st, &rc) : NULL;
+    float *dsg = rt && rt->rw ? (float *)dput(&L, NULL, 4, st, &rc) : NULL;
+    dmat drc[2];
+    if (!rc && rt && rt->rw) rc = cu_upload_mats(m, rt->rw, 1, &drc[0], st);
+    if (!rc && rt && rt->sw) rc = cu_upload_mats(m, rt->sw, 1, &drc[1], st);
     float *dwt = rt ? (float *)dput(&L, NULL, (size_t)rt->K * 4, st, &rc) : NULL;
     if (rt && ds) { /* the launch must route itself: the given experts poisoned */
         cudaMemset(ds, 0xff, (size_t)nslots * 4);
@@ -481,6 +485,16 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
         for (int i = 0; i < n; i++) fu.xm[i] = dx[i];
     }
     if (rt) { fu.rlog = dlg; fu.E = rt->E; fu.K = rt->K; fu.rsel = ds; fu.rwt = dwt; }
+    if (rt && rt->rw && !rc) {
+        fu.rlog = NULL;
+        fu.nrc = rt->sw ? 2 : 1;
+        fu.rc[0] = drc[0];
+        if (rt->sw) fu.rc[1] = drc[1];
+        fu.rcy[0] = dlg;
+        fu.rcy[1] = dsg;
+        if (!nm || !nm->add || !nm->nw || !sel || !cu_route_cluster_ok(&drc[0], rt->sw ? &drc[1] : NULL, &d[0], &d[n > 1 ? 1 : 0], rt->K))
+            rc = lily_err(st, LILY_EUNSUPPORTED, "the router in the gate|up launch (cu_route_cluster_ok) declined");
+    }
     if (!rc) {
         cu_mvdp_test_r(dp);
         if (dgz) {
@@ -493,6 +507,8 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     if (!rc && nm && nm->nw) rc = dget(nm->tout, dtout, (size_t)cols * 4, st);
     if (!rc && rt) rc = dget(rt->sel, ds, (size_t)rt->K * 4, st);
     if (!rc && rt) rc = dget(rt->wt, dwt, (size_t)rt->K * 4, st);
+    if (!rc && rt && rt->rw) rc = dget(rt->lgo, dlg, (size_t)rt->E * 4, st);
+    if (!rc && rt && rt->sw) rc = dget(rt->sgo, dsg, 4, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;

@@ -88,8 +88,11 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
 /* gz, gw (nw NULL): the gated norm of heads of 128 columns instead, x rmsnorm(x) gw silu(gz) a head
  * (cu_matvec_gated: k_mvdp only; dp -1 fails) */
 typedef struct { const float *add, *nw; float eps; float *tout; const float *gz, *gw; } lct_mvnorm;
-/* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K] */
-typedef struct { const float *lg; int E, K; int *sel; float *wt; } lct_mvroute;
+/* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K];
+ * with rw (nm's add and norm given, slot mode): it computes those logits itself from the router rw
+ * [E][cols] and the shared expert's gate sw [1][cols] (or NULL), both 8-bit (mvq_fuse.nrc), into
+ * lgo [E] and sgo [1]; declined is an error */
+typedef struct { const float *lg; int E, K; int *sel; float *wt; const lw_mat *rw, *sw; float *lgo, *sgo; } lct_mvroute;
 /* decode attention's adaptive splits (cu_attention's amin) in the split and folded calls that follow; 0 off */
 void lct_attn_amin(int amin);
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,

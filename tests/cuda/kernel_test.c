@@ -273,6 +273,12 @@ int main(int argc, char **argv) {
             const int gr[2] = { 64, 64 };
             test_matvec_group_b(pool, 4, 2, gr, small ? 512 : 2048, 64, small ? 40 : 256, 8, 8, 1, 0, 0, 0, 1);
             test_matvec_group_b(pool, 4, 2, gr, 256, 64, 9, 3, 3, 0, 0, 0, 0, 1);
+            /* ... and computing the router too (clusters of blocks): the real widths, the tiny
+             * model's, odd expert counts (rows of a cluster's blocks uneven), groups of 128 */
+            test_route_cl(pool, small ? 512 : 2048, 64, 256, 8, 1, 64);
+            test_route_cl(pool, 128, 64, 16, 4, 1, 64);
+            test_route_cl(pool, 256, 32, 37, 5, 0, 64);
+            test_route_cl(pool, 1024, 48, 9, 3, 1, 128);
         }
         test_matvec_group(pool, 1, small ? o1 : dn, 512, 64, small ? 12 : 64, 8, 1, 1, 1, 0);
         test_matvec_group(pool, 1, small ? o1 : dn, small ? 1024 : 4096, 64, 1, 1, 1, 0, 0, 0);

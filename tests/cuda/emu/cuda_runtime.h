@@ -212,6 +212,16 @@ void cp_wait(int n);
  * wait without progress faults (a flag no thread will set, or a block waiting for another in a
  * launch that is not cooperative, where blocks run one after another). */
 void mb_init(void *bar, unsigned count);
+/* Thread block clusters (src/cuda/cu_dev.h's cu_cluster_*): a cluster launch runs each cluster's
+ * blocks interleaved, as a cooperative launch does the grid (a plain launch's block is a cluster
+ * of one). cluster_arrive / cluster_wait: barrier.cluster's two halves over every thread of the
+ * cluster (a wait returns once all have arrived as often as the waiter has). cluster_map: the
+ * address of p, in the calling block's dynamic shared memory (the only kind mapped here), in
+ * block `rank` of its cluster. */
+int cluster_rank(void);
+void cluster_arrive(void);
+void cluster_wait(void);
+void *cluster_map(const void *p, int rank);
 void mb_arrive(void *bar, unsigned tx);
 void bulk_g2s(void *dst, const void *src, size_t n, void *bar);
 bool mb_test(void *bar, unsigned parity);
@@ -329,8 +339,9 @@ struct launch_cfg {
     size_t smem;
     cudaStream_t stream;
     bool coop; /* a cooperative launch: every block resident at once (fibers of all blocks interleaved) */
+    unsigned cluster; /* > 1: clusters of that many blocks along x, each cluster's blocks interleaved */
 };
-static inline launch_cfg cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) { return launch_cfg{ g, b, smem, s, false }; }
+static inline launch_cfg cfg(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) { return launch_cfg{ g, b, smem, s, false, 0 }; }
 /* Runs (or, while s is capturing, records) a grid whose every thread calls body(); ptrs
  * lists the kernel's plain pointer arguments, checked to be device-accessible memory;
  * max_threads is the kernel's __launch_bounds__ (0: none). */
@@ -373,6 +384,12 @@ template <class... P> struct launcher {
         l.c.coop = true;
         return l;
     }
+    /* cu_go(...).cluster(n)(args): cudaLaunchAttributeClusterDimension (n, 1, 1) */
+    launcher cluster(unsigned n) const {
+        launcher l = *this;
+        l.c.cluster = n;
+        return l;
+    }
 };
 template <class... P> static inline launcher<P...> launch(const char *name, void (*k)(P...), launch_cfg c, int max_threads = 0) {
     return launcher<P...>{ name, k, c, max_threads };
@@ -382,7 +399,7 @@ template <class... P> static inline launcher<P...> launch(const char *name, void
 template <class... P>
 static inline launcher<P...> go(const char *name, void (*k)(P...), int max_threads, dim3 g, dim3 b, size_t smem = 0,
                                 cudaStream_t s = 0) {
-    return launcher<P...>{ name, k, launch_cfg{ g, b, smem, s, false }, max_threads };
+    return launcher<P...>{ name, k, launch_cfg{ g, b, smem, s, false, 0 }, max_threads };
 }
 } // namespace emu
 #endif

@@ -217,6 +217,7 @@ struct fiber_t {
     struct cp_t { void *dst; const void *src; size_t n; unsigned group; };
     std::vector<cp_t> cp; /* cp.async copies not yet waited for */
     unsigned ncommit;     /* cp.async groups committed */
+    unsigned long long carr; /* barrier.cluster arrivals made */
     char *stack;
     void *fake; /* ASan's fake stack while switched out */
 };
@@ -252,6 +253,10 @@ struct blk_t { int bar_n[NBAR], bar_need[NBAR]; };
 std::vector<blk_t> blks;
 bool progressed; /* a fiber did more than spin since the scheduler's round began */
 bool coop_running;
+/* a cluster launch's running cluster: its blocks' dynamic shared memory by rank (empty: none), and
+ * the barrier.cluster arrivals of all its threads */
+std::vector<char *> cl_dyn;
+unsigned long long cl_arrivals;
 struct bulk_t { void *dst; const void *src; size_t n; };
 struct mbar_t {
     unsigned count, pending;
@@ -493,6 +498,7 @@ void run_blocks(int nt, const std::vector<uint3> &bids, const std::vector<char *
             f.nmma = 0;
             f.cp.clear();
             f.ncommit = 0;
+            f.carr = 0;
             f.tid = uint3{ (unsigned)t % bx, ((unsigned)t / bx) % by, (unsigned)t / (bx * by) };
             f.stack = stacks + (size_t)i * (STACK + page) + page;
 #ifdef EMU_ASAN
@@ -510,6 +516,7 @@ void run_blocks(int nt, const std::vector<uint3> &bids, const std::vector<char *
             memset(W.stamp, 0xff, sizeof W.stamp);
         }
     n_done = 0;
+    cl_arrivals = 0;
     shared_seen.clear();
     shared_static = 0;
     for (int b = 0; b < nb; b++)
@@ -605,7 +612,37 @@ void run_grid(const char *name, const emu::launch_cfg &c, const std::function<vo
     read_order();
     size_t nb = (size_t)c.grid.x * c.grid.y * c.grid.z;
     auto bid = [&](size_t b) { return uint3{ (unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y), (unsigned)(b / c.grid.x / c.grid.y) }; };
-    if (c.coop && nb > 1) {
+    if (c.cluster > 1 && !c.coop) {
+        const size_t cn = c.cluster;
+        if (c.grid.x % cn || cn > 16) fault("a cluster of %zu blocks in a grid of %u along x (a divisor of it, at most 16)", cn, c.grid.x);
+        if (nt % 32) fault("a cluster launch of %d threads a block (the emulator needs whole warps)", nt);
+        const size_t per = (c.smem + page - 1) / page * page + page;
+        char *region = (char *)mmap(NULL, cn * per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (region == MAP_FAILED) { perror("lily emu: shared memory"); abort(); }
+        std::vector<char *> dyn(cn);
+        for (size_t r = 0; r < cn; r++) {
+            mprotect(region + (r + 1) * per - page, page, PROT_NONE);
+            dyn[r] = region + (r + 1) * per - page - ((c.smem + 15) & ~(size_t)15);
+        }
+        ensure_stacks((int)(cn * nt));
+        if (warps.size() < cn * (size_t)(nt / 32)) warps.resize(cn * (size_t)(nt / 32));
+        const size_t ncl = nb / cn;
+        std::vector<size_t> cperm(ncl);
+        make_perm(cperm.data(), ncl);
+        for (size_t k = 0; k < ncl; k++) {
+            const size_t b0 = cperm[k] * cn;
+            std::vector<uint3> bids(cn);
+            for (size_t r = 0; r < cn; r++) bids[r] = bid(b0 + r); /* (rank r: x % cn, the clusters tiling x) */
+            coop_running = true;
+            cl_dyn = dyn;
+            run_blocks(nt, bids, dyn);
+            cl_dyn.clear();
+            coop_running = false;
+        }
+        n_blocks += nb;
+        n_threads += (unsigned long long)nt * nb;
+        munmap(region, cn * per);
+    } else if (c.coop && nb > 1) {
         if (nt % 32) fault("a cooperative launch of %d threads a block (the emulator needs whole warps)", nt);
         /* every block's dynamic shared memory, each ending at a guard page */
         const size_t per = (c.smem + page - 1) / page * page + page;
@@ -790,6 +827,27 @@ void bar_named(int id, int n) {
     f.state = F_WAIT_BAR;
     f.bar_id = id;
     yield();
+}
+int cluster_rank(void) { return cur >= 0 && !cl_dyn.empty() ? fib[cur].blk : 0; }
+void cluster_arrive(void) {
+    if (cur < 0) fault("barrier.cluster outside a kernel");
+    fib[cur].carr++;
+    cl_arrivals++;
+    progressed = true;
+}
+void cluster_wait(void) {
+    if (cur < 0) fault("barrier.cluster outside a kernel");
+    const unsigned long long n = (unsigned long long)blks.size() * blockDim.x * blockDim.y * blockDim.z;
+    if (!fib[cur].carr) fault("barrier.cluster.wait before the thread's arrive");
+    while (cl_arrivals < fib[cur].carr * n) spin();
+}
+void *cluster_map(const void *p, int rank) {
+    if (cur < 0) fault("mapa outside a kernel");
+    const char *q = (const char *)p;
+    if (!(q >= dyn_base && q < dyn_base + dyn_size)) fault("mapa of %p: not in the block's dynamic shared memory (the emulator maps only that)", p);
+    const int n = cl_dyn.empty() ? 1 : (int)cl_dyn.size();
+    if (rank < 0 || rank >= n) fault("mapa to rank %d of a cluster of %d blocks", rank, n);
+    return cl_dyn.empty() ? (void *)q : (void *)(cl_dyn[(size_t)rank] + (q - dyn_base));
 }
 void spin(void) {
     if (cur < 0) return;
