@@ -262,7 +262,7 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
     static mvq_kstate ks;
     const int warps = dp_warps(), blocks = (a.blk0[a.n] + warps - 1) / warps;
     size_t sm = dp_smem(a.m[0].cols);
-    if (CL > 0) { /* the router's rows too: past MVQ_SMEM at 2,048 columns, so opted in here */
+    if constexpr (CL > 0) { /* the router's rows too: past MVQ_SMEM at 2,048 columns, so opted in here */
         sm += rc_smem(a.f, a.m[0].cols, CL);
         static size_t opted = 0;
         if (sm > opted && cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS, G, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess)
@@ -270,7 +270,7 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
         ks.attr_set = 1;
     }
     int gx = mvq_grid(k_mvdp<LPR, R, SBT, BITS, G, CL>, ks, blocks, nslots, 0, warps * WARP, sm);
-    if (CL > 0) {
+    if constexpr (CL > 0) {
         gx = (gx + CL - 1) / CL * CL; /* (whole clusters: blocks past the tiles compute their router rows only) */
         cu_go(k_mvdp<LPR, R, SBT, BITS, G, CL>, dim3(gx, nslots), warps * WARP, sm, s).cluster(CL)(a, X, X2, ldx, eidx, xdiv);
     } else cu_go(k_mvdp<LPR, R, SBT, BITS, G>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
