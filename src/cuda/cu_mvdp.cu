@@ -163,7 +163,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
 #pragma unroll
     for (int k = 0; k < R; k++) sr[k] = br[k] = 0u;
     int psbt = 0;
-    if (!eidx && !a.f.nopre && tile < ntiles && sub < ng) {
+    /* (so is the shared expert's first group in the router's clusters: its rows are known) */
+    if ((!eidx || (CL > 0 && xsl)) && !a.f.nopre && tile < ntiles && sub < ng) {
         t = dp_locate<R, BITS>(a, xsl, 0, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
         if (LILY_DP_RAWSB) {
@@ -173,7 +174,9 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         have = true;
     }
     uint32_t rsr[RC_RPW], rbr[RC_RPW];
-    if constexpr (CL > 0) rc_fetch<CL>(a.f, cols, ng, (unsigned char *)(dxs + (size_t)ng * DP_G4), rsr, rbr);
+    /* (the shared expert's slot, a whole cluster's blocks, needs no routing: no router there) */
+    if constexpr (CL > 0)
+        if (!xsl) rc_fetch<CL>(a.f, cols, ng, (unsigned char *)(dxs + (size_t)ng * DP_G4), rsr, rbr);
     float n0[8];
     dp_nw0(a, cols, n0);
     CU_PDL();
@@ -193,7 +196,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
         cu_cp_wait<0>(); /* (the router's codes: the staging's closing barrier publishes every thread's) */
         dp_stage(a, x, NULL, cols, dxs, 0, n0);
-        rc_route<CL>(a.f, cols, ng, dxs, rsr, rbr, rs, rw);
+        if (!xsl) rc_route<CL>(a.f, cols, ng, dxs, rsr, rbr, rs, rw);
         CU_MARK(0);
         if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
             a.f.rsel[threadIdx.x] = rs[threadIdx.x];
@@ -245,7 +248,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
             a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + t.r0 + rsel] = acc;
         if (tile < (int)(blockIdx.x * nwb + warp + gridDim.x * nwb)) CU_MARK(1); /* the first tile */
     }
-    if constexpr (CL > 0) cu_cluster_wait(); /* (no block's logits go while another may read them) */
+    if constexpr (CL > 0)
+        if (!xsl) cu_cluster_wait(); /* (no block's logits go while another may read them) */
 }
 
 
