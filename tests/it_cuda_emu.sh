@@ -175,10 +175,11 @@ else cat "$tmp/synth.log"; bad "lily synth --preset tiny --heads 16"; fi
 # preloaded word in its first word's place, decode's routing warp taking the wrong lane's id, a dense
 # launch's pre-wait group taking its scales for its biases, the batches' integer kernel staging every row
 # into the first row's place or computing a warp's later tiles with its first tile's rows, the gate|up launch's
-# routing warp reading the cluster's router logits before the cluster's barrier or all from its first block) must fail the
+# routing warp reading the cluster's router logits before the cluster's barrier or all from its first block, and
+# k_gdn_in's blocks reading their key head's q and k likewise) must fail the
 # kernel test, or, where it writes past a buffer (the sort's scatter does at some seeds: CI saw
 # glibc abort on the heap it had overwritten), be stopped there by the emulator's red zones
-mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvdpb-row0 mvdpb-tile-stale mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw rc-no-wait rc-rank-rows"
+mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvdpb-row0 mvdpb-tile-stale mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw rc-no-wait rc-rank-rows gi-no-wait gi-rank-qk"
 # -O1 without debug info, built by one make (-j2: the two cores; -k: a failed build is reported
 # below), then run two at a time, each ending at its first failing check (LILY_KT_FAILFAST): the
 # mutants were most of this test's time

@@ -496,6 +496,15 @@ int cu_route_fused(void);
  * 8-bit codes of the experts' cols (at most 2,048), E <= 256, 1 <= K <= 32, the experts' gate and up
  * 4-bit. The router group's launch is then left out. */
 int cu_route_cluster_ok(const dmat *router, const dmat *shg, const dmat *gate, const dmat *up, int K);
+/* Thread block clusters usable: sm_90 (or the emulator) and LILY_CU_ROUTE_CL not 0. */
+int cu_cluster_on(void);
+/* Decode's DeltaNet in-projection and step in one launch (cu_gdn_in.cu, clusters of 8 blocks a key
+ * head; LILY_CU_GDN_IN=0 off): W = qkv, z, b, a (4-bit) on X [cols] (rmsnorm(X) * fu->nw while
+ * staging when fu and fu->nw; fu->tout gets it), then conv, norms, gates and the delta rule as
+ * cu_gdn_dec_split: o [nv * dv] before the gated norm, z [nv * dv] the z rows, state and S
+ * updated. 0 when it declines (dk = dv = 128, nv = 2 nk, cols >= 2,048 in 64-column groups). */
+int cu_gdn_in(cudaStream_t s, const dmat *const *W, const float *X, const mvq_fuse *fu, int nk, int nv, int dk, int dv, int K,
+              float *state, const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z);
 int cu_prefetch_enabled(void);
 /* cu_router_tc where it takes the router (rf from cu_router_frag, T > 8), else cu_matmul_exact
  * (Y = logits [T][W->rows]), then cu_router_topk, the column slices' sum done by the top-k's launch (one launch fewer;

@@ -169,10 +169,46 @@ static int fold_in_ok(const lcuda_session *s, const cu_layer *L) {
     return 1;
 }
 
+/* One token's in-projection and step in one launch (cu_gdn_in), the gated norm left to the
+ * out-projection's staging as after cu_gdn_dec_split; 0 when it declines. */
+static int gdn_in(lcuda_session *s, const cu_layer *L, int li) {
+    const lily_config *c = &s->m->cfg;
+    const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
+    mvq_fuse fu;
+    memset(&fu, 0, sizeof fu);
+    if (s->fold_nw) { fu.nw = s->fold_nw; fu.eps = (float)c->eps; fu.tout = s->t; }
+    if (!cu_gdn_in(s->st, W, s->fold_nw ? s->x : s->t, &fu, c->lin_nk, c->lin_nv, c->lin_dk, c->lin_dv, c->conv_k,
+                   s->conv + (size_t)li * s->conv_n, L->conv_w, L->A_log, L->dt_bias, s->S + (size_t)li * s->S_n, s->o, s->zb))
+        return 0;
+    s->fold_nw = NULL;
+    return 1;
+}
+
+/* One token's out-projection of o before its gated norm (cu_gdn_in, cu_gdn_dec_split): the norm
+ * in the out-projection's staging, or a launch of its own */
+static void gdn_out_gated(lcuda_session *s, const cu_layer *L) {
+    const lily_config *c = &s->m->cfg;
+    static int fold = -1; /* LILY_CU_GATED_FOLD=0: the norm's own launch, for measuring */
+    if (cu_env_flag(&fold, "LILY_CU_GATED_FOLD", 1) && cu_matvec_gated(s->st, &L->out, s->o, s->zb, L->gnorm, (float)c->eps, s->y))
+        s->y2 = NULL;
+    else {
+        cu_gated_norm(s->st, s->o, s->zb, L->gnorm, 1, c->lin_nv, c->lin_dv, (float)c->eps);
+        proj_out(s, &L->out, s->o, cfg_val_dim(c), 1);
+    }
+    PM(s, "gated norm + gdn out-proj");
+}
+
 static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
+    if (T == 1 && !s->rows && gdn_in(s, L, li)) {
+        pf_layer(s, L, T, 1);
+        s->xp_src = NULL;
+        PM(s, "gdn in-proj qkv|z|b|a + conv+norm+gates + delta rule");
+        gdn_out_gated(s, L);
+        return;
+    }
     const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
     float *Y[4] = { s->mixed, s->zb, s->bb, s->aa };
     proj_in(s, 4, W, T, Y);
@@ -198,14 +234,7 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
                                    L->A_log, L->dt_bias, S, s->o, s->fcount + 2)) {
         /* o before its gated norm: the out-projection's staging applies it, or a launch of its own */
         PM(s, "gdn conv+norm+gates + delta rule");
-        static int fold = -1; /* LILY_CU_GATED_FOLD=0: the norm's own launch, for measuring */
-        if (cu_env_flag(&fold, "LILY_CU_GATED_FOLD", 1) && cu_matvec_gated(q, &L->out, s->o, s->zb, L->gnorm, (float)c->eps, s->y))
-            s->y2 = NULL;
-        else {
-            cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
-            proj_out(s, &L->out, s->o, vd, T);
-        }
-        PM(s, "gated norm + gdn out-proj");
+        gdn_out_gated(s, L);
         return;
     }
     if (T == 1 && cu_gdn_dec(q, c->lin_nk, nv, c->lin_dk, c->lin_dv, c->conv_k, s->mixed, conv, L->conv_w, s->bb, s->aa, L->A_log,

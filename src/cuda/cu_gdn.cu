@@ -3,6 +3,7 @@
 #include "cuda/cu_common.h"
 #include "cuda/cu_dev.h"
 #include "cuda/cu_kern.h"
+#include "cuda/cu_gdn.h"
 #include <limits.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -26,8 +27,6 @@ __device__ __forceinline__ float conv_in(const float *mixed, const float *state,
  * which are then l2-normalized per token here (the q heads, the first nnorm / 2, also times
  * 1/sqrt(128)), as k_l2norm_heads would in its own launch. G.g not NULL: one block more in x,
  * which writes the token group's gates (k_gbeta's, a launch fewer). */
-/* a head's log decay g = -exp(A_log) softplus(a + dt_bias), x = a + dt_bias */
-__device__ __forceinline__ float gdn_g(float x, float alog) { return -expf(alog) * (x > 20.0f ? x : log1pf(expf(x))); }
 __device__ __forceinline__ void gbeta_one(const cu_gates &G, int i) {
     const int h = i % G.nv;
     G.beta[i] = sigm_f(G.bb[i]);
@@ -185,27 +184,6 @@ void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mix
     cu_go(k_gdn_prep1, nb, 128, 0, s)(mixed, NULL, w, K, nk, dk, vd, bb, aa, A_log, dt_bias, nv, u, g, beta, *R);
 }
 
-/* One delta rule step of state column j, its 128 rows over the four threads p of a quad (32 in
- * each one's sr): decay, d = (v_j - S_j . k) beta, S_j += k d, and the column's output S_j . q,
- * which every thread of the quad returns. */
-/* STR: the stride of the four threads' 32-row parts of q and k in shared memory (36 puts the four
- * parts' 16-byte loads in distinct banks; 32 is four-way conflicted) */
-template <int STR = 32>
-__device__ __forceinline__ float gdn_col_step(float (&sr)[32], const float *qs, const float *ks, int p, float decay, float vj,
-                                              float beta) {
-    float d = 0.f, out = 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; i++) { sr[i] *= decay; d += sr[i] * ks[p * STR + i]; }
-    d += __shfl_xor_sync(0xffffffffu, d, 1);
-    d += __shfl_xor_sync(0xffffffffu, d, 2);
-    d = (vj - d) * beta;
-#pragma unroll
-    for (int i = 0; i < 32; i++) { sr[i] += ks[p * STR + i] * d; out += sr[i] * qs[p * STR + i]; }
-    out += __shfl_xor_sync(0xffffffffu, out, 1);
-    out += __shfl_xor_sync(0xffffffffu, out, 2);
-    return out;
-}
-
 /* One block per value head. Fast form (dk = 128): four threads per state column j, each
  * holding 32 rows of column j of S in registers; the generic form keeps S in global memory
  * with one thread per column. */
@@ -335,7 +313,6 @@ int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int
  * predecessor, as k_gdn_rec128 reads S: only this kernel of its layer writes them in decode.
  * One launch a DeltaNet layer fewer: k_gdn_prep1 added ~3.3 us a layer to the decode step's
  * critical path (the decode timeline, bench/RESULTS.md session 18). */
-#define GDN_DEC_KMAX 8
 /* A conv channel's state after the step: its K - 1 taps c shifted down one, the new input last
  * (decode's k_gdn_dec128 and k_gdn_dec_split, c read before the wait) */
 static __device__ __forceinline__ void gdn_conv_shift(float *state, int ch, int K, const float (&c)[GDN_DEC_KMAX], float in) {

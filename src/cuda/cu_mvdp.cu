@@ -313,7 +313,7 @@ static int rc_fits(const mvq_fuse *f, int cols, int warps) {
         if ((f->rc[i].sbt != LW_BF16 && f->rc[i].sbt != LW_F16 && f->rc[i].sbt != LW_F32)) return 0;
     return 1;
 }
-static int rc_on(void) {
+int cu_cluster_on(void) {
 #ifdef __CUDACC_EMU__
     static int on = -1;
     return cu_env_flag(&on, "LILY_CU_ROUTE_CL", 1);
@@ -335,7 +335,7 @@ int cu_route_cluster_ok(const dmat *router, const dmat *shg, const dmat *gate, c
     if (shg) f.rc[1] = *shg;
     f.E = router->rows;
     const int cols = gate->cols;
-    return rc_on() && mvdp_enabled() && rc_fits(&f, cols, dp_warps()) && K >= 1 && K <= 32 && cols % 64 == 0 && dp_fits(gate, cols, 4) &&
+    return cu_cluster_on() && mvdp_enabled() && rc_fits(&f, cols, dp_warps()) && K >= 1 && K <= 32 && cols % 64 == 0 && dp_fits(gate, cols, 4) &&
            dp_fits(up, cols, 4);
 }
 

@@ -736,3 +736,38 @@ lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *
     dfree(&L);
     return rc;
 }
+
+lily_code lct_gdn_in(const lw_mat *W, int nk, int nv, int K, const float *x, const float *nw, float eps, float *tout, float *state,
+                     const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z, lily_status *st) {
+    const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv, cols = W[0].cols;
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d[4];
+    const dmat *dp[4] = { &d[0], &d[1], &d[2], &d[3] };
+    lily_code rc = LILY_OK;
+    for (int i = 0; i < 4 && !rc; i++) rc = cu_upload_mats(m, &W[i], 1, &d[i], st);
+    dlist L = { {0}, 0 };
+    float *dx = (float *)dput(&L, x, (size_t)cols * 4, st, &rc), *dnw = nw ? (float *)dput(&L, nw, (size_t)cols * 4, st, &rc) : NULL;
+    float *dt = nw ? (float *)dput(&L, NULL, (size_t)cols * 4, st, &rc) : NULL;
+    float *ds = (float *)dput(&L, state, (size_t)cd * (K - 1) * 4, st, &rc), *dw = (float *)dput(&L, cw, (size_t)cd * K * 4, st, &rc);
+    float *dal = (float *)dput(&L, A_log, (size_t)nv * 4, st, &rc), *ddt = (float *)dput(&L, dt_bias, (size_t)nv * 4, st, &rc);
+    float *dS = (float *)dput(&L, S, (size_t)nv * dk * dv * 4, st, &rc);
+    float *dout = (float *)dput(&L, NULL, (size_t)vd * 4, st, &rc), *dz = (float *)dput(&L, NULL, (size_t)vd * 4, st, &rc);
+    if (!rc) {
+        cudaMemset(dout, 0xff, (size_t)vd * 4);
+        cudaMemset(dz, 0xff, (size_t)vd * 4);
+    }
+    mvq_fuse fu;
+    memset(&fu, 0, sizeof fu);
+    if (nw) { fu.nw = dnw; fu.eps = eps; fu.tout = dt; }
+    if (!rc && !cu_gdn_in(0, dp, dx, &fu, nk, nv, dk, dv, K, ds, dw, dal, ddt, dS, dout, dz))
+        rc = lily_err(st, LILY_EUNSUPPORTED, "cu_gdn_in declined");
+    rc = finish(st, rc);
+    if (!rc) rc = dget(o, dout, (size_t)vd * 4, st);
+    if (!rc) rc = dget(z, dz, (size_t)vd * 4, st);
+    if (!rc) rc = dget(state, ds, (size_t)cd * (K - 1) * 4, st);
+    if (!rc) rc = dget(S, dS, (size_t)nv * dk * dv * 4, st);
+    if (!rc && nw) rc = dget(tout, dt, (size_t)cols * 4, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}

@@ -398,6 +398,10 @@ int main(int argc, char **argv) {
     test_gdn_dec(3, small ? 2 : 16, small ? 4 : 32, 4); /* the 35B-A3B heads, its conv of 4 taps */
     test_gdn_dec(2, 3, 3, 3);
     test_gdn_dec(2, 1, 4, 1);
+    /* ... with the in-projection in the same launch (clusters of 8 blocks a key head) */
+    test_gdn_in(pool, 2048, small ? 2 : 16, small ? 4 : 32, 4, 1);
+    test_gdn_in(pool, 2048, 1, 2, 4, 0);
+    test_gdn_in(pool, small ? 2048 : 3072, 2, 4, 3, 1);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
     test_gdn(9, 1, 3, 40, 24);

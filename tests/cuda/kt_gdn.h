@@ -204,3 +204,71 @@ static void test_gdn_dec(int steps, int nk, int nv, int K) {
     free(mixed); free(state0); free(cw); free(bb); free(aa); free(al); free(dt); free(z); free(gw); free(S0);
     free(sref); free(Sref); free(oref); free(u); free(ob); free(st_); free(S); free(o);
 }
+
+/* Decode's DeltaNet in-projection and step in one launch (cu_gdn_in: clusters of 8 blocks a key
+ * head) against the CPU's matmuls, then double-precision conv, norms and gates and the CPU's
+ * recurrence: o before the gated norm, the z rows, the conv state, S, and (norm) the normed input. */
+static void test_gdn_in(lily_pool *pool, int cols, int nk, int nv, int K, int norm) {
+    const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv, kd = nk * dk;
+    const int rows[4] = { cd, vd, nv, nv };
+    void *hold[4][3];
+    lw_mat W[4];
+    float *R[4];
+    for (int i = 0; i < 4; i++) {
+        W[i] = mk_mat(LW_Q, 4, 64, rows[i], cols, hold[i]);
+        R[i] = malloc((size_t)rows[i] * 4);
+    }
+    float *x = rnd((size_t)cols, 1.0f), *nw = norm ? rnd((size_t)cols, 1.0f) : NULL, *xin = malloc((size_t)cols * 4);
+    float *state0 = rnd((size_t)cd * (K - 1), 1.0f), *cw = rnd((size_t)cd * K, 0.5f), *al = rnd((size_t)nv, 1.0f), *dt = rnd((size_t)nv, 2.0f);
+    float *S0 = rnd((size_t)nv * dk * dv, 0.1f), *sref = malloc((size_t)cd * (K - 1) * 4), *Sref = malloc((size_t)nv * dk * dv * 4);
+    float *oref = malloc((size_t)vd * 4), *u = malloc((size_t)cd * 4);
+    double ss = 0;
+    for (int c = 0; c < cols; c++) ss += (double)x[c] * x[c];
+    for (int c = 0; c < cols; c++) xin[c] = norm ? (float)(x[c] / sqrt(ss / cols + 1e-6) * nw[c]) : x[c];
+    for (int i = 0; i < 4; i++) cpu_matmul(pool, &W[i], xin, 1, R[i]);
+    memcpy(sref, state0, (size_t)cd * (K - 1) * 4);
+    memcpy(Sref, S0, (size_t)nv * dk * dv * 4);
+    for (int ch = 0; ch < cd; ch++) {
+        float *cs = sref + (size_t)ch * (K - 1);
+        double a = (double)cw[(size_t)ch * K + K - 1] * R[0][ch];
+        for (int j = 0; j < K - 1; j++) a += (double)cw[(size_t)ch * K + j] * cs[j];
+        u[ch] = (float)(a / (1.0 + exp(-a)));
+        for (int j = 0; j + 1 < K - 1; j++) cs[j] = cs[j + 1];
+        if (K > 1) cs[K - 2] = R[0][ch];
+    }
+    ref_qk_norm(u, nk, dk);
+    for (int h = 0; h < nv; h++) {
+        const int kh = h / (nv / nk);
+        float g, beta;
+        ref_gates(R[2][h], R[3][h], al[h], dt[h], &g, &beta);
+        cpu_gdn_recurrent(1, dk, dv, u + (size_t)kh * dk, cd, u + kd + (size_t)kh * dk, cd, u + 2 * kd + (size_t)h * dv, cd, &g, &beta,
+                          Sref + (size_t)h * dk * dv, oref + (size_t)h * dv, vd);
+    }
+    float *st_ = malloc((size_t)cd * (K - 1) * 4), *S = malloc((size_t)nv * dk * dv * 4), *o = malloc((size_t)vd * 4);
+    float *z = malloc((size_t)vd * 4), *tout = malloc((size_t)cols * 4);
+    memcpy(st_, state0, (size_t)cd * (K - 1) * 4);
+    memcpy(S, S0, (size_t)nv * dk * dv * 4);
+    for (int c = 0; c < cols; c++) tout[c] = NAN;
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "gdn in-proj + decode step %dx%d nk=%d nv=%d K=%d%s (out, z, conv state, S)", cd, cols, nk, nv, K,
+             norm ? " norm" : "");
+    if (lct_gdn_in(W, nk, nv, K, x, nw, 1e-6f, tout, st_, cw, al, dt, S, o, z, &st)) {
+        printf("%s: %s\n", what, st.msg);
+        n_fail++;
+    } else {
+        double e = rel(o, oref, (size_t)vd);
+        const double e2 = rel(S, Sref, (size_t)nv * dk * dv), e3 = rel(st_, sref, (size_t)cd * (K - 1)), e4 = rel(z, R[1], (size_t)vd);
+        if (!(e2 <= e)) e = e2;
+        if (!(e3 <= e)) e = e3;
+        if (!(e4 <= e)) e = e4;
+        if (norm && !(rel(tout, xin, (size_t)cols) <= 1e-6)) e = INFINITY;
+        report(what, e, 1e-5);
+    }
+    for (int i = 0; i < 4; i++) {
+        free(R[i]);
+        for (int k = 0; k < 3; k++) free(hold[i][k]);
+    }
+    free(x); free(nw); free(xin); free(state0); free(cw); free(al); free(dt); free(S0); free(sref); free(Sref); free(oref); free(u);
+    free(st_); free(S); free(o); free(z); free(tout);
+}
