@@ -492,11 +492,12 @@ void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const fl
 /* whether decode (one token) routes inside the experts' gate|up launch: LILY_CU_ROUTE_FUSED, on */
 int cu_route_fused(void);
 /* Whether that launch can compute the router and the shared expert's gate (shg, or NULL) itself
- * (mvq_fuse.nrc, k_mvdp in clusters of blocks: sm_90 or the emulator, LILY_CU_ROUTE_CL not 0):
+ * (mvq_fuse.nrc, k_mvdp in clusters of blocks: sm_90 or the emulator; decode asks for it only with
+ * LILY_CU_ROUTE_CL=1, measured slower):
  * 8-bit codes of the experts' cols (at most 2,048), E <= 256, 1 <= K <= 32, the experts' gate and up
  * 4-bit. The router group's launch is then left out. */
 int cu_route_cluster_ok(const dmat *router, const dmat *shg, const dmat *gate, const dmat *up, int K);
-/* Thread block clusters usable: sm_90 (or the emulator) and LILY_CU_ROUTE_CL not 0. */
+/* Thread block clusters usable: sm_90 (or the emulator). */
 int cu_cluster_on(void);
 /* Decode's DeltaNet in-projection and step in one launch (cu_gdn_in.cu, clusters of 8 blocks a key
  * head; LILY_CU_GDN_IN=0 off): W = qkv, z, b, a (4-bit) on X [cols] (rmsnorm(X) * fu->nw while
@@ -505,6 +506,8 @@ int cu_cluster_on(void);
  * updated. 0 when it declines (dk = dv = 128, nv = 2 nk, cols >= 2,048 in 64-column groups). */
 int cu_gdn_in(cudaStream_t s, const dmat *const *W, const float *X, const mvq_fuse *fu, int nk, int nv, int dk, int dv, int K,
               float *state, const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z);
+/* For the kernel test: k_gdn_in's warps a block, 8 or 16 (0: LILY_CU_GDN_IN_WARPS, default 16) */
+void cu_gdn_in_test_warps(int nw);
 int cu_prefetch_enabled(void);
 /* cu_router_tc where it takes the router (rf from cu_router_frag, T > 8), else cu_matmul_exact
  * (Y = logits [T][W->rows]), then cu_router_topk, the column slices' sum done by the top-k's launch (one launch fewer;
@@ -544,7 +547,8 @@ int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D,
  * the down and the one-block combine, for measuring). */
 int cu_mvdp_comb_enabled(void);
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
-                 const float *hu, const float *sr, float *x, const float *add);
+                 const float *hu, const float *sr, int sr_late, float *x, const float *add);
+/* (sr_late: sr is written by the launch just before, so it is read after the wait, not before) */
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 #define CU_ARGMAX_PARTS1 256 /* k_argmax_part1's blocks (the default) */

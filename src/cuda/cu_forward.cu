@@ -333,11 +333,14 @@ static int moe_shared_slot(const lcuda_session *s, const cu_layer *L) {
 }
 
 /* Decode's router in the experts' gate|up launch (mvq_fuse.nrc, clusters of k_mvdp blocks): the
- * router group's launch left out, its residual add and norm staged by the gate|up launch itself
- * (LILY_CU_ROUTE_CL=0: the group's launch, for measuring). shx: the shared expert rides as slot K. */
+ * router group's launch left out, its residual add and norm staged by the gate|up launch itself.
+ * Off (LILY_CU_ROUTE_CL=1 for measuring): on the H200 the gate|up launch took ~2.5x as long, each
+ * cluster streaming the whole router (64 KB a block) into its SMs, tg128 460-474 against 571
+ * (bench/RESULTS.md session 28). shx: the shared expert rides as slot K. */
 static int moe_route_cl(const lcuda_session *s, const cu_layer *L, int T, int shx) {
     const lily_config *c = &s->m->cfg;
-    return T == 1 && cu_route_fused() && (shx || !c->shared_inter) && c->n_experts <= 256 && c->top_k <= 32 && cu_mvq_ok(&L->gate) &&
+    static int on = -1;
+    return T == 1 && cu_env_flag(&on, "LILY_CU_ROUTE_CL", 0) && cu_route_fused() && (shx || !c->shared_inter) && c->n_experts <= 256 && c->top_k <= 32 && cu_mvq_ok(&L->gate) &&
            cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down) && cu_route_cluster_ok(&L->router, c->shared_inter ? &L->sh_router : NULL, &L->gate, &L->up, c->top_k);
 }
 
@@ -463,7 +466,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
              * launch, the norm left to that launch (a launch a layer fewer; LILY_CU_FOLD=0 for
              * measuring) */
             if (T == 1 && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
-                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
+                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, route == 2, s->x, add)) {
                 s->fold_nw = nw;
                 s->xp_src = NULL;
                 PM(s, "moe experts swiglu+down + combine");

@@ -19,6 +19,7 @@
 #include "cuda/cu_dev.h"
 #include "cuda/cu_mvdp.h"
 #include "cuda/cu_gdn.h"
+#include <limits.h>
 
 #define GI_CL 8
 #define GI_TILES 26
@@ -59,8 +60,8 @@ static __device__ __forceinline__ int gi_chan(int c, int kh, int b, int nk) {
 }
 
 /* X [cols]: the layer's input (normed while staged when a.f.nw). a.m: qkv, z, b, a. */
-template <int SBT>
-__global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_gdn_in(mvq_args a, const float *__restrict__ X, gi_args g) {
+template <int SBT, int NW>
+__global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a, const float *__restrict__ X, gi_args g) {
     extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input, then GI_FLOATS floats */
     __shared__ float qs[4 * 36], ks[4 * 36], vsh[32], red[8];
     const int cols = a.m[0].cols, ng = cols / 64, nrow16 = cols * 4 / 128;
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_gdn_in(mvq_args a, const
     cu_cluster_arrive(); /* (release: q | k in shared memory) */
     cu_cluster_wait();
     { /* the key head's q (threads 0-127) and k (128-255) from the cluster's blocks, L2-normed */
-        const int i = tid % 128, isk = tid >= 128;
+        const int i = tid % 128, isk = (tid / 128) & 1;
         const float v = tid < 256 ? cu_cluster_ldf(sm + GI_QK + 16 * isk + i % 16, i / 16) : 0.f;
         const float ss = warp_sum(v * v);
         if (lane == 0 && warp < 8) red[warp] = ss;
@@ -168,6 +169,16 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_gdn_in(mvq_args a, const
     cu_cluster_wait(); /* (no block's q | k goes while another may read them) */
 }
 
+static int test_nw = 0;
+void cu_gdn_in_test_warps(int nw) { test_nw = nw; }
+
+template <int SBT, int NW>
+static void gi_go(cudaStream_t s, size_t sm, int nk, const mvq_args &a, const float *X, const gi_args &g) {
+    static size_t opted = 0;
+    if (sm > opted && cudaFuncSetAttribute(k_gdn_in<SBT, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess) opted = sm;
+    cu_go(k_gdn_in<SBT, NW>, nk * GI_CL, NW * WARP, sm, s).cluster(GI_CL)(a, X, g);
+}
+
 int cu_gdn_in(cudaStream_t s, const dmat *const *W, const float *X, const mvq_fuse *fu, int nk, int nv, int dk, int dv, int K,
               float *state, const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z) {
     static int on = -1;
@@ -189,14 +200,14 @@ int cu_gdn_in(cudaStream_t s, const dmat *const *W, const float *X, const mvq_fu
     int sbt = W[0]->sbt;
     for (int i = 1; i < 4; i++)
         if (W[i]->sbt != sbt) sbt = -1;
-    static size_t opted[2];
-    const int f = sbt == LW_BF16;
-    if (sm > opted[f]) {
-        cudaError_t e = f ? cudaFuncSetAttribute(k_gdn_in<LW_BF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm)
-                          : cudaFuncSetAttribute(k_gdn_in<-1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        if (e == cudaSuccess) opted[f] = sm;
-    }
-    if (f) cu_go(k_gdn_in<LW_BF16>, nk * GI_CL, DP_WARPS * WARP, sm, s).cluster(GI_CL)(a, X, g);
-    else cu_go(k_gdn_in<-1>, nk * GI_CL, DP_WARPS * WARP, sm, s).cluster(GI_CL)(a, X, g);
+    /* 16 warps a block (one block an SM, 128 registers a thread): a warp's 26 / 16 tiles, at most two
+     * rounds of code loads, where 8 warps took four; LILY_CU_GDN_IN_WARPS=8 for measuring */
+    static int env = INT_MIN;
+    cu_env_int(&env, "LILY_CU_GDN_IN_WARPS", 16);
+    const int nw = test_nw ? test_nw : env;
+    if (sbt == LW_BF16 && nw == 8) gi_go<LW_BF16, 8>(s, sm, nk, a, X, g);
+    else if (sbt == LW_BF16) gi_go<LW_BF16, 16>(s, sm, nk, a, X, g);
+    else if (nw == 8) gi_go<-1, 8>(s, sm, nk, a, X, g);
+    else gi_go<-1, 16>(s, sm, nk, a, X, g);
     return 1;
 }

@@ -315,14 +315,13 @@ static int rc_fits(const mvq_fuse *f, int cols, int warps) {
 }
 int cu_cluster_on(void) {
 #ifdef __CUDACC_EMU__
-    static int on = -1;
-    return cu_env_flag(&on, "LILY_CU_ROUTE_CL", 1);
+    return 1;
 #else
-    static int on = -1, env = -1;
+    static int on = -1;
     if (on < 0) {
         int dev = 0, major = 0;
-        on = cu_env_flag(&env, "LILY_CU_ROUTE_CL", 1) && cudaGetDevice(&dev) == cudaSuccess &&
-             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+        on = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             major >= 9;
     }
     return on;
 #endif

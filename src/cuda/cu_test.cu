@@ -607,7 +607,7 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
     float *dhu = (float *)dput(&L, hu, (size_t)ns * I * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
     float *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
     for (int i = 0; !rc && i < reps; i++)
-        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da))
+        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, 0, dx, da))
             rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     rc = finish(st, rc);
     if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
@@ -737,7 +737,7 @@ lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *
     return rc;
 }
 
-lily_code lct_gdn_in(const lw_mat *W, int nk, int nv, int K, const float *x, const float *nw, float eps, float *tout, float *state,
+lily_code lct_gdn_in(int warps, const lw_mat *W, int nk, int nv, int K, const float *x, const float *nw, float eps, float *tout, float *state,
                      const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z, lily_status *st) {
     const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv, cols = W[0].cols;
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
@@ -759,8 +759,10 @@ lily_code lct_gdn_in(const lw_mat *W, int nk, int nv, int K, const float *x, con
     mvq_fuse fu;
     memset(&fu, 0, sizeof fu);
     if (nw) { fu.nw = dnw; fu.eps = eps; fu.tout = dt; }
+    cu_gdn_in_test_warps(warps);
     if (!rc && !cu_gdn_in(0, dp, dx, &fu, nk, nv, dk, dv, K, ds, dw, dal, ddt, dS, dout, dz))
         rc = lily_err(st, LILY_EUNSUPPORTED, "cu_gdn_in declined");
+    cu_gdn_in_test_warps(0);
     rc = finish(st, rc);
     if (!rc) rc = dget(o, dout, (size_t)vd * 4, st);
     if (!rc) rc = dget(z, dz, (size_t)vd * 4, st);

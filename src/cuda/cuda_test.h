@@ -109,10 +109,10 @@ lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const f
 lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *mixed, float *state, const float *cw, const float *bb,
                       const float *aa, const float *A_log, const float *dt_bias, float *S, const float *z, const float *gw, float eps,
                       float *o, lily_status *st);
-/* Decode's in-projection and step in one launch (cu_gdn_in): W = qkv [cd][cols], z [nv*128][cols], b, a
+/* Decode's in-projection and step in one launch (cu_gdn_in, warps a block 8 or 16): W = qkv [cd][cols], z [nv*128][cols], b, a
  * [nv][cols] (4-bit) on x [cols] (rmsnorm(x) * nw when nw, which tout [cols] gets); state [cd][K-1] and S
  * [nv][128][128] in/out; o [nv*128] before the gated norm, z [nv*128] the z rows. Declined is an error. */
-lily_code lct_gdn_in(const lw_mat *W, int nk, int nv, int K, const float *x, const float *nw, float eps, float *tout, float *state,
+lily_code lct_gdn_in(int warps, const lw_mat *W, int nk, int nv, int K, const float *x, const float *nw, float eps, float *tout, float *state,
                      const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z, lily_status *st);
 /* The same through the chunked kernels (cu_gdn_chunked; variant as cu_gdn_chunk_variant: 1 tensor
  * cores, 2 tiled, 3 generic), and the staged prefill kernel (cu_gdn_staged: dk 128, dv a multiple
