@@ -500,7 +500,7 @@ int cu_route_cluster_ok(const dmat *router, const dmat *shg, const dmat *gate, c
 /* Thread block clusters usable: sm_90 (or the emulator). */
 int cu_cluster_on(void);
 /* Decode's DeltaNet in-projection and step in one launch (cu_gdn_in.cu, clusters of 8 blocks a key
- * head; LILY_CU_GDN_IN=0 off): W = qkv, z, b, a (4-bit) on X [cols] (rmsnorm(X) * fu->nw while
+ * head; decode takes it only with LILY_CU_GDN_IN=1, not yet measured in its 16-warp form): W = qkv, z, b, a (4-bit) on X [cols] (rmsnorm(X) * fu->nw while
  * staging when fu and fu->nw; fu->tout gets it), then conv, norms, gates and the delta rule as
  * cu_gdn_dec_split: o [nv * dv] before the gated norm, z [nv * dv] the z rows, state and S
  * updated. 0 when it declines (dk = dv = 128, nv = 2 nk, cols >= 2,048 in 64-column groups). */
@@ -547,8 +547,7 @@ int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D,
  * the down and the one-block combine, for measuring). */
 int cu_mvdp_comb_enabled(void);
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
-                 const float *hu, const float *sr, int sr_late, float *x, const float *add);
-/* (sr_late: sr is written by the launch just before, so it is read after the wait, not before) */
+                 const float *hu, const float *sr, float *x, const float *add);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 #define CU_ARGMAX_PARTS1 256 /* k_argmax_part1's blocks (the default) */

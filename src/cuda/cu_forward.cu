@@ -170,9 +170,13 @@ static int fold_in_ok(const lcuda_session *s, const cu_layer *L) {
 }
 
 /* One token's in-projection and step in one launch (cu_gdn_in), the gated norm left to the
- * out-projection's staging as after cu_gdn_dec_split; 0 when it declines. */
+ * out-projection's staging as after cu_gdn_dec_split; 0 when it declines. Off unless
+ * LILY_CU_GDN_IN=1: its 8-warp form measured ~3% slower on the H200 and the 16-warp form is not
+ * measured yet (bench/RESULTS.md session 28). */
 static int gdn_in(lcuda_session *s, const cu_layer *L, int li) {
     const lily_config *c = &s->m->cfg;
+    static int on = -1;
+    if (!cu_env_flag(&on, "LILY_CU_GDN_IN", 0)) return 0;
     const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
     mvq_fuse fu;
     memset(&fu, 0, sizeof fu);
@@ -465,8 +469,10 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
              * in-projection (or an lm_head) can take the norm: the combine folded into the down
              * launch, the norm left to that launch (a launch a layer fewer; LILY_CU_FOLD=0 for
              * measuring) */
-            if (T == 1 && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
-                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, route == 2, s->x, add)) {
+            /* (not after the router in the gate|up launch, route 2: k_mvdp_comb reads the shared
+             * expert's gate before its wait, and that launch, just before, writes it) */
+            if (T == 1 && (shx || !SI) && route != 2 && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
+                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
                 s->fold_nw = nw;
                 s->xp_src = NULL;
                 PM(s, "moe experts swiglu+down + combine");

@@ -181,8 +181,7 @@ static void gi_go(cudaStream_t s, size_t sm, int nk, const mvq_args &a, const fl
 
 int cu_gdn_in(cudaStream_t s, const dmat *const *W, const float *X, const mvq_fuse *fu, int nk, int nv, int dk, int dv, int K,
               float *state, const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z) {
-    static int on = -1;
-    if (!cu_env_flag(&on, "LILY_CU_GDN_IN", 1) || !cu_cluster_on() || !mvdp_enabled() || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
+    if (!cu_cluster_on() || !mvdp_enabled() || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
         nv != 2 * nk || dk != 128 || dv != 128)
         return 0;
     const int cols = W[0]->cols;

@@ -204,39 +204,39 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         }
         e = xsl ? 0 : rs[slot];
     } else {
-    if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
-                     * while the other warps stage the input (the slot's input row is the token's,
-                     * whichever expert); dp_stage's closing barrier publishes rs and rw */
-        mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
-        if (warp == 0) {
-            route_ld<8, LILY_DP_RDX>(a.f.rlog, a.f.E, a.f.K, rs, rw);
-            CU_MARK(2);
+        if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
+                         * while the other warps stage the input (the slot's input row is the token's,
+                         * whichever expert); dp_stage's closing barrier publishes rs and rw */
+            mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
+            if (warp == 0) {
+                route_ld<8, LILY_DP_RDX>(a.f.rlog, a.f.E, a.f.K, rs, rw);
+                CU_MARK(2);
+            }
+            if (a.f.rovl) t0 = WARP;
+            else __syncthreads(); /* (LILY_CU_ROUTE_OVL=0: then the staging by every warp) */
+        } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
+        /* LILY_CU_MVDP_EPF=1 (a.f.epf, set by the launcher): an expert's first group fetched as soon
+         * as its index is known, before the staging, as a dense matrix's is before the wait. Off: on
+         * the H200 it made decode slower (tg128 469.0 against 481.7 after, bench/RESULTS.md session
+         * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
+         * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
+         * the codes' misses (untested guess). */
+        if (a.f.rlog && !t0) e = xsl ? 0 : rs[slot];
+        if (eidx && a.f.epf && !t0 && tile < ntiles && sub < ng) { /* (routing beside the staging: e not known yet) */
+            t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
+            const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+            dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
+            have = true;
         }
-        if (a.f.rovl) t0 = WARP;
-        else __syncthreads(); /* (LILY_CU_ROUTE_OVL=0: then the staging by every warp) */
-    } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-    /* LILY_CU_MVDP_EPF=1 (a.f.epf, set by the launcher): an expert's first group fetched as soon
-     * as its index is known, before the staging, as a dense matrix's is before the wait. Off: on
-     * the H200 it made decode slower (tg128 469.0 against 481.7 after, bench/RESULTS.md session
-     * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
-     * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
-     * the codes' misses (untested guess). */
-    if (a.f.rlog && !t0) e = xsl ? 0 : rs[slot];
-    if (eidx && a.f.epf && !t0 && tile < ntiles && sub < ng) { /* (routing beside the staging: e not known yet) */
-        t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
-        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
-        have = true;
-    }
-    dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
-    CU_MARK(0);
-    if (a.f.rlog) {
-        if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
-            a.f.rsel[threadIdx.x] = rs[threadIdx.x];
-            a.f.rwt[threadIdx.x] = rw[threadIdx.x];
+        dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
+        CU_MARK(0);
+        if (a.f.rlog) {
+            if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
+                a.f.rsel[threadIdx.x] = rs[threadIdx.x];
+                a.f.rwt[threadIdx.x] = rw[threadIdx.x];
+            }
+            e = xsl ? 0 : rs[slot];
         }
-        e = xsl ? 0 : rs[slot];
-    }
     }
     for (; tile < ntiles; tile += gridDim.x * nwb) {
         mi = 0;

@@ -247,25 +247,25 @@ static void test_gdn_in(lily_pool *pool, int cols, int nk, int nv, int K, int no
     float *st_ = malloc((size_t)cd * (K - 1) * 4), *S = malloc((size_t)nv * dk * dv * 4), *o = malloc((size_t)vd * 4);
     float *z = malloc((size_t)vd * 4), *tout = malloc((size_t)cols * 4);
     for (int warps = 16; warps >= 8; warps -= 8) {
-    memcpy(st_, state0, (size_t)cd * (K - 1) * 4);
-    memcpy(S, S0, (size_t)nv * dk * dv * 4);
-    for (int c = 0; c < cols; c++) tout[c] = NAN;
-    lily_status st = { 0 };
-    char what[160];
-    snprintf(what, sizeof what, "gdn in-proj + decode step %dx%d nk=%d nv=%d K=%d%s, %d warps (out, z, conv state, S)", cd, cols, nk, nv,
-             K, norm ? " norm" : "", warps);
-    if (lct_gdn_in(warps, W, nk, nv, K, x, nw, 1e-6f, tout, st_, cw, al, dt, S, o, z, &st)) {
-        printf("%s: %s\n", what, st.msg);
-        n_fail++;
-    } else {
-        double e = rel(o, oref, (size_t)vd);
-        const double e2 = rel(S, Sref, (size_t)nv * dk * dv), e3 = rel(st_, sref, (size_t)cd * (K - 1)), e4 = rel(z, R[1], (size_t)vd);
-        if (!(e2 <= e)) e = e2;
-        if (!(e3 <= e)) e = e3;
-        if (!(e4 <= e)) e = e4;
-        if (norm && !(rel(tout, xin, (size_t)cols) <= 1e-6)) e = INFINITY;
-        report(what, e, 1e-5);
-    }
+        memcpy(st_, state0, (size_t)cd * (K - 1) * 4);
+        memcpy(S, S0, (size_t)nv * dk * dv * 4);
+        for (int c = 0; c < cols; c++) tout[c] = NAN;
+        lily_status st = { 0 };
+        char what[160];
+        snprintf(what, sizeof what, "gdn in-proj + decode step %dx%d nk=%d nv=%d K=%d%s, %d warps (out, z, conv state, S)", cd, cols, nk, nv,
+                 K, norm ? " norm" : "", warps);
+        if (lct_gdn_in(warps, W, nk, nv, K, x, nw, 1e-6f, tout, st_, cw, al, dt, S, o, z, &st)) {
+            printf("%s: %s\n", what, st.msg);
+            n_fail++;
+        } else {
+            double e = rel(o, oref, (size_t)vd);
+            const double e2 = rel(S, Sref, (size_t)nv * dk * dv), e3 = rel(st_, sref, (size_t)cd * (K - 1)), e4 = rel(z, R[1], (size_t)vd);
+            if (!(e2 <= e)) e = e2;
+            if (!(e3 <= e)) e = e3;
+            if (!(e4 <= e)) e = e4;
+            if (norm && !(rel(tout, xin, (size_t)cols) <= 1e-6)) e = INFINITY;
+            report(what, e, 1e-5);
+        }
     }
     for (int i = 0; i < 4; i++) {
         free(R[i]);
