@@ -1,7 +1,11 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench batch variants ncu chain   (default: build check kernels model bench batch)
+#   stages: build fixtures check kernels model bench batch variants ncu chain clusters   (default: build check kernels model bench batch)
+#   clusters: decode's two cluster forms, off by default (docs/cuda.md, bench/RESULTS.md session 28): the 35B-width
+#          model comparison with LILY_CU_GDN_IN=1, then with LILY_CU_ROUTE_CL=1 too (after the model stage, which
+#          makes /tmp/lily-m4), and lily-bench tg128,tg128@4096 as is, with LILY_CU_GDN_IN=1 (16 warps a block) and
+#          with LILY_CU_GDN_IN=1 LILY_CU_GDN_IN_WARPS=8, in turn, twice
 #   chain: bench/micro/chain.cu, a synthetic 35B-A3B token as one persistent kernel (direct loads, rings of bulk
 #          copies, launches in a graph; docs/cuda.md "Persistent decode"), at full size and at one row a block
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
@@ -25,6 +29,18 @@ fail=0
 for stage in $stages; do
   echo "== $stage ($(date -u +%H:%M:%S))"
   case $stage in
+  clusters)
+    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
+    for v in LILY_CU_GDN_IN=1 "LILY_CU_GDN_IN=1 LILY_CU_ROUTE_CL=1"; do
+      env $v "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_cl.log" 2>&1 || fail=1
+      echo "model ($v): $(tail -1 "$OUT/model_cl.log")"
+    done
+    for r in 1 2; do
+      for v in X=1 LILY_CU_GDN_IN=1 "LILY_CU_GDN_IN=1 LILY_CU_GDN_IN_WARPS=8"; do
+        echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
+          grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
+      done
+    done ;;
   chain)
     nvcc -O3 -arch=sm_90a -Isrc -o "$OUT/chain" bench/micro/chain.cu >"$OUT/chain_build.log" 2>&1 ||
       { tail -20 "$OUT/chain_build.log"; fail=1; continue; }
