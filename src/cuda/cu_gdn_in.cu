@@ -26,13 +26,15 @@
 #define GI_R 4
 /* shared memory past the staged input, in floats: the tiles' outputs [GI_TILES * 4], the block's
  * conv'd q | k [32] (read across the cluster), S's columns c0 .. c0 + 31 [128][32], the block's 64
- * conv channels' state [64][GDN_DEC_KMAX] and weights [64][GDN_DEC_KMAX] */
+ * conv channels' state [64][GDN_DEC_KMAX] and weights [64][GDN_DEC_KMAX], the head's A_log and dt_bias
+ * (copies too: registers held across the tiles spilled) */
 #define GI_OUT 0
 #define GI_QK (GI_OUT + GI_TILES * 4)
 #define GI_S (GI_QK + 32)
 #define GI_CS (GI_S + 128 * 32)
 #define GI_CW (GI_CS + 64 * GDN_DEC_KMAX)
-#define GI_FLOATS (GI_CW + 64 * GDN_DEC_KMAX)
+#define GI_G (GI_CW + 64 * GDN_DEC_KMAX) /* A_log[h], dt_bias[h] */
+#define GI_FLOATS (GI_G + 4)
 
 typedef struct {
     int nk, nv, K;
@@ -64,6 +66,7 @@ template <int SBT, int NW>
 __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a, const float *__restrict__ X, gi_args g) {
     extern __shared__ uint4 dxs[]; /* [cols / 64][DP_G4] the staged input, then GI_FLOATS floats */
     __shared__ float qs[4 * 36], ks[4 * 36], vsh[32], red[8];
+    __shared__ int tmap[GI_TILES]; /* a tile's matrix << 24 | first row: the loop holds no head indices */
     const int cols = a.m[0].cols, ng = cols / 64, nrow16 = cols * 4 / 128;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nwb = blockDim.x / WARP, tid = threadIdx.x;
     const int b = cu_cluster_rank(), kh = blockIdx.x / GI_CL, h = 2 * kh + b / 4, c0 = (b % 4) * 32, K = g.K;
@@ -71,6 +74,11 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
     /* before the wait: S's columns, the conv channels' state and weights (copies), the first
      * tile's codes (weights are never written; S and the conv state only by this kernel of the
      * layer, a token back) */
+    if (tid < GI_TILES) { /* (published by the staging's closing barrier) */
+        int m_, r_;
+        gi_tile(tid, kh, b, g.nk, m_, r_);
+        tmap[tid] = m_ << 24 | r_;
+    }
     const float *Sh = g.S + (size_t)h * 128 * 128;
     for (int k = tid; k < 128 * 8; k += blockDim.x) cu_cp<16>(sm + GI_S + (k / 8) * 32 + 4 * (k % 8), Sh + (size_t)(k / 8) * 128 + c0 + 4 * (k % 8));
     if (tid < 64) {
@@ -78,6 +86,8 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
         for (int i = 0; i + 1 < K; i++) cu_cp<4>(sm + GI_CS + tid * GDN_DEC_KMAX + i, g.state + (size_t)ch * (K - 1) + i);
         for (int i = 0; i < K; i++) cu_cp<4>(sm + GI_CW + tid * GDN_DEC_KMAX + i, g.cw + (size_t)ch * K + i);
     }
+    if (tid == 64) cu_cp<4>(sm + GI_G, g.A_log + h);
+    if (tid == 65) cu_cp<4>(sm + GI_G + 1, g.dt_bias + h);
     cu_cp_commit();
     uint4 c[GI_R][2];
     float sc[GI_R], bi[GI_R];
@@ -97,7 +107,6 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
         have = true;
     }
     const int psbt = a.m[mi].sbt;
-    const float alog = g.A_log[h], dtb = g.dt_bias[h];
     float n0[8];
     dp_nw0(a, cols, n0);
     CU_PDL();
@@ -114,7 +123,8 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
     cu_cp_wait<0>(); /* (the staging's closing barrier publishes every thread's copies) */
     dp_stage(a, X, NULL, cols, dxs, 0, n0);
     for (int lt = warp; lt < GI_TILES; lt += nwb) {
-        gi_tile(lt, kh, b, g.nk, mi, r0);
+        mi = tmap[lt] >> 24;
+        r0 = tmap[lt] & 0xffffff;
         const dp_rows t = dp_rows_at<GI_R, 4>(a.m[mi], 0, r0);
         int rsel;
         const float acc = dp_tile<32, GI_R, SBT, 4, 1>(t, SBT >= 0 ? SBT : a.m[mi].sbt, cols / a.m[mi].group, ng, nrow16, lane, dxs, have,
@@ -125,6 +135,8 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
         }
     }
     __syncthreads();
+    /* (the block's head and columns again, not held across the tiles: at 128 registers they spilled) */
+    const int b2 = cu_cluster_rank(), kh2 = blockIdx.x / GI_CL, h2 = 2 * kh2 + b2 / 4, c02 = (b2 % 4) * 32;
     if (tid < 64) { /* the block's conv channels: conv, SiLU, the state shifted */
         const float *cs = sm + GI_CS + tid * GDN_DEC_KMAX, *w = sm + GI_CW + tid * GDN_DEC_KMAX;
         const float in = sm[GI_OUT + tid];
@@ -133,7 +145,7 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
         const float v = silu_f(acc);
         if (tid < 32) sm[GI_QK + tid] = v;
         else vsh[tid - 32] = v;
-        float *st = g.state + (size_t)gi_chan(tid, kh, b, g.nk) * (K - 1);
+        float *st = g.state + (size_t)gi_chan(tid, kh2, b2, g.nk) * (K - 1);
         for (int i = 0; i + 2 < K; i++) st[i] = cs[i + 1];
         if (K > 1) st[K - 2] = in;
     }
@@ -159,10 +171,10 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
         float srow[32];
 #pragma unroll
         for (int i = 0; i < 32; i++) srow[i] = sm[GI_S + (p * 32 + i) * 32 + j];
-        const float beta = sigm_f(sm[GI_OUT + 96]), decay = expf(gdn_g(sm[GI_OUT + 100] + dtb, alog));
+        const float beta = sigm_f(sm[GI_OUT + 96]), decay = expf(gdn_g(sm[GI_OUT + 100] + sm[GI_G + 1], sm[GI_G]));
         const float out = gdn_col_step<36>(srow, qs, ks, p, decay, vsh[j], beta);
-        if (p == 0) g.o[(size_t)h * 128 + c0 + j] = out;
-        float *Sc = g.S + (size_t)h * 128 * 128 + c0 + j;
+        if (p == 0) g.o[(size_t)h2 * 128 + c02 + j] = out;
+        float *Sc = g.S + (size_t)h2 * 128 * 128 + c02 + j;
 #pragma unroll
         for (int i = 0; i < 32; i++) Sc[(size_t)(p * 32 + i) * 128] = srow[i];
     }
