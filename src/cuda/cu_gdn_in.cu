@@ -122,6 +122,7 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
     }
     cu_cp_wait<0>(); /* (the staging's closing barrier publishes every thread's copies) */
     dp_stage(a, X, NULL, cols, dxs, 0, n0);
+    CU_MARK(0); /* (the timeline's marks: staged, tiles done, the cluster met) */
     for (int lt = warp; lt < GI_TILES; lt += nwb) {
         mi = tmap[lt] >> 24;
         r0 = tmap[lt] & 0xffffff;
@@ -135,6 +136,7 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
         }
     }
     __syncthreads();
+    CU_MARK(1);
     /* (the block's head and columns again, not held across the tiles: at 128 registers they spilled) */
     const int b2 = cu_cluster_rank(), kh2 = blockIdx.x / GI_CL, h2 = 2 * kh2 + b2 / 4, c02 = (b2 % 4) * 32;
     if (tid < 64) { /* the block's conv channels: conv, SiLU, the state shifted */
@@ -151,6 +153,7 @@ __global__ void __launch_bounds__(NW * WARP, NW > 8 ? 1 : 2) k_gdn_in(mvq_args a
     }
     cu_cluster_arrive(); /* (release: q | k in shared memory) */
     cu_cluster_wait();
+    CU_MARK(2);
     { /* the key head's q (threads 0-127) and k (128-255) from the cluster's blocks, L2-normed */
         const int i = tid % 128, isk = (tid / 128) & 1;
         const float v = tid < 256 ? cu_cluster_ldf(sm + GI_QK + 16 * isk + i % 16, i / 16) : 0.f;
