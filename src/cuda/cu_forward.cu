@@ -344,8 +344,9 @@ static int moe_shared_slot(const lcuda_session *s, const cu_layer *L) {
 static int moe_route_cl(const lcuda_session *s, const cu_layer *L, int T, int shx) {
     const lily_config *c = &s->m->cfg;
     static int on = -1;
-    return T == 1 && cu_env_flag(&on, "LILY_CU_ROUTE_CL", 0) && cu_route_fused() && (shx || !c->shared_inter) && c->n_experts <= 256 && c->top_k <= 32 && cu_mvq_ok(&L->gate) &&
-           cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down) && cu_route_cluster_ok(&L->router, c->shared_inter ? &L->sh_router : NULL, &L->gate, &L->up, c->top_k);
+    /* (cu_route_cluster_ok checks E, K and the gate and up; the down must take the matrix-vector kernels) */
+    return T == 1 && cu_env_flag(&on, "LILY_CU_ROUTE_CL", 0) && cu_route_fused() && (shx || !c->shared_inter) && cu_mvq_ok(&L->down) &&
+           cu_route_cluster_ok(&L->router, c->shared_inter ? &L->sh_router : NULL, &L->gate, &L->up, c->top_k);
 }
 
 /* The shared expert at prefill (T > 8) on the session's second stream, beside the router, the
@@ -455,9 +456,8 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
                 xg.xm[0] = L->sh_gate; xg.xm[1] = L->sh_up; xg.xrow = 0;
                 xd.xm[0] = L->sh_down; xd.xrow = K;
             }
-            if (route) { xg.rlog = s->rl; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
+            if (route) { xg.rlog = route == 1 ? s->rl : NULL; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
             if (route == 2) { /* the staged input rmsnorm(x + add) * ln2, t written by block (0, 0) */
-                xg.rlog = NULL;
                 xg.nrc = SI ? 2 : 1;
                 xg.rc[0] = L->router; xg.rc[1] = L->sh_router;
                 xg.rcy[0] = s->rl; xg.rcy[1] = s->sr;

@@ -55,10 +55,11 @@ static __device__ __forceinline__ void gi_tile(int lt, int kh, int b, int nk, in
     else if (lt < 24) { mi = 1; r0 = h * 128 + c0 + 4 * (lt - 16); }
     else { mi = lt == 24 ? 2 : 3; r0 = h; }
 }
-/* conv channel c (0..63) of block b: 0-15 q, 16-31 k, 32-63 v; its index into the conv state */
+/* conv channel c (0..63) of block b: its q, k and v rows (tiles 0-15, all of qkv), so the row's index */
 static __device__ __forceinline__ int gi_chan(int c, int kh, int b, int nk) {
-    const int kd = nk * 128, h = 2 * kh + b / 4, c0 = (b % 4) * 32;
-    return c < 16 ? kh * 128 + 16 * b + c : c < 32 ? kd + kh * 128 + 16 * b + (c - 16) : 2 * kd + h * 128 + c0 + (c - 32);
+    int mi, r0;
+    gi_tile(c / 4, kh, b, nk, mi, r0);
+    return r0 + c % 4;
 }
 
 /* X [cols]: the layer's input (normed while staged when a.f.nw). a.m: qkv, z, b, a. */
@@ -200,7 +201,7 @@ int cu_gdn_in(cudaStream_t s, const dmat *const *W, const float *X, const mvq_fu
         nv != 2 * nk || dk != 128 || dv != 128)
         return 0;
     const int cols = W[0]->cols;
-    if (cols % 64 || cols / 64 < 32 || cols > (int)(MVQ_SMEM / (DP_G4 * 16) * 64)) return 0;
+    if (cols % 64 || cols / 64 < 32 || cols > DP_MAX_COLS) return 0;
     const int rows[4] = { 2 * nk * dk + nv * dv, nv * dv, nv, nv };
     for (int i = 0; i < 4; i++)
         if (!dp_fits(W[i], cols, 4) || W[i]->rows != rows[i]) return 0;

@@ -70,9 +70,9 @@ static __device__ __forceinline__ void rc_fetch(const mvq_fuse &f, int cols, int
         if (i < nrow && lane < ng) {
             const dmat &m = f.rc[i < nr ? 0 : 1];
             const int ngr = cols / m.group, gi = lane / (m.group / 64);
-            const size_t o = (size_t)(i < nr ? r0 + i : 0) * ngr + gi;
-            sr[k] = m.sbt == LW_F32 ? ((const uint32_t *)m.s)[o] : ((const uint16_t *)m.s)[o];
-            br[k] = m.sbt == LW_F32 ? ((const uint32_t *)m.b)[o] : ((const uint16_t *)m.b)[o];
+            const int o = (i < nr ? r0 + i : 0) * ngr + gi;
+            sr[k] = dp_sb_raw((const char *)m.s, m.sbt, o);
+            br[k] = dp_sb_raw((const char *)m.b, m.sbt, o);
         }
     }
 }
@@ -341,8 +341,6 @@ int cu_route_cluster_ok(const dmat *router, const dmat *shg, const dmat *gate, c
 static int test_r = 0;
 void cu_mvdp_test_r(int r) { test_r = r; }
 
-/* The staged input must fit the MVQ_SMEM mvq_grid opts the kernel in to (20,160 columns). */
-#define DP_MAX_COLS (MVQ_SMEM / (DP_G4 * 16) * 64)
 
 int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
                   int xdiv, int nslots) {

@@ -221,6 +221,10 @@ static __device__ __forceinline__ dp_rows dp_locate(const mvq_args &a, bool xsl,
     while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
     return dp_rows_at<R, BITS>(xsl ? a.f.xm[mi] : a.m[mi], e, (tile - a.blk0[mi]) * rpt + rib * R);
 }
+/* entry i of a scale or bias array p of type ty, as raw bits (a 16-bit type's in the low half) */
+static __device__ __forceinline__ uint32_t dp_sb_raw(const char *p, int ty, int i) {
+    return ty == LW_F32 ? ((const uint32_t *)p)[i] : ((const uint16_t *)p)[i];
+}
 /* A group's codes, and its scales' and biases' raw bits (a 16-bit type's in the low half), converted
  * by dp_sb_cvt: k_mvdp holds the raw bits across its wait, since a conversion right after the load
  * waits for it there; dp_fetch converts at once */
@@ -237,8 +241,8 @@ static __device__ __forceinline__ void dp_fetch_raw(const dp_rows &t, int sbt, i
         for (int i = 0; i < BITS / 2; i++) c[k][i] = __ldg(w + i);
         const int gi = g >> t.lg;
         const char *ps = t.s + (size_t)kk * ngr * sz, *pb = t.b + (size_t)kk * ngr * sz;
-        sr[k] = ty == LW_F32 ? ((const uint32_t *)ps)[gi] : ((const uint16_t *)ps)[gi];
-        br[k] = ty == LW_F32 ? ((const uint32_t *)pb)[gi] : ((const uint16_t *)pb)[gi];
+        sr[k] = dp_sb_raw(ps, ty, gi);
+        br[k] = dp_sb_raw(pb, ty, gi);
     }
 }
 template <int SBT>
@@ -408,5 +412,7 @@ static inline int dp_warps(void) {
     return w == 4 ? 4 : DP_WARPS;
 }
 static inline size_t dp_smem(int cols) { return (size_t)(cols / 64) * DP_G4 * 16; }
+/* The staged input must fit the MVQ_SMEM mvq_grid opts the kernel in to (20,160 columns). */
+#define DP_MAX_COLS (MVQ_SMEM / (DP_G4 * 16) * 64)
 
 #endif

@@ -612,57 +612,38 @@ void run_grid(const char *name, const emu::launch_cfg &c, const std::function<vo
     read_order();
     size_t nb = (size_t)c.grid.x * c.grid.y * c.grid.z;
     auto bid = [&](size_t b) { return uint3{ (unsigned)(b % c.grid.x), (unsigned)(b / c.grid.x % c.grid.y), (unsigned)(b / c.grid.x / c.grid.y) }; };
-    if (c.cluster > 1 && !c.coop) {
-        const size_t cn = c.cluster;
-        if (c.grid.x % cn || cn > 16) fault("a cluster of %zu blocks in a grid of %u along x (a divisor of it, at most 16)", cn, c.grid.x);
-        if (nt % 32) fault("a cluster launch of %d threads a block (the emulator needs whole warps)", nt);
+    if ((c.coop && nb > 1) || c.cluster > 1) {
+        /* blocks that run at once: a cooperative launch's all, or each cluster's (rank r: x % gn, the
+         * clusters tiling x), the groups one after another */
+        const size_t gn = c.coop ? nb : c.cluster;
+        if (!c.coop && (c.grid.x % gn || gn > 16)) fault("a cluster of %zu blocks in a grid of %u along x (a divisor of it, at most 16)", gn, c.grid.x);
+        if (nt % 32) fault("a %s launch of %d threads a block (the emulator needs whole warps)", c.coop ? "cooperative" : "cluster", nt);
+        /* every block's dynamic shared memory, each ending at a guard page */
         const size_t per = (c.smem + page - 1) / page * page + page;
-        char *region = (char *)mmap(NULL, cn * per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        char *region = (char *)mmap(NULL, gn * per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (region == MAP_FAILED) { perror("lily emu: shared memory"); abort(); }
-        std::vector<char *> dyn(cn);
-        for (size_t r = 0; r < cn; r++) {
+        std::vector<char *> dyn(gn);
+        for (size_t r = 0; r < gn; r++) {
             mprotect(region + (r + 1) * per - page, page, PROT_NONE);
             dyn[r] = region + (r + 1) * per - page - ((c.smem + 15) & ~(size_t)15);
         }
-        ensure_stacks((int)(cn * nt));
-        if (warps.size() < cn * (size_t)(nt / 32)) warps.resize(cn * (size_t)(nt / 32));
-        const size_t ncl = nb / cn;
-        std::vector<size_t> cperm(ncl);
-        make_perm(cperm.data(), ncl);
-        for (size_t k = 0; k < ncl; k++) {
-            const size_t b0 = cperm[k] * cn;
-            std::vector<uint3> bids(cn);
-            for (size_t r = 0; r < cn; r++) bids[r] = bid(b0 + r); /* (rank r: x % cn, the clusters tiling x) */
+        ensure_stacks((int)(gn * nt));
+        if (warps.size() < gn * (size_t)(nt / 32)) warps.resize(gn * (size_t)(nt / 32));
+        const size_t ngr = nb / gn;
+        std::vector<size_t> gperm(ngr);
+        make_perm(gperm.data(), ngr);
+        for (size_t k = 0; k < ngr; k++) {
+            std::vector<uint3> bids(gn);
+            for (size_t r = 0; r < gn; r++) bids[r] = bid(gperm[k] * gn + r);
             coop_running = true;
-            cl_dyn = dyn;
+            if (!c.coop) cl_dyn = dyn;
             run_blocks(nt, bids, dyn);
             cl_dyn.clear();
             coop_running = false;
         }
         n_blocks += nb;
         n_threads += (unsigned long long)nt * nb;
-        munmap(region, cn * per);
-    } else if (c.coop && nb > 1) {
-        if (nt % 32) fault("a cooperative launch of %d threads a block (the emulator needs whole warps)", nt);
-        /* every block's dynamic shared memory, each ending at a guard page */
-        const size_t per = (c.smem + page - 1) / page * page + page;
-        char *region = (char *)mmap(NULL, nb * per, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (region == MAP_FAILED) { perror("lily emu: shared memory"); abort(); }
-        std::vector<uint3> bids(nb);
-        std::vector<char *> dyn(nb);
-        for (size_t b = 0; b < nb; b++) {
-            bids[b] = bid(b);
-            mprotect(region + (b + 1) * per - page, page, PROT_NONE);
-            dyn[b] = region + (b + 1) * per - page - ((c.smem + 15) & ~(size_t)15);
-        }
-        ensure_stacks((int)(nb * nt));
-        if (warps.size() < nb * (size_t)(nt / 32)) warps.resize(nb * (size_t)(nt / 32));
-        coop_running = true;
-        run_blocks(nt, bids, dyn);
-        coop_running = false;
-        n_blocks += nb;
-        n_threads += (unsigned long long)nt * nb;
-        munmap(region, nb * per);
+        munmap(region, gn * per);
     } else {
         std::vector<size_t> bperm;
         if (order) {
