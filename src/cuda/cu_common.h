@@ -278,6 +278,10 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
  * declines (then k_mvqb). _test_off(1): declines every launch, for the kernel test. */
 int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
              const int *ldy);
+/* The same on the int8 tensor cores (k_mvdpt, cu_mvdpt.cu), 1 to 16 rows a pass; cu_mvdpb takes it
+ * first with LILY_CU_MVDPT=1 */
+int cu_mvdpt(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
+             const int *ldy);
 void cu_mvdpb_test_off(int off);
 /* Whether the forward pass uses cu_matvec_rows for 2-8 rows (default; LILY_MVQB=0: the older
  * k_mv with 4-byte loads, one launch per matrix, for measuring the difference). */

@@ -163,6 +163,40 @@ __device__ __forceinline__ void cu_tf32_split(float x, uint32_t &hi, uint32_t &l
     lo = __float_as_uint(x - __uint_as_float(hi));
 }
 
+/* C += A B for one m16n8k32 tile of bytes, exact int32 sums: A unsigned (weight codes), B signed
+ * (an input's bytes). Lane t (g = t / 4, q = t % 4) holds a0 = A[g][4q..4q+3], a1 = A[g+8][4q..],
+ * a2 = A[g][16+4q..], a3 = A[g+8][16+4q..], b0 = B[4q..4q+3][g], b1 = B[16+4q..][g] (the lower k in
+ * the lower byte) and c as in tc_mma. */
+__device__ __forceinline__ void tc_mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    const int lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
+    uint32_t all[32][6];
+    cu_mma_lanes(a0, a1, a2, a3, b0, b1, all);
+    int A[2][32], B[2][32];
+    for (int kq = 0; kq < 4; kq++) /* k 4kq .. 4kq + 3 and 16 + 4kq .. live in lanes 4r + kq */
+        for (int i = 0; i < 4; i++) {
+            const int k = 4 * kq + i, sh = 8 * i;
+            const uint32_t *ra = all[4 * g + kq];
+            A[0][k] = (int)((ra[0] >> sh) & 255u); A[1][k] = (int)((ra[1] >> sh) & 255u);
+            A[0][k + 16] = (int)((ra[2] >> sh) & 255u); A[1][k + 16] = (int)((ra[3] >> sh) & 255u);
+            for (int j = 0; j < 2; j++) {
+                const uint32_t *rb = all[4 * (2 * q + j) + kq];
+                B[j][k] = (int)(int8_t)(uint8_t)(rb[4] >> sh);
+                B[j][k + 16] = (int)(int8_t)(uint8_t)(rb[5] >> sh);
+            }
+        }
+    for (int i = 0; i < 4; i++) {
+        int v = c[i];
+        for (int k = 0; k < 32; k++) v += A[i / 2][k] * B[i % 2][k];
+        c[i] = v;
+    }
+#endif
+}
+
 /* C += A B for one m16n8k8 tile, TF32 inputs and fp32 accumulators: lane t (g = t / 4, q = t % 4)
  * holds a0 = A[g][q], a1 = A[g+8][q], a2 = A[g][q+4], a3 = A[g+8][q+4], b0 = B[q][g], b1 = B[q+4][g],
  * and c as in tc_mma. The emulator truncates each input to TF32 (as the tensor core reads it) and

@@ -421,7 +421,9 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
     float *dx2 = X2 ? (float *)dput(&L, X2, (size_t)T * cols * 4, st, &rc) : NULL;
     for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
-    if (!rc && kern >= 2) {
+    if (!rc && kern == 4) {
+        if (!cu_mvdpt(0, n, dp, dx, dx2, cols, T, dy, ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpt declined the launch");
+    } else if (!rc && kern >= 2) {
         cu_mvdpb_test_off(kern == 3 ? -1 : 0);
         if (!cu_mvdpb(0, n, dp, dx, dx2, cols, T, dy, ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpb declined the launch");
         cu_mvdpb_test_off(0);

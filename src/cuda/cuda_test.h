@@ -74,7 +74,8 @@ lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int n
 /* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of
  * equal cols (4/8-bit), X [T][cols], X2 NULL or [T][cols] (then the input is silu(X) * X2),
  * Y[i] [T][W[i].rows]. kern 0: the kernels cu_matvec_rows picks, 1: without k_mvdpb (k_mvqb),
- * 2: k_mvdpb alone (an error where it declines), 3: its other form (LILY_CU_MVDPB_PF=1). */
+ * 2: k_mvdpb alone (an error where it declines), 3: its other form (LILY_CU_MVDPB_PF=1), 4: k_mvdpt
+ * (the int8 tensor-core form) alone. */
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
                           lily_status *st);
 /* Decode's grouped matrix-vector launch (cu_matvec_group) in slot mode: n <= 4 matrices of equal

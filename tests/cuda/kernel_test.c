@@ -259,8 +259,11 @@ int main(int argc, char **argv) {
         test_matvec_rows(pool, 4, 4, inp, 2048, 8, 0);
         test_matvec_rows(pool, 4, 1, outp, 4096, 5, 0);
         test_matvec_rows(pool, 8, 2, rtr, 2048, 3, 0);
-        /* a batch past 8 rows (mv_pass): k_mvdpb's passes of 8 rows, the last of one */
+        /* a batch past 8 rows (mv_pass): k_mvdpb's passes of 8 rows, the last of one; k_mvdpt's
+         * two n tiles (16 rows a pass), partly filled */
         test_matvec_rows(pool, 4, 2, inp + 1, 2048, 17, 1);
+        test_matvec_rows(pool, 4, 2, rows, 1024, 12, 0);
+        test_matvec_rows(pool, 8, 1, rows + 1, 512, 16, 0);
     }
     { /* decode's grouped launches (k_mvdp and the kernels it stands beside): DeltaNet's in-projection,
        * the experts' gate|up and down with the shared expert riding along, an out-projection, odd

@@ -49,9 +49,9 @@ static void test_matvec_range(lily_pool *pool, int rows, int cols) {
 
 /* The matrix-vector kernel for T input rows (decode batches, cu_matvec_rows): n matrices
  * reading the same T rows in one launch, optionally through the fused SwiGLU input; bits 0:
- * 4- and 8-bit matrices alternating (one launch per code width). Each case three ways: as
- * cu_matvec_rows picks, without k_mvdpb (k_mvqb), and k_mvdpb's two forms alone where it takes
- * the shape (cols % 64 == 0, at least 512; dp 1: it must). */
+ * 4- and 8-bit matrices alternating (one launch per code width). Each case several ways: as
+ * cu_matvec_rows picks, without k_mvdpb (k_mvqb), and k_mvdpb's two forms and k_mvdpt alone where
+ * they take the shape (cols % 64 == 0, at least 512; dp 1: they must). */
 static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, int cols, int T, int swiglu) {
     void *hold[4][3];
     lw_mat W[4];
@@ -66,9 +66,9 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
     float *xin = malloc((size_t)T * cols * 4);
     for (size_t k = 0; k < (size_t)T * cols; k++) xin[k] = swiglu ? X[k] / (1.0f + expf(-X[k])) * X2[k] : X[k];
     for (int i = 0; i < n; i++) cpu_matmul(pool, &W[i], xin, T, ref[i]);
-    static const char *kname[4] = { "", " k_mvqb", " k_mvdpb", " k_mvdpb pf" };
+    static const char *kname[5] = { "", " k_mvqb", " k_mvdpb", " k_mvdpb pf", " k_mvdpt" };
     const int dp = bits != 0 && cols % 64 == 0 && cols >= 512;
-    for (int kern = 0; kern < 2 + 2 * dp; kern++) {
+    for (int kern = 0; kern < 2 + 3 * dp; kern++) {
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "matvec rows q%s n=%d %dx%d T=%d%s%s", bits == 8 ? "8" : bits == 4 ? "4" : "4+8", n, rows[0], cols, T,
