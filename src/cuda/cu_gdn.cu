@@ -411,7 +411,8 @@ int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const floa
 __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
                                                        const float *__restrict__ cw, const float *__restrict__ bb,
                                                        const float *__restrict__ aa, const float *__restrict__ A_log,
-                                                       const float *__restrict__ dt_bias, float *S, float *__restrict__ o, unsigned *cnt) {
+                                                       const float *__restrict__ dt_bias, float *S, float *__restrict__ o, unsigned *cnt,
+                                                       cu_pfk pfk) {
     __shared__ float qs[4 * 36], ks[4 * 36], vsh[32], red[8];
     __shared__ int last;
     const int dk = 128, dv = 128, tid = threadIdx.x, warp = tid / WARP;
@@ -435,6 +436,7 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     }
     const float wlq = cw[(size_t)cq * K + K - 1], wlk = cw[(size_t)ck * K + K - 1], wlv = cv >= 0 ? cw[(size_t)cv * K + K - 1] : 0.f;
     const float alog = A_log[h], dtb = dt_bias[h];
+    if (pfk.nr && pfk.mode == 2) cu_pfk_issue(pfk, NULL, 0); /* (the next launch's weights: LILY_CU_PFK) */
     CU_PDL();
     const float iq = mixed[cq], ik = mixed[ck], iv = cv >= 0 ? mixed[cv] : 0.f, bh = bb[h], ah = aa[h];
     float aq = 0.f, ak = 0.f, av = 0.f;
@@ -471,6 +473,7 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     if (p == 0) o[(size_t)h * dv + jj] = out;
 #pragma unroll
     for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + jj] = sr[i];
+    if (pfk.nr && pfk.mode == 1) cu_pfk_issue(pfk, NULL, 0);
     if (cv >= 0 && K > 1) gdn_conv_shift(state, cv, K, sv, iv); /* the block's own value channels */
     if (tid == 0) {
         last = ticket == (unsigned)(ratio * GDN_SPLIT) - 1;
@@ -483,7 +486,8 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     }
 }
 int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
-                     const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt) {
+                     const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt,
+                     const cu_pfk *pfk) {
     static int on = -1, pad = INT_MIN;
     if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) || !cnt) return 0;
     /* 60,000 bytes of shared memory a block that it does not use: at most three blocks an SM, where the
@@ -494,7 +498,9 @@ int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, cons
     const size_t sm = pad > 0 && pad <= 160 * 1024 ? (size_t)pad : 0;
     if (sm > 48 * 1024 && !opted)
         opted = cudaFuncSetAttribute(k_gdn_dec_split, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
-    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt);
+    cu_pfk none;
+    memset(&none, 0, sizeof none);
+    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, pfk ? *pfk : none);
     return 1;
 }
 

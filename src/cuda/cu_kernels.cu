@@ -316,6 +316,24 @@ void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const fl
     LILY_ASSERT(E <= 8 * WARP && K <= WARP);
     l2_prefetch(s, n, W, NULL, 0, rlog, E, K);
 }
+int cu_pfk_add(cu_pfk *f, const dmat *m, int routed) {
+    const unsigned long long wb = cu_mat_w_bytes(m->type, m->rows, m->cols, m->bits), sb = cu_mat_s_bytes(m->type, m->rows, m->cols, m->group, m->sbt);
+    const void *ps[3] = { m->w, m->s, m->b };
+    const unsigned long long ns[3] = { wb, sb, sb };
+    const long long es[3] = { m->ew, m->es, m->es };
+    for (int k = 0; k < 3; k++) {
+        /* whole 16-byte units inside the buffer: a bulk prefetch wants both aligned */
+        const uintptr_t p0 = ((uintptr_t)ps[k] + 15) & ~(uintptr_t)15, end = ((uintptr_t)ps[k] + ns[k]) & ~(uintptr_t)15;
+        if (!ps[k] || end <= p0) continue;
+        if (f->nr >= CU_PFK_MAX) return 0;
+        f->p[f->nr] = (const char *)p0;
+        f->n[f->nr] = end - p0;
+        f->es[f->nr] = routed ? es[k] : -1;
+        f->nr++;
+    }
+    return 1;
+}
+
 /* LILY_CU_ROUTE_FUSED=0: decode's top-k in its own launch again, for measuring */
 int cu_route_fused(void) {
     static int on = -1;

@@ -76,6 +76,10 @@ lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int n
  * Y[i] [T][W[i].rows]. kern 0: the kernels cu_matvec_rows picks, 1: without k_mvdpb (k_mvqb),
  * 2: k_mvdpb alone (an error where it declines), 3: its other form (LILY_CU_MVDPB_PF=1), 4: k_mvdpt
  * (the int8 tensor-core form) alone. */
+/* The in-kernel L2 prefetch's split of its ranges over a launch's threads (cu_pfk_each): *bad gets
+ * the 16-byte units of a fixed list of odd-sized ranges (routed: some of them for three experts)
+ * that blocks x threads did not take exactly as often as the list holds them. */
+lily_code lct_pfk_cover(int blocks, int threads, int routed, long long *bad, lily_status *st);
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
                           lily_status *st);
 /* Decode's grouped matrix-vector launch (cu_matvec_group) in slot mode: n <= 4 matrices of equal

@@ -1,7 +1,7 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench batch variants ncu chain clusters batchtc   (default: build check kernels model bench batch)
+#   stages: build fixtures check kernels model bench batch variants ncu chain clusters batchtc pfk   (default: build check kernels model bench batch)
 #   clusters: decode's two cluster forms, off by default (docs/cuda.md, bench/RESULTS.md session 28): the 35B-width
 #          model comparison with LILY_CU_GDN_IN=1, then with LILY_CU_ROUTE_CL=1 too (after the model stage, which
 #          makes /tmp/lily-m4), and lily-bench tg128,tg128@4096 as is, with LILY_CU_GDN_IN=1 (16 warps a block) and
@@ -10,6 +10,10 @@
 #          bench/RESULTS.md session 29): cuda-kernel-test --batch and the cuda test_batch / test_beside with it on, then
 #          lily-bench tg32x{1,2,4,8,12,16}@1024 as is, with it, and with the GEMMs past 8 rows (LILY_CU_BATCH_MV=8),
 #          in turn, twice; then --profile of x8 and x16 with it
+#   pfk: decode's in-kernel L2 prefetch of later launches' weights (LILY_CU_PFK, off by default, bench/RESULTS.md
+#          session 29): the 35B-width model comparison with LILY_CU_PFK=2, then lily-bench tg128,tg128@4096 as is,
+#          with LILY_CU_PFK=1, =2, =2 without the second stream's fork (LILY_CU_PREFETCH=0), =2 with only the next
+#          in-projection (LILY_CU_PFK_PARTS=8) and only the experts' downs (4), in turn, twice
 #   chain: bench/micro/chain.cu, a synthetic 35B-A3B token as one persistent kernel (direct loads, rings of bulk
 #          copies, launches in a graph; docs/cuda.md "Persistent decode"), at full size and at one row a block
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
@@ -41,6 +45,17 @@ for stage in $stages; do
     done
     for r in 1 2; do
       for v in X=1 LILY_CU_GDN_IN=1 "LILY_CU_GDN_IN=1 LILY_CU_GDN_IN_WARPS=8"; do
+        echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
+          grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
+      done
+    done ;;
+  pfk)
+    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
+    LILY_CU_PFK=2 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_pfk.log" 2>&1 || fail=1
+    echo "model (LILY_CU_PFK=2): $(tail -1 "$OUT/model_pfk.log")"
+    for r in 1 2; do
+      for v in X=1 LILY_CU_PFK=1 LILY_CU_PFK=2 "LILY_CU_PFK=2 LILY_CU_PREFETCH=0" "LILY_CU_PFK=2 LILY_CU_PFK_PARTS=8" \
+               "LILY_CU_PFK=2 LILY_CU_PFK_PARTS=4"; do
         echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done

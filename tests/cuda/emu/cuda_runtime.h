@@ -224,6 +224,8 @@ void cluster_wait(void);
 void *cluster_map(const void *p, int rank);
 void mb_arrive(void *bar, unsigned tx);
 void bulk_g2s(void *dst, const void *src, size_t n, void *bar);
+/* cp.async.bulk.prefetch.L2: nothing to fetch here; the range must be 16-byte units of device memory */
+void l2_prefetch(const void *src, size_t n);
 bool mb_test(void *bar, unsigned parity);
 void bar_named(int id, int n);
 void spin(void);

@@ -299,7 +299,7 @@ char *dyn_region;
 std::vector<void *> shared_seen;
 size_t shared_static, smem_limit;
 int smem_attr = -1; /* the running kernel's cudaFuncAttributeMaxDynamicSharedMemorySize (-1: never set) */
-unsigned long long n_launches, n_threads, n_blocks, n_mma, n_mma_reused;
+unsigned long long n_launches, n_threads, n_blocks, n_mma, n_mma_reused, n_l2_prefetch_bytes;
 std::map<std::string, unsigned long long> kernel_launches; /* by name, for LILY_EMU_STATS=kernels */
 
 [[noreturn]] void fault(const char *fmt, ...) {
@@ -709,8 +709,8 @@ struct stats_t {
     ~stats_t() {
         const char *v = getenv("LILY_EMU_STATS");
         if (v)
-            fprintf(stderr, "lily emu: %llu launches, %llu blocks, %llu threads, %llu mma_sync (%llu reused)\n", n_launches,
-                    n_blocks, n_threads, n_mma, n_mma_reused);
+            fprintf(stderr, "lily emu: %llu launches, %llu blocks, %llu threads, %llu mma_sync (%llu reused), %llu bytes of L2 prefetch\n",
+                    n_launches, n_blocks, n_threads, n_mma, n_mma_reused, n_l2_prefetch_bytes);
         if (v && !strcmp(v, "kernels")) /* a test can check which kernels a run took */
             for (auto &kv : kernel_launches) fprintf(stderr, "lily emu: kernel %s: %llu launches\n", kv.first.c_str(), kv.second);
     }
@@ -784,6 +784,11 @@ void bulk_g2s(void *dst, const void *src, size_t n, void *bar) {
     mbar_t &m = mb_get(bar);
     memset(dst, 0xff, n);
     m.q.push_back(bulk_t{ dst, src, n });
+}
+void l2_prefetch(const void *src, size_t n) {
+    if (!n || n % 16 || (uintptr_t)src % 16) fault("bulk L2 prefetch of %zu bytes from %p: size and address must be multiples of 16", n, src);
+    if (!dev_ok(src, n)) fault("bulk L2 prefetch of [%p, +%zu): not device memory", src, n);
+    n_l2_prefetch_bytes += n;
 }
 bool mb_test(void *bar, unsigned parity) {
     mbar_t &m = mb_get(bar);
