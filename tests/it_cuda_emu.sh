@@ -118,10 +118,11 @@ kernel_test "--small, LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0" LILY_CU_GEMM_TC=0 LIL
 # decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
 # alone; in a random order of blocks, warps and lanes (the rows are a grid dimension)
 kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
-# the same with the batches' dense products on the int8 tensor cores (k_mvdpt, LILY_CU_MVDPT=1, off
-# by default until measured), required to have run
-kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3" LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3 \
-  -- --small --batch --seed "$seed"
+# the same with the batches' dense products on the int8 tensor cores (k_mvdpt, LILY_CU_MVDPT=1) and
+# each token's routing in the experts' gate|up launch (LILY_CU_BATCH_ROUTE=1), both off by default
+# until measured; k_mvdpt required to have run
+kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_MVQ_BLOCKS=3" LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 \
+  LILY_CU_BATCH_ROUTE=1 LILY_CU_MVQ_BLOCKS=3 -- --small --batch --seed "$seed"
 grep -q '^lily emu: kernel k_mvdpt<' "$tmp/kt.log" || bad "emulated cuda-kernel-test --batch with LILY_CU_MVDPT=1 ran no k_mvdpt"
 # the GPU sampler (cu_sample.cu) against the CPU sampler for the same uniform draw: every
 # option at small vocabularies and the real 248,320, and the draw statistics (chi-square)

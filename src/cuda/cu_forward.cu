@@ -464,12 +464,18 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     }
     if (!add) {
         PM(s, "moe router|shared gate|up|gate (+ top-k past 8 rows)");
-        if (mv_pass(s, T)) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
+        /* a decode batch's gate|up launch routes each token itself, as one token's does (the top-k
+         * launch gone; LILY_CU_BATCH_ROUTE=1, off until measured) */
+        static int broute = -1;
+        if (mv_pass(s, T) && T > 1 && cu_env_flag(&broute, "LILY_CU_BATCH_ROUTE", 0) && cu_route_fused() && E <= 256 && K <= 32 &&
+            !shx && cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down))
+            route = 1;
+        else if (mv_pass(s, T)) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe top-k");
     }
     if (pf_on(s, T) && (pf_parts() & 6)) { /* the chosen experts' down, then the next layer's in-projection */
         const dmat *Wd[1] = { &L->down }, *Wn[4];
-        if (!(pf_parts() & 2) || route == 2) pf_wait(s); /* (route 2: no logits before the gate|up launch) */
+        if (!(pf_parts() & 2) || route == 2 || (route && T > 1)) pf_wait(s); /* (route 2: no logits before the gate|up launch) */
         else if (route) { /* the prefetch routes itself too: sel is written by the gate|up launch */
             pf_wait(s);
             cu_l2_prefetch_routed(s->st2, 1, Wd, s->rl, E, K);

@@ -207,10 +207,11 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     } else {
         if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
                          * while the other warps stage the input (the slot's input row is the token's,
-                         * whichever expert); dp_stage's closing barrier publishes rs and rw */
+                         * whichever expert); dp_stage's closing barrier publishes rs and rw. A decode
+                         * batch's slot s is token s / K's (xdiv K), routed from that token's logits. */
             mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
             if (warp == 0) {
-                route_ld<8, LILY_DP_RDX>(a.f.rlog, a.f.E, a.f.K, rs, rw);
+                route_ld<8, LILY_DP_RDX>(a.f.rlog + (size_t)(xsl ? 0 : slot / a.f.K) * a.f.E, a.f.E, a.f.K, rs, rw);
                 CU_MARK(2);
             }
             if (a.f.rovl) t0 = WARP;
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
          * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
          * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
          * the codes' misses (untested guess). */
-        if (a.f.rlog && !t0) e = xsl ? 0 : rs[slot];
+        if (a.f.rlog && !t0) e = xsl ? 0 : rs[slot % a.f.K];
         if (eidx && a.f.epf && !t0 && tile < ntiles && sub < ng) { /* (routing beside the staging: e not known yet) */
             t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
             const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
@@ -234,12 +235,12 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         /* after the staging, whose L2 reads would wait behind the prefetches' misses (session 25); with
          * rlog the routed experts' ranges (rs: dp_stage's barrier published it) */
         if (a.f.pfk.nr && (a.f.rlog || a.f.pfk.mode == 1)) cu_pfk_issue(a.f.pfk, a.f.rlog ? rs : NULL, a.f.rlog ? a.f.K : 0);
-        if (a.f.rlog) {
-            if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
-                a.f.rsel[threadIdx.x] = rs[threadIdx.x];
-                a.f.rwt[threadIdx.x] = rw[threadIdx.x];
+        if (a.f.rlog) { /* (a token's first slot's block 0 writes the token's choice) */
+            if (blockIdx.x == 0 && !xsl && slot % a.f.K == 0 && (int)threadIdx.x < a.f.K) {
+                a.f.rsel[slot + threadIdx.x] = rs[threadIdx.x];
+                a.f.rwt[slot + threadIdx.x] = rw[threadIdx.x];
             }
-            e = xsl ? 0 : rs[slot];
+            e = xsl ? 0 : rs[slot % a.f.K];
         }
     }
     for (; tile < ntiles; tile += gridDim.x * nwb) {
@@ -360,10 +361,12 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     if (rcl && (!rc_fits(&in->f, cols, dp_warps()) || bits != 4 || in->f.rlog || !in->f.nw || !in->f.add || X2 || in->f.gz)) return 0;
     if (!q8_on && (bits == 8 || (in->f.add && !rcl))) return 0;
     if (in->f.gz && (in->n != 1 || eidx || nslots != 1 || in->f.nw || in->f.rlog || in->f.xslot || X2 || cols % 128)) return 0;
-    /* routing in the launch: one token's slots, route_ld's register form (E <= 256, K <= 32) */
-    if ((in->f.rlog || rcl) && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1 || nslots != in->f.K + (in->f.xslot ? 1 : 0) ||
-                                (in->f.xslot && in->f.xslot != in->f.K)))
+    /* routing in the launch: one token's slots (and the shared expert's), or a decode batch's, K a
+     * token (rlog without the shared slot, xdiv K); route_ld's register form (E <= 256, K <= 32) */
+    if ((in->f.rlog || rcl) && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1 || (in->f.xslot && in->f.xslot != in->f.K)))
         return 0;
+    if (rcl && nslots != in->f.K + (in->f.xslot ? 1 : 0)) return 0;
+    if (in->f.rlog && nslots != in->f.K + (in->f.xslot ? 1 : 0) && (in->f.xslot || xdiv != in->f.K || nslots % in->f.K)) return 0;
     for (int i = 0; i < in->n; i++)
         if (!dp_fits(&in->m[i], cols, bits) ||
             (in->f.xslot && (!dp_fits(&in->f.xm[i], cols, bits) || in->f.xm[i].rows != in->m[i].rows)))

@@ -432,8 +432,8 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
         ldx = cols;
         a.f.nrc = 0; a.f.add = NULL; a.f.nw = NULL; a.f.tout = NULL;
     }
-    if (a.f.rlog) { /* no kernel below routes itself: the top-k first, as without rlog */
-        cu_router_topk(s, a.f.rlog, 1, a.f.E, a.f.K, a.f.rsel, a.f.rwt);
+    if (a.f.rlog) { /* no kernel below routes itself: the top-k first, as without rlog (a batch's tokens too) */
+        cu_router_topk(s, a.f.rlog, a.f.xslot ? 1 : nslots / a.f.K, a.f.E, a.f.K, a.f.rsel, a.f.rwt);
         a.f.rlog = NULL;
     }
     if (rw == 1 && all4 && !one && cu_mvtc_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
