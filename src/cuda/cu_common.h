@@ -453,6 +453,7 @@ void cu_gdn_prep1_rows(cudaStream_t s, const cu_rows *R, int n, const float *mix
  * cnt [GDN_DEC_CNT] zeroed, 0 again after each launch. 0 (nothing launched) for shapes it does
  * not take (dk = dv = 128, K <= 8, nk <= GDN_DEC_CNT) or with LILY_CU_GDN_DEC=0. */
 #define GDN_DEC_CNT 64
+#define GDN_DEC_ROWS 16 /* a decode batch's rows in one split step (cu_gdn_dec_split_rows): counters a row */
 int cu_gdn_dec_ok(int nk, int nv, int dk, int dv, int K);
 int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
                const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, const float *z,
@@ -463,6 +464,13 @@ int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const floa
 int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
                      const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt,
                      const cu_pfk *pfk /* or NULL */);
+/* The same for a decode batch's n <= GDN_DEC_ROWS rows (mixed [n][2 nk dk + nv dv], bb, aa [n][nv], o
+ * [n][nv dv]), each on its own session's conv state and S (R), cnt [GDN_DEC_ROWS][GDN_DEC_CNT] zeroed;
+ * the gated norm left to the caller. 0 where it declines (as cu_gdn_dec_split, or n too large), and
+ * unless LILY_CU_GDN_SPLIT_ROWS=1 (off until measured). */
+int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, int K, const float *mixed,
+                          const float *cw, const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *o,
+                          unsigned *cnt);
 /* y [W->rows] = W g(o), g the gated norm of heads of 128 (o [cols] as k_gdn_dec_split leaves it, z
  * [cols], gw [128]) applied by k_mvdp's staging: 0 (nothing launched) where k_mvdp declines. */
 int cu_matvec_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y,

@@ -76,7 +76,8 @@ static int pf_mixer_in(const cu_layer *L, const dmat **W) {
 /* In-kernel L2 prefetch (cu_pfk, LILY_CU_PFK=1 after a launch's staging or step, 2 before its wait;
  * off until measured): a launch on the decode step's path requests a later launch's weights into
  * L2 itself, where the second stream's forks (above) held SM slots. LILY_CU_PFK_PARTS, a mask: 1 a
- * DeltaNet layer's out-projection (by its step, k_gdn_dec_split), 2 the router group (by the gated
+ * DeltaNet layer's out-projection (by its step, k_gdn_dec_split), an attention layer's out-projection
+ * and router group (by its in-projection), 2 a DeltaNet layer's router group (by the gated
  * DeltaNet out-projection), 4 the chosen experts' downs and the shared one (by the gate|up launch
  * that routes itself, once it has), 8 the next layer's in-projection (by the down + combine).
  * Decode of one token only. */
@@ -170,24 +171,25 @@ static void proj_group(lcuda_session *s, int n, const dmat *const *W, const floa
 }
 
 /* one row's products W x with the norm a folded combine left (s->fold_nw) staged by the launch */
-static void fold_matvec(lcuda_session *s, int n, const dmat *const *W, float *const *Y) {
+static void fold_matvec(lcuda_session *s, int n, const dmat *const *W, float *const *Y, const cu_pfk *pfk = NULL) {
     LILY_ASSERT(s->fold_nw && n <= MVQ_MAX);
     mvq_fuse fu;
     memset(&fu, 0, sizeof fu);
     fu.nw = s->fold_nw; fu.eps = (float)s->m->cfg.eps; fu.tout = s->t;
+    if (pfk) fu.pfk = *pfk;
     cu_matvec_group(s->st, n, W, s->x, NULL, s->m->cfg.hidden, Y, NULL, NULL, 1, 1, &fu);
     s->fold_nw = NULL;
 }
 /* A mixer's input projections of t. After a folded combine (s->fold_nw, decode) x holds the
  * layer's input before its norm: the launch normalizes it while staging (mvq_fuse.nw; every
  * matrix-vector kernel but k_mvtc, which declines, does) and writes t, as the combine did. */
-static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y) {
+static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y, const cu_pfk *pfk = NULL) {
     if (!s->fold_nw) {
         proj_group(s, n, W, s->t, s->m->cfg.hidden, T, Y);
         return;
     }
     LILY_ASSERT(T == 1);
-    fold_matvec(s, n, W, Y);
+    fold_matvec(s, n, W, Y, pfk);
 }
 /* Whether L's input projections (L NULL: the lm_head) can take the norm that a folded combine
  * leaves to them: the one-row matrix-vector kernels (proj_group's condition for one row) */
@@ -256,6 +258,15 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         cu_rows R = *s->rows;
         R.conv_off = (long long)li * s->conv_n;
         R.S_off = (long long)li * s->S_n;
+        /* the one-token step's split form over the rows (conv in the launch), the gated norm after it */
+        if (cu_gdn_dec_split_rows(q, &R, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, c->conv_k, s->mixed, L->conv_w, s->bb, s->aa,
+                                  L->A_log, L->dt_bias, s->o, s->fcount + 2)) {
+            PM(s, "gdn conv+norm+gates + delta rule");
+            cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+            proj_out(s, &L->out, s->o, vd, T);
+            PM(s, "gated norm + gdn out-proj");
+            return;
+        }
         cu_gdn_prep1_rows(q, &R, T, s->mixed, L->conv_w, c->conv_k, c->lin_nk, c->lin_dk, vd, s->bb, s->aa, L->A_log, L->dt_bias,
                           nv, s->u, s->g, s->beta);
         PM(s, "gdn conv+norm+gates");
@@ -309,7 +320,12 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     const dmat *W[3] = { &L->q, &L->k, &L->v };
     float *Y[3] = { s->qg, s->kb, s->vb };
-    proj_in(s, 3, W, T, Y);
+    /* LILY_CU_PFK part 1 for an attention layer: its in-projection prefetches the out-projection and
+     * the router group (the attention launches between are small) */
+    cu_pfk pf;
+    const dmat *PW[5] = { &L->o };
+    const int npw = 1 + pfk_router(s, L, PW + 1);
+    proj_in(s, 3, W, T, Y, pfk_part(s, T, 1) ? pfk_of(&pf, npw, PW, 0) : NULL);
     pf_layer(s, L, T, 1);
     s->xp_src = NULL;
     PM(s, "attn in-proj q|k|v");

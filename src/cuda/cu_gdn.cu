@@ -412,12 +412,23 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
                                                        const float *__restrict__ cw, const float *__restrict__ bb,
                                                        const float *__restrict__ aa, const float *__restrict__ A_log,
                                                        const float *__restrict__ dt_bias, float *S, float *__restrict__ o, unsigned *cnt,
-                                                       cu_pfk pfk) {
+                                                       cu_pfk pfk, cu_rows R) {
     __shared__ float qs[4 * 36], ks[4 * 36], vsh[32], red[8];
     __shared__ int last;
     const int dk = 128, dv = 128, tid = threadIdx.x, warp = tid / WARP;
     const int h = blockIdx.x, sp = blockIdx.y, j = tid / 4, p = tid % 4, jj = sp * 32 + j;
     const int ratio = nv / nk, kh = h / ratio, kd = nk * dk;
+    if (R.pos) { /* a decode batch: row blockIdx.z on its session's conv state and S, read before the wait
+                  * as one session's are (the table was copied before the pass's first launch; the state's
+                  * last writer is this layer's step of the previous round) */
+        const int row = blockIdx.z;
+        state = R.conv[row] + R.conv_off;
+        S = R.S[row] + R.S_off;
+        mixed += (size_t)row * (2 * kd + nv * dv);
+        bb += (size_t)row * nv; aa += (size_t)row * nv;
+        o += (size_t)row * nv * dv;
+        cnt += (size_t)row * GDN_DEC_CNT;
+    }
     const int cq = kh * dk + tid, ck = kd + kh * dk + tid, cv = tid < 32 ? 2 * kd + h * dv + sp * 32 + tid : -1;
     float *Sh = S + (size_t)h * dk * dv;
     /* (indexed by constants only: registers, not a stack frame) */
@@ -500,7 +511,24 @@ int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, cons
         opted = cudaFuncSetAttribute(k_gdn_dec_split, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
     cu_pfk none;
     memset(&none, 0, sizeof none);
-    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, pfk ? *pfk : none);
+    cu_rows nr;
+    memset(&nr, 0, sizeof nr);
+    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, pfk ? *pfk : none, nr);
+    return 1;
+}
+/* A decode batch's rows in one launch (grid z the row), where k_gdn_rec128 ran 32 blocks a row with 64
+ * KB of S each and k_gdn_prep1 a launch before it (0.60 ms of an 8-row round, session 27's profile):
+ * here 128 blocks a row of 16 KB, the conv in the same launch. */
+int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, int K, const float *mixed,
+                          const float *cw, const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *o,
+                          unsigned *cnt) {
+    static int on = -1, sp = -1;
+    if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT_ROWS", 0) || !cu_env_flag(&sp, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
+        !cnt || !R || !R->pos || n < 1 || n > GDN_DEC_ROWS)
+        return 0;
+    cu_pfk none;
+    memset(&none, 0, sizeof none);
+    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, none, *R);
     return 1;
 }
 

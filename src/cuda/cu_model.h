@@ -58,8 +58,9 @@ struct lcuda_session {
                                     * GEMMs that read it next (cu_rmsnorm2p and the other _p forms; cu_forward.cu) */
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
-    unsigned *fcount;              /* [2 + GDN_DEC_CNT] block counters, 0 between launches: the fused router group's (mvq_fuse),
-                                    * one unused, then cu_gdn_dec's (one a key head) */
+    unsigned *fcount;              /* [2 + GDN_DEC_CNT * GDN_DEC_ROWS] block counters, 0 between launches: the fused router
+                                    * group's (mvq_fuse), one unused, then cu_gdn_dec's (one a key head; a batch's row r at
+                                    * GDN_DEC_CNT r) */
     const float *fold_nw;          /* decode: the next in-projection's norm weight when the combine was folded into the
                                     * experts' down (cu_mvdp_comb): it normalizes x itself (mvq_fuse.nw); else NULL */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */
