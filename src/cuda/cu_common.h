@@ -302,6 +302,10 @@ int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const 
  * first with LILY_CU_MVDPT=1 */
 int cu_mvdpt(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
              const int *ldy);
+int cu_mvdpt_enabled(void);
+/* y [T][W->rows] = W g(o_t), g the gated norm of heads of 128 columns (o, z [T][W->cols], gw [128], eps) applied
+ * by k_mvdpt's staging; 0 (nothing launched) where it declines */
+int cu_mvdpt_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, int T, float *y);
 void cu_mvdpb_test_off(int off);
 /* Whether the forward pass uses cu_matvec_rows for 2-8 rows (default; LILY_MVQB=0: the older
  * k_mv with 4-byte loads, one launch per matrix, for measuring the difference). */

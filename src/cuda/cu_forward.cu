@@ -262,8 +262,13 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         if (cu_gdn_dec_split_rows(q, &R, T, c->lin_nk, nv, c->lin_dk, c->lin_dv, c->conv_k, s->mixed, L->conv_w, s->bb, s->aa,
                                   L->A_log, L->dt_bias, s->o, s->fcount + 2)) {
             PM(s, "gdn conv+norm+gates + delta rule");
-            cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
-            proj_out(s, &L->out, s->o, vd, T);
+            /* the gated norm in the out-projection's staging where k_mvdpt runs the batch's products */
+            if (T <= 16 && cu_mvdpt_enabled() && cu_mvq_ok(&L->out) && cu_mvdpt_gated(q, &L->out, s->o, s->zb, L->gnorm, (float)c->eps, T, s->y))
+                s->y2 = NULL;
+            else {
+                cu_gated_norm(q, s->o, s->zb, L->gnorm, T, nv, c->lin_dv, (float)c->eps);
+                proj_out(s, &L->out, s->o, vd, T);
+            }
             PM(s, "gated norm + gdn out-proj");
             return;
         }

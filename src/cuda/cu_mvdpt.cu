@@ -160,15 +160,20 @@ __global__ void __launch_bounds__(NW * WARP, 16 / NW) k_mvdpt(mvq_args a, const 
         while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
         dpt_fetch<BITS, GB>(a, tile, mi, warp, gb, ng, cur);
     }
+    /* the gated norm (a.f.gz): every word of this thread sits at column 8 (threadIdx.x % 16) of its head of
+     * 128 (blockDim a multiple of 16, rows of whole heads), so its 8 gw are the same, loaded before the wait */
+    float gw8[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
+    if (a.f.gz) dp_ld8(a.f.gw, 8 * (threadIdx.x % 16), gw8);
     CU_PDL();
-    /* the rows staged as k_mvdpb stages them (a thread's two words' loads out before either is put) */
+    /* the rows staged as k_mvdpb stages them (a thread's two words' loads out before either is put);
+     * with a.f.gz each head's gated norm first (dp_gated: a head's 16 words on 16 lanes) */
     for (int w0 = 0; w0 < T * nw; w0 += 2 * (int)blockDim.x) {
-        float v[2][8];
+        float v[2][8], z[2][8];
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw, w = W % nw;
 #pragma unroll
-            for (int jj = 0; jj < 8; jj++) v[u][jj] = 0.f;
+            for (int jj = 0; jj < 8; jj++) v[u][jj] = z[u][jj] = 0.f;
             if (W < T * nw) {
                 const float *x = X + (size_t)r * ldx;
                 if (X2) {
@@ -176,11 +181,13 @@ __global__ void __launch_bounds__(NW * WARP, 16 / NW) k_mvdpt(mvq_args a, const 
 #pragma unroll
                     for (int jj = 0; jj < 8; jj++) v[u][jj] = dp_in(x, x2, 8 * w + jj);
                 } else dp_ld8(x, 8 * w, v[u]);
+                if (a.f.gz) dp_ld8(a.f.gz + (size_t)r * ldx, 8 * w, z[u]);
             }
         }
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw;
+            if (a.f.gz) dp_gated(a.f, v[u], z[u], gw8);
             dp_put(v[u], W < T * nw, W % nw, dxs + (size_t)(r < T ? r : 0) * ts);
         }
     }
@@ -234,9 +241,28 @@ static void mvdpt_go(cudaStream_t s, const mvq_args &a, const float *X, const fl
     cu_go(k_mvdpt<BITS, NB, NW>, dim3(gx), NW * WARP, sm, s)(a, X, X2, ldx, T, gb);
 }
 
+/* LILY_CU_MVDPT=1: decode batches take k_mvdpt (cu_mvdpb first, the gated out-projection) */
+int cu_mvdpt_enabled(void) {
+    static int on = -1;
+    return cu_env_flag(&on, "LILY_CU_MVDPT", 0);
+}
+
+static int mvdpt_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
+                      const int *ldy, const float *gz, const float *gw, float eps);
 /* 1 when it took the launch (4- or 8-bit codes of equal width and columns, a multiple of 64, at
  * least 512), 0 when it declines */
 int cu_mvdpt(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y, const int *ldy) {
+    return mvdpt_rows(s, n, W, X, X2, ldx, T, Y, ldy, NULL, NULL, 0.f);
+}
+/* y [T][W->rows] = W g(o_t), g the gated norm of heads of 128 (o, z [T][W->cols], gw [128]), staged by
+ * k_mvdpt: a decode batch's DeltaNet out-projection after the split step (cu_gdn_dec_split_rows) */
+int cu_mvdpt_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, int T, float *y) {
+    if (!z || !gw || ((uintptr_t)z & 15) || ((uintptr_t)gw & 15) || W->cols % 128) return 0;
+    const int ld = W->rows;
+    return mvdpt_rows(s, 1, &W, o, NULL, W->cols, T, &y, &ld, z, gw, eps);
+}
+static int mvdpt_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
+                      const int *ldy, const float *gz, const float *gw, float eps) {
     if (n < 1 || n > MVQ_MAX || T < 1) return 0;
     const int cols = W[0]->cols, bits = W[0]->bits, ng = cols / 64;
     if (cols % 64 || (bits != 4 && bits != 8) || ng < 8 || ldx % 4 || ((uintptr_t)X & 15) || ((uintptr_t)X2 & 15)) return 0;
@@ -255,6 +281,7 @@ int cu_mvdpt(cudaStream_t s, int n, const dmat *const *W, const float *X, const 
         memset(&a, 0, sizeof a);
         mvq_args_set(&a, n, W, y, ldy);
         mvq_tiles(&a, 16);
+        if (gz) { a.f.gz = gz + (size_t)t0 * ldx; a.f.gw = gw; a.f.eps = eps; }
         const float *x = X + (size_t)t0 * ldx, *x2 = X2 ? X2 + (size_t)t0 * ldx : NULL;
         if (bits == 8 && NB == 2) mvdpt_go<8, 2>(s, a, x, x2, ldx, tn, gb);
         else if (bits == 8) mvdpt_go<8, 1>(s, a, x, x2, ldx, tn, gb);

@@ -821,3 +821,23 @@ lily_code lct_pfk_cover(int blocks, int threads, int routed, long long *bad, lil
     dfree(&L);
     return rc;
 }
+
+lily_code lct_matvec_rows_gated(const lw_mat *W, const float *O, const float *Z, const float *gw, float eps, int T, float *Y,
+                                lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d;
+    lily_code rc = cu_upload_mats(m, W, 1, &d, st);
+    if (!rc && !cu_mvq_ok(&d)) rc = lily_err(st, LILY_EUNSUPPORTED, "the matrix-vector kernel does not take this matrix");
+    dlist L = { {0}, 0 };
+    const int cols = W->cols;
+    float *dox = (float *)dput(&L, O, (size_t)T * cols * 4, st, &rc);
+    float *dz = (float *)dput(&L, Z, (size_t)T * cols * 4, st, &rc);
+    float *dgw = (float *)dput(&L, gw, 128 * 4, st, &rc);
+    float *dy = (float *)dput(&L, NULL, (size_t)T * W->rows * 4, st, &rc);
+    if (!rc && !cu_mvdpt_gated(0, &d, dox, dz, dgw, eps, T, dy)) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdpt_gated declined");
+    rc = finish(st, rc);
+    if (!rc) rc = dget(Y, dy, (size_t)T * W->rows * 4, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}

@@ -80,6 +80,10 @@ lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int n
  * the 16-byte units of a fixed list of odd-sized ranges (routed: some of them for three experts)
  * that blocks x threads did not take exactly as often as the list holds them. */
 lily_code lct_pfk_cover(int blocks, int threads, int routed, long long *bad, lily_status *st);
+/* Y [T][W.rows] = W g(O_t) through k_mvdpt's staged gated norm (cu_mvdpt_gated): g of heads of 128
+ * columns, O_t rmsnorm'd (eps) times gw [128] times silu(Z_t); an error where it declines. */
+lily_code lct_matvec_rows_gated(const lw_mat *W, const float *O, const float *Z, const float *gw, float eps, int T, float *Y,
+                                lily_status *st);
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
                           lily_status *st);
 /* Decode's grouped matrix-vector launch (cu_matvec_group) in slot mode: n <= 4 matrices of equal

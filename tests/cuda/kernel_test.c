@@ -264,6 +264,11 @@ int main(int argc, char **argv) {
         test_matvec_rows(pool, 4, 2, inp + 1, 2048, 17, 1);
         test_matvec_rows(pool, 4, 2, rows, 1024, 12, 0);
         test_matvec_rows(pool, 8, 1, rows + 1, 512, 16, 0);
+        /* a batch's DeltaNet out-projection with the gated norm staged (k_mvdpt): the real width, one n
+         * tile and two, a NaN in one row's head */
+        test_matvec_rows_gated(pool, small ? 67 : 2048, 4096, 8, 0);
+        test_matvec_rows_gated(pool, 45, small ? 512 : 4096, 13, 0);
+        test_matvec_rows_gated(pool, 33, 1024, 3, 1);
     }
     { /* the in-kernel L2 prefetch's ranges over a launch's threads: every chunk taken once (more
        * threads than chunks, fewer, one warp; ranges of one or a few experts) */

@@ -92,6 +92,39 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
     free(X); free(X2); free(xin);
 }
 
+/* A decode batch's DeltaNet out-projection with the gated norm in k_mvdpt's staging (cu_mvdpt_gated):
+ * T rows of o and z, the norm of each head of 128 columns in double on the host; special 1: a NaN in
+ * one row's head, that row's outputs must be NaN, the other rows' not. */
+static void test_matvec_rows_gated(lily_pool *pool, int rows, int cols, int T, int special) {
+    void *hold[3];
+    lw_mat W = mk_mat(LW_Q, 4, 64, rows, cols, hold);
+    float *O = rnd((size_t)T * cols, 1.0f), *Z = rnd((size_t)T * cols, 2.0f), *gw = rnd(128, 1.0f);
+    if (special == 1) O[(size_t)(T - 1) * cols + 130] = NAN;
+    float *xin = malloc((size_t)T * cols * 4), *ref = malloc((size_t)T * rows * 4), *Y = malloc((size_t)T * rows * 4);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < cols / 128; h++) {
+            const float *o = O + (size_t)t * cols, *z = Z + (size_t)t * cols;
+            double ss = 0;
+            for (int c = 128 * h; c < 128 * h + 128; c++) ss += (double)o[c] * o[c];
+            const double r = 1.0 / sqrt(ss / 128 + 1e-6);
+            for (int c = 128 * h; c < 128 * h + 128; c++) xin[(size_t)t * cols + c] = (float)(o[c] * r * gw[c % 128] * (z[c] / (1.0 + exp(-(double)z[c]))));
+        }
+    cpu_matmul(pool, &W, xin, T, ref);
+    for (size_t k = 0; k < (size_t)T * rows; k++) Y[k] = -1.0f;
+    lily_status st = { 0 };
+    char what[128];
+    snprintf(what, sizeof what, "matvec rows gated norm q4 %dx%d T=%d k_mvdpt%s", rows, cols, T, special == 1 ? " NaN" : "");
+    if (lct_matvec_rows_gated(&W, O, Z, gw, 1e-6f, T, Y, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else if (special == 1) {
+        int bad = 0; /* the NaN row all NaN (as the CPU's), the others finite and close */
+        for (int i = 0; i < rows; i++) bad += !isnan(Y[(size_t)(T - 1) * rows + i]);
+        const double r = T > 1 ? rel(Y, ref, (size_t)(T - 1) * rows) : 0.0;
+        report(what, bad ? (double)bad : r, 1e-5);
+    } else report(what, rel(Y, ref, (size_t)T * rows), 1e-5);
+    free(O); free(Z); free(gw); free(xin); free(ref); free(Y);
+    for (int i = 0; i < 3; i++) free(hold[i]);
+}
+
 /* Decode's grouped matrix-vector launch (cu_matvec_group) in slot mode, as the forward pass runs
  * it: n matrices of E experts each, nslots routed slots (sel; input row slot / xdiv), optionally
  * the shared expert riding as one more slot (input row xrow) and the SwiGLU input, through the

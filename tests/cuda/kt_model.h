@@ -102,6 +102,12 @@ static void batch_tests(int small) {
          * matches its session alone to 1e-4 (the GEMMs' fp16 inputs miss it: LILY_CU_BATCH_MV=8) */
         int lens12[12] = { 2, 30, 7, 1, 15, 22, 4, 11, 28, 9, 3, 17 };
         test_batch("tiny x12", &c, 64, 12, lens12);
+        /* DeltaNet heads of 128 and an out-projection of 512 columns (the split step over the rows and
+         * k_mvdpt's staged gated norm take it, where asked) */
+        lily_config cw = c;
+        cw.lin_nk = 2; cw.lin_nv = 4; cw.lin_dk = 128; cw.lin_dv = 128;
+        int lensw[5] = { 5, 1, 18, 26, 12 };
+        test_batch("wide values", &cw, 64, 5, lensw);
         /* odd heads: the generic attention and delta-rule kernels, experts grouped (5 x 7 > 32) */
         c.n_heads = 3; c.n_kv_heads = 1; c.head_dim = 64; c.rot_dim = 16;
         c.lin_nk = 1; c.lin_nv = 2; c.lin_dk = 64; c.lin_dv = 64; c.n_experts = 12; c.top_k = 7;

@@ -64,6 +64,8 @@ MUTANTS = {
     "gsr-row-s": ("        S = R.S[row] + R.S_off;\n        mixed += (size_t)row * (2 * kd + nv * dv);",
                   "        S = R.S[0] + R.S_off;\n        mixed += (size_t)row * (2 * kd + nv * dv);",
                   "the batch's split DeltaNet step runs every row on the first row's S", "cu_gdn.cu"),
+    "dpt-gated-gw": ("if (a.f.gz) dp_ld8(a.f.gw, 8 * (threadIdx.x % 16), gw8);", "if (a.f.gz) dp_ld8(a.f.gw, 8 * (threadIdx.x % 8), gw8);",
+                     "k_mvdpt's staged gated norm takes the first half of the head's weights for both halves", "cu_mvdpt.cu"),
     "dpt-kstep-b": ("tc_mma_u8s8(C[nb][lev], A[1][0], A[1][1], A[1][2], A[1][3], xv.z, xv.w);",
                     "tc_mma_u8s8(C[nb][lev], A[1][0], A[1][1], A[1][2], A[1][3], xv.x, xv.y);",
                     "k_mvdpt meets the second k step's codes with the first step's input bytes", "cu_mvdpt.cu"),
