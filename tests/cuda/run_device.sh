@@ -15,7 +15,8 @@
 #   pfk: decode's in-kernel L2 prefetch of later launches' weights (LILY_CU_PFK, off by default, bench/RESULTS.md
 #          session 29): the 35B-width model comparison with LILY_CU_PFK=2, then lily-bench tg128,tg128@4096 as is,
 #          with LILY_CU_PFK=1, =2, =2 without the second stream's fork (LILY_CU_PREFETCH=0), =2 with only the next
-#          in-projection (LILY_CU_PFK_PARTS=8) and only the experts' downs (4), in turn, twice
+#          in-projection (LILY_CU_PFK_PARTS=8) and only the experts' downs (4), in turn, twice; with bin/lily-bench-base
+#          (an earlier commit's lily-bench, packed as EXTRA) the defaults against it too
 #   chain: bench/micro/chain.cu, a synthetic 35B-A3B token as one persistent kernel (direct loads, rings of bulk
 #          copies, launches in a graph; docs/cuda.md "Persistent decode"), at full size and at one row a block
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
@@ -55,10 +56,13 @@ for stage in $stages; do
     [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
     LILY_CU_PFK=2 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_pfk.log" 2>&1 || fail=1
     echo "model (LILY_CU_PFK=2): $(tail -1 "$OUT/model_pfk.log")"
+    # (BASE: bin/lily-bench-base where packed, an earlier commit's lily-bench: the default path against it)
     for r in 1 2; do
-      for v in X=1 LILY_CU_PFK=1 LILY_CU_PFK=2 "LILY_CU_PFK=2 LILY_CU_PREFETCH=0" "LILY_CU_PFK=2 LILY_CU_PFK_PARTS=8" \
+      for v in X=1 BASE LILY_CU_PFK=1 LILY_CU_PFK=2 "LILY_CU_PFK=2 LILY_CU_PREFETCH=0" "LILY_CU_PFK=2 LILY_CU_PFK_PARTS=8" \
                "LILY_CU_PFK=2 LILY_CU_PFK_PARTS=4"; do
-        echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
+        b=lily-bench
+        if [ "$v" = BASE ]; then [ -x "$BIN/lily-bench-base" ] || continue; b=lily-bench-base; v=X=1; fi
+        echo "$v $b (round $r): $(env $v "$BIN/$b" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
     done ;;
