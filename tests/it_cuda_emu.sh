@@ -216,6 +216,8 @@ mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpos
 # mutants were most of this test's time
 t0=$(date +%s.%N)
 targets=""; for m in $mutants; do targets="$targets $E/mutant/$m/cuda-kernel-test"; done
+# (an earlier build's binary must not stand in for one whose source no longer takes the mutant's pattern)
+rm -f $targets
 MAKEFLAGS= make -s -k -j2 EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 $targets >"$tmp/mb.log" 2>&1
 mb_secs=$(secs "$t0")
 run_mutant() { # NAME: its result line in $tmp/mres.NAME

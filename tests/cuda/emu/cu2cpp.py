@@ -132,7 +132,7 @@ MUTANTS = {
     "attn-merge-w-warp": ("    for (int w = 0; w < AMW_WARPS; w++) {\n        const float f = sm[w]",
                           "    for (int w = 0; w < AMW_WARPS - 1; w++) {\n        const float f = sm[w]",
                           "k_attn_merge_w joins all warps' partials but the last's", "cu_attn.cu"),
-    "mvdp-route-slot": ("            e = xsl ? 0 : rs[slot];\n        }\n    }\n    for (; tile",
+    "mvdp-route-slot": ("            e = xsl ? 0 : rs[slot % a.f.K];\n        }\n    }\n    for (; tile",
                         "            e = xsl ? 0 : rs[0];\n        }\n    }\n    for (; tile",
                         "k_mvdp routing itself gives every slot the first chosen expert", "cu_mvdp.cu"),
     "gdn-dec-first": ("        last = atomicAdd(&cnt[kh], 1u) == (unsigned)ratio - 1;\n",
