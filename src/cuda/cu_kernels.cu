@@ -231,7 +231,7 @@ void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part
 
 /* ---- L2 prefetch (cu_l2_prefetch) ---- */
 #define PF_MAX 21 /* regions: three (codes, scales, biases) for each of up to seven matrices */
-#define PF_CHUNK 4096 /* bytes a bulk prefetch */
+#define PF_CHUNK CU_PFK_CHUNK /* bytes a bulk prefetch */
 typedef struct {
     int mode;                    /* LILY_CU_PF_MODE (measuring): 0 bulk, 1 a line at a time evict_last, 2 a line */
     const char *p[PF_MAX];       /* region start (16-byte aligned) */
@@ -258,14 +258,14 @@ __global__ void __launch_bounds__(128) k_l2_prefetch(pf_args a) {
         for (unsigned long long c = i0 * PF_CHUNK; c < a.n[r]; c += step * PF_CHUNK) {
             const unsigned long long left = a.n[r] - c;
             const unsigned sz = (unsigned)(left < PF_CHUNK ? left : PF_CHUNK);
+            if (a.mode == 0) cu_l2_pf(base + c, sz); /* (the emulator checks the range) */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            if (a.mode == 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + c), "r"(sz) : "memory");
             else if (a.mode == 1)
                 for (unsigned o = 0; o < sz; o += 128) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base + c + o) : "memory");
             else
                 for (unsigned o = 0; o < sz; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(base + c + o) : "memory");
 #else
-            (void)base; (void)sz; /* (the emulator and older GPUs: nothing to do) */
+            (void)base; (void)sz; /* (modes 1 and 2 on the emulator and older GPUs: nothing to do) */
 #endif
         }
     }
@@ -277,28 +277,33 @@ int cu_prefetch_enabled(void) {
     return cu_env_flag(&on, "LILY_CU_PREFETCH", 1);
 }
 
+/* m's codes, scales and biases as bulk-prefetch regions (p, n bytes, es between experts): whole
+ * 16-byte units inside each buffer, as a bulk prefetch wants both aligned; returns how many (0-3) */
+static int mat_regions(const dmat *m, const char **p, unsigned long long *n, long long *es) {
+    const unsigned long long wb = cu_mat_w_bytes(m->type, m->rows, m->cols, m->bits), sb = cu_mat_s_bytes(m->type, m->rows, m->cols, m->group, m->sbt);
+    const void *ps[3] = { m->w, m->s, m->b };
+    const unsigned long long ns[3] = { wb, sb, sb };
+    const long long ex[3] = { m->ew, m->es, m->es };
+    int nr = 0;
+    for (int k = 0; k < 3; k++) {
+        const uintptr_t p0 = ((uintptr_t)ps[k] + 15) & ~(uintptr_t)15, end = ((uintptr_t)ps[k] + ns[k]) & ~(uintptr_t)15;
+        if (!ps[k] || end <= p0) continue;
+        p[nr] = (const char *)p0;
+        n[nr] = end - p0;
+        es[nr++] = ex[k];
+    }
+    return nr;
+}
+
 static void l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel, int slots, const float *rlog, int E, int K) {
     pf_args a;
     memset(&a, 0, sizeof a);
     unsigned long long tot = 0;
     LILY_ASSERT(n >= 0 && 3 * n <= PF_MAX);
     for (int i = 0; i < n; i++) {
-        const dmat *m = W[i];
-        const unsigned long long wb = cu_mat_w_bytes(m->type, m->rows, m->cols, m->bits),
-                                 sb = cu_mat_s_bytes(m->type, m->rows, m->cols, m->group, m->sbt);
-        const void *ps[3] = { m->w, m->s, m->b };
-        const unsigned long long ns[3] = { wb, sb, sb };
-        const long long es[3] = { m->ew, m->es, m->es };
-        for (int k = 0; k < 3; k++) {
-            /* whole 16-byte units inside the buffer: a bulk prefetch wants both aligned */
-            const uintptr_t p0 = ((uintptr_t)ps[k] + 15) & ~(uintptr_t)15, end = ((uintptr_t)ps[k] + ns[k]) & ~(uintptr_t)15;
-            if (!ps[k] || end <= p0) continue;
-            a.p[a.nr] = (const char *)p0;
-            a.n[a.nr] = end - p0;
-            a.es[a.nr] = es[k];
-            tot += end - p0;
-            a.nr++;
-        }
+        const int k = mat_regions(W[i], a.p + a.nr, a.n + a.nr, a.es + a.nr);
+        for (int j = 0; j < k; j++) tot += a.n[a.nr + j];
+        a.nr += k;
     }
     if (!a.nr) return;
     a.sel = sel;
@@ -317,19 +322,15 @@ void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const fl
     l2_prefetch(s, n, W, NULL, 0, rlog, E, K);
 }
 int cu_pfk_add(cu_pfk *f, const dmat *m, int routed) {
-    const unsigned long long wb = cu_mat_w_bytes(m->type, m->rows, m->cols, m->bits), sb = cu_mat_s_bytes(m->type, m->rows, m->cols, m->group, m->sbt);
-    const void *ps[3] = { m->w, m->s, m->b };
-    const unsigned long long ns[3] = { wb, sb, sb };
-    const long long es[3] = { m->ew, m->es, m->es };
-    for (int k = 0; k < 3; k++) {
-        /* whole 16-byte units inside the buffer: a bulk prefetch wants both aligned */
-        const uintptr_t p0 = ((uintptr_t)ps[k] + 15) & ~(uintptr_t)15, end = ((uintptr_t)ps[k] + ns[k]) & ~(uintptr_t)15;
-        if (!ps[k] || end <= p0) continue;
+    const char *p[3];
+    unsigned long long n[3];
+    long long es[3];
+    const int k = mat_regions(m, p, n, es);
+    for (int j = 0; j < k; j++) {
         if (f->nr >= CU_PFK_MAX) return 0;
-        f->p[f->nr] = (const char *)p0;
-        f->n[f->nr] = end - p0;
-        f->es[f->nr] = routed ? es[k] : -1;
-        f->nr++;
+        f->p[f->nr] = p[j];
+        f->n[f->nr] = n[j];
+        f->es[f->nr++] = routed ? es[j] : -1;
     }
     return 1;
 }
