@@ -193,6 +193,47 @@ static __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *
     __syncthreads();
 }
 
+/* T rows of input (row r at X + r ldx; silu(X) * X2 when X2) staged by the block into xs + r ts (dp_put),
+ * word W of the T x nw words being word W % nw of row W / nw. A thread's two words' loads all go out
+ * before either is staged (one round trip to L2 a pass, not one a word); a group's 8 words are 8 lanes
+ * of one warp and of one row (nw a multiple of 8). GZ (k_mvdpt's batch out-projection), with f.gz: each
+ * head of 128 columns gated-normed first (dp_gated: a head's 16 words on 16 lanes, so blockDim and nw
+ * multiples of 16), gw8 the thread's 8 gw. The closing barrier is the caller's. */
+template <bool GZ>
+static __device__ __forceinline__ void dp_stage_rows(const mvq_fuse &f, const float *X, const float *X2, int ldx, int T, int nw, uint4 *xs,
+                                                     size_t ts, int rmax, const float (&gw8)[8]) {
+    for (int w0 = 0; w0 < T * nw; w0 += 2 * (int)blockDim.x) {
+        float v[2][8], z[2][8];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw, w = W % nw;
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[u][j] = z[u][j] = 0.f;
+            if (W < T * nw) {
+                const float *x = X + (size_t)r * ldx;
+                if (X2) {
+                    const float *x2 = X2 + (size_t)r * ldx;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) v[u][j] = dp_in(x, x2, 8 * w + j);
+                } else dp_ld8(x, 8 * w, v[u]);
+                if (GZ && f.gz) dp_ld8(f.gz + (size_t)r * ldx, 8 * w, z[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw;
+            if (GZ && f.gz) dp_gated(f, v[u], z[u], gw8);
+            dp_put(v[u], W < T * nw, W % nw, xs + (size_t)(r < rmax ? r : 0) * ts); /* (rmax >= T: no store past the rows) */
+        }
+    }
+}
+/* the same without the gated norm (k_mvdpb) */
+static __device__ __forceinline__ void dp_stage_rows(const mvq_fuse &f, const float *X, const float *X2, int ldx, int T, int nw, uint4 *xs,
+                                                     size_t ts, int rmax) {
+    const float none[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
+    dp_stage_rows<false>(f, X, X2, ldx, T, nw, xs, ts, rmax, none);
+}
+
 static __device__ __forceinline__ uint32_t dp_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 /* R rows of one matrix (or expert): codes, scales, biases of the lane's rows (the last row for

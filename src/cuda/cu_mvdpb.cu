@@ -45,32 +45,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdpb(mvq_args a, const 
         if (sub < ng) dp_fetch<R, -1, BITS>(t, a.m[mi].sbt, sub, nrow16, a.m[mi].cols / a.m[mi].group, c, sc, bi);
     }
     CU_PDL();
-    /* the rows staged: word W of the T x nw words is word W % nw of row W / nw; a thread's U words'
-     * loads all go out before any is staged (one round trip to L2 a pass, not one a word). A
-     * group's 8 words are 8 lanes of one warp and of one row (nw a multiple of 8). */
-    constexpr int U = 2;
-    for (int w0 = 0; w0 < T * nw; w0 += U * (int)blockDim.x) {
-        float v[U][8];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw, w = W % nw;
-#pragma unroll
-            for (int j = 0; j < 8; j++) v[u][j] = 0.f;
-            if (W < T * nw) {
-                const float *x = X + (size_t)r * ldx;
-                if (X2) {
-                    const float *x2 = X2 + (size_t)r * ldx;
-#pragma unroll
-                    for (int j = 0; j < 8; j++) v[u][j] = dp_in(x, x2, 8 * w + j);
-                } else dp_ld8(x, 8 * w, v[u]);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw;
-            dp_put(v[u], W < T * nw, W % nw, dxs + (size_t)(r < NT ? r : 0) * ng * DP_G4);
-        }
-    }
+    /* the rows staged (dp_stage_rows: a thread's two words' loads out before either is put) */
+    dp_stage_rows(a.f, X, X2, ldx, T, nw, dxs, (size_t)ng * DP_G4, NT);
     __syncthreads();
     bool have = true; /* (without PF: c holds the lane's first group) */
     for (; tile < ntiles; tile += step) {

@@ -165,32 +165,8 @@ __global__ void __launch_bounds__(NW * WARP, 16 / NW) k_mvdpt(mvq_args a, const 
     float gw8[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
     if (a.f.gz) dp_ld8(a.f.gw, 8 * (threadIdx.x % 16), gw8);
     CU_PDL();
-    /* the rows staged as k_mvdpb stages them (a thread's two words' loads out before either is put);
-     * with a.f.gz each head's gated norm first (dp_gated: a head's 16 words on 16 lanes) */
-    for (int w0 = 0; w0 < T * nw; w0 += 2 * (int)blockDim.x) {
-        float v[2][8], z[2][8];
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw, w = W % nw;
-#pragma unroll
-            for (int jj = 0; jj < 8; jj++) v[u][jj] = z[u][jj] = 0.f;
-            if (W < T * nw) {
-                const float *x = X + (size_t)r * ldx;
-                if (X2) {
-                    const float *x2 = X2 + (size_t)r * ldx;
-#pragma unroll
-                    for (int jj = 0; jj < 8; jj++) v[u][jj] = dp_in(x, x2, 8 * w + jj);
-                } else dp_ld8(x, 8 * w, v[u]);
-                if (a.f.gz) dp_ld8(a.f.gz + (size_t)r * ldx, 8 * w, z[u]);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw;
-            if (a.f.gz) dp_gated(a.f, v[u], z[u], gw8);
-            dp_put(v[u], W < T * nw, W % nw, dxs + (size_t)(r < T ? r : 0) * ts);
-        }
-    }
+    /* the rows staged as k_mvdpb stages them; with a.f.gz each head's gated norm first */
+    dp_stage_rows<true>(a.f, X, X2, ldx, T, nw, dxs, (size_t)ts, T, gw8);
     __syncthreads();
     for (; tile < ntiles; tile += gridDim.x) {
         while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
