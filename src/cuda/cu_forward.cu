@@ -432,6 +432,8 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int H = c->hidden, E = c->n_experts, K = c->top_k, I = c->moe_inter, SI = c->shared_inter;
+    /* the experts on the matrix-vector kernels by slot (decode and its batches) */
+    const int mvx = cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down);
     /* the router group: matrices reading the layer's normed input */
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
@@ -489,7 +491,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
          * launch gone; LILY_CU_BATCH_ROUTE=1, off until measured) */
         static int broute = -1;
         if (mv_pass(s, T) && T > 1 && cu_env_flag(&broute, "LILY_CU_BATCH_ROUTE", 0) && cu_route_fused() && E <= 256 && K <= 32 &&
-            !shx && cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down))
+            !shx && mvx)
             route = 1;
         else if (mv_pass(s, T)) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe top-k");
@@ -508,7 +510,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         const dmat *W[2] = { &L->gate, &L->up };
         float *Y[2] = { s->hg, s->hu };
         int ld[2] = { I, I };
-        if (cu_mvq_ok(&L->gate) && cu_mvq_ok(&L->up) && cu_mvq_ok(&L->down)) {
+        if (mvx) {
             /* shx (T = 1): slot K is the shared expert, reading token 0, writing row K */
             mvq_fuse xg, xd;
             memset(&xg, 0, sizeof xg);
