@@ -586,6 +586,19 @@ int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D,
 int cu_mvdp_comb_enabled(void);
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
                  const float *hu, const float *sr, float *x, const float *add, const cu_pfk *pfk /* or NULL */);
+/* Decode's whole MoE after the router group in one launch (k_moe_fuse, cu_moe_fuse.cu), T = 1: each
+ * block routes from rlog [E] (softmax top-K, renormalized; block (0, 0) writes rsel, rwt [K]),
+ * computes its share of its slot's gate|up [I][H] on t [H] in a cluster of 16 blocks a slot, its
+ * share of the down [H][I] on h = silu(g) u gathered over the cluster, and the last block of a row
+ * tile sums x = (x + add) + sum_k wt[k] D_k (+ sigmoid(sr) D_K with the shared expert sg, su, sd,
+ * NULL for none) as cu_mvdp_comb does. D [K + 1][H] scratch; cnt [MF_CNT] zeroed, 0 again after.
+ * 0 when it declines (nothing launched). _enabled: LILY_CU_MOE_FUSE=1 (off until measured). */
+#define MF_CNT 16
+int cu_moe_fuse_enabled(void);
+void cu_moe_fuse_test_cl(int cl); /* the kernel test's cluster size (8 or 16; 0: the launcher's) */
+int cu_moe_fuse(cudaStream_t s, const dmat *gate, const dmat *up, const dmat *down, const dmat *sg, const dmat *su, const dmat *sd,
+                const float *rlog, int E, int K, const float *sr, const float *t, float *x, const float *add, float *D, unsigned *cnt,
+                int *rsel, float *rwt);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 #define CU_ARGMAX_PARTS1 256 /* k_argmax_part1's blocks (the default) */

@@ -511,6 +511,16 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         float *Y[2] = { s->hg, s->hu };
         int ld[2] = { I, I };
         if (mvx) {
+            /* the whole MoE in one launch (k_moe_fuse, LILY_CU_MOE_FUSE=1, off until measured): one
+             * token routed in the launch, the shared expert riding (or none), the combine folded */
+            if (route == 1 && T == 1 && (shx || !SI) && cu_moe_fuse_enabled() && fold_in_ok(s, next) &&
+                cu_moe_fuse(q, &L->gate, &L->up, &L->down, shx ? &L->sh_gate : NULL, shx ? &L->sh_up : NULL, shx ? &L->sh_down : NULL,
+                            s->rl, E, K, s->sr, s->t, s->x, add, s->D, s->fcount + FCOUNT_MF, s->sel, s->wt)) {
+                s->fold_nw = nw;
+                s->xp_src = NULL;
+                PM(s, "moe experts gate|up+down + combine (one launch)");
+                return;
+            }
             /* shx (T = 1): slot K is the shared expert, reading token 0, writing row K */
             mvq_fuse xg, xd;
             memset(&xg, 0, sizeof xg);

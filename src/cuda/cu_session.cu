@@ -103,12 +103,12 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         struct { int **p; size_t n; } ii[] = { { &s->d_ids, T }, { &s->d_pos, 1 }, { &s->d_tok, 2 }, { &s->d_step, 1 }, { &s->sel, T * K },
                                                 { &s->cnt, E }, { &s->off, E }, { &s->src, T * K }, { &s->spos, T * K },
                                                 { &s->tiles, (size_t)cu_moe_max_tiles((int)(T * K), (int)E, 16) },
-                                                { (int **)&s->fcount, 2 + GDN_DEC_CNT * GDN_DEC_ROWS } };
+                                                { (int **)&s->fcount, FCOUNT_N } };
         for (size_t i = 0; i < sizeof ii / sizeof *ii; i++) {
             e = cudaMalloc((void **)ii[i].p, ii[i].n * sizeof(int));
             if (e != cudaSuccess) goto oom;
         }
-        e = cudaMemset(s->fcount, 0, (2 + GDN_DEC_CNT * GDN_DEC_ROWS) * sizeof(unsigned));
+        e = cudaMemset(s->fcount, 0, (FCOUNT_N) * sizeof(unsigned));
         if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaMemset", __FILE__, __LINE__); goto fail; }
     }
     e = cudaHostAlloc((void **)&s->ring_h, LCU_RING * 2 * sizeof(int), cudaHostAllocMapped);

@@ -618,6 +618,61 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
     return rc;
 }
 
+lily_code lct_moe_fuse(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E, const lw_mat *SG, const lw_mat *SU, const lw_mat *SD,
+                       const float *lg, int K, const float *sr, const float *t, const float *add, int reps, int two, int cl, float *x,
+                       int *sel, float *wt, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat dg, du, dd, dsg, dsu, dsd;
+    lily_code rc = cu_upload_mats(m, G, E, &dg, st);
+    if (!rc) rc = cu_upload_mats(m, U, E, &du, st);
+    if (!rc) rc = cu_upload_mats(m, D, E, &dd, st);
+    const int sh = SG != NULL;
+    if (!rc && sh) rc = cu_upload_mats(m, SG, 1, &dsg, st);
+    if (!rc && sh) rc = cu_upload_mats(m, SU, 1, &dsu, st);
+    if (!rc && sh) rc = cu_upload_mats(m, SD, 1, &dsd, st);
+    dlist L = { {0}, 0 };
+    const int H = G->cols, I = G->rows, ns = K + sh;
+    float *dlg = (float *)dput(&L, lg, (size_t)E * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
+    float *dt = (float *)dput(&L, t, (size_t)H * 4, st, &rc), *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc);
+    float *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
+    int *dsel = (int *)dput(&L, NULL, (size_t)ns * 4, st, &rc); /* (poisoned: the launch must route) */
+    float *dwt = (float *)dput(&L, NULL, (size_t)K * 4, st, &rc), *dD = (float *)dput(&L, NULL, (size_t)ns * H * 4, st, &rc);
+    float *dhg = (float *)dput(&L, NULL, (size_t)ns * I * 4, st, &rc), *dhu = (float *)dput(&L, NULL, (size_t)ns * I * 4, st, &rc);
+    unsigned *dcnt = (unsigned *)dput(&L, NULL, MF_CNT * 4, st, &rc);
+    if (!rc && cudaMemset(dcnt, 0, MF_CNT * 4) != cudaSuccess) rc = lily_err(st, LILY_EIO, "cudaMemset");
+    cu_moe_fuse_test_cl(cl);
+    for (int i = 0; !rc && i < reps; i++) {
+        if (!two) {
+            if (!cu_moe_fuse(0, &dg, &du, &dd, sh ? &dsg : NULL, sh ? &dsu : NULL, sh ? &dsd : NULL, dlg, E, K, dsr, dt, dx, da, dD, dcnt,
+                             dsel, dwt))
+                rc = lily_err(st, LILY_EUNSUPPORTED, "cu_moe_fuse declined");
+            continue;
+        }
+        const dmat *W[2] = { &dg, &du };
+        float *Y[2] = { dhg, dhu };
+        int ld[2] = { I, I };
+        mvq_fuse fu;
+        memset(&fu, 0, sizeof fu);
+        fu.rlog = dlg; fu.E = E; fu.K = K; fu.rsel = dsel; fu.rwt = dwt;
+        if (sh) { fu.xslot = K; fu.xm[0] = dsg; fu.xm[1] = dsu; fu.xrow = 0; }
+        cu_matvec_group(0, 2, W, dt, NULL, H, Y, ld, dsel, K, ns, &fu);
+        if (!cu_mvdp_comb(0, &dd, sh ? &dsd : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da, NULL))
+            rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
+    }
+    cu_moe_fuse_test_cl(0);
+    rc = finish(st, rc);
+    if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
+    if (!rc) rc = dget(sel, dsel, (size_t)K * 4, st);
+    if (!rc) rc = dget(wt, dwt, (size_t)K * 4, st);
+    unsigned cnt[MF_CNT];
+    if (!rc) rc = dget(cnt, dcnt, sizeof cnt, st);
+    for (int i = 0; !rc && i < MF_CNT; i++)
+        if (cnt[i]) rc = lily_err(st, LILY_EINVAL, "counter %d left at %u", i, cnt[i]);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;

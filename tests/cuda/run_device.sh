@@ -1,11 +1,15 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench batch variants ncu chain clusters batchtc pfk   (default: build check kernels model bench batch)
+#   stages: build fixtures check kernels model bench batch variants ncu chain clusters batchtc pfk moefuse   (default: build check kernels model bench batch)
 #   clusters: decode's two cluster forms, off by default (docs/cuda.md, bench/RESULTS.md session 28): the 35B-width
 #          model comparison with LILY_CU_GDN_IN=1, then with LILY_CU_ROUTE_CL=1 too (after the model stage, which
 #          makes /tmp/lily-m4), and lily-bench tg128,tg128@4096 as is, with LILY_CU_GDN_IN=1 (16 warps a block) and
 #          with LILY_CU_GDN_IN=1 LILY_CU_GDN_IN_WARPS=8, in turn, twice
+#   moefuse: decode's MoE after the router group in one launch (k_moe_fuse, LILY_CU_MOE_FUSE=1, off by default,
+#          bench/RESULTS.md session 30): the 35B-width model comparison with it on, then lily-bench tg128,tg128@4096
+#          as is, with it (clusters of 16 blocks a slot), with clusters of 8 (LILY_CU_MOE_CL=8) and with the in-kernel
+#          prefetch (LILY_CU_PFK=2: parts 1 and 2 apply), in turn, twice; then --profile with it
 #   batchtc: the decode batches' dense products on the int8 tensor cores (k_mvdpt, LILY_CU_MVDPT=1, off by default,
 #          bench/RESULTS.md session 29): cuda-kernel-test --batch and the cuda test_batch / test_beside with it on, then
 #          lily-bench tg32x{1,2,4,8,12,16}@1024 as is, with it, with it and each token routed in the gate|up launch
@@ -66,6 +70,17 @@ for stage in $stages; do
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
     done ;;
+  moefuse)
+    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
+    LILY_CU_MOE_FUSE=1 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_mf.log" 2>&1 || fail=1
+    echo "model (LILY_CU_MOE_FUSE=1): $(tail -1 "$OUT/model_mf.log")"
+    for r in 1 2; do
+      for v in X=1 LILY_CU_MOE_FUSE=1 "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_CL=8" "LILY_CU_MOE_FUSE=1 LILY_CU_PFK=2"; do
+        echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
+          grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
+      done
+    done
+    LILY_CU_MOE_FUSE=1 "$BIN/lily-bench" --tests tg128 --reps 1 --profile 2>&1 | tail -40 ;;
   batchtc)
     LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1 "$BIN/cuda-kernel-test" --batch >"$OUT/kernels_tc.log" 2>&1 || fail=1
     echo "cuda-kernel-test --batch (LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1): $(grep -E "FAIL|error" "$OUT/kernels_tc.log" | head -20)$(tail -1 "$OUT/kernels_tc.log")"

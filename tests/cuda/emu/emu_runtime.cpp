@@ -691,6 +691,7 @@ struct emu_event {
 
 namespace {
 std::map<const void *, int> func_smem_max; /* cudaFuncAttributeMaxDynamicSharedMemorySize */
+std::map<const void *, int> func_nonportable; /* cudaFuncAttributeNonPortableClusterSizeAllowed */
 const size_t SMEM_DEFAULT = 48 << 10, SMEM_OPTIN = 227 << 10;
 
 double now_ms(void) {
@@ -942,6 +943,9 @@ void submit(const char *name, const void *kernel, const launch_cfg &c, std::shar
             const void *const *ptrs, int nptrs, int max_threads) {
     LOCK;
     unsigned nt = c.block.x * c.block.y * c.block.z;
+    /* past 8 blocks a cluster the GPU refuses the launch unless the kernel was opted in */
+    if (c.cluster > 8 && !func_nonportable[kernel])
+        fault("a cluster of %u blocks without cudaFuncAttributeNonPortableClusterSizeAllowed (the portable most is 8)", c.cluster);
     if (!c.grid.x || !c.grid.y || !c.grid.z || c.grid.y > 65535 || c.grid.z > 65535 || !nt || nt > 1024 || c.block.x > 1024 ||
         c.block.y > 1024 || c.block.z > 64) {
         fail(cudaErrorInvalidConfiguration);
@@ -1056,6 +1060,7 @@ cudaError_t cudaFuncSetAttribute(const void *func, cudaFuncAttribute attr, int v
         if (value < 0 || (size_t)value > SMEM_OPTIN) return fail(cudaErrorInvalidValue);
         func_smem_max[func] = value;
     }
+    if (attr == cudaFuncAttributeNonPortableClusterSizeAllowed) func_nonportable[func] = value;
     return cudaSuccess;
 }
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *func, int block, size_t smem) {
