@@ -188,10 +188,10 @@ else cat "$tmp/synth.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
 # must have run, and the tokens must not move
 t0=$(date +%s.%N)
 if "$E/lily" synth --out "$tmp/m2k5" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.log" 2>&1; then
-  LILY_EMU_STATS=kernels LILY_CU_MOE_FUSE=1 LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/m2k5" --prompt 20 --steps 4 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
+  LILY_EMU_STATS=kernels LILY_CU_MOE_FUSE=1 LILY_CU_MOE_PF=7 LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/m2k5" --prompt 20 --steps 4 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
   line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.log" | tail -n 1)
   if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_moe_fuse<' "$tmp/model.log"; then
-    ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, LILY_CU_MOE_FUSE=1, $(secs "$t0") s): $line"
+    ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, LILY_CU_MOE_FUSE=1 LILY_CU_MOE_PF=7, $(secs "$t0") s): $line"
   else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model, hidden 2048, LILY_CU_MOE_FUSE=1 (rc=$rc)"; fi
 else cat "$tmp/synth.log"; bad "lily synth --preset 35b-a3b --layers 4 (experts of 512)"; fi
 

@@ -596,6 +596,7 @@ int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, 
 #define MF_CNT 16
 int cu_moe_fuse_enabled(void);
 void cu_moe_fuse_test_cl(int cl); /* the kernel test's cluster size (8 or 16; 0: the launcher's) */
+void cu_moe_fuse_test_pf(int pf); /* the kernel test's prefetch mask (0-7; -1: LILY_CU_MOE_PF's) */
 int cu_moe_fuse(cudaStream_t s, const dmat *gate, const dmat *up, const dmat *down, const dmat *sg, const dmat *su, const dmat *sd,
                 const float *rlog, int E, int K, const float *sr, const float *t, float *x, const float *add, float *D, unsigned *cnt,
                 int *rsel, float *rwt);

@@ -37,8 +37,29 @@ typedef struct {
     int *rsel;              /* [K] the choice, written by block (0, 0) */
     float *rwt;             /* [K] its weights */
     int E, K, ns;           /* experts, routed slots, all slots */
+    int pf;                 /* L2 prefetches (LILY_CU_MOE_PF, a mask): 1 the block's down rows once routed, 2 its
+                             * gate|up rows once routed, 4 the shared slot's gate|up rows before the wait */
     mvq_args st;            /* dp_stage's: no norm, no add (t is normed already) */
 } mf_args;
+
+/* [p, p + n) into L2 (the 16-byte units inside it: the emulator faults any other), a CU_PFK_CHUNK a
+ * thread from thread t0 on; returns the next free thread (chunks past the block's threads are left) */
+static __device__ __forceinline__ int mf_pf(const char *p, size_t n, int t0) {
+    const uintptr_t s = ((uintptr_t)p + 15) & ~(uintptr_t)15, e = ((uintptr_t)p + n) & ~(uintptr_t)15;
+    const int nc = e > s ? (int)((e - s + CU_PFK_CHUNK - 1) / CU_PFK_CHUNK) : 0, c = (int)threadIdx.x - t0;
+    if (c >= 0 && c < nc) {
+        const uintptr_t o = s + (uintptr_t)c * CU_PFK_CHUNK;
+        cu_l2_pf((const char *)o, (unsigned)(e - o < CU_PFK_CHUNK ? e - o : CU_PFK_CHUNK));
+    }
+    return t0 + nc;
+}
+/* rows r0 .. r0 + n - 1 of expert e of m: codes, scales, biases */
+static __device__ __forceinline__ int mf_pf_rows(const dmat &m, int e, int r0, int n, int t0) {
+    const size_t rb = (size_t)m.cols * m.bits / 8, sb = (size_t)(m.cols / m.group) * (m.sbt == LW_F32 ? 4 : 2);
+    t0 = mf_pf((const char *)m.w + (long long)e * m.ew + r0 * rb, n * rb, t0);
+    t0 = mf_pf((const char *)m.s + (long long)e * m.es + r0 * sb, n * sb, t0);
+    return mf_pf((const char *)m.b + (long long)e * m.es + r0 * sb, n * sb, t0);
+}
 
 /* Block (b, slot) of a cluster of CL along x. LPRA, RA: the gate|up tiles' lanes a row and rows a
  * lane group (H columns); LPRD, RD: the down's (I columns). */
@@ -56,6 +77,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_moe_fuse(const __grid_co
     const bool shs = slot >= a.K;
     float *gu = (float *)(dxs + (size_t)ngA * DP_G4), *hl = gu + 2 * ipb;
     const float z8[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
+    if (shs && (a.pf & 4)) mf_pf_rows(a.su, 0, b * ipb, ipb, mf_pf_rows(a.sg, 0, b * ipb, ipb, 0)); /* (weights: never written) */
     CU_PDL(); /* the logits and t come from the router group's launch */
     if (warp == 0) route_ld<8, LILY_DP_RDX>(a.rlog, a.E, a.K, rs, rw);
     dp_stage(a.st, a.t, NULL, H, dxs, WARP, z8); /* (warps 1 ..; its closing barrier publishes rs, rw) */
@@ -65,6 +87,11 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_moe_fuse(const __grid_co
         a.rwt[threadIdx.x] = rw[threadIdx.x];
     }
     const int e = shs ? 0 : rs[slot];
+    if (a.pf & 3) { /* after the staging, whose L2 reads would queue behind the prefetches' misses (session 25) */
+        int t0 = WARP; /* (warp 0 is first at the tiles: it routed) */
+        if (a.pf & 1) t0 = mf_pf_rows(shs ? a.sd : a.d, e, b * hpb, hpb, t0);
+        if ((a.pf & 2) && !shs) mf_pf_rows(a.u, e, b * ipb, ipb, mf_pf_rows(a.g, e, b * ipb, ipb, t0));
+    }
     {
         /* gate tiles, then up tiles, of the block's I / CL rows each */
         const dmat &G = shs ? a.sg : a.g, &U = shs ? a.su : a.u;
@@ -190,8 +217,9 @@ int cu_moe_fuse_enabled(void) {
     return cu_env_flag(&on, "LILY_CU_MOE_FUSE", 0);
 }
 
-static int test_cl = 0;
+static int test_cl = 0, test_pf = -1;
 void cu_moe_fuse_test_cl(int cl) { test_cl = cl == 8 || cl == 16 ? cl : 0; }
+void cu_moe_fuse_test_pf(int pf) { test_pf = pf >= 0 && pf <= 7 ? pf : -1; }
 
 static int mf_lpr(int ng) { return ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1; }
 
@@ -218,6 +246,9 @@ int cu_moe_fuse(cudaStream_t s, const dmat *gate, const dmat *up, const dmat *do
     a.sg = shared ? *sg : *gate; a.su = shared ? *su : *up; a.sd = shared ? *sd : *down;
     a.rlog = rlog; a.sr = sr; a.t = t; a.x = x; a.add = add; a.D = D; a.cnt = cnt; a.rsel = rsel; a.rwt = rwt;
     a.E = E; a.K = K; a.ns = K + shared;
+    static int pf = INT_MIN;
+    cu_env_int(&pf, "LILY_CU_MOE_PF", 1);
+    a.pf = test_pf >= 0 ? test_pf : pf & 7;
     int bf = gate->sbt == LW_BF16 && up->sbt == LW_BF16 && down->sbt == LW_BF16;
     if (shared) bf = bf && sg->sbt == LW_BF16 && su->sbt == LW_BF16 && sd->sbt == LW_BF16;
     if (CL == 16) return bf ? mf_shape<16, LW_BF16>(s, a, lpa, lpd) : mf_shape<16, -1>(s, a, lpa, lpd);

@@ -619,7 +619,7 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
 }
 
 lily_code lct_moe_fuse(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E, const lw_mat *SG, const lw_mat *SU, const lw_mat *SD,
-                       const float *lg, int K, const float *sr, const float *t, const float *add, int reps, int two, int cl, float *x,
+                       const float *lg, int K, const float *sr, const float *t, const float *add, int reps, int two, int cl, int pf, float *x,
                        int *sel, float *wt, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat dg, du, dd, dsg, dsu, dsd;
@@ -641,6 +641,7 @@ lily_code lct_moe_fuse(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E,
     unsigned *dcnt = (unsigned *)dput(&L, NULL, MF_CNT * 4, st, &rc);
     if (!rc && cudaMemset(dcnt, 0, MF_CNT * 4) != cudaSuccess) rc = lily_err(st, LILY_EIO, "cudaMemset");
     cu_moe_fuse_test_cl(cl);
+    cu_moe_fuse_test_pf(pf);
     for (int i = 0; !rc && i < reps; i++) {
         if (!two) {
             if (!cu_moe_fuse(0, &dg, &du, &dd, sh ? &dsg : NULL, sh ? &dsu : NULL, sh ? &dsd : NULL, dlg, E, K, dsr, dt, dx, da, dD, dcnt,
@@ -660,6 +661,7 @@ lily_code lct_moe_fuse(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E,
             rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     }
     cu_moe_fuse_test_cl(0);
+    cu_moe_fuse_test_pf(-1);
     rc = finish(st, rc);
     if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
     if (!rc) rc = dget(sel, dsel, (size_t)K * 4, st);

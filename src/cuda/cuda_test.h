@@ -150,13 +150,14 @@ lily_code lct_moe_combine(float *x, const float *add, const float *D, const floa
 lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
                         const float *hu, const float *sr, float *x, const float *add, int reps, lily_status *st);
 /* Decode's MoE after the router group on x [H] in place, reps times: with two 0 one launch
- * (cu_moe_fuse, clusters of cl blocks a slot: 8, 16, 0 the launcher's), else the gate|up routing
+ * (cu_moe_fuse, clusters of cl blocks a slot: 8, 16, 0 the launcher's; pf its prefetch mask, -1
+ * the launcher's), else the gate|up routing
  * itself (cu_matvec_group, mvq_fuse.rlog) and the down with the combine (cu_mvdp_comb). G, U: E
  * experts [I][H], D [H][I]; SG, SU, SD the shared expert's or NULL; lg [E] router logits, t [H] the
  * normed input, add [H] or NULL. sel, wt [K]: the launch's routing. Fails where a launch declines
  * or the fused launch leaves a counter it used not 0. */
 lily_code lct_moe_fuse(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E, const lw_mat *SG, const lw_mat *SU, const lw_mat *SD,
-                       const float *lg, int K, const float *sr, const float *t, const float *add, int reps, int two, int cl, float *x,
+                       const float *lg, int K, const float *sr, const float *t, const float *add, int reps, int two, int cl, int pf, float *x,
                        int *sel, float *wt, lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* The prefill router: logits [T][W->rows] = X W^T to fp32 accuracy and their top-K, with the column

@@ -445,9 +445,12 @@ int main(int argc, char **argv) {
     test_mvdp_comb(pool, 5, 37, 1024, 128, 3, 1, 1);              /* 16 lanes a row, odd rows, 2 units a group */
     test_mvdp_comb(pool, 20, 70, 128, 64, 15, 1, 0);              /* 16 slots, the most a block takes */
     test_mvdp_comb(pool, 7, 45, 2560, 64, 2, 1, 1);               /* 32 lanes a row, more groups than lanes */
-    test_moe_fuse(pool, small ? 12 : 32, 2048, 512, 64, 8, 1, 1, 0); /* the 35B-A3B decode MoE in one launch */
-    test_moe_fuse(pool, 9, 2048, 512, 64, 8, 1, 0, 8);              /* clusters of 8 */
-    test_moe_fuse(pool, 8, 1024, 512, 128, 4, 0, 1, 16);            /* no shared expert, 16 lanes a row, 2 units a group */
+    test_moe_fuse(pool, small ? 12 : 32, 2048, 512, 64, 8, 1, 1, 0, 7); /* the 35B-A3B decode MoE in one launch, every prefetch */
+    test_moe_fuse(pool, 9, 2048, 512, 64, 8, 1, 0, 8, 0);              /* clusters of 8, no prefetch */
+    test_moe_fuse(pool, 8, 1024, 512, 128, 4, 0, 1, 16, -1);           /* no shared expert, 16 lanes a row, 2 units a group */
+    mk_sbt = LW_F32;
+    test_moe_fuse(pool, 6, 1024, 512, 64, 3, 1, 1, 16, 7);             /* odd K, f32 scales (the generic path) */
+    mk_sbt = LW_BF16;
     test_rmsnorm(129, 3);
     test_router(1, 256, 8, 0);
     test_router(small ? 40 : 333, 256, 8, 0);

@@ -220,7 +220,7 @@ static void router_ref(const float *lg, int E, int K, int *sel, float *wt);
  * folded combine alone), against the two launches it replaces (k_mvdp routing itself, then
  * k_mvdp_comb: the same numerics, so 1e-6, and the same routing), twice in place (its counters
  * must come back to 0, which lct_moe_fuse checks). */
-static void test_moe_fuse(lily_pool *pool, int E, int H, int I, int group, int K, int shared, int with_add, int cl) {
+static void test_moe_fuse(lily_pool *pool, int E, int H, int I, int group, int K, int shared, int with_add, int cl, int pf) {
     const int reps = 2, ns = K + shared;
     void **hold = calloc((size_t)(E + 1) * 9, sizeof *hold);
     lw_mat *G = malloc((size_t)(E + 1) * sizeof *G), *U = malloc((size_t)(E + 1) * sizeof *U), *D = malloc((size_t)(E + 1) * sizeof *D);
@@ -253,13 +253,13 @@ static void test_moe_fuse(lily_pool *pool, int E, int H, int I, int group, int K
         }
     lily_status st = { 0 }, st2 = { 0 };
     char what[200];
-    snprintf(what, sizeof what, "moe in one launch E=%d H=%d I=%d g%d K=%d%s%s cluster %d x%d", E, H, I, group, K, shared ? " shared" : "",
-             add ? " add" : "", cl, reps);
+    snprintf(what, sizeof what, "moe in one launch E=%d H=%d I=%d g%d K=%d%s%s cluster %d prefetch %d x%d", E, H, I, group, K,
+             shared ? " shared" : "", add ? " add" : "", cl, pf, reps);
     const lw_mat *SG = shared ? &G[E] : NULL, *SU = shared ? &U[E] : NULL, *SD = shared ? &D[E] : NULL;
-    if (lct_moe_fuse(G, U, D, E, SG, SU, SD, lg, K, sr, t, add, reps, 0, cl, x, sel, wt, &st)) {
+    if (lct_moe_fuse(G, U, D, E, SG, SU, SD, lg, K, sr, t, add, reps, 0, cl, pf, x, sel, wt, &st)) {
         printf("%s: %s FAIL\n", what, st.msg);
         n_fail++;
-    } else if (lct_moe_fuse(G, U, D, E, SG, SU, SD, lg, K, sr, t, add, reps, 1, 0, x2, sel2, wt2, &st2)) {
+    } else if (lct_moe_fuse(G, U, D, E, SG, SU, SD, lg, K, sr, t, add, reps, 1, 0, -1, x2, sel2, wt2, &st2)) {
         printf("%s (the two launches): %s FAIL\n", what, st2.msg);
         n_fail++;
     } else {

@@ -8,8 +8,9 @@
 #          with LILY_CU_GDN_IN=1 LILY_CU_GDN_IN_WARPS=8, in turn, twice
 #   moefuse: decode's MoE after the router group in one launch (k_moe_fuse, LILY_CU_MOE_FUSE=1, off by default,
 #          bench/RESULTS.md session 30): the 35B-width model comparison with it on, then lily-bench tg128,tg128@4096
-#          as is, with it (clusters of 16 blocks a slot), with clusters of 8 (LILY_CU_MOE_CL=8) and with the in-kernel
-#          prefetch (LILY_CU_PFK=2: parts 1 and 2 apply), in turn, twice; then --profile with it
+#          as is, with it (clusters of 16 blocks a slot, each block's down rows prefetched into L2 once routed), without
+#          that prefetch (LILY_CU_MOE_PF=0), with its gate|up rows and the shared slot's too (LILY_CU_MOE_PF=7), and
+#          with clusters of 8 (LILY_CU_MOE_CL=8), in turn, twice; then --profile with it
 #   batchtc: the decode batches' dense products on the int8 tensor cores (k_mvdpt, LILY_CU_MVDPT=1, off by default,
 #          bench/RESULTS.md session 29): cuda-kernel-test --batch and the cuda test_batch / test_beside with it on, then
 #          lily-bench tg32x{1,2,4,8,12,16}@1024 as is, with it, with it and each token routed in the gate|up launch
@@ -75,7 +76,8 @@ for stage in $stages; do
     LILY_CU_MOE_FUSE=1 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_mf.log" 2>&1 || fail=1
     echo "model (LILY_CU_MOE_FUSE=1): $(tail -1 "$OUT/model_mf.log")"
     for r in 1 2; do
-      for v in X=1 LILY_CU_MOE_FUSE=1 "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_CL=8" "LILY_CU_MOE_FUSE=1 LILY_CU_PFK=2"; do
+      for v in X=1 LILY_CU_MOE_FUSE=1 "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_PF=0" "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_PF=7" \
+               "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_CL=8"; do
         echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
