@@ -23,6 +23,7 @@
  * h staged by dp_put from silu(g) * u as dp_stage_warp does: the kernel test asks for the two
  * launches' residual exactly. */
 #include "cuda/cu_mvdp.h"
+#include <stdio.h>
 
 typedef struct {
     dmat g, u, d;           /* the routed experts' gate and up [E][I][H], down [E][H][I] */
@@ -178,19 +179,49 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_moe_fuse(const __grid_co
 
 static size_t mf_smem(int H, int I, int CL) { return (size_t)(H / 64) * DP_G4 * 16 + (size_t)(2 * (I / CL) + 2 * I) * sizeof(float); }
 
+/* How many clusters of CL blocks of kernel k the GPU holds at once (the emulator: all); 0 where it
+ * cannot place one (a cluster is one GPC's), which would fail the launch. LILY_CU_MOE_FUSE_INFO=1
+ * prints it, for reading a measurement. */
+template <class K>
+static int mf_clusters(K k, int CL, size_t sm) {
+    int n = 1 << 20;
+#ifdef __CUDACC_EMU__
+    (void)k; (void)sm;
+#else
+    cudaLaunchConfig_t c = {};
+    c.gridDim = dim3(CL, 1, 1);
+    c.blockDim = dim3(DP_WARPS * WARP, 1, 1);
+    c.dynamicSmemBytes = sm;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = CL;
+    at.val.clusterDim.y = at.val.clusterDim.z = 1;
+    c.attrs = &at;
+    c.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&n, k, &c) != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+    }
+#endif
+    static int info = -1;
+    if (cu_env_flag(&info, "LILY_CU_MOE_FUSE_INFO", 0)) fprintf(stderr, "lily: k_moe_fuse clusters of %d blocks, %d at once\n", CL, n);
+    return n;
+}
+
 template <int LPRA, int RA, int LPRD, int RD, int SBT, int CL>
 static int mf_go(cudaStream_t s, const mf_args &a) {
     const size_t sm = mf_smem(a.g.cols, a.g.rows, CL);
-    static int opted = 0;
+    static int opted = 0; /* 1 ready, -1 declined for good */
     if (!opted) {
         auto k = k_moe_fuse<LPRA, RA, LPRD, RD, SBT, CL>;
-        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) != cudaSuccess ||
-            (CL > 8 && cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)) {
-            (void)cudaGetLastError(); /* (declined: the caller takes the two launches) */
-            return 0;
-        }
-        opted = 1;
+        opted = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess &&
+                        (CL <= 8 || cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) &&
+                        mf_clusters(k, CL, sm) > 0
+                    ? 1
+                    : -1;
+        if (opted < 0) (void)cudaGetLastError(); /* (declined: the caller takes the two launches) */
     }
+    if (opted < 0) return 0;
     cu_go(k_moe_fuse<LPRA, RA, LPRD, RD, SBT, CL>, dim3(CL, a.ns), DP_WARPS * WARP, sm, s).cluster(CL)(a);
     return 1;
 }

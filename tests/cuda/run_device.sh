@@ -73,8 +73,8 @@ for stage in $stages; do
     done ;;
   moefuse)
     [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
-    LILY_CU_MOE_FUSE=1 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_mf.log" 2>&1 || fail=1
-    echo "model (LILY_CU_MOE_FUSE=1): $(tail -1 "$OUT/model_mf.log")"
+    LILY_CU_MOE_FUSE=1 LILY_CU_MOE_FUSE_INFO=1 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_mf.log" 2>&1 || fail=1
+    echo "model (LILY_CU_MOE_FUSE=1): $(tail -1 "$OUT/model_mf.log") ($(grep -m1 'k_moe_fuse clusters' "$OUT/model_mf.log"))"
     for r in 1 2; do
       for v in X=1 LILY_CU_MOE_FUSE=1 "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_PF=0" "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_PF=7" \
                "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_CL=8"; do
