@@ -8,9 +8,10 @@
 #          with LILY_CU_GDN_IN=1 LILY_CU_GDN_IN_WARPS=8, in turn, twice
 #   moefuse: decode's MoE after the router group in one launch (k_moe_fuse, LILY_CU_MOE_FUSE=1, off by default,
 #          bench/RESULTS.md session 30): the 35B-width model comparison with it on, then lily-bench tg128,tg128@4096
-#          as is, with it (clusters of 16 blocks a slot, each block's down rows prefetched into L2 once routed), without
-#          that prefetch (LILY_CU_MOE_PF=0), with its gate|up rows and the shared slot's too (LILY_CU_MOE_PF=7), and
-#          with clusters of 8 (LILY_CU_MOE_CL=8), in turn, twice; then --profile with it
+#          as is, as bin/lily-bench-base where packed (an earlier commit's), with it (clusters of 16 blocks a slot, each
+#          block's down rows prefetched into L2 once routed) and with the settings in MF_MORE (space-separated, a comma
+#          joining variables; default: its gate|up rows and the shared slot's prefetched too, LILY_CU_MOE_PF=7), in
+#          turn, twice; then, with MF_PROFILE set, --profile with it
 #   batchtc: the decode batches' dense products on the int8 tensor cores (k_mvdpt, LILY_CU_MVDPT=1, off by default,
 #          bench/RESULTS.md session 29): cuda-kernel-test --batch and the cuda test_batch / test_beside with it on, then
 #          lily-bench tg32x{1,2,4,8,12,16}@1024 as is, with it, with it and each token routed in the gate|up launch
@@ -67,7 +68,7 @@ for stage in $stages; do
                "LILY_CU_PFK=2 LILY_CU_PFK_PARTS=4"; do
         b=lily-bench
         if [ "$v" = BASE ]; then [ -x "$BIN/lily-bench-base" ] || continue; b=lily-bench-base; v=X=1; fi
-        echo "$v $b (round $r): $(env $v "$BIN/$b" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
+        echo "$v $b (round $r): $(env ${v//,/ } "$BIN/$b" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
     done ;;
@@ -76,13 +77,14 @@ for stage in $stages; do
     LILY_CU_MOE_FUSE=1 LILY_CU_MOE_FUSE_INFO=1 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_mf.log" 2>&1 || fail=1
     echo "model (LILY_CU_MOE_FUSE=1): $(tail -1 "$OUT/model_mf.log") ($(grep -m1 'k_moe_fuse clusters' "$OUT/model_mf.log"))"
     for r in 1 2; do
-      for v in X=1 LILY_CU_MOE_FUSE=1 "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_PF=0" "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_PF=7" \
-               "LILY_CU_MOE_FUSE=1 LILY_CU_MOE_CL=8"; do
-        echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
+      for v in X=1 BASE LILY_CU_MOE_FUSE=1 ${MF_MORE:-LILY_CU_MOE_FUSE=1,LILY_CU_MOE_PF=7}; do
+        b=lily-bench
+        if [ "$v" = BASE ]; then [ -x "$BIN/lily-bench-base" ] || continue; b=lily-bench-base; v=X=1; fi
+        echo "$v $b (round $r): $(env ${v//,/ } "$BIN/$b" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
     done
-    LILY_CU_MOE_FUSE=1 "$BIN/lily-bench" --tests tg128 --reps 1 --profile 2>&1 | tail -40 ;;
+    [ -n "${MF_PROFILE:-}" ] && LILY_CU_MOE_FUSE=1 "$BIN/lily-bench" --tests tg128 --reps 1 --profile 2>&1 | tail -40 ;;
   batchtc)
     LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1 "$BIN/cuda-kernel-test" --batch >"$OUT/kernels_tc.log" 2>&1 || fail=1
     echo "cuda-kernel-test --batch (LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1): $(grep -E "FAIL|error" "$OUT/kernels_tc.log" | head -20)$(tail -1 "$OUT/kernels_tc.log")"
