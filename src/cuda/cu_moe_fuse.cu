@@ -62,6 +62,22 @@ static __device__ __forceinline__ int mf_pf_rows(const dmat &m, int e, int r0, i
     return mf_pf((const char *)m.b + (long long)e * m.es + r0 * sb, n * sb, t0);
 }
 
+/* One tile of m's rows t over the staged input xs (m.cols columns), nothing fetched ahead: dp_tile's
+ * sums, so the gate|up and down match k_mvdp's and k_mvdp_comb's at the same LPR and R */
+template <int LPR, int R, int SBT>
+static __device__ __forceinline__ float mf_tile(const dp_rows &t, const dmat &m, int sub, const uint4 *xs, int &rsel) {
+    uint4 c[R][2];
+    float sc[R], bi[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) { /* (zeroed: g++ cannot see that dp_tile fetches them first) */
+        c[k][0] = c[k][1] = make_uint4(0, 0, 0, 0);
+        sc[k] = bi[k] = 0.f;
+    }
+    bool have = false;
+    return dp_tile<LPR, R, SBT, 4, 1>(t, SBT >= 0 ? SBT : m.sbt, m.cols / m.group, m.cols / 64, m.cols * 4 / 128, sub, xs, have, c, sc, bi,
+                                      rsel);
+}
+
 /* Block (b, slot) of a cluster of CL along x. LPRA, RA: the gate|up tiles' lanes a row and rows a
  * lane group (H columns); LPRD, RD: the down's (I columns). */
 template <int LPRA, int RA, int LPRD, int RD, int SBT, int CL>
@@ -72,7 +88,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_moe_fuse(const __grid_co
     __shared__ int rs[WARP];       /* the token's routing (every block: any may finish a row tile) */
     __shared__ float rw[WARP];
     __shared__ int fin;
-    const int H = a.g.cols, I = a.g.rows, ngA = H / 64, ngD = I / 64;
+    const int H = a.g.cols, I = a.g.rows, ngA = H / 64;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nwb = blockDim.x / WARP;
     const int b = blockIdx.x, slot = blockIdx.y, ipb = I / CL, hpb = H / CL;
     const bool shs = slot >= a.K;
@@ -102,17 +118,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_moe_fuse(const __grid_co
             const dmat &m = mi ? U : G;
             const int r0 = b * ipb + (tl - mi * nt) * rpt + rib * RA;
             const dp_rows t = dp_rows_at<RA, 4>(m, e, r0);
-            uint4 c[RA][2];
-            float sc[RA], bi[RA];
-#pragma unroll
-            for (int k = 0; k < RA; k++) {
-                c[k][0] = c[k][1] = make_uint4(0, 0, 0, 0);
-                sc[k] = bi[k] = 0.f;
-            }
-            bool have = false;
             int rsel;
-            const float acc = dp_tile<LPRA, RA, SBT, 4, 1>(t, SBT >= 0 ? SBT : m.sbt, H / m.group, ngA, H * 4 / 128, sub, dxs, have, c, sc,
-                                                           bi, rsel);
+            const float acc = mf_tile<LPRA, RA, SBT>(t, m, sub, dxs, rsel);
             if ((sub & (LPRA / RA - 1)) == 0 && rsel < t.nr) gu[mi * ipb + (t.r0 - b * ipb) + rsel] = acc;
         }
     }
@@ -140,17 +147,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_moe_fuse(const __grid_co
         const int sub = lane % LPRD, rib = lane / LPRD, rpt = (WARP / LPRD) * RD, nt = hpb / rpt;
         for (int tl = warp; tl < nt; tl += nwb) {
             const dp_rows t = dp_rows_at<RD, 4>(m, e, b * hpb + tl * rpt + rib * RD);
-            uint4 c[RD][2];
-            float sc[RD], bi[RD];
-#pragma unroll
-            for (int k = 0; k < RD; k++) {
-                c[k][0] = c[k][1] = make_uint4(0, 0, 0, 0);
-                sc[k] = bi[k] = 0.f;
-            }
-            bool have = false;
             int rsel;
-            const float acc = dp_tile<LPRD, RD, SBT, 4, 1>(t, SBT >= 0 ? SBT : m.sbt, I / m.group, ngD, I * 4 / 128, sub, dxs, have, c, sc,
-                                                           bi, rsel);
+            const float acc = mf_tile<LPRD, RD, SBT>(t, m, sub, dxs, rsel);
             if ((sub & (LPRD / RD - 1)) == 0 && rsel < t.nr) a.D[(size_t)slot * H + t.r0 + rsel] = acc;
         }
     }

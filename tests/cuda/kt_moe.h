@@ -176,6 +176,19 @@ static void test_moe_combine(int T, int K, int H, int with_add, int with_sd, int
  * the combine's loops in double: E experts [H][I], K chosen (distinct), the shared expert's down as
  * slot K when shared, reps launches in place on x (a row the launch leaves unwritten keeps x
  * without the experts' sum, which the reference has). */
+/* The decode MoE tail's reference: xr = x, then reps times xr = (xr + add) + sum_k wt[k] y_k (+ sigmoid(sr)
+ * y_K, the shared slot, when ns > K), in double; y [ns][H] the slots' down outputs. */
+static void comb_ref(float *xr, const float *x, const float *add, const float *y, const float *wt, float sr, int K, int ns, int H, int reps) {
+    memcpy(xr, x, (size_t)H * 4);
+    const double gs = 1.0 / (1.0 + exp(-(double)sr));
+    for (int rep = 0; rep < reps; rep++)
+        for (int r = 0; r < H; r++) {
+            double v = (double)xr[r] + (add ? add[r] : 0.0);
+            for (int k = 0; k < ns; k++) v += (k < K ? (double)wt[k] : gs) * y[(size_t)k * H + r];
+            xr[r] = (float)v;
+        }
+}
+
 static void test_mvdp_comb(lily_pool *pool, int E, int H, int I, int group, int K, int shared, int with_add) {
     const int reps = 2, ns = K + shared;
     void **hold = malloc((size_t)(E + 1) * 3 * sizeof *hold);
@@ -193,14 +206,7 @@ static void test_mvdp_comb(lily_pool *pool, int E, int H, int I, int group, int 
         for (int i = 0; i < I; i++) h[i] = hg[(size_t)k * I + i] / (1.0f + expf(-hg[(size_t)k * I + i])) * hu[(size_t)k * I + i];
         cpu_matmul(pool, k < K ? &D[sel[k]] : &SD, h, 1, y + (size_t)k * H);
     }
-    memcpy(xr, x, (size_t)H * 4);
-    const double gs = 1.0 / (1.0 + exp(-(double)sr[0]));
-    for (int rep = 0; rep < reps; rep++)
-        for (int r = 0; r < H; r++) {
-            double v = (double)xr[r] + (add ? add[r] : 0.0);
-            for (int k = 0; k < ns; k++) v += (k < K ? (double)wt[k] : gs) * y[(size_t)k * H + r];
-            xr[r] = (float)v;
-        }
+    comb_ref(xr, x, add, y, wt, sr[0], K, ns, H, reps);
     lily_status st = { 0 };
     char what[160];
     snprintf(what, sizeof what, "moe down+combine folded E=%d %dx%d g%d K=%d%s%s x%d", E, H, I, group, K, shared ? " shared" : "",
@@ -242,15 +248,8 @@ static void test_moe_fuse(lily_pool *pool, int E, int H, int I, int group, int K
         for (int i = 0; i < I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
         cpu_matmul(pool, &D[e], g, 1, y + (size_t)k * H);
     }
-    memcpy(xr, x, (size_t)H * 4);
+    comb_ref(xr, x, add, y, wref, sr[0], K, ns, H, reps);
     memcpy(x2, x, (size_t)H * 4);
-    const double gs = 1.0 / (1.0 + exp(-(double)sr[0]));
-    for (int rep = 0; rep < reps; rep++)
-        for (int r = 0; r < H; r++) {
-            double v = (double)xr[r] + (add ? add[r] : 0.0);
-            for (int k = 0; k < ns; k++) v += (k < K ? (double)wref[k] : gs) * y[(size_t)k * H + r];
-            xr[r] = (float)v;
-        }
     lily_status st = { 0 }, st2 = { 0 };
     char what[200];
     snprintf(what, sizeof what, "moe in one launch E=%d H=%d I=%d g%d K=%d%s%s cluster %d prefetch %d x%d", E, H, I, group, K,
