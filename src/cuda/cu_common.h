@@ -129,23 +129,6 @@ static inline int cu_q_sexp(float maxs) {
 }
 
 #define MVQ_MAX 4
-/* In-kernel L2 prefetch (LILY_CU_PFK, off until measured; cu_forward.cu's pfk_*): byte ranges of a
- * later launch's weights that a decode launch's threads request into L2 by bulk prefetches while it
- * runs (cu_pfk_issue), holding no SM room and needing no second stream, where the second stream's
- * prefetch blocks took the SM slots of the launches they meant to help (bench/RESULTS.md session
- * 21). es >= 0: an expert's range, at that stride for each expert the launch routes to; es < 0:
- * once. */
-#define CU_PFK_MAX 12 /* four matrices' codes, scales and biases */
-typedef struct {
-    const char *p[CU_PFK_MAX];        /* 16-byte aligned */
-    unsigned long long n[CU_PFK_MAX]; /* bytes, a multiple of 16 */
-    long long es[CU_PFK_MAX];
-    int nr;
-    int mode; /* 1: after the launch's staging (or its step), 2: before its wait */
-} cu_pfk;
-/* m's codes, scales and biases (routed 1: expert 0's, at m's expert strides) added to f; 0 when
- * they do not fit CU_PFK_MAX */
-int cu_pfk_add(cu_pfk *f, const dmat *m, int routed);
 /* Decode (one input row) fusions of the router group's launch, so the layer's MoE needs two
  * launches fewer (cu_matvec_group with a fuse; off with LILY_CU_FUSE=0):
  *   nw != NULL: the staged input is rmsnorm(X + add) * nw (add != NULL: the post-mixer residual
@@ -189,9 +172,6 @@ typedef struct {
     int nrc;
     dmat rc[2];
     float *rcy[2];
-    /* pfk.nr > 0 (decode, k_mvdp): ranges the launch prefetches into L2 (with rlog, es >= 0 ranges for
-     * each routed expert, after its routing) */
-    cu_pfk pfk;
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
@@ -466,8 +446,7 @@ int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const floa
  * norm (cu_matvec_gated, or cu_gated_norm, applies it); 0 where cu_gdn_dec_ok says no or with
  * LILY_CU_GDN_SPLIT=0. */
 int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
-                     const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt,
-                     const cu_pfk *pfk /* or NULL */);
+                     const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt);
 /* The same for a decode batch's n <= GDN_DEC_ROWS rows (mixed [n][2 nk dk + nv dv], bb, aa [n][nv], o
  * [n][nv dv]), each on its own session's conv state and S (R), cnt [GDN_DEC_ROWS][GDN_DEC_CNT] zeroed;
  * the gated norm left to the caller. 0 where it declines (as cu_gdn_dec_split, or n too large), and
@@ -477,8 +456,7 @@ int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int n
                           unsigned *cnt);
 /* y [W->rows] = W g(o), g the gated norm of heads of 128 (o [cols] as k_gdn_dec_split leaves it, z
  * [cols], gw [128]) applied by k_mvdp's staging: 0 (nothing launched) where k_mvdp declines. */
-int cu_matvec_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y,
-                    const cu_pfk *pfk /* or NULL */);
+int cu_matvec_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y);
 /* The delta rule step with the gated norm (z, gw) fused when the shape allows, else plain;
  * returns whether the norm was applied. */
 int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, const float *u, int cd,
@@ -585,7 +563,7 @@ int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D,
  * the down and the one-block combine, for measuring). */
 int cu_mvdp_comb_enabled(void);
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
-                 const float *hu, const float *sr, float *x, const float *add, const cu_pfk *pfk /* or NULL */);
+                 const float *hu, const float *sr, float *x, const float *add);
 /* Decode's whole MoE after the router group in one launch (k_moe_fuse, cu_moe_fuse.cu), T = 1: each
  * block routes from rlog [E] (softmax top-K, renormalized; block (0, 0) writes rsel, rwt [K]),
  * computes its share of its slot's gate|up [I][H] on t [H] in a cluster of 16 blocks a slot, its

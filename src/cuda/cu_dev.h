@@ -503,39 +503,7 @@ __device__ __forceinline__ void cu_l2_pf(const char *p, unsigned n) {
     (void)p; (void)n;
 #endif
 }
-#define CU_PFK_CHUNK 4096 /* bytes a prefetch (as cu_l2_prefetch's) */
-/* Thread u of the nt in a launch takes its share of f's chunks: chunk c of the whole list (experts
- * ex[0 .. nex) for the es >= 0 ranges, in turn) when c % nt == u; op(p, bytes) for each (the kernel
- * test counts them) */
-template <class F>
-__device__ __forceinline__ void cu_pfk_each(const cu_pfk &f, const int *ex, int nex, unsigned long long u, unsigned long long nt, F op) {
-    unsigned long long U = 0; /* chunks before the current range */
-    const int nj = ex && nex > 0 ? nex : 1;
-    for (int j = 0; j < nj; j++)
-        for (int r = 0; r < f.nr; r++) {
-            if (f.es[r] < 0 && j > 0) continue;
-            const unsigned long long nc = (f.n[r] + CU_PFK_CHUNK - 1) / CU_PFK_CHUNK;
-            const char *base = f.p[r] + (f.es[r] >= 0 && ex ? (long long)ex[j] * f.es[r] : 0);
-            for (unsigned long long c = (u + nt - U % nt) % nt; c < nc; c += nt) {
-                const unsigned long long o = c * CU_PFK_CHUNK, left = f.n[r] - o;
-                op(base + o, (unsigned)(left < CU_PFK_CHUNK ? left : CU_PFK_CHUNK));
-            }
-            U += nc;
-        }
-}
-/* the calling thread's place among the launch's (blocks over x and y) */
-__device__ __forceinline__ void cu_pfk_me(unsigned long long &u, unsigned long long &nt) {
-    const unsigned long long bt = (unsigned long long)blockDim.x * blockDim.y;
-    u = ((unsigned long long)blockIdx.y * gridDim.x + blockIdx.x) * bt + threadIdx.y * blockDim.x + threadIdx.x;
-    nt = (unsigned long long)gridDim.x * gridDim.y * bt;
-}
-/* The calling thread's share of f's prefetches (its place computed here, so that a kernel holds no
- * registers for it across its work) */
-__device__ __forceinline__ void cu_pfk_issue(const cu_pfk &f, const int *ex, int nex) {
-    unsigned long long u, nt;
-    cu_pfk_me(u, nt);
-    cu_pfk_each(f, ex, nex, u, nt, [](const char *p, unsigned n) { cu_l2_pf(p, n); });
-}
+#define CU_L2PF_CHUNK 4096 /* bytes a bulk prefetch (cu_l2_prefetch's, k_moe_fuse's) */
 
 /* The staged input of 12,288 columns (49,152 bytes) plus the chunk sums and the kernel's static
  * shared arrays is above the 48 KB a launch gets without asking. */

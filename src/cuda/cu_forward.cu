@@ -73,37 +73,6 @@ static int pf_mixer_in(const cu_layer *L, const dmat **W) {
     return 4;
 }
 
-/* In-kernel L2 prefetch (cu_pfk, LILY_CU_PFK=1 after a launch's staging or step, 2 before its wait;
- * off until measured): a launch on the decode step's path requests a later launch's weights into
- * L2 itself, where the second stream's forks (above) held SM slots. LILY_CU_PFK_PARTS, a mask: 1 a
- * DeltaNet layer's out-projection (by its step, k_gdn_dec_split), an attention layer's out-projection
- * and router group (by its in-projection), 2 a DeltaNet layer's router group (by the gated
- * DeltaNet out-projection), 4 the chosen experts' downs and the shared one (by the gate|up launch
- * that routes itself, once it has), 8 the next layer's in-projection (by the down + combine).
- * Decode of one token only. */
-static int pfk_mode(void) {
-    static int v = INT_MIN;
-    const int m = cu_env_int(&v, "LILY_CU_PFK", 0);
-    return m == 1 || m == 2 ? m : 0;
-}
-static int pfk_part(const lcuda_session *s, int T, int part) {
-    static int v = INT_MIN;
-    return T == 1 && !s->rows && pfk_mode() && (cu_env_int(&v, "LILY_CU_PFK_PARTS", 15) & part);
-}
-/* f for the n matrices (routed: each routed expert's), NULL when nothing */
-static const cu_pfk *pfk_of(cu_pfk *f, int n, const dmat *const *W, int routed) {
-    memset(f, 0, sizeof *f);
-    f->mode = pfk_mode();
-    for (int i = 0; i < n; i++)
-        if (!cu_pfk_add(f, W[i], routed)) break;
-    return f->nr ? f : NULL;
-}
-/* the router group's matrices (what an out-projection's successor reads) */
-static int pfk_router(const lcuda_session *s, const cu_layer *L, const dmat **W) {
-    W[0] = &L->router; W[1] = &L->sh_gate; W[2] = &L->sh_up; W[3] = &L->sh_router;
-    return s->m->cfg.shared_inter ? 4 : 1;
-}
-
 /* Whether xpx holds X packed for the GEMM about to read X (the producer's _p form wrote it: no
  * k_xp_pack launch). A GEMM that packs its own input into xpx ends that (xp_used). Prefill's three
  * a layer that go this way: the norms' t (in-projection, experts, shared expert) and the gated
@@ -171,25 +140,24 @@ static void proj_group(lcuda_session *s, int n, const dmat *const *W, const floa
 }
 
 /* one row's products W x with the norm a folded combine left (s->fold_nw) staged by the launch */
-static void fold_matvec(lcuda_session *s, int n, const dmat *const *W, float *const *Y, const cu_pfk *pfk = NULL) {
+static void fold_matvec(lcuda_session *s, int n, const dmat *const *W, float *const *Y) {
     LILY_ASSERT(s->fold_nw && n <= MVQ_MAX);
     mvq_fuse fu;
     memset(&fu, 0, sizeof fu);
     fu.nw = s->fold_nw; fu.eps = (float)s->m->cfg.eps; fu.tout = s->t;
-    if (pfk) fu.pfk = *pfk;
     cu_matvec_group(s->st, n, W, s->x, NULL, s->m->cfg.hidden, Y, NULL, NULL, 1, 1, &fu);
     s->fold_nw = NULL;
 }
 /* A mixer's input projections of t. After a folded combine (s->fold_nw, decode) x holds the
  * layer's input before its norm: the launch normalizes it while staging (mvq_fuse.nw; every
  * matrix-vector kernel but k_mvtc, which declines, does) and writes t, as the combine did. */
-static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y, const cu_pfk *pfk = NULL) {
+static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y) {
     if (!s->fold_nw) {
         proj_group(s, n, W, s->t, s->m->cfg.hidden, T, Y);
         return;
     }
     LILY_ASSERT(T == 1);
-    fold_matvec(s, n, W, Y, pfk);
+    fold_matvec(s, n, W, Y);
 }
 /* Whether L's input projections (L NULL: the lm_head) can take the norm that a folded combine
  * leaves to them: the one-row matrix-vector kernels (proj_group's condition for one row) */
@@ -225,10 +193,7 @@ static int gdn_in(lcuda_session *s, const cu_layer *L, int li) {
 static void gdn_out_gated(lcuda_session *s, const cu_layer *L) {
     const lily_config *c = &s->m->cfg;
     static int fold = -1; /* LILY_CU_GATED_FOLD=0: the norm's own launch, for measuring */
-    cu_pfk pf;
-    const dmat *RW[4];
-    const cu_pfk *pfk = pfk_part(s, 1, 2) ? pfk_of(&pf, pfk_router(s, L, RW), RW, 0) : NULL;
-    if (cu_env_flag(&fold, "LILY_CU_GATED_FOLD", 1) && cu_matvec_gated(s->st, &L->out, s->o, s->zb, L->gnorm, (float)c->eps, s->y, pfk))
+    if (cu_env_flag(&fold, "LILY_CU_GATED_FOLD", 1) && cu_matvec_gated(s->st, &L->out, s->o, s->zb, L->gnorm, (float)c->eps, s->y))
         s->y2 = NULL;
     else {
         cu_gated_norm(s->st, s->o, s->zb, L->gnorm, 1, c->lin_nv, c->lin_dv, (float)c->eps);
@@ -283,10 +248,8 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         return;
     }
     float *conv = s->conv + (size_t)li * s->conv_n, *S = s->S + (size_t)li * s->S_n;
-    cu_pfk pf;
-    const dmat *PW[1] = { &L->out };
     if (T == 1 && cu_gdn_dec_split(q, c->lin_nk, nv, c->lin_dk, c->lin_dv, c->conv_k, s->mixed, conv, L->conv_w, s->bb, s->aa,
-                                   L->A_log, L->dt_bias, S, s->o, s->fcount + 2, pfk_part(s, T, 1) ? pfk_of(&pf, 1, PW, 0) : NULL)) {
+                                   L->A_log, L->dt_bias, S, s->o, s->fcount + 2)) {
         /* o before its gated norm: the out-projection's staging applies it, or a launch of its own */
         PM(s, "gdn conv+norm+gates + delta rule");
         gdn_out_gated(s, L);
@@ -325,12 +288,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     const dmat *W[3] = { &L->q, &L->k, &L->v };
     float *Y[3] = { s->qg, s->kb, s->vb };
-    /* LILY_CU_PFK part 1 for an attention layer: its in-projection prefetches the out-projection and
-     * the router group (the attention launches between are small) */
-    cu_pfk pf;
-    const dmat *PW[5] = { &L->o };
-    const int npw = 1 + pfk_router(s, L, PW + 1);
-    proj_in(s, 3, W, T, Y, pfk_part(s, T, 1) ? pfk_of(&pf, npw, PW, 0) : NULL);
+    proj_in(s, 3, W, T, Y);
     pf_layer(s, L, T, 1);
     s->xp_src = NULL;
     PM(s, "attn in-proj q|k|v");
@@ -531,11 +489,6 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
                 xd.xm[0] = L->sh_down; xd.xrow = K;
             }
             if (route) { xg.rlog = route == 1 ? s->rl : NULL; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
-            if (route == 1 && pfk_part(s, T, 4)) { /* the downs, once the launch has routed */
-                xg.pfk.mode = pfk_mode();
-                cu_pfk_add(&xg.pfk, &L->down, 1);
-                if (shx) cu_pfk_add(&xg.pfk, &L->sh_down, 0);
-            }
             if (route == 2) { /* the staged input rmsnorm(x + add) * ln2, t written by block (0, 0) */
                 xg.nrc = SI ? 2 : 1;
                 xg.rc[0] = L->router; xg.rc[1] = L->sh_router;
@@ -550,11 +503,8 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
              * measuring) */
             /* (not after the router in the gate|up launch, route 2: k_mvdp_comb reads the shared
              * expert's gate before its wait, and that launch, just before, writes it) */
-            cu_pfk pf;
-            const dmat *NW[4];
-            const cu_pfk *pfk = next && pfk_part(s, T, 8) ? pfk_of(&pf, pf_mixer_in(next, NW), NW, 0) : NULL;
             if (T == 1 && (shx || !SI) && route != 2 && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
-                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add, pfk)) {
+                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
                 s->fold_nw = nw;
                 s->xp_src = NULL;
                 PM(s, "moe experts swiglu+down + combine");

@@ -411,8 +411,7 @@ int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const floa
 __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
                                                        const float *__restrict__ cw, const float *__restrict__ bb,
                                                        const float *__restrict__ aa, const float *__restrict__ A_log,
-                                                       const float *__restrict__ dt_bias, float *S, float *__restrict__ o, unsigned *cnt,
-                                                       cu_pfk pfk, cu_rows R) {
+                                                       const float *__restrict__ dt_bias, float *S, float *__restrict__ o, unsigned *cnt, cu_rows R) {
     __shared__ float qs[4 * 36], ks[4 * 36], vsh[32], red[8];
     __shared__ int last;
     const int dk = 128, dv = 128, tid = threadIdx.x, warp = tid / WARP;
@@ -447,7 +446,6 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     }
     const float wlq = cw[(size_t)cq * K + K - 1], wlk = cw[(size_t)ck * K + K - 1], wlv = cv >= 0 ? cw[(size_t)cv * K + K - 1] : 0.f;
     const float alog = A_log[h], dtb = dt_bias[h];
-    if (pfk.nr && pfk.mode == 2) cu_pfk_issue(pfk, NULL, 0); /* (the next launch's weights: LILY_CU_PFK) */
     CU_PDL();
     const float iq = mixed[cq], ik = mixed[ck], iv = cv >= 0 ? mixed[cv] : 0.f, bh = bb[h], ah = aa[h];
     float aq = 0.f, ak = 0.f, av = 0.f;
@@ -484,7 +482,6 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     if (p == 0) o[(size_t)h * dv + jj] = out;
 #pragma unroll
     for (int i = 0; i < 32; i++) Sh[(size_t)(p * 32 + i) * dv + jj] = sr[i];
-    if (pfk.nr && pfk.mode == 1) cu_pfk_issue(pfk, NULL, 0);
     if (cv >= 0 && K > 1) gdn_conv_shift(state, cv, K, sv, iv); /* the block's own value channels */
     if (tid == 0) {
         last = ticket == (unsigned)(ratio * GDN_SPLIT) - 1;
@@ -497,8 +494,7 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     }
 }
 int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
-                     const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt,
-                     const cu_pfk *pfk) {
+                     const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt) {
     static int on = -1, pad = INT_MIN;
     if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) || !cnt) return 0;
     /* 60,000 bytes of shared memory a block that it does not use: at most three blocks an SM, where the
@@ -509,11 +505,9 @@ int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, cons
     const size_t sm = pad > 0 && pad <= 160 * 1024 ? (size_t)pad : 0;
     if (sm > 48 * 1024 && !opted)
         opted = cudaFuncSetAttribute(k_gdn_dec_split, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
-    cu_pfk none;
-    memset(&none, 0, sizeof none);
     cu_rows nr;
     memset(&nr, 0, sizeof nr);
-    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, pfk ? *pfk : none, nr);
+    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, nr);
     return 1;
 }
 /* A decode batch's rows in one launch (grid z the row), where k_gdn_rec128 ran 32 blocks a row with 64
@@ -526,9 +520,7 @@ int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int n
     if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT_ROWS", 0) || !cu_env_flag(&sp, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
         !cnt || !R || !R->pos || n < 1 || n > GDN_DEC_ROWS)
         return 0;
-    cu_pfk none;
-    memset(&none, 0, sizeof none);
-    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, none, *R);
+    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, *R);
     return 1;
 }
 

@@ -231,7 +231,7 @@ void cu_argmax(cudaStream_t s, const float *logits, int V, int *out, float *part
 
 /* ---- L2 prefetch (cu_l2_prefetch) ---- */
 #define PF_MAX 21 /* regions: three (codes, scales, biases) for each of up to seven matrices */
-#define PF_CHUNK CU_PFK_CHUNK /* bytes a bulk prefetch */
+#define PF_CHUNK CU_L2PF_CHUNK /* bytes a bulk prefetch */
 typedef struct {
     int mode;                    /* LILY_CU_PF_MODE (measuring): 0 bulk, 1 a line at a time evict_last, 2 a line */
     const char *p[PF_MAX];       /* region start (16-byte aligned) */
@@ -321,20 +321,6 @@ void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const fl
     LILY_ASSERT(E <= 8 * WARP && K <= WARP);
     l2_prefetch(s, n, W, NULL, 0, rlog, E, K);
 }
-int cu_pfk_add(cu_pfk *f, const dmat *m, int routed) {
-    const char *p[3];
-    unsigned long long n[3];
-    long long es[3];
-    const int k = mat_regions(m, p, n, es);
-    for (int j = 0; j < k; j++) {
-        if (f->nr >= CU_PFK_MAX) return 0;
-        f->p[f->nr] = p[j];
-        f->n[f->nr] = n[j];
-        f->es[f->nr++] = routed ? es[j] : -1;
-    }
-    return 1;
-}
-
 /* LILY_CU_ROUTE_FUSED=0: decode's top-k in its own launch again, for measuring */
 int cu_route_fused(void) {
     static int on = -1;

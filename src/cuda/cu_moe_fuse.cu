@@ -43,14 +43,14 @@ typedef struct {
     mvq_args st;            /* dp_stage's: no norm, no add (t is normed already) */
 } mf_args;
 
-/* [p, p + n) into L2 (the 16-byte units inside it: the emulator faults any other), a CU_PFK_CHUNK a
+/* [p, p + n) into L2 (the 16-byte units inside it: the emulator faults any other), a CU_L2PF_CHUNK a
  * thread from thread t0 on; returns the next free thread (chunks past the block's threads are left) */
 static __device__ __forceinline__ int mf_pf(const char *p, size_t n, int t0) {
     const uintptr_t s = ((uintptr_t)p + 15) & ~(uintptr_t)15, e = ((uintptr_t)p + n) & ~(uintptr_t)15;
-    const int nc = e > s ? (int)((e - s + CU_PFK_CHUNK - 1) / CU_PFK_CHUNK) : 0, c = (int)threadIdx.x - t0;
+    const int nc = e > s ? (int)((e - s + CU_L2PF_CHUNK - 1) / CU_L2PF_CHUNK) : 0, c = (int)threadIdx.x - t0;
     if (c >= 0 && c < nc) {
-        const uintptr_t o = s + (uintptr_t)c * CU_PFK_CHUNK;
-        cu_l2_pf((const char *)o, (unsigned)(e - o < CU_PFK_CHUNK ? e - o : CU_PFK_CHUNK));
+        const uintptr_t o = s + (uintptr_t)c * CU_L2PF_CHUNK;
+        cu_l2_pf((const char *)o, (unsigned)(e - o < CU_L2PF_CHUNK ? e - o : CU_L2PF_CHUNK));
     }
     return t0 + nc;
 }

@@ -179,7 +179,6 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         if (!xsl) rc_fetch<CL>(a.f, cols, ng, (unsigned char *)(dxs + (size_t)ng * DP_G4), rsr, rbr);
     float n0[8];
     dp_nw0(a, cols, n0);
-    if (a.f.pfk.nr && a.f.pfk.mode == 2 && !a.f.rlog) cu_pfk_issue(a.f.pfk, NULL, 0); /* (its own first codes went first) */
     CU_PDL();
     if (LILY_DP_RAWSB && have) {
 #pragma unroll
@@ -232,9 +231,6 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         }
         dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
         CU_MARK(0);
-        /* after the staging, whose L2 reads would wait behind the prefetches' misses (session 25); with
-         * rlog the routed experts' ranges (rs: dp_stage's barrier published it) */
-        if (a.f.pfk.nr && (a.f.rlog || a.f.pfk.mode == 1)) cu_pfk_issue(a.f.pfk, a.f.rlog ? rs : NULL, a.f.rlog ? a.f.K : 0);
         if (a.f.rlog) { /* (a token's first slot's block 0 writes the token's choice) */
             if (blockIdx.x == 0 && !xsl && slot % a.f.K == 0 && (int)threadIdx.x < a.f.K) {
                 a.f.rsel[slot + threadIdx.x] = rs[threadIdx.x];
@@ -409,11 +405,10 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     return 1;
 }
 
-int cu_matvec_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y, const cu_pfk *pfk) {
+int cu_matvec_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y) {
     if (!z || !gw) return 0;
     mvq_args a;
     memset(&a, 0, sizeof a);
-    if (pfk) a.f.pfk = *pfk;
     a.n = 1;
     a.m[0] = *W;
     a.y[0] = y;

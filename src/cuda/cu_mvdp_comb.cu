@@ -31,7 +31,6 @@ typedef struct {
     const float *add;     /* [H] the mixer's output, not yet added (the fused router group's), or NULL */
     int K, ns;            /* routed slots, all slots */
     int epf;              /* an expert's first codes fetched before the staging (LILY_CU_FOLD_EPF=1, for measuring) */
-    cu_pfk pfk;           /* ranges the launch prefetches into L2 (the next layer's in-projection), or none */
 } dpc_args;
 
 /* a warp's own input silu(g) * u [cols] into xs (dp_put), DPC_BUF words a lane loaded at once */
@@ -98,7 +97,6 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
         x0 = a.add ? a.x[row] + a.add[row] : a.x[row]; /* (x + add) first, as the combine */
         if (a.ns > a.K) gs = sigm_f(a.sr[0]);
     }
-    if (a.pfk.nr && a.pfk.mode == 2) cu_pfk_issue(a.pfk, NULL, 0);
     CU_PDL(); /* sel, wt and the inputs come from the experts' gate|up launch */
     if (!shs) {
         t = dp_rows_at<R, 4>(a.m, a.sel[slot], row0 + rib * R);
@@ -111,7 +109,6 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
     dp_stage_warp(a.hg + (size_t)slot * I, a.hu + (size_t)slot * I, I, xs);
     __syncwarp();
     CU_MARK(0);
-    if (a.pfk.nr && a.pfk.mode == 1) cu_pfk_issue(a.pfk, NULL, 0);
     const dmat &m = shs ? a.ms : a.m;
     int rsel;
     const float acc = dp_tile<LPR, R, SBT, 4, 1>(t, SBT >= 0 ? SBT : m.sbt, I / m.group, ng, nrow16, sub, xs, have, c, sc, bi, rsel);
@@ -147,7 +144,7 @@ int cu_mvdp_comb_enabled(void) {
 }
 
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel, const float *wt, int K, const float *hg,
-                 const float *hu, const float *sr, float *x, const float *add, const cu_pfk *pfk) {
+                 const float *hu, const float *sr, float *x, const float *add) {
     const int ns = K + (SDm != NULL), I = D->cols, ng = I / 64;
     const size_t sm = (size_t)ns * dp_smem(I);
     if (!mvdp_enabled() || K < 1 || ns > DPC_MAXS || I % 64 || !dp_fits(D, I, 4) || sm > MVQ_SMEM || ((uintptr_t)hg & 15) ||
@@ -160,7 +157,6 @@ int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel,
     a.ms = SDm ? *SDm : *D;
     a.sel = sel; a.wt = wt; a.sr = sr; a.hg = hg; a.hu = hu; a.x = x; a.add = add;
     a.K = K; a.ns = ns;
-    if (pfk) a.pfk = *pfk;
     static int epf = -1;
     a.epf = cu_env_flag(&epf, "LILY_CU_FOLD_EPF", 0);
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;

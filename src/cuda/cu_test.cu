@@ -500,7 +500,7 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     if (!rc) {
         cu_mvdp_test_r(dp);
         if (dgz) {
-            if (!cu_matvec_gated(0, dpp[0], ddx, dgz, dgw, nm->eps, dy[0], NULL)) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_matvec_gated declined");
+            if (!cu_matvec_gated(0, dpp[0], ddx, dgz, dgw, nm->eps, dy[0])) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_matvec_gated declined");
         } else cu_matvec_group(0, n, dpp, ddx, ddx2, cols, dy, ld, ds, xdiv, ns, XM || nm || rt ? &fu : NULL);
         cu_mvdp_test_r(0);
     }
@@ -609,7 +609,7 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
     float *dhu = (float *)dput(&L, hu, (size_t)ns * I * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
     float *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
     for (int i = 0; !rc && i < reps; i++)
-        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da, NULL))
+        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da))
             rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     rc = finish(st, rc);
     if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
@@ -657,7 +657,7 @@ lily_code lct_moe_fuse(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E,
         fu.rlog = dlg; fu.E = E; fu.K = K; fu.rsel = dsel; fu.rwt = dwt;
         if (sh) { fu.xslot = K; fu.xm[0] = dsg; fu.xm[1] = dsu; fu.xrow = 0; }
         cu_matvec_group(0, 2, W, dt, NULL, H, Y, ld, dsel, K, ns, &fu);
-        if (!cu_mvdp_comb(0, &dd, sh ? &dsd : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da, NULL))
+        if (!cu_mvdp_comb(0, &dd, sh ? &dsd : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da))
             rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     }
     cu_moe_fuse_test_cl(0);
@@ -775,7 +775,7 @@ lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *
         const float *m = dm + (size_t)t * cd, *b = db + (size_t)t * nv, *a = da + (size_t)t * nv, *zt = dz + (size_t)t * vd;
         float *ot = dout + (size_t)t * vd;
         if (fused == 2) {
-            if (!cu_gdn_dec_split(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, dc, NULL))
+            if (!cu_gdn_dec_split(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, dc))
                 rc = lily_err(st, LILY_EINVAL, "cu_gdn_dec_split declined");
             else cu_gated_norm(0, ot, zt, dgw, 1, nv, dv, eps);
         } else if (fused) cu_gdn_dec(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, zt, dgw, eps, dc);
@@ -830,52 +830,6 @@ lily_code lct_gdn_in(int warps, const lw_mat *W, int nk, int nv, int K, const fl
     if (!rc && nw) rc = dget(tout, dt, (size_t)cols * 4, st);
     dfree(&L);
     lcuda_model_free(m);
-    return rc;
-}
-
-/* cu_pfk_each's cover of a list of ranges: each 16-byte unit counted as often as the ranges (each
- * routed expert's) hold it */
-__global__ void k_pfk_count(cu_pfk f, const int *ex, int nex, const char *buf, unsigned *cnt) {
-    unsigned long long u, nt;
-    cu_pfk_me(u, nt);
-    cu_pfk_each(f, ex, nex, u, nt, [&](const char *p, unsigned n) {
-        for (unsigned o = 0; o < n; o += 16) atomicAdd(&cnt[(p + o - buf) / 16], 1u);
-    });
-}
-lily_code lct_pfk_cover(int blocks, int threads, int routed, long long *bad, lily_status *st) {
-    enum { B = 1 << 20, NR = 6 };
-    static const unsigned long long off[NR] = { 0, 4096, 12288, 20480, 100000, 131072 }, n[NR] = { 16, 4096, 4112, 65552, 30000, 4080 };
-    static const long long es[NR] = { -1, 160000, -1, 160000, 160000, -1 };
-    const int ex[3] = { 2, 0, 5 }, nex = routed ? 3 : 0;
-    dlist L = { {0}, 0 };
-    lily_code rc = LILY_OK;
-    char *buf = (char *)dput(&L, NULL, B, st, &rc);
-    unsigned *cnt = (unsigned *)dput(&L, NULL, B / 16 * 4, st, &rc);
-    int *dex = (int *)dput(&L, ex, sizeof ex, st, &rc);
-    if (!rc && cudaMemset(cnt, 0, B / 16 * 4) != cudaSuccess) rc = lily_err(st, LILY_EDEVICE, "cudaMemset");
-    cu_pfk f;
-    memset(&f, 0, sizeof f);
-    f.nr = NR;
-    for (int r = 0; r < NR && !rc; r++) {
-        f.p[r] = buf + off[r];
-        f.n[r] = n[r];
-        f.es[r] = routed ? es[r] : -1;
-    }
-    if (!rc) cu_go(k_pfk_count, blocks, threads, 0, 0)(f, routed ? dex : NULL, nex, buf, cnt);
-    rc = finish(st, rc);
-    unsigned *got = (unsigned *)malloc(B / 16 * 4), *want = (unsigned *)calloc(B / 16, 4);
-    if (!rc && (!got || !want)) rc = lily_err(st, LILY_ENOMEM, "out of memory");
-    if (!rc) rc = dget(got, cnt, B / 16 * 4, st);
-    for (int j = 0; !rc && j < (routed ? nex : 1); j++)
-        for (int r = 0; r < NR; r++) {
-            if (f.es[r] < 0 && j > 0) continue;
-            const unsigned long long b = off[r] + (f.es[r] >= 0 ? (unsigned long long)ex[j] * f.es[r] : 0);
-            for (unsigned long long o = 0; o < n[r]; o += 16) want[(b + o) / 16]++;
-        }
-    *bad = 0;
-    for (size_t i = 0; !rc && i < B / 16; i++) *bad += got[i] != want[i];
-    free(got); free(want);
-    dfree(&L);
     return rc;
 }
 

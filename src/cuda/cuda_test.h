@@ -71,19 +71,15 @@ lily_code lct_attention_split(const float *q, const float *qg, const float *kc, 
 typedef struct { uint16_t *xp, *xp_ref; int packed; } lct_packed;
 lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, lct_packed *pk,
                          lily_status *st);
+/* Y [T][W.rows] = W g(O_t) through k_mvdpt's staged gated norm (cu_mvdpt_gated): g of heads of 128
+ * columns, O_t rmsnorm'd (eps) times gw [128] times silu(Z_t); an error where it declines. */
+lily_code lct_matvec_rows_gated(const lw_mat *W, const float *O, const float *Z, const float *gw, float eps, int T, float *Y,
+                                lily_status *st);
 /* The grouped matrix-vector product for T input rows (cu_matvec_rows): n <= 4 matrices of
  * equal cols (4/8-bit), X [T][cols], X2 NULL or [T][cols] (then the input is silu(X) * X2),
  * Y[i] [T][W[i].rows]. kern 0: the kernels cu_matvec_rows picks, 1: without k_mvdpb (k_mvqb),
  * 2: k_mvdpb alone (an error where it declines), 3: its other form (LILY_CU_MVDPB_PF=1), 4: k_mvdpt
  * (the int8 tensor-core form) alone. */
-/* The in-kernel L2 prefetch's split of its ranges over a launch's threads (cu_pfk_each): *bad gets
- * the 16-byte units of a fixed list of odd-sized ranges (routed: some of them for three experts)
- * that blocks x threads did not take exactly as often as the list holds them. */
-lily_code lct_pfk_cover(int blocks, int threads, int routed, long long *bad, lily_status *st);
-/* Y [T][W.rows] = W g(O_t) through k_mvdpt's staged gated norm (cu_mvdpt_gated): g of heads of 128
- * columns, O_t rmsnorm'd (eps) times gw [128] times silu(Z_t); an error where it declines. */
-lily_code lct_matvec_rows_gated(const lw_mat *W, const float *O, const float *Z, const float *gw, float eps, int T, float *Y,
-                                lily_status *st);
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
                           lily_status *st);
 /* Decode's grouped matrix-vector launch (cu_matvec_group) in slot mode: n <= 4 matrices of equal

@@ -270,18 +270,6 @@ int main(int argc, char **argv) {
         test_matvec_rows_gated(pool, 45, small ? 512 : 4096, 13, 0);
         test_matvec_rows_gated(pool, 33, 1024, 3, 1);
     }
-    { /* the in-kernel L2 prefetch's ranges over a launch's threads: every chunk taken once (more
-       * threads than chunks, fewer, one warp; ranges of one or a few experts) */
-        static const int bt[4][2] = { { 1, 32 }, { 3, 96 }, { 37, 128 }, { 400, 256 } };
-        for (int i = 0; i < 8; i++) {
-            lily_status st = { 0 };
-            long long bad = -1;
-            char what[96];
-            snprintf(what, sizeof what, "l2 prefetch cover %dx%d%s (16-byte units off)", bt[i % 4][0], bt[i % 4][1], i >= 4 ? " routed" : "");
-            if (lct_pfk_cover(bt[i % 4][0], bt[i % 4][1], i >= 4, &bad, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
-            else report(what, (double)bad, 0.5);
-        }
-    }
     { /* decode's grouped launches (k_mvdp and the kernels it stands beside): DeltaNet's in-projection,
        * the experts' gate|up and down with the shared expert riding along, an out-projection, odd
        * widths (one group a row, three, 24 over 16 lanes), groups of 128, f16 and f32 scales */

@@ -1,7 +1,7 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench batch variants ncu chain clusters batchtc pfk moefuse   (default: build check kernels model bench batch)
+#   stages: build fixtures check kernels model bench batch variants ncu chain clusters batchtc base moefuse   (default: build check kernels model bench batch)
 #   clusters: decode's two cluster forms, off by default (docs/cuda.md, bench/RESULTS.md session 28): the 35B-width
 #          model comparison with LILY_CU_GDN_IN=1, then with LILY_CU_ROUTE_CL=1 too (after the model stage, which
 #          makes /tmp/lily-m4), and lily-bench tg128,tg128@4096 as is, with LILY_CU_GDN_IN=1 (16 warps a block) and
@@ -18,11 +18,8 @@
 #          (LILY_CU_BATCH_ROUTE=1) and the split DeltaNet step over the rows (LILY_CU_GDN_SPLIT_ROWS=1), with each of
 #          the latter two alone, and with the GEMMs past 8 rows (LILY_CU_BATCH_MV=8), in turn, twice; then --profile
 #          of x8 and x16 with all three
-#   pfk: decode's in-kernel L2 prefetch of later launches' weights (LILY_CU_PFK, off by default, bench/RESULTS.md
-#          session 29): the 35B-width model comparison with LILY_CU_PFK=2, then lily-bench tg128,tg128@4096 as is,
-#          with LILY_CU_PFK=1, =2, =2 without the second stream's fork (LILY_CU_PREFETCH=0), =2 with only the next
-#          in-projection (LILY_CU_PFK_PARTS=8) and only the experts' downs (4), in turn, twice; with bin/lily-bench-base
-#          (an earlier commit's lily-bench, packed as EXTRA) the defaults against it too
+#   base:  lily-bench tg128,tg128@4096 as is and as bin/lily-bench-base (an earlier commit's, packed as EXTRA), in
+#          turn, twice: the default path against that commit on the same GPU
 #   chain: bench/micro/chain.cu, a synthetic 35B-A3B token as one persistent kernel (direct loads, rings of bulk
 #          copies, launches in a graph; docs/cuda.md "Persistent decode"), at full size and at one row a block
 #   batch: decode batches (lcuda_forward_batch): lily-bench tg32xB@1024 for B = 1, 2, 4, 8, 16 and
@@ -58,17 +55,11 @@ for stage in $stages; do
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
     done ;;
-  pfk)
-    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
-    LILY_CU_PFK=2 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_pfk.log" 2>&1 || fail=1
-    echo "model (LILY_CU_PFK=2): $(tail -1 "$OUT/model_pfk.log")"
-    # (BASE: bin/lily-bench-base where packed, an earlier commit's lily-bench: the default path against it)
+  base)
+    [ -x "$BIN/lily-bench-base" ] || { echo "base: no bin/lily-bench-base packed"; fail=1; continue; }
     for r in 1 2; do
-      for v in X=1 BASE LILY_CU_PFK=1 LILY_CU_PFK=2 "LILY_CU_PFK=2 LILY_CU_PREFETCH=0" "LILY_CU_PFK=2 LILY_CU_PFK_PARTS=8" \
-               "LILY_CU_PFK=2 LILY_CU_PFK_PARTS=4"; do
-        b=lily-bench
-        if [ "$v" = BASE ]; then [ -x "$BIN/lily-bench-base" ] || continue; b=lily-bench-base; v=X=1; fi
-        echo "$v $b (round $r): $(env ${v//,/ } "$BIN/$b" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
+      for b in lily-bench lily-bench-base; do
+        echo "$b (round $r): $("$BIN/$b" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
     done ;;
