@@ -116,17 +116,23 @@ kernel_test "--small, LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 LILY_CU_ARGMAX1=0" LILY
 # attention where k_attn_tc takes the 35B-A3B heads
 kernel_test "--small, LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0" LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 -- --small --seed "$seed"
 # decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
-# alone; in a random order of blocks, warps and lanes (the rows are a grid dimension)
-kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
-# the same with the batches' dense products on the int8 tensor cores (k_mvdpt, LILY_CU_MVDPT=1), each
-# token's routing in the experts' gate|up launch (LILY_CU_BATCH_ROUTE=1) and the split DeltaNet step over
-# the rows (LILY_CU_GDN_SPLIT_ROWS=1), all off by default until measured; k_mvdpt and the split step
-# required to have run
-kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1 LILY_CU_MVQ_BLOCKS=3, blocks in a random order" \
-  LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1 LILY_CU_MVQ_BLOCKS=3 LILY_EMU_ORDER=random \
+# alone; in a random order of blocks, warps and lanes (the rows are a grid dimension). By default
+# the DeltaNet step runs split over the rows (k_gdn_dec_split) and each token routes itself in the
+# experts' gate|up launch: the split step required to have run
+kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_STATS=kernels LILY_EMU_ORDER=random \
+  LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
+grep -q '^lily emu: kernel k_gdn_dec_split: ' "$tmp/kt.log" || bad "emulated cuda-kernel-test --batch ran no k_gdn_dec_split"
+# the same with the dense products on the int8 tensor cores at every row count (k_mvdpt,
+# LILY_CU_MVDPT=1; by default from 8 rows), three blocks a launch; k_mvdpt required to have run
+kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3, blocks in a random order" \
+  LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3 LILY_EMU_ORDER=random \
   LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
 grep -q '^lily emu: kernel k_mvdpt<' "$tmp/kt.log" || bad "emulated cuda-kernel-test --batch with LILY_CU_MVDPT=1 ran no k_mvdpt"
-grep -q '^lily emu: kernel k_gdn_dec_split: ' "$tmp/kt.log" || bad "emulated cuda-kernel-test --batch with LILY_CU_GDN_SPLIT_ROWS=1 ran no k_gdn_dec_split"
+# and the older forms kept for measuring and as the fallbacks: k_mvdpb at every row count, the
+# top-k launch, the DeltaNet step in two launches (k_gdn_prep1 then the recurrence)
+kernel_test "--small --batch, LILY_CU_MVDPT=0 LILY_CU_BATCH_ROUTE=0 LILY_CU_GDN_SPLIT_ROWS=0" \
+  LILY_CU_MVDPT=0 LILY_CU_BATCH_ROUTE=0 LILY_CU_GDN_SPLIT_ROWS=0 LILY_EMU_ORDER=random \
+  LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
 # the GPU sampler (cu_sample.cu) against the CPU sampler for the same uniform draw: every
 # option at small vocabularies and the real 248,320, and the draw statistics (chi-square)
 kernel_test "--sampling --small --seed $seed" -- --sampling --small --seed "$seed"

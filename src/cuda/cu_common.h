@@ -279,10 +279,10 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
 int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
              const int *ldy);
 /* The same on the int8 tensor cores (k_mvdpt, cu_mvdpt.cu), 1 to 16 rows a pass; cu_mvdpb takes it
- * first with LILY_CU_MVDPT=1 */
+ * first for the batches cu_mvdpt_on(T) names (8 rows or more; LILY_CU_MVDPT=N) */
 int cu_mvdpt(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
              const int *ldy);
-int cu_mvdpt_enabled(void);
+int cu_mvdpt_on(int T);
 /* y [T][W->rows] = W g(o_t), g the gated norm of heads of 128 columns (o, z [T][W->cols], gw [128], eps) applied
  * by k_mvdpt's staging; 0 (nothing launched) where it declines */
 int cu_mvdpt_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, int T, float *y);
@@ -450,7 +450,7 @@ int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, cons
 /* The same for a decode batch's n <= GDN_DEC_ROWS rows (mixed [n][2 nk dk + nv dv], bb, aa [n][nv], o
  * [n][nv dv]), each on its own session's conv state and S (R), cnt [GDN_DEC_ROWS][GDN_DEC_CNT] zeroed;
  * the gated norm left to the caller. 0 where it declines (as cu_gdn_dec_split, or n too large), and
- * unless LILY_CU_GDN_SPLIT_ROWS=1 (off until measured). */
+ * with LILY_CU_GDN_SPLIT_ROWS=0 (for measuring; on, +1.5-3% tok/s at 2-16 rows on an H100). */
 int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int dk, int dv, int K, const float *mixed,
                           const float *cw, const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *o,
                           unsigned *cnt);

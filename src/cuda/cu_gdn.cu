@@ -517,7 +517,7 @@ int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int n
                           const float *cw, const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *o,
                           unsigned *cnt) {
     static int on = -1, sp = -1;
-    if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT_ROWS", 0) || !cu_env_flag(&sp, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
+    if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT_ROWS", 1) || !cu_env_flag(&sp, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
         !cnt || !R || !R->pos || n < 1 || n > GDN_DEC_ROWS)
         return 0;
     cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, *R);

@@ -130,7 +130,7 @@ int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const 
     const int pf = cu_env_flag(&pfe, "LILY_CU_MVDPB_PF", 0) || test_off < 0;
     if (!cu_env_flag(&on, "LILY_CU_MVDPB", 1) || test_off > 0 || !mvdp_enabled() || n < 1 || n > MVQ_MAX || T < 2) return 0;
     /* the tensor-core form first (cu_mvdpt.cu), until measured only when asked */
-    if (test_off == 0 && cu_mvdpt_enabled() && cu_mvdpt(s, n, W, X, X2, ldx, T, Y, ldy)) return 1;
+    if (test_off == 0 && cu_mvdpt_on(T) && cu_mvdpt(s, n, W, X, X2, ldx, T, Y, ldy)) return 1;
     const int cols = W[0]->cols, bits = W[0]->bits, ng = cols / 64;
     if (cols % 64 || (bits != 4 && bits != 8) || ng < 8 || ldx % 4 || ((uintptr_t)X & 15) || ((uintptr_t)X2 & 15)) return 0;
     for (int i = 0; i < n; i++)

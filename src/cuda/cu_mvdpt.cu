@@ -28,7 +28,7 @@
  * B loads of a quarter-warp, rows 2i and 2i + 1, hit 32 distinct banks), then [NW][16 x 8NB]
  * floats of partial sums.
  *
- * Off unless LILY_CU_MVDPT=1 (not yet measured on the GPU); the kernel test runs it alone. */
+ * Batches of 8 rows or more take it (cu_mvdpt_on); the kernel test runs it alone too. */
 #include "cuda/cu_dev.h"
 #include "cuda/cu_mvdp.h"
 
@@ -217,10 +217,14 @@ static void mvdpt_go(cudaStream_t s, const mvq_args &a, const float *X, const fl
     cu_go(k_mvdpt<BITS, NB, NW>, dim3(gx), NW * WARP, sm, s)(a, X, X2, ldx, T, gb);
 }
 
-/* LILY_CU_MVDPT=1: decode batches take k_mvdpt (cu_mvdpb first, the gated out-projection) */
-int cu_mvdpt_enabled(void) {
-    static int on = -1;
-    return cu_env_flag(&on, "LILY_CU_MVDPT", 0);
+/* Whether a decode batch of T rows takes k_mvdpt (cu_mvdpb first, the gated out-projection):
+ * LILY_CU_MVDPT=N from N rows on (0 never), 8 by default. Measured on an H100 (bench/RESULTS.md
+ * session 31): 8 rows +12%, 12 +17%, 16 +23% tok/s; 4 rows even; 2 rows -9% (likely the mma's 8-row
+ * B tile, three quarters zeros at 2 rows, against k_mvdpb's dp4a a row). */
+int cu_mvdpt_on(int T) {
+    static int from = INT_MIN;
+    const int n = cu_env_int(&from, "LILY_CU_MVDPT", 8);
+    return n > 0 && T >= n;
 }
 
 static int mvdpt_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
