@@ -12,12 +12,11 @@
 #          block's down rows prefetched into L2 once routed) and with the settings in MF_MORE (space-separated, a comma
 #          joining variables; default: its gate|up rows and the shared slot's prefetched too, LILY_CU_MOE_PF=7), in
 #          turn, twice; then, with MF_PROFILE set, --profile with it
-#   batchtc: the decode batches' dense products on the int8 tensor cores (k_mvdpt, LILY_CU_MVDPT=1, off by default,
-#          bench/RESULTS.md session 29): cuda-kernel-test --batch and the cuda test_batch / test_beside with it on, then
-#          lily-bench tg32x{1,2,4,8,12,16}@1024 as is, with it, with it and each token routed in the gate|up launch
-#          (LILY_CU_BATCH_ROUTE=1) and the split DeltaNet step over the rows (LILY_CU_GDN_SPLIT_ROWS=1), with each of
-#          the latter two alone, and with the GEMMs past 8 rows (LILY_CU_BATCH_MV=8), in turn, twice; then --profile
-#          of x8 and x16 with all three
+#   batchtc: the decode batches' forms (bench/RESULTS.md sessions 29 and 31): cuda-kernel-test --batch and the cuda
+#          test_batch / test_beside with k_mvdpt at every row count (LILY_CU_MVDPT=1; by default from 8 rows), then
+#          lily-bench tg32x{1,2,4,6,8,12,16}@1024 as is, with LILY_CU_MVDPT=1, =0, with the top-k launch
+#          (LILY_CU_BATCH_ROUTE=0), with the DeltaNet step in two launches (LILY_CU_GDN_SPLIT_ROWS=0), and with the
+#          GEMMs past 8 rows (LILY_CU_BATCH_MV=8), in turn, twice; then --profile of x8 and x16
 #   base:  lily-bench tg128,tg128@4096 as is and as bin/lily-bench-base (an earlier commit's, packed as EXTRA), in
 #          turn, twice: the default path against that commit on the same GPU
 #   chain: bench/micro/chain.cu, a synthetic 35B-A3B token as one persistent kernel (direct loads, rings of bulk
@@ -77,22 +76,21 @@ for stage in $stages; do
     done
     [ -n "${MF_PROFILE:-}" ] && LILY_CU_MOE_FUSE=1 "$BIN/lily-bench" --tests tg128 --reps 1 --profile 2>&1 | tail -40 ;;
   batchtc)
-    LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1 "$BIN/cuda-kernel-test" --batch >"$OUT/kernels_tc.log" 2>&1 || fail=1
-    echo "cuda-kernel-test --batch (LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1): $(grep -E "FAIL|error" "$OUT/kernels_tc.log" | head -20)$(tail -1 "$OUT/kernels_tc.log")"
+    LILY_CU_MVDPT=1 "$BIN/cuda-kernel-test" --batch >"$OUT/kernels_tc.log" 2>&1 || fail=1
+    echo "cuda-kernel-test --batch (LILY_CU_MVDPT=1): $(grep -E "FAIL|error" "$OUT/kernels_tc.log" | head -20)$(tail -1 "$OUT/kernels_tc.log")"
     for t in test_batch test_beside; do
       [ -x "$BIN/tests/$t" ] || continue
-      LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1 LILY_TEST_BACKEND=cuda "$BIN/tests/$t" >"$OUT/$t.log" 2>&1 &&
-        echo "$t (cuda, LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1): $(tail -1 "$OUT/$t.log")" ||
-        { echo "$t (cuda, LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1): FAIL"; grep -v '^ok' "$OUT/$t.log" | tail; fail=1; }
+      LILY_CU_MVDPT=1 LILY_TEST_BACKEND=cuda "$BIN/tests/$t" >"$OUT/$t.log" 2>&1 &&
+        echo "$t (cuda, LILY_CU_MVDPT=1): $(tail -1 "$OUT/$t.log")" ||
+        { echo "$t (cuda, LILY_CU_MVDPT=1): FAIL"; grep -v '^ok' "$OUT/$t.log" | tail; fail=1; }
     done
     for r in 1 2; do
-      for v in X=1 LILY_CU_MVDPT=1 "LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1" LILY_CU_BATCH_ROUTE=1 \
-               LILY_CU_GDN_SPLIT_ROWS=1 LILY_CU_BATCH_MV=8; do
-        echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg32x1@1024,tg32x2@1024,tg32x4@1024,tg32x8@1024,tg32x12@1024,tg32x16@1024 \
+      for v in X=1 LILY_CU_MVDPT=1 LILY_CU_MVDPT=0 LILY_CU_BATCH_ROUTE=0 LILY_CU_GDN_SPLIT_ROWS=0 LILY_CU_BATCH_MV=8; do
+        echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg32x1@1024,tg32x2@1024,tg32x4@1024,tg32x6@1024,tg32x8@1024,tg32x12@1024,tg32x16@1024 \
           --reps 3 -o md 2>&1 | grep -E '^\| ' | grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
     done
-    LILY_CU_MVDPT=1 LILY_CU_BATCH_ROUTE=1 LILY_CU_GDN_SPLIT_ROWS=1 "$BIN/lily-bench" --tests tg32x8@1024,tg32x16@1024 --reps 1 --profile 2>&1 | tail -60 ;;
+    "$BIN/lily-bench" --tests tg32x8@1024,tg32x16@1024 --reps 1 --profile 2>&1 | tail -60 ;;
   chain)
     nvcc -O3 -arch=sm_90a -Isrc -o "$OUT/chain" bench/micro/chain.cu >"$OUT/chain_build.log" 2>&1 ||
       { tail -20 "$OUT/chain_build.log"; fail=1; continue; }
