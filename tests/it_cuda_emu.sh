@@ -123,7 +123,7 @@ kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EM
   LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
 grep -q '^lily emu: kernel k_gdn_dec_split: ' "$tmp/kt.log" || bad "emulated cuda-kernel-test --batch ran no k_gdn_dec_split"
 # the same with the dense products on the int8 tensor cores at every row count (k_mvdpt,
-# LILY_CU_MVDPT=1; by default from 8 rows), three blocks a launch; k_mvdpt required to have run
+# LILY_CU_MVDPT=1; by default from 6 rows), three blocks a launch; k_mvdpt required to have run
 kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3, blocks in a random order" \
   LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3 LILY_EMU_ORDER=random \
   LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"

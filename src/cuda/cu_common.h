@@ -279,7 +279,7 @@ void cu_matvec_rows(cudaStream_t s, int n, const dmat *const *W, const float *X,
 int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
              const int *ldy);
 /* The same on the int8 tensor cores (k_mvdpt, cu_mvdpt.cu), 1 to 16 rows a pass; cu_mvdpb takes it
- * first for the batches cu_mvdpt_on(T) names (8 rows or more; LILY_CU_MVDPT=N) */
+ * first for the batches cu_mvdpt_on(T) names (6 rows or more; LILY_CU_MVDPT=N) */
 int cu_mvdpt(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
              const int *ldy);
 int cu_mvdpt_on(int T);

@@ -207,11 +207,10 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
                          * while the other warps stage the input (the slot's input row is the token's,
                          * whichever expert); dp_stage's closing barrier publishes rs and rw. A decode
-                         * batch's slot s is token s / K's (xdiv K), routed from that token's logits
-                         * (one token's slots are below K: no division on its path) */
+                         * batch's slot s is token s / K's (xdiv K), routed from that token's logits. */
             mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
             if (warp == 0) {
-                route_ld<8, LILY_DP_RDX>(a.f.rlog + (size_t)(xsl || slot < a.f.K ? 0 : slot / a.f.K) * a.f.E, a.f.E, a.f.K, rs, rw);
+                route_ld<8, LILY_DP_RDX>(a.f.rlog + (size_t)(xsl ? 0 : slot / a.f.K) * a.f.E, a.f.E, a.f.K, rs, rw);
                 CU_MARK(2);
             }
             if (a.f.rovl) t0 = WARP;
@@ -223,7 +222,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
          * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
          * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
          * the codes' misses (untested guess). */
-        if (a.f.rlog && !t0) e = xsl ? 0 : rs[slot < a.f.K ? slot : slot % a.f.K];
+        if (a.f.rlog && !t0) e = xsl ? 0 : rs[slot % a.f.K];
         if (eidx && a.f.epf && !t0 && tile < ntiles && sub < ng) { /* (routing beside the staging: e not known yet) */
             t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
             const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
@@ -233,11 +232,11 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
         CU_MARK(0);
         if (a.f.rlog) { /* (a token's first slot's block 0 writes the token's choice) */
-            if (blockIdx.x == 0 && !xsl && (slot == 0 || (slot >= a.f.K && slot % a.f.K == 0)) && (int)threadIdx.x < a.f.K) {
+            if (blockIdx.x == 0 && !xsl && slot % a.f.K == 0 && (int)threadIdx.x < a.f.K) {
                 a.f.rsel[slot + threadIdx.x] = rs[threadIdx.x];
                 a.f.rwt[slot + threadIdx.x] = rw[threadIdx.x];
             }
-            e = xsl ? 0 : rs[slot < a.f.K ? slot : slot % a.f.K];
+            e = xsl ? 0 : rs[slot % a.f.K];
         }
     }
     for (; tile < ntiles; tile += gridDim.x * nwb) {

@@ -28,7 +28,7 @@
  * B loads of a quarter-warp, rows 2i and 2i + 1, hit 32 distinct banks), then [NW][16 x 8NB]
  * floats of partial sums.
  *
- * Batches of 8 rows or more take it (cu_mvdpt_on); the kernel test runs it alone too. */
+ * Batches of 6 rows or more take it (cu_mvdpt_on); the kernel test runs it alone too. */
 #include "cuda/cu_dev.h"
 #include "cuda/cu_mvdp.h"
 
@@ -218,12 +218,12 @@ static void mvdpt_go(cudaStream_t s, const mvq_args &a, const float *X, const fl
 }
 
 /* Whether a decode batch of T rows takes k_mvdpt (cu_mvdpb first, the gated out-projection):
- * LILY_CU_MVDPT=N from N rows on (0 never), 8 by default. Measured on an H100 (bench/RESULTS.md
- * session 31): 8 rows +12%, 12 +17%, 16 +23% tok/s; 4 rows even; 2 rows -9% (likely the mma's 8-row
- * B tile, three quarters zeros at 2 rows, against k_mvdpb's dp4a a row). */
+ * LILY_CU_MVDPT=N from N rows on (0 never), 6 by default. Measured on an H100 (bench/RESULTS.md
+ * session 31): 6 rows +8%, 8 +12%, 12 +17%, 16 +23% tok/s; 4 rows -3%; 2 rows -9% (likely the mma's
+ * 8-row B tile, mostly zeros at 2-4 rows, against k_mvdpb's dp4a a row). */
 int cu_mvdpt_on(int T) {
     static int from = INT_MIN;
-    const int n = cu_env_int(&from, "LILY_CU_MVDPT", 8);
+    const int n = cu_env_int(&from, "LILY_CU_MVDPT", 6);
     return n > 0 && T >= n;
 }
 

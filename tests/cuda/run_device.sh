@@ -13,7 +13,7 @@
 #          joining variables; default: its gate|up rows and the shared slot's prefetched too, LILY_CU_MOE_PF=7), in
 #          turn, twice; then, with MF_PROFILE set, --profile with it
 #   batchtc: the decode batches' forms (bench/RESULTS.md sessions 29 and 31): cuda-kernel-test --batch and the cuda
-#          test_batch / test_beside with k_mvdpt at every row count (LILY_CU_MVDPT=1; by default from 8 rows), then
+#          test_batch / test_beside with k_mvdpt at every row count (LILY_CU_MVDPT=1; by default from 6 rows), then
 #          lily-bench tg32x{1,2,4,6,8,12,16}@1024 as is, with LILY_CU_MVDPT=1, =0, with the top-k launch
 #          (LILY_CU_BATCH_ROUTE=0), with the DeltaNet step in two launches (LILY_CU_GDN_SPLIT_ROWS=0), and with the
 #          GEMMs past 8 rows (LILY_CU_BATCH_MV=8), in turn, twice; then --profile of x8 and x16
