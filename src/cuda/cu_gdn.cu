@@ -408,6 +408,8 @@ int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const floa
  * k_gdn_dec128's 7.3: tg128 526.8 -> 534.3 against LILY_CU_GDN_SPLIT=0 (k_gdn_dec128) in one call, 538 with
  * the norm in the out-projection's staging and the shared-memory pad below. */
 #define GDN_SPLIT 4
+/* ROWS: a decode batch's instance (R), apart so that one token's code is as it was before batches took it */
+template <bool ROWS>
 __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
                                                        const float *__restrict__ cw, const float *__restrict__ bb,
                                                        const float *__restrict__ aa, const float *__restrict__ A_log,
@@ -417,7 +419,7 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     const int dk = 128, dv = 128, tid = threadIdx.x, warp = tid / WARP;
     const int h = blockIdx.x, sp = blockIdx.y, j = tid / 4, p = tid % 4, jj = sp * 32 + j;
     const int ratio = nv / nk, kh = h / ratio, kd = nk * dk;
-    if (R.pos) { /* a decode batch: row blockIdx.z on its session's conv state and S, read before the wait
+    if (ROWS) { /* a decode batch: row blockIdx.z on its session's conv state and S, read before the wait
                   * as one session's are (the table was copied before the pass's first launch; the state's
                   * last writer is this layer's step of the previous round) */
         const int row = blockIdx.z;
@@ -504,10 +506,10 @@ int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, cons
     static int opted = 0;
     const size_t sm = pad > 0 && pad <= 160 * 1024 ? (size_t)pad : 0;
     if (sm > 48 * 1024 && !opted)
-        opted = cudaFuncSetAttribute(k_gdn_dec_split, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
+        opted = cudaFuncSetAttribute(k_gdn_dec_split<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
     cu_rows nr;
     memset(&nr, 0, sizeof nr);
-    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, nr);
+    cu_go(k_gdn_dec_split<false>, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, nr);
     return 1;
 }
 /* A decode batch's rows in one launch (grid z the row), where k_gdn_rec128 ran 32 blocks a row with 64
@@ -520,7 +522,7 @@ int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int n
     if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT_ROWS", 1) || !cu_env_flag(&sp, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
         !cnt || !R || !R->pos || n < 1 || n > GDN_DEC_ROWS)
         return 0;
-    cu_go(k_gdn_dec_split, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, *R);
+    cu_go(k_gdn_dec_split<true>, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, *R);
     return 1;
 }
 

@@ -207,10 +207,13 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
                          * while the other warps stage the input (the slot's input row is the token's,
                          * whichever expert); dp_stage's closing barrier publishes rs and rw. A decode
-                         * batch's slot s is token s / K's (xdiv K), routed from that token's logits. */
+                         * batch's slot s is token s / K's (xdiv K), routed from that token's logits:
+                         * instances of their own (CL < 0), so one token's code is as before them (their
+                         * arithmetic in every instance cost one token's decode ~2%, bench/RESULTS.md
+                         * session 31) */
             mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
             if (warp == 0) {
-                route_ld<8, LILY_DP_RDX>(a.f.rlog + (size_t)(xsl ? 0 : slot / a.f.K) * a.f.E, a.f.E, a.f.K, rs, rw);
+                route_ld<8, LILY_DP_RDX>(CL < 0 ? a.f.rlog + (size_t)(xsl ? 0 : slot / a.f.K) * a.f.E : a.f.rlog, a.f.E, a.f.K, rs, rw);
                 CU_MARK(2);
             }
             if (a.f.rovl) t0 = WARP;
@@ -222,7 +225,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
          * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
          * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
          * the codes' misses (untested guess). */
-        if (a.f.rlog && !t0) e = xsl ? 0 : rs[slot % a.f.K];
+        if (a.f.rlog && !t0) e = xsl ? 0 : rs[CL < 0 ? slot % a.f.K : slot];
         if (eidx && a.f.epf && !t0 && tile < ntiles && sub < ng) { /* (routing beside the staging: e not known yet) */
             t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
             const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
@@ -232,11 +235,19 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
         CU_MARK(0);
         if (a.f.rlog) { /* (a token's first slot's block 0 writes the token's choice) */
-            if (blockIdx.x == 0 && !xsl && slot % a.f.K == 0 && (int)threadIdx.x < a.f.K) {
-                a.f.rsel[slot + threadIdx.x] = rs[threadIdx.x];
-                a.f.rwt[slot + threadIdx.x] = rw[threadIdx.x];
+            if constexpr (CL < 0) {
+                if (blockIdx.x == 0 && !xsl && slot % a.f.K == 0 && (int)threadIdx.x < a.f.K) {
+                    a.f.rsel[slot + threadIdx.x] = rs[threadIdx.x];
+                    a.f.rwt[slot + threadIdx.x] = rw[threadIdx.x];
+                }
+                e = xsl ? 0 : rs[slot % a.f.K];
+            } else {
+                if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
+                    a.f.rsel[threadIdx.x] = rs[threadIdx.x];
+                    a.f.rwt[threadIdx.x] = rw[threadIdx.x];
+                }
+                e = xsl ? 0 : rs[slot];
             }
-            e = xsl ? 0 : rs[slot % a.f.K];
         }
     }
     for (; tile < ntiles; tile += gridDim.x * nwb) {
@@ -278,7 +289,7 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
     if constexpr (CL > 0) {
         gx = (gx + CL - 1) / CL * CL; /* (whole clusters: blocks past the tiles compute their router rows only) */
         cu_go(k_mvdp<LPR, R, SBT, BITS, G, CL>, dim3(gx, nslots), warps * WARP, sm, s).cluster(CL)(a, X, X2, ldx, eidx, xdiv);
-    } else cu_go(k_mvdp<LPR, R, SBT, BITS, G>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
+    } else cu_go(k_mvdp<LPR, R, SBT, BITS, G, CL>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int R, int BITS, int G = 1, int CL = 0>
 static void mvdp_sbt(int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx,
@@ -287,7 +298,19 @@ static void mvdp_sbt(int sbt, cudaStream_t s, const mvq_args &a, int nslots, con
     else mvdp_go<LPR, R, -1, BITS, G, CL>(s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
 #define RC_CL 8 /* blocks a cluster for the router in the gate|up launch (the portable most) */
-/* (8-bit codes: R <= 2, their two-times-larger rows in registers) */
+/* (8-bit codes: R <= 2, their two-times-larger rows in registers). CL: 0 plain, -1 a decode batch's
+ * slots routing themselves (token slot / K's logits) */
+template <int LPR, int CL>
+static void mvdp_rr(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2,
+                    int ldx, const int *eidx, int xdiv) {
+    if (g2 && bits == 4 && LPR == 32) mvdp_sbt<LPR, 2, 4, 2, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else if (bits == 8) {
+        if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 8, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+        else mvdp_sbt<LPR, 1, 8, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    } else if (R >= 4 && LPR >= 4) mvdp_sbt<LPR, (LPR >= 4 ? 4 : 1), 4, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 4, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else mvdp_sbt<LPR, 1, 4, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+}
 template <int LPR>
 static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2,
                    int ldx, const int *eidx, int xdiv) {
@@ -295,13 +318,8 @@ static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_a
         if (R >= 4 && LPR >= 4) mvdp_sbt<LPR, (LPR >= 4 ? 4 : 1), 4, 1, RC_CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
         else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 4, 1, RC_CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
         else mvdp_sbt<LPR, 1, 4, 1, RC_CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-    } else if (g2 && bits == 4 && LPR == 32) mvdp_sbt<LPR, 2, 4, 2>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-    else if (bits == 8) {
-        if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 8>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-        else mvdp_sbt<LPR, 1, 8>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-    } else if (R >= 4 && LPR >= 4) mvdp_sbt<LPR, (LPR >= 4 ? 4 : 1), 4>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-    else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 4>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-    else mvdp_sbt<LPR, 1, 4>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    } else if (a.f.rlog && nslots != a.f.K + (a.f.xslot ? 1 : 0)) mvdp_rr<LPR, -1>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    else mvdp_rr<LPR, 0>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
 
 /* the router's matrices for rc_route: 8-bit rows of cols (64-column groups, at most 32 of them: a
