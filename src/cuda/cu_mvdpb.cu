@@ -121,15 +121,15 @@ static void mvdpb_bits(int bits, int pf, int nt, cudaStream_t s, const mvq_args 
     else mvdpb_nt<LPR, 4, false>(nt, s, a, X, X2, ldx, T);
 }
 
-static int test_off = 0; /* 1: decline every launch; -1: the PF 1 form */
+static int test_off = 0; /* 1: decline every launch; -1: k_mvdpb itself, the PF 1 form; -2: k_mvdpb itself (not k_mvdpt) */
 void cu_mvdpb_test_off(int off) { test_off = off; }
 
 int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
              const int *ldy) {
     static int on = -1, pfe = -1;
-    const int pf = cu_env_flag(&pfe, "LILY_CU_MVDPB_PF", 0) || test_off < 0;
+    const int pf = cu_env_flag(&pfe, "LILY_CU_MVDPB_PF", 0) || test_off == -1;
     if (!cu_env_flag(&on, "LILY_CU_MVDPB", 1) || test_off > 0 || !mvdp_enabled() || n < 1 || n > MVQ_MAX || T < 2) return 0;
-    /* the tensor-core form first (cu_mvdpt.cu), until measured only when asked */
+    /* the tensor-core form first (cu_mvdpt.cu) for the batches it takes (6 rows or more by default) */
     if (test_off == 0 && cu_mvdpt_on(T) && cu_mvdpt(s, n, W, X, X2, ldx, T, Y, ldy)) return 1;
     const int cols = W[0]->cols, bits = W[0]->bits, ng = cols / 64;
     if (cols % 64 || (bits != 4 && bits != 8) || ng < 8 || ldx % 4 || ((uintptr_t)X & 15) || ((uintptr_t)X2 & 15)) return 0;

@@ -424,7 +424,7 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
     if (!rc && kern == 4) {
         if (!cu_mvdpt(0, n, dp, dx, dx2, cols, T, dy, ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpt declined the launch");
     } else if (!rc && kern >= 2) {
-        cu_mvdpb_test_off(kern == 3 ? -1 : 0);
+        cu_mvdpb_test_off(kern == 3 ? -1 : -2);
         if (!cu_mvdpb(0, n, dp, dx, dx2, cols, T, dy, ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpb declined the launch");
         cu_mvdpb_test_off(0);
     } else if (!rc) {
