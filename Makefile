@@ -76,7 +76,7 @@ $(BUILD)/emu-src/%.cpp: bench/micro/%.cu $(EMU_DIR)/cu2cpp.py
 $(BUILD)/emu-chain: $(BUILD)/emu-src/chain.o $(BUILD)/$(EMU_DIR)/emu_runtime.o
 	$(CXX) $(EMU_CXXFLAGS) -pthread $^ -o $@
 # A deliberately broken kernel (cu2cpp.py --mutate NAME) linked into its own kernel test.
-MUT_SRC = cu_kernels cu_matmul cu_mvq cu_gdn cu_gdn_in cu_attn cu_moe cu_mvtc cu_mvdp cu_mvdp_comb cu_mvdpb cu_mvdpt cu_test cu_gemm_tc cu_attn_tc cu_gdn_tc cu_router cu_moe_fuse
+MUT_SRC = cu_kernels cu_matmul cu_mvq cu_gdn cu_attn cu_moe cu_mvtc cu_mvdp cu_mvdp_comb cu_mvdpb cu_mvdpt cu_test cu_gemm_tc cu_attn_tc cu_gdn_tc cu_router
 define MUT_RULES
 $$(BUILD)/mutant/%/$(1).cpp: src/cuda/$(1).cu $$(EMU_DIR)/cu2cpp.py
 	@mkdir -p $$(dir $$@)

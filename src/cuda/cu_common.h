@@ -163,15 +163,6 @@ typedef struct {
      * x rmsnorm(x) gw silu(gz) a head (eps), applied while staging (cu_matvec_gated) */
     const float *gz, *gw;
     int nopre; /* k_mvdp (set by its launcher; LILY_CU_MVDP_PRE=0, for measuring): a dense matrix's first codes after the wait */
-    /* nrc > 0 (decode, one token; k_mvdp in clusters, cu_mvdp_group): the launch computes the
-     * router itself from its staged input rmsnorm(X + add) * nw, then routes as with rlog (E, K,
-     * rsel, rwt): rc[0] the router [E][cols], rc[1] (nrc 2) the shared expert's gate [1][cols],
-     * 8-bit codes, their rows split over a cluster's blocks and the logits read across the
-     * cluster's shared memory; block (0, 0) writes them to rcy[0] [E] and rcy[1] [1]. The router
-     * group's launch is then not needed (cu_route_cluster_ok). */
-    int nrc;
-    dmat rc[2];
-    float *rcy[2];
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
@@ -507,23 +498,6 @@ void cu_l2_prefetch(cudaStream_t s, int n, const dmat *const *W, const int *sel,
 void cu_l2_prefetch_routed(cudaStream_t s, int n, const dmat *const *W, const float *rlog, int E, int K);
 /* whether decode (one token) routes inside the experts' gate|up launch: LILY_CU_ROUTE_FUSED, on */
 int cu_route_fused(void);
-/* Whether that launch can compute the router and the shared expert's gate (shg, or NULL) itself
- * (mvq_fuse.nrc, k_mvdp in clusters of blocks: sm_90 or the emulator; decode asks for it only with
- * LILY_CU_ROUTE_CL=1, measured slower):
- * 8-bit codes of the experts' cols (at most 2,048), E <= 256, 1 <= K <= 32, the experts' gate and up
- * 4-bit. The router group's launch is then left out. */
-int cu_route_cluster_ok(const dmat *router, const dmat *shg, const dmat *gate, const dmat *up, int K);
-/* Thread block clusters usable: sm_90 (or the emulator). */
-int cu_cluster_on(void);
-/* Decode's DeltaNet in-projection and step in one launch (cu_gdn_in.cu, clusters of 8 blocks a key
- * head; decode takes it only with LILY_CU_GDN_IN=1, not yet measured in its 16-warp form): W = qkv, z, b, a (4-bit) on X [cols] (rmsnorm(X) * fu->nw while
- * staging when fu and fu->nw; fu->tout gets it), then conv, norms, gates and the delta rule as
- * cu_gdn_dec_split: o [nv * dv] before the gated norm, z [nv * dv] the z rows, state and S
- * updated. 0 when it declines (dk = dv = 128, nv = 2 nk, cols >= 2,048 in 64-column groups). */
-int cu_gdn_in(cudaStream_t s, const dmat *const *W, const float *X, const mvq_fuse *fu, int nk, int nv, int dk, int dv, int K,
-              float *state, const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z);
-/* For the kernel test: k_gdn_in's warps a block, 8 or 16 (0: LILY_CU_GDN_IN_WARPS, default 16) */
-void cu_gdn_in_test_warps(int nw);
 int cu_prefetch_enabled(void);
 /* cu_router_tc where it takes the router (rf from cu_router_frag, T > 8), else cu_matmul_exact
  * (Y = logits [T][W->rows]), then cu_router_topk, the column slices' sum done by the top-k's launch (one launch fewer;
@@ -564,20 +538,6 @@ int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D,
 int cu_mvdp_comb_enabled(void);
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
                  const float *hu, const float *sr, float *x, const float *add);
-/* Decode's whole MoE after the router group in one launch (k_moe_fuse, cu_moe_fuse.cu), T = 1: each
- * block routes from rlog [E] (softmax top-K, renormalized; block (0, 0) writes rsel, rwt [K]),
- * computes its share of its slot's gate|up [I][H] on t [H] in a cluster of 16 blocks a slot, its
- * share of the down [H][I] on h = silu(g) u gathered over the cluster, and the last block of a row
- * tile sums x = (x + add) + sum_k wt[k] D_k (+ sigmoid(sr) D_K with the shared expert sg, su, sd,
- * NULL for none) as cu_mvdp_comb does. D [K + 1][H] scratch; cnt [MF_CNT] zeroed, 0 again after.
- * 0 when it declines (nothing launched). _enabled: LILY_CU_MOE_FUSE=1 (off until measured). */
-#define MF_CNT 16
-int cu_moe_fuse_enabled(void);
-void cu_moe_fuse_test_cl(int cl); /* the kernel test's cluster size (8 or 16; 0: the launcher's) */
-void cu_moe_fuse_test_pf(int pf); /* the kernel test's prefetch mask (0-7; -1: LILY_CU_MOE_PF's) */
-int cu_moe_fuse(cudaStream_t s, const dmat *gate, const dmat *up, const dmat *down, const dmat *sg, const dmat *su, const dmat *sd,
-                const float *rlog, int E, int K, const float *sr, const float *t, float *x, const float *add, float *D, unsigned *cnt,
-                int *rsel, float *rwt);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 #define CU_ARGMAX_PARTS1 256 /* k_argmax_part1's blocks (the default) */

@@ -169,26 +169,7 @@ static int fold_in_ok(const lcuda_session *s, const cu_layer *L) {
     return 1;
 }
 
-/* One token's in-projection and step in one launch (cu_gdn_in), the gated norm left to the
- * out-projection's staging as after cu_gdn_dec_split; 0 when it declines. Off unless
- * LILY_CU_GDN_IN=1: its 8-warp form measured ~3% slower on the H200 and the 16-warp form is not
- * measured yet (bench/RESULTS.md session 28). */
-static int gdn_in(lcuda_session *s, const cu_layer *L, int li) {
-    const lily_config *c = &s->m->cfg;
-    static int on = -1;
-    if (!cu_env_flag(&on, "LILY_CU_GDN_IN", 0)) return 0;
-    const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
-    mvq_fuse fu;
-    memset(&fu, 0, sizeof fu);
-    if (s->fold_nw) { fu.nw = s->fold_nw; fu.eps = (float)c->eps; fu.tout = s->t; }
-    if (!cu_gdn_in(s->st, W, s->fold_nw ? s->x : s->t, &fu, c->lin_nk, c->lin_nv, c->lin_dk, c->lin_dv, c->conv_k,
-                   s->conv + (size_t)li * s->conv_n, L->conv_w, L->A_log, L->dt_bias, s->S + (size_t)li * s->S_n, s->o, s->zb))
-        return 0;
-    s->fold_nw = NULL;
-    return 1;
-}
-
-/* One token's out-projection of o before its gated norm (cu_gdn_in, cu_gdn_dec_split): the norm
+/* One token's out-projection of o before its gated norm (cu_gdn_dec_split): the norm
  * in the out-projection's staging, or a launch of its own */
 static void gdn_out_gated(lcuda_session *s, const cu_layer *L) {
     const lily_config *c = &s->m->cfg;
@@ -206,13 +187,6 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
     const lily_config *c = &s->m->cfg;
     cudaStream_t q = s->st;
     int cd = cfg_conv_dim(c), vd = cfg_val_dim(c), nv = c->lin_nv;
-    if (T == 1 && !s->rows && gdn_in(s, L, li)) {
-        pf_layer(s, L, T, 1);
-        s->xp_src = NULL;
-        PM(s, "gdn in-proj qkv|z|b|a + conv+norm+gates + delta rule");
-        gdn_out_gated(s, L);
-        return;
-    }
     const dmat *W[4] = { &L->qkv, &L->z, &L->b, &L->a };
     float *Y[4] = { s->mixed, s->zb, s->bb, s->aa };
     proj_in(s, 4, W, T, Y);
@@ -350,19 +324,6 @@ static int moe_shared_slot(const lcuda_session *s, const cu_layer *L) {
            L->sh_down.cols == L->down.cols && L->sh_gate.cols == L->gate.cols;
 }
 
-/* Decode's router in the experts' gate|up launch (mvq_fuse.nrc, clusters of k_mvdp blocks): the
- * router group's launch left out, its residual add and norm staged by the gate|up launch itself.
- * Off (LILY_CU_ROUTE_CL=1 for measuring): on the H200 the gate|up launch took ~2.5x as long, each
- * cluster streaming the whole router (64 KB a block) into its SMs, tg128 460-474 against 571
- * (bench/RESULTS.md session 28). shx: the shared expert rides as slot K. */
-static int moe_route_cl(const lcuda_session *s, const cu_layer *L, int T, int shx) {
-    const lily_config *c = &s->m->cfg;
-    static int on = -1;
-    /* (cu_route_cluster_ok checks E, K and the gate and up; the down must take the matrix-vector kernels) */
-    return T == 1 && cu_env_flag(&on, "LILY_CU_ROUTE_CL", 0) && cu_route_fused() && (shx || !c->shared_inter) && cu_mvq_ok(&L->down) &&
-           cu_route_cluster_ok(&L->router, c->shared_inter ? &L->sh_router : NULL, &L->gate, &L->up, c->top_k);
-}
-
 /* The shared expert at prefill (T > 8) on the session's second stream, beside the router, the
  * top-k, the sort and the routed experts on the first: gate+up+SwiGLU, its exact gate, down, into
  * sg, sr and SD, with its own packing scratch (xps). Nothing there reads what the routed side
@@ -398,11 +359,8 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const int shx = add && SI && moe_shared_slot(s, L);
     const int side = !add && !mv_pass(s, T) && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
-    int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch; 2:
-                    * it computes the router too (moe_route_cl): no router group's launch */
-    if (add && moe_route_cl(s, L, T, shx)) {
-        route = 2;
-    } else if (add) {
+    int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch */
+    if (add) {
         int ld[4] = { E, SI, SI, 1 };
         mvq_fuse fu;
         memset(&fu, 0, sizeof fu);
@@ -456,7 +414,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     }
     if (pf_on(s, T) && (pf_parts() & 6)) { /* the chosen experts' down, then the next layer's in-projection */
         const dmat *Wd[1] = { &L->down }, *Wn[4];
-        if (!(pf_parts() & 2) || route == 2 || (route && T > 1)) pf_wait(s); /* (route 2: no logits before the gate|up launch) */
+        if (!(pf_parts() & 2) || (route && T > 1)) pf_wait(s);
         else if (route) { /* the prefetch routes itself too: sel is written by the gate|up launch */
             pf_wait(s);
             cu_l2_prefetch_routed(s->st2, 1, Wd, s->rl, E, K);
@@ -469,16 +427,6 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         float *Y[2] = { s->hg, s->hu };
         int ld[2] = { I, I };
         if (mvx) {
-            /* the whole MoE in one launch (k_moe_fuse, LILY_CU_MOE_FUSE=1, off until measured): one
-             * token routed in the launch, the shared expert riding (or none), the combine folded */
-            if (route == 1 && T == 1 && (shx || !SI) && cu_moe_fuse_enabled() && fold_in_ok(s, next) &&
-                cu_moe_fuse(q, &L->gate, &L->up, &L->down, shx ? &L->sh_gate : NULL, shx ? &L->sh_up : NULL, shx ? &L->sh_down : NULL,
-                            s->rl, E, K, s->sr, s->t, s->x, add, s->D, s->fcount + FCOUNT_MF, s->sel, s->wt)) {
-                s->fold_nw = nw;
-                s->xp_src = NULL;
-                PM(s, "moe experts gate|up+down + combine (one launch)");
-                return;
-            }
             /* shx (T = 1): slot K is the shared expert, reading token 0, writing row K */
             mvq_fuse xg, xd;
             memset(&xg, 0, sizeof xg);
@@ -488,22 +436,14 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
                 xg.xm[0] = L->sh_gate; xg.xm[1] = L->sh_up; xg.xrow = 0;
                 xd.xm[0] = L->sh_down; xd.xrow = K;
             }
-            if (route) { xg.rlog = route == 1 ? s->rl : NULL; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
-            if (route == 2) { /* the staged input rmsnorm(x + add) * ln2, t written by block (0, 0) */
-                xg.nrc = SI ? 2 : 1;
-                xg.rc[0] = L->router; xg.rc[1] = L->sh_router;
-                xg.rcy[0] = s->rl; xg.rcy[1] = s->sr;
-                xg.add = add; xg.nw = L->ln2; xg.eps = (float)c->eps; xg.tout = s->t;
-            }
-            cu_matvec_group(q, 2, W, route == 2 ? s->x : s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
+            if (route) { xg.rlog = s->rl; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
+            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
             PM(s, "moe experts gate|up");
             /* one token with the shared expert riding (or none), and a next layer whose
              * in-projection (or an lm_head) can take the norm: the combine folded into the down
              * launch, the norm left to that launch (a launch a layer fewer; LILY_CU_FOLD=0 for
              * measuring) */
-            /* (not after the router in the gate|up launch, route 2: k_mvdp_comb reads the shared
-             * expert's gate before its wait, and that launch, just before, writes it) */
-            if (T == 1 && (shx || !SI) && route != 2 && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
+            if (T == 1 && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
                 cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
                 s->fold_nw = nw;
                 s->xp_src = NULL;

@@ -1,5 +1,5 @@
-/* The delta rule's decode pieces that k_gdn_dec128, k_gdn_dec_split (cu_gdn.cu) and k_gdn_in
- * (cu_gdn_in.cu) share. static: each unit its own copy (cu_mvdp.h's reason: the emulator's mutants). */
+/* The delta rule's decode pieces that k_gdn_dec128 and k_gdn_dec_split (cu_gdn.cu) share. static:
+ * each unit including it its own copy (cu_mvdp.h's reason: the emulator's mutants). */
 #ifndef LILY_CU_GDN_H
 #define LILY_CU_GDN_H
 #include "cuda/cu_dev.h"

@@ -59,8 +59,7 @@ struct lcuda_session {
     int *sel, *cnt, *off, *src, *spos;
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     unsigned *fcount;              /* [FCOUNT_N] block counters, 0 between launches: the fused router group's (mvq_fuse),
-                                    * one unused, then cu_gdn_dec's (one a key head; a batch's row r at GDN_DEC_CNT r), then
-                                    * k_moe_fuse's (MF_CNT, at FCOUNT_MF) */
+                                    * one unused, then cu_gdn_dec's (one a key head; a batch's row r at GDN_DEC_CNT r) */
     const float *fold_nw;          /* decode: the next in-projection's norm weight when the combine was folded into the
                                     * experts' down (cu_mvdp_comb): it normalizes x itself (mvq_fuse.nw); else NULL */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */
@@ -123,7 +122,6 @@ uint64_t cu_session_bytes(const lily_config *c, int max_ctx, int chunk);
 /* floats of s->D, the experts' down outputs of a chunk's T * K slots (+ the shared expert's row) */
 static inline size_t moe_d_floats(const lcuda_model *m) { return ((size_t)m->chunk * m->cfg.top_k + 1) * m->cfg.hidden; }
 
-#define FCOUNT_MF (2 + GDN_DEC_CNT * GDN_DEC_ROWS)
-#define FCOUNT_N (FCOUNT_MF + MF_CNT)
+#define FCOUNT_N (2 + GDN_DEC_CNT * GDN_DEC_ROWS)
 
 #endif

@@ -33,104 +33,12 @@
 #include "cuda/cu_dev.h"
 #include "cuda/cu_mvdp.h"
 
-/* The router in the experts' gate|up launch (CL > 0, mvq_fuse.nrc): the launch's blocks come in
- * clusters of CL, and block `rank` of a cluster computes the router's rows rank * rpb .. (rpb =
- * ceil(E / CL)), rank 0 the shared expert's gate too (its row rpb), so each cluster has every
- * logit and no launch before it is needed for them: one launch a layer fewer on the decode step's
- * path. A block's rows (8-bit codes, 64 KB at 2,048 columns) are copied into shared memory before
- * the wait, after its input's staging each warp's rows are a lane a 64-column group (at most 32
- * groups), and after the cluster's barrier the routing warp reads the E logits from the cluster's
- * blocks. Shared memory past the staged input: the rows' codes [rpb + 1][cols], then their
- * logits [rpb + 1]. */
-#define RC_RPW 8 /* a warp's router rows, at most */
-static __device__ __forceinline__ int rc_rows(const mvq_fuse &f, int CL, int rank, int &r0, int &nr) {
-    const int rpb = (f.E + CL - 1) / CL;
-    r0 = rank * rpb;
-    nr = max(0, min(rpb, f.E - r0));
-    return rank == 0 && f.nrc == 2 ? rpb + 1 : nr; /* (rank 0: nr = rpb, the gate at row rpb) */
-}
-/* before the wait: the codes into shared memory (cp.async), the lane's group's scales and biases
- * (raw bits, converted after the wait) into registers */
-template <int CL>
-static __device__ __forceinline__ void rc_fetch(const mvq_fuse &f, int cols, int ng, unsigned char *cw, uint32_t (&sr)[RC_RPW],
-                                                uint32_t (&br)[RC_RPW]) {
-    int r0, nr;
-    const int nrow = rc_rows(f, CL, cu_cluster_rank(), r0, nr), cpr = cols / 16;
-    for (int j = threadIdx.x; j < nrow * cpr; j += blockDim.x) {
-        const int i = j / cpr, q = j % cpr;
-        const dmat &m = f.rc[i < nr ? 0 : 1];
-        cu_cp<16>(cw + (size_t)i * cols + 16 * q, (const char *)m.w + (size_t)(i < nr ? r0 + i : 0) * cols + 16 * q);
-    }
-    cu_cp_commit();
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nwb = blockDim.x / WARP;
-#pragma unroll
-    for (int k = 0; k < RC_RPW; k++) {
-        const int i = warp + nwb * k;
-        sr[k] = br[k] = 0u;
-        if (i < nrow && lane < ng) {
-            const dmat &m = f.rc[i < nr ? 0 : 1];
-            const int ngr = cols / m.group, gi = lane / (m.group / 64);
-            const int o = (i < nr ? r0 + i : 0) * ngr + gi;
-            sr[k] = dp_sb_raw((const char *)m.s, m.sbt, o);
-            br[k] = dp_sb_raw((const char *)m.b, m.sbt, o);
-        }
-    }
-}
-/* after the staging (xs; the codes' copies waited for before its closing barrier): the block's logits, the cluster's barrier, the routing warp's top-k of
- * the cluster's E logits into rs, rw; ends with a block barrier and the arrive that lets the other
- * blocks end (k_mvdp waits for the cluster before it ends: its logits may still be read) */
-template <int CL>
-static __device__ __forceinline__ void rc_route(const mvq_fuse &f, int cols, int ng, const uint4 *xs, const uint32_t (&sr)[RC_RPW],
-                                                const uint32_t (&br)[RC_RPW], int *rs, float *rw) {
-    const int rank = cu_cluster_rank(), rpb = (f.E + CL - 1) / CL;
-    int r0, nr;
-    const int nrow = rc_rows(f, CL, rank, r0, nr);
-    const unsigned char *cw = (const unsigned char *)(xs + (size_t)ng * DP_G4);
-    float *lg = (float *)(cw + (size_t)(rpb + 1) * cols);
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nwb = blockDim.x / WARP;
-#pragma unroll
-    for (int k = 0; k < RC_RPW; k++) {
-        const int i = warp + nwb * k;
-        if (i >= nrow) continue; /* (warp-uniform) */
-        float acc = 0.f;
-        if (lane < ng) {
-            const int sbt = f.rc[i < nr ? 0 : 1].sbt;
-            const uint4 *p = (const uint4 *)(cw + (size_t)i * cols + 64 * lane);
-            uint4 c[1][4];
-#pragma unroll
-            for (int q = 0; q < 4; q++) c[0][q] = p[q];
-            const float sc[1] = { dp_sb_cvt<-1>(sr[k], sbt) }, bi[1] = { dp_sb_cvt<-1>(br[k], sbt) };
-            dp_group<1, 8, 1>(c, sc, bi, xs + (size_t)lane * DP_G4, &acc);
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) lg[i] = acc;
-    }
-    cu_cluster_arrive(); /* (release: the logits; every thread, so the block's copies are done too) */
-    cu_cluster_wait();
-    if (warp == 0) {
-        float v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int e = lane + WARP * j;
-            v[j] = e < f.E ? cu_cluster_ldf(lg + e % rpb, e / rpb) : 0.f;
-        }
-        if (blockIdx.x == 0 && blockIdx.y == 0) {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (lane + WARP * j < f.E) f.rcy[0][lane + WARP * j] = v[j];
-            if (lane == 0 && f.nrc == 2) f.rcy[1][0] = lg[rpb];
-        }
-        route_regs<8, LILY_DP_RDX>(v, f.E, f.K, rs, rw);
-    }
-    __syncthreads();
-    cu_cluster_arrive(); /* (this block's reads of the others' logits are done) */
-}
-
 /* G 2: a lane's next group of the tile is fetched before this one is computed (rows of more than
  * LPR groups, the 4,096-column out-projections: their two round trips a tile in flight together;
  * LILY_CU_MVDP_G2=1, measured slower, below) */
 /* Y[i] [slots][ldy[i]] (one row without eidx) = W[i] x, x = X row slot / xdiv (a.f.xrow for the
- * extra slot), silu(x) * X2 when X2; a.blk0 in tiles of R x 32 / LPR rows. */
+ * extra slot), silu(x) * X2 when X2; a.blk0 in tiles of R x 32 / LPR rows. CL -1: a decode
+ * batch's slots routing themselves (a.f.rlog, slot s from token s / K's logits), 0 the rest. */
 template <int LPR, int R, int SBT, int BITS, int G, int CL = 0>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                           int ldx, const int *eidx, int xdiv) {
@@ -163,8 +71,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
 #pragma unroll
     for (int k = 0; k < R; k++) sr[k] = br[k] = 0u;
     int psbt = 0;
-    /* (so is the shared expert's first group in the router's clusters: its rows are known) */
-    if ((!eidx || (CL > 0 && xsl)) && !a.f.nopre && tile < ntiles && sub < ng) {
+    if (!eidx && !a.f.nopre && tile < ntiles && sub < ng) {
         t = dp_locate<R, BITS>(a, xsl, 0, tile, mi, rpt, rib);
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
         if (LILY_DP_RAWSB) {
@@ -173,10 +80,6 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         } else dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
         have = true;
     }
-    uint32_t rsr[RC_RPW], rbr[RC_RPW];
-    /* (the shared expert's slot, a whole cluster's blocks, needs no routing: no router there) */
-    if constexpr (CL > 0)
-        if (!xsl) rc_fetch<CL>(a.f, cols, ng, (unsigned char *)(dxs + (size_t)ng * DP_G4), rsr, rbr);
     float n0[8];
     dp_nw0(a, cols, n0);
     CU_PDL();
@@ -192,62 +95,49 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     }
     const float *x = X, *x2 = X2;
     int t0 = 0;
-    if constexpr (CL > 0) { /* the router here (rc_route), after the staging of the normed input */
+    if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
+                     * while the other warps stage the input (the slot's input row is the token's,
+                     * whichever expert); dp_stage's closing barrier publishes rs and rw. A decode
+                     * batch's slot s is token s / K's (xdiv K), routed from that token's logits:
+                     * instances of their own (CL < 0), so one token's code is as before them (their
+                     * arithmetic in every instance cost one token's decode ~2%, bench/RESULTS.md
+                     * session 31) */
         mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
-        cu_cp_wait<0>(); /* (the router's codes: the staging's closing barrier publishes every thread's) */
-        dp_stage(a, x, NULL, cols, dxs, 0, n0);
-        if (!xsl) rc_route<CL>(a.f, cols, ng, dxs, rsr, rbr, rs, rw);
-        CU_MARK(0);
-        if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
-            a.f.rsel[threadIdx.x] = rs[threadIdx.x];
-            a.f.rwt[threadIdx.x] = rw[threadIdx.x];
+        if (warp == 0) {
+            route_ld<8, LILY_DP_RDX>(CL < 0 ? a.f.rlog + (size_t)(xsl ? 0 : slot / a.f.K) * a.f.E : a.f.rlog, a.f.E, a.f.K, rs, rw);
+            CU_MARK(2);
         }
-        e = xsl ? 0 : rs[slot];
-    } else {
-        if (a.f.rlog) { /* the block routes itself (a launch fewer a layer): warp 0, into shared memory,
-                         * while the other warps stage the input (the slot's input row is the token's,
-                         * whichever expert); dp_stage's closing barrier publishes rs and rw. A decode
-                         * batch's slot s is token s / K's (xdiv K), routed from that token's logits:
-                         * instances of their own (CL < 0), so one token's code is as before them (their
-                         * arithmetic in every instance cost one token's decode ~2%, bench/RESULTS.md
-                         * session 31) */
-            mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
-            if (warp == 0) {
-                route_ld<8, LILY_DP_RDX>(CL < 0 ? a.f.rlog + (size_t)(xsl ? 0 : slot / a.f.K) * a.f.E : a.f.rlog, a.f.E, a.f.K, rs, rw);
-                CU_MARK(2);
+        if (a.f.rovl) t0 = WARP;
+        else __syncthreads(); /* (LILY_CU_ROUTE_OVL=0: then the staging by every warp) */
+    } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
+    /* LILY_CU_MVDP_EPF=1 (a.f.epf, set by the launcher): an expert's first group fetched as soon
+     * as its index is known, before the staging, as a dense matrix's is before the wait. Off: on
+     * the H200 it made decode slower (tg128 469.0 against 481.7 after, bench/RESULTS.md session
+     * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
+     * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
+     * the codes' misses (untested guess). */
+    if (a.f.rlog && !t0) e = xsl ? 0 : rs[CL < 0 ? slot % a.f.K : slot];
+    if (eidx && a.f.epf && !t0 && tile < ntiles && sub < ng) { /* (routing beside the staging: e not known yet) */
+        t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
+        const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
+        dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
+        have = true;
+    }
+    dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
+    CU_MARK(0);
+    if (a.f.rlog) { /* (a token's first slot's block 0 writes the token's choice) */
+        if constexpr (CL < 0) {
+            if (blockIdx.x == 0 && !xsl && slot % a.f.K == 0 && (int)threadIdx.x < a.f.K) {
+                a.f.rsel[slot + threadIdx.x] = rs[threadIdx.x];
+                a.f.rwt[slot + threadIdx.x] = rw[threadIdx.x];
             }
-            if (a.f.rovl) t0 = WARP;
-            else __syncthreads(); /* (LILY_CU_ROUTE_OVL=0: then the staging by every warp) */
-        } else if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-        /* LILY_CU_MVDP_EPF=1 (a.f.epf, set by the launcher): an expert's first group fetched as soon
-         * as its index is known, before the staging, as a dense matrix's is before the wait. Off: on
-         * the H200 it made decode slower (tg128 469.0 against 481.7 after, bench/RESULTS.md session
-         * 18). Not understood: unlike the dense fetch, which is hidden behind the predecessor, these
-         * loads go out after the wait, ahead of the staging's own input loads; those may queue behind
-         * the codes' misses (untested guess). */
-        if (a.f.rlog && !t0) e = xsl ? 0 : rs[CL < 0 ? slot % a.f.K : slot];
-        if (eidx && a.f.epf && !t0 && tile < ntiles && sub < ng) { /* (routing beside the staging: e not known yet) */
-            t = dp_locate<R, BITS>(a, xsl, e, tile, mi, rpt, rib);
-            const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-            dp_fetch<R, SBT, BITS>(t, m.sbt, sub, nrow16, m.cols / m.group, c, sc, bi);
-            have = true;
-        }
-        dp_stage(a, x, X2 ? x2 : NULL, cols, dxs, t0, n0);
-        CU_MARK(0);
-        if (a.f.rlog) { /* (a token's first slot's block 0 writes the token's choice) */
-            if constexpr (CL < 0) {
-                if (blockIdx.x == 0 && !xsl && slot % a.f.K == 0 && (int)threadIdx.x < a.f.K) {
-                    a.f.rsel[slot + threadIdx.x] = rs[threadIdx.x];
-                    a.f.rwt[slot + threadIdx.x] = rw[threadIdx.x];
-                }
-                e = xsl ? 0 : rs[slot % a.f.K];
-            } else {
-                if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
-                    a.f.rsel[threadIdx.x] = rs[threadIdx.x];
-                    a.f.rwt[threadIdx.x] = rw[threadIdx.x];
-                }
-                e = xsl ? 0 : rs[slot];
+            e = xsl ? 0 : rs[slot % a.f.K];
+        } else {
+            if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
+                a.f.rsel[threadIdx.x] = rs[threadIdx.x];
+                a.f.rwt[threadIdx.x] = rw[threadIdx.x];
             }
+            e = xsl ? 0 : rs[slot];
         }
     }
     for (; tile < ntiles; tile += gridDim.x * nwb) {
@@ -260,16 +150,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
             a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + t.r0 + rsel] = acc;
         if (tile < (int)(blockIdx.x * nwb + warp + gridDim.x * nwb)) CU_MARK(1); /* the first tile */
     }
-    if constexpr (CL > 0)
-        if (!xsl) cu_cluster_wait(); /* (no block's logits go while another may read them) */
 }
 
-
-/* the router rows' shared memory past the staged input (rc_route) */
-static size_t rc_smem(const mvq_fuse &f, int cols, int CL) {
-    const size_t rpb = (size_t)(f.E + CL - 1) / CL;
-    return (rpb + 1) * cols + ((rpb + 1) * 4 + 15) / 16 * 16;
-}
 template <int LPR, int R, int SBT, int BITS, int G, int CL = 0>
 static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx, const int *eidx,
                     int xdiv) {
@@ -277,19 +159,9 @@ static void mvdp_go(cudaStream_t s, const mvq_args &a, int nslots, const float *
      * (mvq_grid; every block held with some warps a tile more measured slower, bench/RESULTS.md) */
     static mvq_kstate ks;
     const int warps = dp_warps(), blocks = (a.blk0[a.n] + warps - 1) / warps;
-    size_t sm = dp_smem(a.m[0].cols);
-    if constexpr (CL > 0) { /* the router's rows too: past MVQ_SMEM at 2,048 columns, so opted in here */
-        sm += rc_smem(a.f, a.m[0].cols, CL);
-        static size_t opted = 0;
-        if (sm > opted && cudaFuncSetAttribute(k_mvdp<LPR, R, SBT, BITS, G, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) == cudaSuccess)
-            opted = sm;
-        ks.attr_set = 1;
-    }
-    int gx = mvq_grid(k_mvdp<LPR, R, SBT, BITS, G, CL>, ks, blocks, nslots, 0, warps * WARP, sm);
-    if constexpr (CL > 0) {
-        gx = (gx + CL - 1) / CL * CL; /* (whole clusters: blocks past the tiles compute their router rows only) */
-        cu_go(k_mvdp<LPR, R, SBT, BITS, G, CL>, dim3(gx, nslots), warps * WARP, sm, s).cluster(CL)(a, X, X2, ldx, eidx, xdiv);
-    } else cu_go(k_mvdp<LPR, R, SBT, BITS, G, CL>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
+    const size_t sm = dp_smem(a.m[0].cols);
+    const int gx = mvq_grid(k_mvdp<LPR, R, SBT, BITS, G, CL>, ks, blocks, nslots, 0, warps * WARP, sm);
+    cu_go(k_mvdp<LPR, R, SBT, BITS, G, CL>, dim3(gx, nslots), warps * WARP, sm, s)(a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int R, int BITS, int G = 1, int CL = 0>
 static void mvdp_sbt(int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2, int ldx,
@@ -297,7 +169,6 @@ static void mvdp_sbt(int sbt, cudaStream_t s, const mvq_args &a, int nslots, con
     if (sbt == LW_BF16) mvdp_go<LPR, R, LW_BF16, BITS, G, CL>(s, a, nslots, X, X2, ldx, eidx, xdiv);
     else mvdp_go<LPR, R, -1, BITS, G, CL>(s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
-#define RC_CL 8 /* blocks a cluster for the router in the gate|up launch (the portable most) */
 /* (8-bit codes: R <= 2, their two-times-larger rows in registers). CL: 0 plain, -1 a decode batch's
  * slots routing themselves (token slot / K's logits) */
 template <int LPR, int CL>
@@ -314,47 +185,8 @@ static void mvdp_rr(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_
 template <int LPR>
 static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2,
                    int ldx, const int *eidx, int xdiv) {
-    if (a.f.nrc) { /* the router in clusters: 4-bit experts, one group at a time */
-        if (R >= 4 && LPR >= 4) mvdp_sbt<LPR, (LPR >= 4 ? 4 : 1), 4, 1, RC_CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-        else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 4, 1, RC_CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-        else mvdp_sbt<LPR, 1, 4, 1, RC_CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-    } else if (a.f.rlog && nslots != a.f.K + (a.f.xslot ? 1 : 0)) mvdp_rr<LPR, -1>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    if (a.f.rlog && nslots != a.f.K + (a.f.xslot ? 1 : 0)) mvdp_rr<LPR, -1>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
     else mvdp_rr<LPR, 0>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
-}
-
-/* the router's matrices for rc_route: 8-bit rows of cols (64-column groups, at most 32 of them: a
- * lane each), E <= 256 and the rows of a cluster's block at most RC_RPW a warp */
-static int rc_fits(const mvq_fuse *f, int cols, int warps) {
-    if (f->nrc < 1 || f->nrc > 2 || cols / 64 > 32 || f->E < 1 || f->E > 8 * 32 || (f->E + RC_CL - 1) / RC_CL + 1 > RC_RPW * warps) return 0;
-    if (!dp_fits(&f->rc[0], cols, 8) || f->rc[0].rows != f->E || (f->nrc == 2 && (!dp_fits(&f->rc[1], cols, 8) || f->rc[1].rows != 1)))
-        return 0;
-    for (int i = 0; i < f->nrc; i++)
-        if ((f->rc[i].sbt != LW_BF16 && f->rc[i].sbt != LW_F16 && f->rc[i].sbt != LW_F32)) return 0;
-    return 1;
-}
-int cu_cluster_on(void) {
-#ifdef __CUDACC_EMU__
-    return 1;
-#else
-    static int on = -1;
-    if (on < 0) {
-        int dev = 0, major = 0;
-        on = cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-             major >= 9;
-    }
-    return on;
-#endif
-}
-int cu_route_cluster_ok(const dmat *router, const dmat *shg, const dmat *gate, const dmat *up, int K) {
-    mvq_fuse f;
-    memset(&f, 0, sizeof f);
-    f.nrc = shg ? 2 : 1;
-    f.rc[0] = *router;
-    if (shg) f.rc[1] = *shg;
-    f.E = router->rows;
-    const int cols = gate->cols;
-    return cu_cluster_on() && mvdp_enabled() && rc_fits(&f, cols, dp_warps()) && K >= 1 && K <= 32 && cols % 64 == 0 && dp_fits(gate, cols, 4) &&
-           dp_fits(up, cols, 4);
 }
 
 static int test_r = 0;
@@ -371,15 +203,12 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     static int q8 = -1;
     const int q8_on = cu_env_flag(&q8, "LILY_CU_MVDP_Q8", 0) || test_r > 0;
     if (!mvdp_enabled() || test_r < 0 || in->f.sel || cols % 64 != 0 || cols > DP_MAX_COLS || (bits != 4 && bits != 8)) return 0;
-    const int rcl = in->f.nrc > 0;
-    if (rcl && (!rc_fits(&in->f, cols, dp_warps()) || bits != 4 || in->f.rlog || !in->f.nw || !in->f.add || X2 || in->f.gz)) return 0;
-    if (!q8_on && (bits == 8 || (in->f.add && !rcl))) return 0;
+    if (!q8_on && (bits == 8 || in->f.add)) return 0;
     if (in->f.gz && (in->n != 1 || eidx || nslots != 1 || in->f.nw || in->f.rlog || in->f.xslot || X2 || cols % 128)) return 0;
     /* routing in the launch: one token's slots (and the shared expert's), or a decode batch's, K a
      * token (rlog without the shared slot, xdiv K); route_ld's register form (E <= 256, K <= 32) */
-    if ((in->f.rlog || rcl) && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1 || (in->f.xslot && in->f.xslot != in->f.K)))
+    if (in->f.rlog && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1 || (in->f.xslot && in->f.xslot != in->f.K)))
         return 0;
-    if (rcl && nslots != in->f.K + (in->f.xslot ? 1 : 0)) return 0;
     if (in->f.rlog && nslots != in->f.K + (in->f.xslot ? 1 : 0) && (in->f.xslot || xdiv != in->f.K || nslots % in->f.K)) return 0;
     for (int i = 0; i < in->n; i++)
         if (!dp_fits(&in->m[i], cols, bits) ||

@@ -419,19 +419,6 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     for (int i = 0; i < n; i++)
         if (W[i]->sbt != sbt || (fu && fu->xslot && fu->xm[i].sbt != sbt)) sbt = -1;
     if (rw == 1 && !one && cu_mvdp_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
-    if (a.f.nrc) { /* no kernel below computes the router: the router group's launch and the top-k
-                    * first, then the experts on its normed input (tout) */
-        mvq_fuse g;
-        memset(&g, 0, sizeof g);
-        g.add = a.f.add; g.nw = a.f.nw; g.eps = a.f.eps; g.tout = a.f.tout;
-        const dmat *RW[2] = { &fu->rc[0], &fu->rc[1] };
-        const int rld[2] = { a.f.E, 1 };
-        cu_matvec_group(s, a.f.nrc, RW, X, NULL, ldx, a.f.rcy, rld, NULL, 1, 1, &g);
-        cu_router_topk(s, a.f.rcy[0], 1, a.f.E, a.f.K, a.f.rsel, a.f.rwt);
-        X = a.f.tout;
-        ldx = cols;
-        a.f.nrc = 0; a.f.add = NULL; a.f.nw = NULL; a.f.tout = NULL;
-    }
     if (a.f.rlog) { /* no kernel below routes itself: the top-k first, as without rlog (a batch's tokens too) */
         cu_router_topk(s, a.f.rlog, a.f.xslot ? 1 : nslots / a.f.K, a.f.E, a.f.K, a.f.rsel, a.f.rwt);
         a.f.rlog = NULL;

@@ -460,11 +460,7 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     float *ddx = (float *)dput(&L, X, (size_t)nx * cols * 4, st, &rc);
     float *ddx2 = X2 ? (float *)dput(&L, X2, (size_t)nx * cols * 4, st, &rc) : NULL;
     int *ds = sel ? (int *)dput(&L, sel, (size_t)nslots * 4, st, &rc) : NULL;
-    float *dlg = rt ? (float *)dput(&L, rt->rw ? NULL : rt->lg, (size_t)rt->E * 4, st, &rc) : NULL;
-    float *dsg = rt && rt->rw ? (float *)dput(&L, NULL, 4, st, &rc) : NULL;
-    dmat drc[2];
-    if (!rc && rt && rt->rw) rc = cu_upload_mats(m, rt->rw, 1, &drc[0], st);
-    if (!rc && rt && rt->sw) rc = cu_upload_mats(m, rt->sw, 1, &drc[1], st);
+    float *dlg = rt ? (float *)dput(&L, rt->lg, (size_t)rt->E * 4, st, &rc) : NULL;
     float *dwt = rt ? (float *)dput(&L, NULL, (size_t)rt->K * 4, st, &rc) : NULL;
     if (rt && ds) { /* the launch must route itself: the given experts poisoned */
         cudaMemset(ds, 0xff, (size_t)nslots * 4);
@@ -487,16 +483,6 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
         for (int i = 0; i < n; i++) fu.xm[i] = dx[i];
     }
     if (rt) { fu.rlog = dlg; fu.E = rt->E; fu.K = rt->K; fu.rsel = ds; fu.rwt = dwt; }
-    if (rt && rt->rw && !rc) {
-        fu.rlog = NULL;
-        fu.nrc = rt->sw ? 2 : 1;
-        fu.rc[0] = drc[0];
-        if (rt->sw) fu.rc[1] = drc[1];
-        fu.rcy[0] = dlg;
-        fu.rcy[1] = dsg;
-        if (!nm || !nm->add || !nm->nw || !sel || !cu_route_cluster_ok(&drc[0], rt->sw ? &drc[1] : NULL, &d[0], &d[n > 1 ? 1 : 0], rt->K))
-            rc = lily_err(st, LILY_EUNSUPPORTED, "the router in the gate|up launch (cu_route_cluster_ok) declined");
-    }
     if (!rc) {
         cu_mvdp_test_r(dp);
         if (dgz) {
@@ -509,8 +495,6 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     if (!rc && nm && nm->nw) rc = dget(nm->tout, dtout, (size_t)cols * 4, st);
     if (!rc && rt) rc = dget(rt->sel, ds, (size_t)rt->K * 4, st);
     if (!rc && rt) rc = dget(rt->wt, dwt, (size_t)rt->K * 4, st);
-    if (!rc && rt && rt->rw) rc = dget(rt->lgo, dlg, (size_t)rt->E * 4, st);
-    if (!rc && rt && rt->sw) rc = dget(rt->sgo, dsg, 4, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;
@@ -613,63 +597,6 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
             rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     rc = finish(st, rc);
     if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
-    dfree(&L);
-    lcuda_model_free(m);
-    return rc;
-}
-
-lily_code lct_moe_fuse(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E, const lw_mat *SG, const lw_mat *SU, const lw_mat *SD,
-                       const float *lg, int K, const float *sr, const float *t, const float *add, int reps, int two, int cl, int pf, float *x,
-                       int *sel, float *wt, lily_status *st) {
-    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
-    dmat dg, du, dd, dsg, dsu, dsd;
-    lily_code rc = cu_upload_mats(m, G, E, &dg, st);
-    if (!rc) rc = cu_upload_mats(m, U, E, &du, st);
-    if (!rc) rc = cu_upload_mats(m, D, E, &dd, st);
-    const int sh = SG != NULL;
-    if (!rc && sh) rc = cu_upload_mats(m, SG, 1, &dsg, st);
-    if (!rc && sh) rc = cu_upload_mats(m, SU, 1, &dsu, st);
-    if (!rc && sh) rc = cu_upload_mats(m, SD, 1, &dsd, st);
-    dlist L = { {0}, 0 };
-    const int H = G->cols, I = G->rows, ns = K + sh;
-    float *dlg = (float *)dput(&L, lg, (size_t)E * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
-    float *dt = (float *)dput(&L, t, (size_t)H * 4, st, &rc), *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc);
-    float *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
-    int *dsel = (int *)dput(&L, NULL, (size_t)ns * 4, st, &rc); /* (poisoned: the launch must route) */
-    float *dwt = (float *)dput(&L, NULL, (size_t)K * 4, st, &rc), *dD = (float *)dput(&L, NULL, (size_t)ns * H * 4, st, &rc);
-    float *dhg = (float *)dput(&L, NULL, (size_t)ns * I * 4, st, &rc), *dhu = (float *)dput(&L, NULL, (size_t)ns * I * 4, st, &rc);
-    unsigned *dcnt = (unsigned *)dput(&L, NULL, MF_CNT * 4, st, &rc);
-    if (!rc && cudaMemset(dcnt, 0, MF_CNT * 4) != cudaSuccess) rc = lily_err(st, LILY_EIO, "cudaMemset");
-    cu_moe_fuse_test_cl(cl);
-    cu_moe_fuse_test_pf(pf);
-    for (int i = 0; !rc && i < reps; i++) {
-        if (!two) {
-            if (!cu_moe_fuse(0, &dg, &du, &dd, sh ? &dsg : NULL, sh ? &dsu : NULL, sh ? &dsd : NULL, dlg, E, K, dsr, dt, dx, da, dD, dcnt,
-                             dsel, dwt))
-                rc = lily_err(st, LILY_EUNSUPPORTED, "cu_moe_fuse declined");
-            continue;
-        }
-        const dmat *W[2] = { &dg, &du };
-        float *Y[2] = { dhg, dhu };
-        int ld[2] = { I, I };
-        mvq_fuse fu;
-        memset(&fu, 0, sizeof fu);
-        fu.rlog = dlg; fu.E = E; fu.K = K; fu.rsel = dsel; fu.rwt = dwt;
-        if (sh) { fu.xslot = K; fu.xm[0] = dsg; fu.xm[1] = dsu; fu.xrow = 0; }
-        cu_matvec_group(0, 2, W, dt, NULL, H, Y, ld, dsel, K, ns, &fu);
-        if (!cu_mvdp_comb(0, &dd, sh ? &dsd : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da))
-            rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
-    }
-    cu_moe_fuse_test_cl(0);
-    cu_moe_fuse_test_pf(-1);
-    rc = finish(st, rc);
-    if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
-    if (!rc) rc = dget(sel, dsel, (size_t)K * 4, st);
-    if (!rc) rc = dget(wt, dwt, (size_t)K * 4, st);
-    unsigned cnt[MF_CNT];
-    if (!rc) rc = dget(cnt, dcnt, sizeof cnt, st);
-    for (int i = 0; !rc && i < MF_CNT; i++)
-        if (cnt[i]) rc = lily_err(st, LILY_EINVAL, "counter %d left at %u", i, cnt[i]);
     dfree(&L);
     lcuda_model_free(m);
     return rc;
@@ -793,43 +720,6 @@ lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *
     for (int i = 0; i < GDN_DEC_CNT && !rc; i++)
         if (hc[i]) rc = lily_err(st, LILY_EINVAL, "cu_gdn_dec left its counter %d at %u", i, hc[i]);
     dfree(&L);
-    return rc;
-}
-
-lily_code lct_gdn_in(int warps, const lw_mat *W, int nk, int nv, int K, const float *x, const float *nw, float eps, float *tout, float *state,
-                     const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z, lily_status *st) {
-    const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv, cols = W[0].cols;
-    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
-    dmat d[4];
-    const dmat *dp[4] = { &d[0], &d[1], &d[2], &d[3] };
-    lily_code rc = LILY_OK;
-    for (int i = 0; i < 4 && !rc; i++) rc = cu_upload_mats(m, &W[i], 1, &d[i], st);
-    dlist L = { {0}, 0 };
-    float *dx = (float *)dput(&L, x, (size_t)cols * 4, st, &rc), *dnw = nw ? (float *)dput(&L, nw, (size_t)cols * 4, st, &rc) : NULL;
-    float *dt = nw ? (float *)dput(&L, NULL, (size_t)cols * 4, st, &rc) : NULL;
-    float *ds = (float *)dput(&L, state, (size_t)cd * (K - 1) * 4, st, &rc), *dw = (float *)dput(&L, cw, (size_t)cd * K * 4, st, &rc);
-    float *dal = (float *)dput(&L, A_log, (size_t)nv * 4, st, &rc), *ddt = (float *)dput(&L, dt_bias, (size_t)nv * 4, st, &rc);
-    float *dS = (float *)dput(&L, S, (size_t)nv * dk * dv * 4, st, &rc);
-    float *dout = (float *)dput(&L, NULL, (size_t)vd * 4, st, &rc), *dz = (float *)dput(&L, NULL, (size_t)vd * 4, st, &rc);
-    if (!rc) {
-        cudaMemset(dout, 0xff, (size_t)vd * 4);
-        cudaMemset(dz, 0xff, (size_t)vd * 4);
-    }
-    mvq_fuse fu;
-    memset(&fu, 0, sizeof fu);
-    if (nw) { fu.nw = dnw; fu.eps = eps; fu.tout = dt; }
-    cu_gdn_in_test_warps(warps);
-    if (!rc && !cu_gdn_in(0, dp, dx, &fu, nk, nv, dk, dv, K, ds, dw, dal, ddt, dS, dout, dz))
-        rc = lily_err(st, LILY_EUNSUPPORTED, "cu_gdn_in declined");
-    cu_gdn_in_test_warps(0);
-    rc = finish(st, rc);
-    if (!rc) rc = dget(o, dout, (size_t)vd * 4, st);
-    if (!rc) rc = dget(z, dz, (size_t)vd * 4, st);
-    if (!rc) rc = dget(state, ds, (size_t)cd * (K - 1) * 4, st);
-    if (!rc) rc = dget(S, dS, (size_t)nv * dk * dv * 4, st);
-    if (!rc && nw) rc = dget(tout, dt, (size_t)cols * 4, st);
-    dfree(&L);
-    lcuda_model_free(m);
     return rc;
 }
 

@@ -93,11 +93,8 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
 /* gz, gw (nw NULL): the gated norm of heads of 128 columns instead, x rmsnorm(x) gw silu(gz) a head
  * (cu_matvec_gated: k_mvdp only; dp -1 fails) */
 typedef struct { const float *add, *nw; float eps; float *tout; const float *gz, *gw; } lct_mvnorm;
-/* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K];
- * with rw (nm's add and norm given, slot mode): it computes those logits itself from the router rw
- * [E][cols] and the shared expert's gate sw [1][cols] (or NULL), both 8-bit (mvq_fuse.nrc), into
- * lgo [E] and sgo [1]; declined is an error */
-typedef struct { const float *lg; int E, K; int *sel; float *wt; const lw_mat *rw, *sw; float *lgo, *sgo; } lct_mvroute;
+/* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K] */
+typedef struct { const float *lg; int E, K; int *sel; float *wt; } lct_mvroute;
 /* decode attention's adaptive splits (cu_attention's amin) in the split and folded calls that follow; 0 off */
 void lct_attn_amin(int amin);
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
@@ -114,11 +111,6 @@ lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const f
 lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *mixed, float *state, const float *cw, const float *bb,
                       const float *aa, const float *A_log, const float *dt_bias, float *S, const float *z, const float *gw, float eps,
                       float *o, lily_status *st);
-/* Decode's in-projection and step in one launch (cu_gdn_in, warps a block 8 or 16): W = qkv [cd][cols], z [nv*128][cols], b, a
- * [nv][cols] (4-bit) on x [cols] (rmsnorm(x) * nw when nw, which tout [cols] gets); state [cd][K-1] and S
- * [nv][128][128] in/out; o [nv*128] before the gated norm, z [nv*128] the z rows. Declined is an error. */
-lily_code lct_gdn_in(int warps, const lw_mat *W, int nk, int nv, int K, const float *x, const float *nw, float eps, float *tout, float *state,
-                     const float *cw, const float *A_log, const float *dt_bias, float *S, float *o, float *z, lily_status *st);
 /* The same through the chunked kernels (cu_gdn_chunked; variant as cu_gdn_chunk_variant: 1 tensor
  * cores, 2 tiled, 3 generic), and the staged prefill kernel (cu_gdn_staged: dk 128, dv a multiple
  * of 32; LILY_EUNSUPPORTED otherwise). */
@@ -145,16 +137,6 @@ lily_code lct_moe_combine(float *x, const float *add, const float *D, const floa
  * NULL; hg, hu [K (+1)][I]). Fails where it declines. */
 lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
                         const float *hu, const float *sr, float *x, const float *add, int reps, lily_status *st);
-/* Decode's MoE after the router group on x [H] in place, reps times: with two 0 one launch
- * (cu_moe_fuse, clusters of cl blocks a slot: 8, 16, 0 the launcher's; pf its prefetch mask, -1
- * the launcher's), else the gate|up routing
- * itself (cu_matvec_group, mvq_fuse.rlog) and the down with the combine (cu_mvdp_comb). G, U: E
- * experts [I][H], D [H][I]; SG, SU, SD the shared expert's or NULL; lg [E] router logits, t [H] the
- * normed input, add [H] or NULL. sel, wt [K]: the launch's routing. Fails where a launch declines
- * or the fused launch leaves a counter it used not 0. */
-lily_code lct_moe_fuse(const lw_mat *G, const lw_mat *U, const lw_mat *D, int E, const lw_mat *SG, const lw_mat *SU, const lw_mat *SD,
-                       const float *lg, int K, const float *sr, const float *t, const float *add, int reps, int two, int cl, int pf, float *x,
-                       int *sel, float *wt, lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* The prefill router: logits [T][W->rows] = X W^T to fp32 accuracy and their top-K, with the column
  * slices' sum in the top-k's launch (cu_router_exact_topk). splits: -1 cu_matmul_exact's tiles (no

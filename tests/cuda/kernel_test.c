@@ -281,12 +281,6 @@ int main(int argc, char **argv) {
             const int gr[2] = { 64, 64 };
             test_matvec_group_b(pool, 4, 2, gr, small ? 512 : 2048, 64, small ? 40 : 256, 8, 8, 1, 0, 0, 0, 1);
             test_matvec_group_b(pool, 4, 2, gr, 256, 64, 9, 3, 3, 0, 0, 0, 0, 1);
-            /* ... and computing the router too (clusters of blocks): the real widths, the tiny
-             * model's, odd expert counts (rows of a cluster's blocks uneven), groups of 128 */
-            test_route_cl(pool, small ? 512 : 2048, 64, 256, 8, 1, 64);
-            test_route_cl(pool, 128, 64, 16, 4, 1, 64);
-            test_route_cl(pool, 256, 32, 37, 5, 0, 64);
-            test_route_cl(pool, 1024, 48, 9, 3, 1, 128);
         }
         test_matvec_group(pool, 1, small ? o1 : dn, 512, 64, small ? 12 : 64, 8, 1, 1, 1, 0);
         test_matvec_group(pool, 1, small ? o1 : dn, small ? 1024 : 4096, 64, 1, 1, 1, 0, 0, 0);
@@ -406,10 +400,6 @@ int main(int argc, char **argv) {
     test_gdn_dec(3, small ? 2 : 16, small ? 4 : 32, 4); /* the 35B-A3B heads, its conv of 4 taps */
     test_gdn_dec(2, 3, 3, 3);
     test_gdn_dec(2, 1, 4, 1);
-    /* ... with the in-projection in the same launch (clusters of 8 blocks a key head) */
-    test_gdn_in(pool, 2048, small ? 2 : 16, small ? 4 : 32, 4, 1);
-    test_gdn_in(pool, 2048, 1, 2, 4, 0);
-    test_gdn_in(pool, small ? 2048 : 3072, 2, 4, 3, 1);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
     test_gdn(9, 1, 3, 40, 24);
@@ -433,12 +423,6 @@ int main(int argc, char **argv) {
     test_mvdp_comb(pool, 5, 37, 1024, 128, 3, 1, 1);              /* 16 lanes a row, odd rows, 2 units a group */
     test_mvdp_comb(pool, 20, 70, 128, 64, 15, 1, 0);              /* 16 slots, the most a block takes */
     test_mvdp_comb(pool, 7, 45, 2560, 64, 2, 1, 1);               /* 32 lanes a row, more groups than lanes */
-    test_moe_fuse(pool, small ? 12 : 32, 2048, 512, 64, 8, 1, 1, 0, 7); /* the 35B-A3B decode MoE in one launch, every prefetch */
-    test_moe_fuse(pool, 9, 2048, 512, 64, 8, 1, 0, 8, 0);              /* clusters of 8, no prefetch */
-    test_moe_fuse(pool, 8, 1024, 512, 128, 4, 0, 1, 16, -1);           /* no shared expert, 16 lanes a row, 2 units a group */
-    mk_sbt = LW_F32;
-    test_moe_fuse(pool, 6, 1024, 512, 64, 3, 1, 1, 16, 7);             /* odd K, f32 scales (the generic path) */
-    mk_sbt = LW_BF16;
     test_rmsnorm(129, 3);
     test_router(1, 256, 8, 0);
     test_router(small ? 40 : 333, 256, 8, 0);

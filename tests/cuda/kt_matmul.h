@@ -204,7 +204,7 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
                  special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm == 1 ? " add+norm" : norm == 3 ? " gated norm" : norm ? " norm" : "",
                  route ? " routed" : "");
         if (norm == 3 && v == 1) continue; /* (k_mvdp alone takes the gated norm) */
-        const lct_mvroute rt = { lg, E, nslots, sdev, wdev, NULL, NULL, NULL, NULL };
+        const lct_mvroute rt = { lg, E, nslots, sdev, wdev };
         if (route)
             for (int j = 0; j < nslots; j++) { sdev[j] = -1; wdev[j] = NAN; }
         if (tout) for (int c = 0; c < cols; c++) tout[c] = NAN;
@@ -246,76 +246,6 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
     for (int i = 0; i < n; i++) { free(ref[i]); free(Y[i]); }
     for (int i = 0; i < n * (E + 1) * 3; i++) free(hold[i]);
     free(hold); free(W); free(sel); free(X); free(X2); free(xin); free(add); free(nw); free(tout); free(gz); free(gw);
-}
-
-/* Decode's gate|up launch computing the router itself (mvq_fuse.nrc: clusters of k_mvdp blocks,
- * the router group's launch left out): the residual x + add normed by nw, the router [E][cols] and
- * the shared expert's gate (8-bit, shared: or none) on it, the top K, then the K experts' gate and
- * up (I rows each, 4-bit) and the shared expert's riding as slot K. Checked: the logits and the gate
- * against the CPU's (1e-5), the choice against router_ref on the launch's own logits (so a near-tie
- * cannot flip it) and the outputs against the chosen experts', tout. Forms: as run, R 1 and 2, and
- * with k_mvdp declining (cu_matvec_group's fallback: the router group's launch and the top-k). */
-static void test_route_cl(lily_pool *pool, int cols, int I, int E, int K, int shared, int group) {
-    void *hold[2 * 256 + 4][3];
-    lw_mat W[2 * 256], XM[2], RW = mk_mat(LW_Q, 8, group, E, cols, hold[2 * E]), SW = mk_mat(LW_Q, 8, group, 1, cols, hold[2 * E + 1]);
-    for (int i = 0; i < 2; i++) {
-        for (int e = 0; e < E; e++) W[i * E + e] = mk_mat(LW_Q, 4, group, I, cols, hold[i * E + e]);
-        if (shared) XM[i] = mk_mat(LW_Q, 4, group, I, cols, hold[2 * E + 2 + i]);
-    }
-    float *X = rnd((size_t)cols, 1.0f), *add = rnd((size_t)cols, 1.0f), *nw = rnd((size_t)cols, 1.0f), *xin = malloc((size_t)cols * 4);
-    double ss = 0;
-    for (int c = 0; c < cols; c++) ss += ((double)X[c] + add[c]) * ((double)X[c] + add[c]);
-    for (int c = 0; c < cols; c++) xin[c] = (float)(((double)X[c] + add[c]) / sqrt(ss / cols + 1e-6) * nw[c]);
-    float *lref = malloc((size_t)E * 4), sref = 0.f, *lg = malloc((size_t)E * 4), sg = 0.f, *tout = malloc((size_t)cols * 4);
-    cpu_matmul(pool, &RW, xin, 1, lref);
-    cpu_matmul(pool, &SW, xin, 1, &sref);
-    const int ns = K + (shared ? 1 : 0);
-    int sel[32], sdev[32], *seld = malloc((size_t)K * sizeof *seld);
-    float wt[32], wdev[32], *Y[2], *ref[2];
-    for (int i = 0; i < 2; i++) { Y[i] = malloc((size_t)ns * I * 4); ref[i] = malloc((size_t)ns * I * 4); }
-    for (int j = 0; j < K; j++) seld[j] = j % E; /* (slot mode; the launch routes itself) */
-    static const int dps[4] = { 0, 1, 2, -1 };
-    for (int v = 0; v < 4; v++) {
-        lily_status st = { 0 };
-        char what[160];
-        snprintf(what, sizeof what, "gate|up with the router %s q8/q4 %dx%d g%d E=%d K=%d%s (logits, gate, choice, outputs)",
-                 v == 0 ? "as run" : v == 1 ? "dp R1" : v == 2 ? "dp R2" : "no-dp (router group first)", I, cols, group, E, K,
-                 shared ? " +shared" : "");
-        for (int j = 0; j < E; j++) lg[j] = NAN;
-        for (int c = 0; c < cols; c++) tout[c] = NAN;
-        sg = NAN;
-        for (int i = 0; i < 2; i++)
-            for (size_t k = 0; k < (size_t)ns * I; k++) Y[i][k] = NAN;
-        const lct_mvnorm nm = { add, nw, 1e-6f, tout, NULL, NULL };
-        const lct_mvroute rt = { NULL, E, K, sdev, wdev, &RW, shared ? &SW : NULL, lg, &sg };
-        if (lct_matvec_group(W, 2, E, shared ? XM : NULL, seld, K, K, 0, X, NULL, 1, &nm, dps[v], &rt, Y, &st)) {
-            printf("%s: %s\n", what, st.msg);
-            n_fail++;
-            continue;
-        }
-        double worst = rel(lg, lref, (size_t)E);
-        if (shared && !(fabs((double)sg - sref) <= 1e-5 * (fabs((double)sref) + 1.0))) worst = INFINITY;
-        if (!(rel(tout, xin, (size_t)cols) <= 1e-6)) worst = INFINITY;
-        router_ref(lg, E, K, sel, wt);
-        if (memcmp(sel, sdev, (size_t)K * sizeof *sel) || !(rel(wdev, wt, (size_t)K) <= 1e-6)) worst = INFINITY;
-        double num = 0, den = 0;
-        for (int i = 0; i < 2; i++)
-            for (int j = 0; j < ns; j++) {
-                const lw_mat *m = j < K ? &W[i * E + sel[j]] : &XM[i];
-                cpu_matmul(pool, m, xin, 1, ref[i] + (size_t)j * I);
-                for (int r = 0; r < I; r++) {
-                    const double d = (double)Y[i][(size_t)j * I + r] - ref[i][(size_t)j * I + r];
-                    num += d * d;
-                    den += (double)ref[i][(size_t)j * I + r] * ref[i][(size_t)j * I + r];
-                }
-            }
-        const double e2 = isfinite(num) && den > 0 ? sqrt(num / den) : INFINITY;
-        report(what, e2 > worst ? e2 : worst, 1e-5);
-    }
-    for (int i = 0; i < 2 * E + 2 + (shared ? 2 : 0); i++)
-        for (int k = 0; k < 3; k++) free(hold[i][k]);
-    for (int i = 0; i < 2; i++) { free(Y[i]); free(ref[i]); }
-    free(X); free(add); free(nw); free(xin); free(lref); free(lg); free(tout); free(seld);
 }
 
 /* cu_wg_mma64 (wgmma with A from registers, B from shared memory) against double loops: fp16

@@ -220,67 +220,6 @@ static void test_mvdp_comb(lily_pool *pool, int E, int H, int I, int group, int 
     free(h); free(y); free(xr);
 }
 
-static void router_ref(const float *lg, int E, int K, int *sel, float *wt);
-/* Decode's MoE after the router group in one launch (k_moe_fuse): the routing, each slot's gate|up,
- * h = silu(g) u, down and the weighted combine into x, against the CPU's products (1e-5, as the
- * folded combine alone), against the two launches it replaces (k_mvdp routing itself, then
- * k_mvdp_comb: the same numerics, so 1e-6, and the same routing), twice in place (its counters
- * must come back to 0, which lct_moe_fuse checks). */
-static void test_moe_fuse(lily_pool *pool, int E, int H, int I, int group, int K, int shared, int with_add, int cl, int pf) {
-    const int reps = 2, ns = K + shared;
-    void **hold = calloc((size_t)(E + 1) * 9, sizeof *hold);
-    lw_mat *G = malloc((size_t)(E + 1) * sizeof *G), *U = malloc((size_t)(E + 1) * sizeof *U), *D = malloc((size_t)(E + 1) * sizeof *D);
-    for (int e = 0; e <= E; e++) {
-        G[e] = mk_mat(LW_Q, 4, group, I, H, hold + 9 * e);
-        U[e] = mk_mat(LW_Q, 4, group, I, H, hold + 9 * e + 3);
-        D[e] = mk_mat(LW_Q, 4, group, H, I, hold + 9 * e + 6);
-    }
-    float *lg = rnd((size_t)E, 2.0f), *sr = rnd(1, 1.0f), *t = rnd((size_t)H, 1.0f), *x = rnd((size_t)H, 1.0f);
-    float *add = with_add ? rnd((size_t)H, 1.0f) : NULL, *x2 = malloc((size_t)H * 4), *xr = malloc((size_t)H * 4);
-    int sel[32], sel2[32], sref[32];
-    float wt[32], wt2[32], wref[32];
-    router_ref(lg, E, K, sref, wref);
-    float *g = malloc((size_t)I * 4), *u = malloc((size_t)I * 4), *y = malloc((size_t)ns * H * 4);
-    for (int k = 0; k < ns; k++) {
-        const int e = k < K ? sref[k] : E;
-        cpu_matmul(pool, &G[e], t, 1, g);
-        cpu_matmul(pool, &U[e], t, 1, u);
-        for (int i = 0; i < I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-        cpu_matmul(pool, &D[e], g, 1, y + (size_t)k * H);
-    }
-    comb_ref(xr, x, add, y, wref, sr[0], K, ns, H, reps);
-    memcpy(x2, x, (size_t)H * 4);
-    lily_status st = { 0 }, st2 = { 0 };
-    char what[200];
-    snprintf(what, sizeof what, "moe in one launch E=%d H=%d I=%d g%d K=%d%s%s cluster %d prefetch %d x%d", E, H, I, group, K,
-             shared ? " shared" : "", add ? " add" : "", cl, pf, reps);
-    const lw_mat *SG = shared ? &G[E] : NULL, *SU = shared ? &U[E] : NULL, *SD = shared ? &D[E] : NULL;
-    if (lct_moe_fuse(G, U, D, E, SG, SU, SD, lg, K, sr, t, add, reps, 0, cl, pf, x, sel, wt, &st)) {
-        printf("%s: %s FAIL\n", what, st.msg);
-        n_fail++;
-    } else if (lct_moe_fuse(G, U, D, E, SG, SU, SD, lg, K, sr, t, add, reps, 1, 0, -1, x2, sel2, wt2, &st2)) {
-        printf("%s (the two launches): %s FAIL\n", what, st2.msg);
-        n_fail++;
-    } else {
-        int same = 1;
-        double wd = 0;
-        for (int k = 0; k < K; k++) {
-            same &= sel[k] == sref[k] && sel2[k] == sref[k];
-            wd = fmax(wd, fmax(fabs((double)wt[k] - wref[k]), fabs((double)wt2[k] - wref[k])));
-        }
-        if (!same || !(wd <= 1e-6)) {
-            printf("%s: routing (experts %s, weights off by %.3g) FAIL\n", what, same ? "match" : "differ", wd);
-            n_fail++;
-        }
-        report(what, rel(x, xr, (size_t)H), 1e-5);
-        char w2[240];
-        snprintf(w2, sizeof w2, "%s against the two launches", what);
-        report(w2, rel(x, x2, (size_t)H), 1e-6);
-    }
-    for (int i = 0; i < 9 * (E + 1); i++) free(hold[i]);
-    free(hold); free(G); free(U); free(D); free(lg); free(sr); free(t); free(x); free(add); free(x2); free(xr); free(g); free(u); free(y);
-}
-
 /* The reference routing of src/cpu/forward.c (softmax, top-k by selection, renormalize). */
 static void router_ref(const float *lg, int E, int K, int *sel, float *wt) {
     float *p = malloc((size_t)E * 4), mx = -INFINITY;

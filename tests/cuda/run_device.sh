@@ -1,17 +1,7 @@
 #!/bin/bash
 # What runs on the GPU machine (CI has no GPU; `make test` only compiles the CUDA code).
 # Run from the repository root:  bash tests/cuda/run_device.sh [stage...]
-#   stages: build fixtures check kernels model bench batch variants ncu chain clusters batchtc base moefuse   (default: build check kernels model bench batch)
-#   clusters: decode's two cluster forms, off by default (docs/cuda.md, bench/RESULTS.md session 28): the 35B-width
-#          model comparison with LILY_CU_GDN_IN=1, then with LILY_CU_ROUTE_CL=1 too (after the model stage, which
-#          makes /tmp/lily-m4), and lily-bench tg128,tg128@4096 as is, with LILY_CU_GDN_IN=1 (16 warps a block) and
-#          with LILY_CU_GDN_IN=1 LILY_CU_GDN_IN_WARPS=8, in turn, twice
-#   moefuse: decode's MoE after the router group in one launch (k_moe_fuse, LILY_CU_MOE_FUSE=1, off by default,
-#          bench/RESULTS.md session 30): the 35B-width model comparison with it on, then lily-bench tg128,tg128@4096
-#          as is, as bin/lily-bench-base where packed (an earlier commit's), with it (clusters of 16 blocks a slot, each
-#          block's down rows prefetched into L2 once routed) and with the settings in MF_MORE (space-separated, a comma
-#          joining variables; default: its gate|up rows and the shared slot's prefetched too, LILY_CU_MOE_PF=7), in
-#          turn, twice; then, with MF_PROFILE set, --profile with it
+#   stages: build fixtures check kernels model bench batch variants ncu chain batchtc base   (default: build check kernels model bench batch)
 #   batchtc: the decode batches' forms (bench/RESULTS.md sessions 29 and 31): cuda-kernel-test --batch and the cuda
 #          test_batch / test_beside with k_mvdpt at every row count (LILY_CU_MVDPT=1; by default from 6 rows), then
 #          lily-bench tg32x{1,2,4,6,8,12,16}@1024 as is, with LILY_CU_MVDPT=1, =0, with the top-k launch
@@ -42,18 +32,6 @@ fail=0
 for stage in $stages; do
   echo "== $stage ($(date -u +%H:%M:%S))"
   case $stage in
-  clusters)
-    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
-    for v in LILY_CU_GDN_IN=1 "LILY_CU_GDN_IN=1 LILY_CU_ROUTE_CL=1"; do
-      env $v "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_cl.log" 2>&1 || fail=1
-      echo "model ($v): $(tail -1 "$OUT/model_cl.log")"
-    done
-    for r in 1 2; do
-      for v in X=1 LILY_CU_GDN_IN=1 "LILY_CU_GDN_IN=1 LILY_CU_GDN_IN_WARPS=8"; do
-        echo "$v (round $r): $(env $v "$BIN/lily-bench" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
-          grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
-      done
-    done ;;
   base)
     [ -x "$BIN/lily-bench-base" ] || { echo "base: no bin/lily-bench-base packed"; fail=1; continue; }
     for r in 1 2; do
@@ -62,19 +40,6 @@ for stage in $stages; do
           grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
       done
     done ;;
-  moefuse)
-    [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
-    LILY_CU_MOE_FUSE=1 LILY_CU_MOE_FUSE_INFO=1 "$BIN/cuda-kernel-test" --model /tmp/lily-m4 --prompt 1000 --steps 32 >"$OUT/model_mf.log" 2>&1 || fail=1
-    echo "model (LILY_CU_MOE_FUSE=1): $(tail -1 "$OUT/model_mf.log") ($(grep -m1 'k_moe_fuse clusters' "$OUT/model_mf.log"))"
-    for r in 1 2; do
-      for v in X=1 BASE LILY_CU_MOE_FUSE=1 ${MF_MORE:-LILY_CU_MOE_FUSE=1,LILY_CU_MOE_PF=7}; do
-        b=lily-bench
-        if [ "$v" = BASE ]; then [ -x "$BIN/lily-bench-base" ] || continue; b=lily-bench-base; v=X=1; fi
-        echo "$v $b (round $r): $(env ${v//,/ } "$BIN/$b" --tests tg128,tg128@4096 --reps 3 -o md 2>&1 | grep -E '^\| ' |
-          grep -vE '^\| (model|---)' | cut -d'|' -f3-4 | tr '\n' ' ')"
-      done
-    done
-    [ -n "${MF_PROFILE:-}" ] && LILY_CU_MOE_FUSE=1 "$BIN/lily-bench" --tests tg128 --reps 1 --profile 2>&1 | tail -40 ;;
   batchtc)
     LILY_CU_MVDPT=1 "$BIN/cuda-kernel-test" --batch >"$OUT/kernels_tc.log" 2>&1 || fail=1
     echo "cuda-kernel-test --batch (LILY_CU_MVDPT=1): $(grep -E "FAIL|error" "$OUT/kernels_tc.log" | head -20)$(tail -1 "$OUT/kernels_tc.log")"
