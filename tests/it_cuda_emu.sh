@@ -167,6 +167,18 @@ if "$E/lily" synth --out "$tmp/model16" --layout mlx4 --preset tiny --hidden 256
   else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model, 16 heads, LILY_CU_ATTN_H16=1 (rc=$rc)"; fi
 else cat "$tmp/synth.log"; bad "lily synth --preset tiny --heads 16"; fi
 
+# the real widths (hidden 2,048, 16 key and 32 value heads of 128, experts of 512; 16 experts, vocab
+# 512, 4 layers) on the default decode path: the integer matrix-vector kernels at the 35B-A3B's
+# columns, the gate|up launch routing itself and the combine folded into the down (k_mvdp_comb)
+t0=$(date +%s.%N)
+if "$E/lily" synth --out "$tmp/m2k" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.log" 2>&1; then
+  LILY_EMU_STATS=kernels LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/m2k" --prompt 20 --steps 4 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.log" | tail -n 1)
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_mvdp_comb<' "$tmp/model.log"; then
+    ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, $(secs "$t0") s): $line"
+  else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model, hidden 2048 (rc=$rc)"; fi
+else cat "$tmp/synth.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
+
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
 # reduction, a missing __syncwarp, the router's tie within a lane going to the higher id, a
 # misplaced tensor-core tile, a decode batch whose rows all take the first row's position, a
