@@ -241,6 +241,89 @@ static void router_ref(const float *lg, int E, int K, int *sel, float *wt) {
     free(p);
 }
 
+/* Decode's router by linearity (cu_rlin: LILY_CU_RLIN): the out-projection adding the router's shares
+ * and the gate|up launch routing from them, against the CPU: y = Wo o (gated: o's gated norm a head of
+ * 128 first), t = rmsnorm(x + y) ln, the raw logits R ((x + y) ln) (the sums), the routing of R t
+ * (router_ref), the shared gate's logit, and each slot's gate and up on t (for the GPU's choice, so a
+ * near-tie shows once, in sel). Run twice (the sums zeroed between, as the combine does). */
+static void test_rlin(lily_pool *pool, int H, int D, int E, int I, int K, int shared, int gated) {
+    const int ns = K + shared, ldr = (E + shared + 3) / 4 * 4;
+    void **hold = malloc((size_t)(2 * E + 6) * 3 * sizeof *hold);
+    lw_mat Wo = mk_mat(LW_Q, 4, 64, H, D, hold), R = mk_mat(LW_Q, 8, 64, E, H, hold + 3), SG = mk_mat(LW_Q, 8, 64, 1, H, hold + 6);
+    lw_mat SGa = mk_mat(LW_Q, 4, 64, I, H, hold + 9), SUa = mk_mat(LW_Q, 4, 64, I, H, hold + 12);
+    lw_mat *G = malloc((size_t)E * sizeof *G), *U = malloc((size_t)E * sizeof *U);
+    for (int e = 0; e < E; e++) {
+        G[e] = mk_mat(LW_Q, 4, 64, I, H, hold + 15 + 6 * e);
+        U[e] = mk_mat(LW_Q, 4, 64, I, H, hold + 18 + 6 * e);
+    }
+    float *o = rnd((size_t)D, 1.0f), *z = rnd((size_t)D, 1.0f), *gw = rnd(128, 1.0f), *ln = rnd((size_t)H, 1.0f), *x = rnd((size_t)H, 1.0f);
+    const float eps = 1e-6f;
+    float *og = malloc((size_t)D * 4), *yref = malloc((size_t)H * 4), *tref = malloc((size_t)H * 4), *u = malloc((size_t)H * 4);
+    float *lg = malloc((size_t)(E + 1) * 4), *rawf = malloc((size_t)(E + 1) * 4), *sref = malloc(4), *wref = malloc((size_t)K * 4);
+    int *selr = malloc((size_t)K * 4);
+    for (int h = 0; h < D / 128; h++) { /* the gated norm as the CPU's (rmsnorm a head, gw, silu(z)) */
+        double ss = 0;
+        for (int i = 0; i < 128; i++) ss += (double)o[h * 128 + i] * o[h * 128 + i];
+        const float r = 1.0f / sqrtf((float)(ss / 128) + eps);
+        for (int i = 0; i < 128; i++) {
+            const int c = h * 128 + i;
+            og[c] = gated ? o[c] * r * gw[i] * (z[c] / (1.0f + expf(-z[c]))) : o[c];
+        }
+    }
+    cpu_matmul(pool, &Wo, og, 1, yref);
+    double ss = 0;
+    for (int i = 0; i < H; i++) ss += (double)(x[i] + yref[i]) * (x[i] + yref[i]);
+    const float r = 1.0f / sqrtf((float)(ss / H) + eps);
+    for (int i = 0; i < H; i++) { tref[i] = (x[i] + yref[i]) * r * ln[i]; u[i] = (x[i] + yref[i]) * ln[i]; }
+    cpu_matmul(pool, &R, tref, 1, lg);
+    cpu_matmul(pool, &R, u, 1, rawf);
+    cpu_matmul(pool, &SG, tref, 1, sref);
+    cpu_matmul(pool, &SG, u, 1, rawf + E);
+    router_ref(lg, E, K, selr, wref);
+    float *y = malloc((size_t)H * 4), *t = malloc((size_t)H * 4), *wt = malloc((size_t)K * 4), sr = 0;
+    float *hg = malloc((size_t)ns * I * 4), *hu = malloc((size_t)ns * I * 4), *gref = malloc((size_t)ns * I * 4), *uref = malloc((size_t)ns * I * 4);
+    int *sel = malloc((size_t)K * 4);
+    double *raw = malloc((size_t)(ldr + 1) * sizeof *raw);
+    lily_status st = { 0 };
+    char what[120];
+    snprintf(what, sizeof what, "router by linearity %dx%d E=%d K=%d I=%d%s%s", H, D, E, K, I, shared ? " shared" : "", gated ? " gated" : "");
+    if (lct_rlin(&Wo, o, gated ? z : NULL, gated ? gw : NULL, &R, shared ? &SG : NULL, ln, x, G, U, E, shared ? &SGa : NULL,
+                 shared ? &SUa : NULL, K, eps, y, t, sel, wt, &sr, hg, hu, raw, 2, &st)) {
+        printf("%s: %s\n", what, st.msg);
+        n_fail++;
+    } else {
+        char w2[320];
+        snprintf(w2, sizeof w2, "%s: out-projection", what);
+        report(w2, rel(y, yref, (size_t)H), 1e-5);
+        snprintf(w2, sizeof w2, "%s: t", what);
+        report(w2, rel(t, tref, (size_t)H), 1e-5);
+        float *rg = malloc((size_t)(E + 1) * 4);
+        for (int e = 0; e < E + shared; e++) rg[e] = (float)raw[e];
+        snprintf(w2, sizeof w2, "%s: the sums (raw logits)", what);
+        report(w2, raw[ldr] != 0 ? 1.0 : rel(rg, rawf, (size_t)(E + shared)), 1e-5);
+        int diff = 0;
+        for (int k = 0; k < K; k++) diff |= sel[k] != selr[k];
+        snprintf(w2, sizeof w2, "%s: routing (weights; the experts must match)", what);
+        report(w2, diff ? 1.0 : rel(wt, wref, (size_t)K), 1e-5);
+        if (shared) {
+            snprintf(w2, sizeof w2, "%s: the shared gate's logit", what);
+            report(w2, rel(&sr, sref, 1), 1e-5);
+        }
+        for (int k = 0; k < ns; k++) {
+            const int e = k < K && sel[k] >= 0 && sel[k] < E ? sel[k] : 0;
+            cpu_matmul(pool, k < K ? &G[e] : &SGa, tref, 1, gref + (size_t)k * I);
+            cpu_matmul(pool, k < K ? &U[e] : &SUa, tref, 1, uref + (size_t)k * I);
+        }
+        snprintf(w2, sizeof w2, "%s: gate|up", what);
+        report(w2, fmax(rel(hg, gref, (size_t)ns * I), rel(hu, uref, (size_t)ns * I)), 1e-5);
+        free(rg);
+    }
+    for (int i = 0; i < (2 * E + 5) * 3; i++) free(hold[i]);
+    free(hold); free(G); free(U); free(o); free(z); free(gw); free(ln); free(x); free(og); free(yref); free(tref); free(u);
+    free(lg); free(rawf); free(sref); free(wref); free(selr); free(y); free(t); free(wt); free(hg); free(hu); free(gref); free(uref);
+    free(sel); free(raw);
+}
+
 /* ties > 0: logits drawn from that many values, so many experts tie and the lowest id must win */
 static void test_router(int T, int E, int K, int ties) {
     float *lg = rnd((size_t)T * E, 2.0f);
