@@ -64,6 +64,11 @@ static void pf_layer(lcuda_session *s, const cu_layer *L, int T, int late) {
     static int v = -1;
     if (!pf_on(s, T) || !(pf_parts() & 1) || cu_env_flag(&v, "LILY_CU_PF_LATE", 0) != late) return;
     const dmat *W[6] = { L->full ? &L->o : &L->out, &L->router, &L->sh_gate, &L->sh_up, &L->sh_router, &L->sh_down };
+    if (s->rlin_l) { /* (the router by linearity reads neither router: its layout goes with the out-projection) */
+        const dmat *W2[4] = { W[0], W[2], W[3], W[5] };
+        pf_fork(s, s->m->cfg.shared_inter ? 4 : 1, W2, NULL, 0);
+        return;
+    }
     pf_fork(s, s->m->cfg.shared_inter ? 6 : 2, W, NULL, 0);
 }
 /* the mixer's input projections (what the layer reads first) */
