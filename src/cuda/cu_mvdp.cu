@@ -340,11 +340,15 @@ static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_a
 static int test_r = 0, g2_env = -1;
 void cu_mvdp_test_r(int r) { test_r = r; }
 static int lpr_of(int ng) { return ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1; }
+/* LILY_CU_MVDP_R, read once for cu_mvdp_group and rlin_r */
+static int env_r(void) {
+    static int r = INT_MIN;
+    cu_env_int(&r, "LILY_CU_MVDP_R", 4);
+    return r;
+}
 /* R where nothing asks for another (LILY_CU_MVDP_R, the kernel test's forms) */
 static int rlin_r(void) {
-    static int env_r = INT_MIN;
-    cu_env_int(&env_r, "LILY_CU_MVDP_R", 4);
-    return test_r != 0 || env_r == 1 || env_r == 2 || cu_env_flag(&g2_env, "LILY_CU_MVDP_G2", 0) ? 0 : 4;
+    return test_r != 0 || env_r() == 1 || env_r() == 2 || cu_env_flag(&g2_env, "LILY_CU_MVDP_G2", 0) ? 0 : 4;
 }
 
 
@@ -386,9 +390,7 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
      * 447 for R as large as kept every warp slot busy; 455 against 442 for R as large as gave every
      * SM a block, which put the 2,048-row out-projections at R = 1, 256 blocks, not 64; Nsight alone
      * timed those two the same). LILY_CU_MVDP_R=1|2|4 fixes it, for measuring. */
-    static int env_r = INT_MIN;
-    cu_env_int(&env_r, "LILY_CU_MVDP_R", 4);
-    int R = env_r == 1 || env_r == 2 ? env_r : 4;
+    int R = env_r() == 1 || env_r() == 2 ? env_r() : 4;
     if (test_r == 1 || test_r == 2 || test_r == 4) R = test_r;
     if (bits == 8 && R > 2) R = 2;
     if (R > lpr) R = lpr;
@@ -428,7 +430,9 @@ int cu_rlin_ok(const dmat *W, const dmat *gate, const dmat *up, int E, int K) {
            cu_rlin_ldr(E, 1) <= RLIN_LDR_MAX && K >= 1 && K <= 32 && K <= E;
 }
 
-int cu_matvec_rp(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y, const cu_rlin *rp) {
+/* One token's out-projection y = W o on k_mvdp: o gated-normed while staged where z and gw, the
+ * router's shares added where rp (cu_matvec_gated's and cu_matvec_rp's one body) */
+static int mvdp_out(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y, const cu_rlin *rp) {
     mvq_args a;
     memset(&a, 0, sizeof a);
     a.n = 1;
@@ -438,19 +442,14 @@ int cu_matvec_rp(cudaStream_t s, const dmat *W, const float *o, const float *z, 
     a.f.gw = gw;
     a.f.eps = eps;
     a.f.rp = rp;
-    if (!cu_mvdp_group(s, &a, W->sbt, o, NULL, W->cols, NULL, 1, 1)) return 0;
-    return 1;
+    return cu_mvdp_group(s, &a, W->sbt, o, NULL, W->cols, NULL, 1, 1);
+}
+
+int cu_matvec_rp(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y, const cu_rlin *rp) {
+    return mvdp_out(s, W, o, z, gw, eps, y, rp);
 }
 
 int cu_matvec_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y) {
     if (!z || !gw) return 0;
-    mvq_args a;
-    memset(&a, 0, sizeof a);
-    a.n = 1;
-    a.m[0] = *W;
-    a.y[0] = y;
-    a.f.gz = z;
-    a.f.gw = gw;
-    a.f.eps = eps;
-    return cu_mvdp_group(s, &a, W->sbt, o, NULL, W->cols, NULL, 1, 1);
+    return mvdp_out(s, W, o, z, gw, eps, y, NULL);
 }
