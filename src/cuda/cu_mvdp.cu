@@ -58,12 +58,17 @@ static __device__ __forceinline__ unsigned long long rlin_fx(float p, unsigned l
  * meanwhile loads the sums), then warp 0 routes on the logits (sums times 1 / rms, as the router's
  * own would be on t) while the others stage; the closing barrier publishes rs and rw. Block (0, 0)
  * writes t to tout and the shared gate's logit to rp->sr. n0: nw of word threadIdx.x - WARP. */
-static __device__ __forceinline__ void dp_stage_rq(const mvq_args &a, const float *x, int cols, uint4 *xs, const float (&n0)[8], int *rs,
-                                                float *rw) {
+struct dp_rq { /* the descriptor's fields dp_stage_rq needs, read before the wait (set at load, never written
+                * in a step), so the sums' loads after it depend on no other round trip */
+    const unsigned long long *acc;
+    float *sr;
+    int ne, ldr;
+};
+static __device__ __forceinline__ void dp_stage_rq(const mvq_args &a, const dp_rq &rp, const float *x, int cols, uint4 *xs,
+                                                const float (&n0)[8], int *rs, float *rw) {
     __shared__ float red[32];
     const int nw = cols / 8, st = blockDim.x - WARP, tid = threadIdx.x, warp = tid / WARP, lane = tid % WARP;
     const float *add = a.f.add;
-    const cu_rlin *rp = a.f.rp;
     const bool b00 = blockIdx.x == 0 && blockIdx.y == 0;
     long long q[8];
     unsigned long long flag = 0ull;
@@ -71,9 +76,9 @@ static __device__ __forceinline__ void dp_stage_rq(const mvq_args &a, const floa
     float ss = 0.f, v0[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
     if (warp == 0) {
 #pragma unroll
-        for (int i = 0; i < 8; i++) q[i] = lane + WARP * i < a.f.E ? (long long)__ldcg(rp->acc + lane + WARP * i) : 0ll;
-        flag = __ldcg(rp->acc + rp->ldr);
-        if (b00 && lane == 0 && rp->ne > a.f.E) qs = (long long)__ldcg(rp->acc + a.f.E);
+        for (int i = 0; i < 8; i++) q[i] = lane + WARP * i < a.f.E ? (long long)__ldcg(rp.acc + lane + WARP * i) : 0ll;
+        flag = __ldcg(rp.acc + rp.ldr);
+        if (b00 && lane == 0 && rp.ne > a.f.E) qs = (long long)__ldcg(rp.acc + a.f.E);
     } else
         for (int w = tid - WARP; w < nw; w += st)
             for (int j = 0; j < 8; j++) {
@@ -93,7 +98,7 @@ static __device__ __forceinline__ void dp_stage_rq(const mvq_args &a, const floa
 #pragma unroll
         for (int i = 0; i < 8; i++) v[i] = flag ? NAN : (float)((double)q[i] * (1.0 / RLIN_ONE)) * r;
         route_regs<8, LILY_DP_RDX>(v, a.f.E, a.f.K, rs, rw);
-        if (b00 && lane == 0 && rp->ne > a.f.E) rp->sr[0] = flag ? NAN : (float)((double)qs * (1.0 / RLIN_ONE)) * r;
+        if (b00 && lane == 0 && rp.ne > a.f.E) rp.sr[0] = flag ? NAN : (float)((double)qs * (1.0 / RLIN_ONE)) * r;
     } else
         for (int w0 = 0; w0 < nw; w0 += st) { /* (whole warps: nw a multiple of 8, st of 32) */
             const int w = w0 + tid - WARP;
@@ -184,9 +189,11 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         }
     }
     float n0[8];
+    dp_rq rq3 = { NULL, NULL, 0, 0 };
     if constexpr (CL == -3) { /* nw of the thread's first staged word (dp_stage_rq: word threadIdx.x - WARP) */
         const int w = threadIdx.x - WARP;
         for (int j = 0; j < 8; j++) n0[j] = w >= 0 && w < cols / 8 ? a.f.nw[8 * w + j] : 0.f;
+        rq3 = { a.f.rp->acc, a.f.rp->sr, a.f.rp->ne, a.f.rp->ldr };
     } else dp_nw0(a, cols, n0);
     CU_PDL();
     if (LILY_DP_RAWSB && have) {
@@ -203,7 +210,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     int t0 = 0;
     if constexpr (CL == -3) { /* routing from the out-projection's sums (dp_stage_rq) */
         mvq_slot_input(a, X, X2, ldx, NULL, xdiv, xsl, slot, x, x2);
-        dp_stage_rq(a, x, cols, dxs, n0, rs, rw);
+        dp_stage_rq(a, rq3, x, cols, dxs, n0, rs, rw);
         CU_MARK(0);
         if (blockIdx.x == 0 && slot == 0 && (int)threadIdx.x < a.f.K) {
             a.f.rsel[threadIdx.x] = rs[threadIdx.x];
@@ -324,6 +331,8 @@ static void mvdp_rr(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_
     else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 4, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
     else mvdp_sbt<LPR, 1, 4, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
+/* a decode batch's slots routing themselves (K a token, xdiv K; CL -1), not one token's K (+ the shared) */
+static bool mvdp_batch_routes(const mvq_args &a, int nslots) { return a.f.rlog && nslots != a.f.K + (a.f.xslot ? 1 : 0); }
 template <int LPR>
 static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2,
                    int ldx, const int *eidx, int xdiv) {
@@ -333,7 +342,7 @@ static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_a
             else mvdp_sbt<32, 4, 4, 1, -2>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
             return;
         }
-    if (a.f.rlog && nslots != a.f.K + (a.f.xslot ? 1 : 0)) mvdp_rr<LPR, -1>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
+    if (mvdp_batch_routes(a, nslots)) mvdp_rr<LPR, -1>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
     else mvdp_rr<LPR, 0>(R, bits, g2, sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
 
@@ -377,7 +386,7 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
      * token (rlog without the shared slot, xdiv K); route_ld's register form (E <= 256, K <= 32) */
     if (in->f.rlog && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1 || (in->f.xslot && in->f.xslot != in->f.K)))
         return 0;
-    if (in->f.rlog && nslots != in->f.K + (in->f.xslot ? 1 : 0) && (in->f.xslot || xdiv != in->f.K || nslots % in->f.K)) return 0;
+    if (mvdp_batch_routes(*in, nslots) && (in->f.xslot || xdiv != in->f.K || nslots % in->f.K)) return 0;
     for (int i = 0; i < in->n; i++)
         if (!dp_fits(&in->m[i], cols, bits) ||
             (in->f.xslot && (!dp_fits(&in->f.xm[i], cols, bits) || in->f.xm[i].rows != in->m[i].rows))) {
