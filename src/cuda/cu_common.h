@@ -147,9 +147,12 @@ typedef struct {
                                 * acc[ldr] != 0: a share was NaN or past 2^24 (the logits are then NaN) */
     float *sr;                 /* [1] the shared expert's gate logit (the gate|up launch writes it) */
     int ne, ldr;               /* rows (E, + 1 with the shared gate); the stride, a multiple of 4 */
+    int ast;                   /* words from one sum to the next in acc (cu_rlin_ast: 1, or 16 = a 128-byte line
+                                * each, so the out-projection's blocks' atomics do not queue on a few lines) */
 } cu_rlin;
 #define RLIN_ONE 268435456.0   /* 2^28: a fixed-point unit */
 #define RLIN_MAX 16777216.f    /* 2^24: a row's share past it saturates the flag (2,048 rows stay below 2^63) */
+#define RLIN_AST_MAX 16        /* acc's largest stride (words a sum) */
 #define RLIN_LDR_MAX 260       /* the stride k_mvdp's slices are sized for: 256 experts and the shared gate */
 /* Decode (one input row) fusions of the router group's launch, so the layer's MoE needs two
  * launches fewer (cu_matvec_group with a fuse; off with LILY_CU_FUSE=0):
@@ -572,6 +575,8 @@ int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, 
 size_t cu_rlin_words(const dmat *router, const dmat *shg, int H);
 void cu_rlin_make(cudaStream_t s, const dmat *router, const dmat *shg, int H, uint32_t *out);
 static inline int cu_rlin_ldr(int E, int shg) { return (E + (shg ? 1 : 0) + 3) / 4 * 4; }
+/* acc's stride in words (LILY_CU_RLIN_AST, 1 .. RLIN_AST_MAX, default 1), for measuring */
+int cu_rlin_ast(void);
 /* The one-token out-projection y = W o (o gated-normed while staged when z, gw: cu_matvec_gated's
  * form) with its rows' router shares added into rp->acc (k_mvdp CL -2). 0 when it declines. */
 int cu_matvec_rp(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y, const cu_rlin *rp);

@@ -62,7 +62,7 @@ struct dp_rq { /* the descriptor's fields dp_stage_rq needs, read before the wai
                 * in a step), so the sums' loads after it depend on no other round trip */
     const unsigned long long *acc;
     float *sr;
-    int ne, ldr;
+    int ne, ldr, ast;
 };
 static __device__ __forceinline__ void dp_stage_rq(const mvq_args &a, const dp_rq &rp, const float *x, int cols, uint4 *xs,
                                                 const float (&n0)[8], int *rs, float *rw) {
@@ -76,9 +76,9 @@ static __device__ __forceinline__ void dp_stage_rq(const mvq_args &a, const dp_r
     float ss = 0.f, v0[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
     if (warp == 0) {
 #pragma unroll
-        for (int i = 0; i < 8; i++) q[i] = lane + WARP * i < a.f.E ? (long long)__ldcg(rp.acc + lane + WARP * i) : 0ll;
-        flag = __ldcg(rp.acc + rp.ldr);
-        if (b00 && lane == 0 && rp.ne > a.f.E) qs = (long long)__ldcg(rp.acc + a.f.E);
+        for (int i = 0; i < 8; i++) q[i] = lane + WARP * i < a.f.E ? (long long)__ldcg(rp.acc + (size_t)(lane + WARP * i) * rp.ast) : 0ll;
+        flag = __ldcg(rp.acc + (size_t)rp.ldr * rp.ast);
+        if (b00 && lane == 0 && rp.ne > a.f.E) qs = (long long)__ldcg(rp.acc + (size_t)a.f.E * rp.ast);
     } else
         for (int w = tid - WARP; w < nw; w += st)
             for (int j = 0; j < 8; j++) {
@@ -189,11 +189,11 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         }
     }
     float n0[8];
-    dp_rq rq3 = { NULL, NULL, 0, 0 };
+    dp_rq rq3 = { NULL, NULL, 0, 0, 1 };
     if constexpr (CL == -3) { /* nw of the thread's first staged word (dp_stage_rq: word threadIdx.x - WARP) */
         const int w = threadIdx.x - WARP;
         for (int j = 0; j < 8; j++) n0[j] = w >= 0 && w < cols / 8 ? a.f.nw[8 * w + j] : 0.f;
-        rq3 = { a.f.rp->acc, a.f.rp->sr, a.f.rp->ne, a.f.rp->ldr };
+        rq3 = { a.f.rp->acc, a.f.rp->sr, a.f.rp->ne, a.f.rp->ldr, a.f.rp->ast };
     } else dp_nw0(a, cols, n0);
     CU_PDL();
     if (LILY_DP_RAWSB && have) {
@@ -293,8 +293,8 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
         __syncthreads();
         for (int i = threadIdx.x; i <= rp.ldr; i += blockDim.x) {
             const unsigned long long v = bacc[i];
-            if (v && i < rp.ldr) atomicAdd(rp.acc + i, v);
-            else if (v) atomicOr(rp.acc + i, v);
+            if (v && i < rp.ldr) atomicAdd(rp.acc + (size_t)i * rp.ast, v);
+            else if (v) atomicOr(rp.acc + (size_t)i * rp.ast, v);
         }
     }
 }

@@ -59,3 +59,9 @@ void cu_rlin_make(cudaStream_t s, const dmat *router, const dmat *shg, int H, ui
     cu_go(k_rlin_make, 256, 256, 0, s)(*router, shg ? *shg : *router, shg != NULL, H, ldr, out,
                                        (float2 *)(out + (size_t)ldr * (H / 4)));
 }
+
+int cu_rlin_ast(void) {
+    static int a = INT_MIN;
+    cu_env_int(&a, "LILY_CU_RLIN_AST", 1);
+    return a < 1 ? 1 : a > RLIN_AST_MAX ? RLIN_AST_MAX : a;
+}

@@ -604,7 +604,8 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
 
 lily_code lct_rlin(const lw_mat *Wo, const float *o, const float *z, const float *gw, const lw_mat *R, const lw_mat *SG, const float *ln,
                    const float *x, const lw_mat *G, const lw_mat *U, int E, const lw_mat *SGa, const lw_mat *SUa, int K, float eps,
-                   float *y, float *t, int *sel, float *wt, float *sr, float *hg, float *hu, double *raw, int reps, lily_status *st) {
+                   float *y, float *t, int *sel, float *wt, float *sr, float *hg, float *hu, double *raw, int reps, int ast_arg,
+                   lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat dwo, dr, dsg, dg, du, dsga, dsua;
     lily_code rc = cu_upload_mats(m, Wo, 1, &dwo, st);
@@ -621,7 +622,8 @@ lily_code lct_rlin(const lw_mat *Wo, const float *o, const float *z, const float
     dlist L = { {0}, 0 };
     const int ldr = cu_rlin_ldr(E, SG != NULL);
     uint32_t *dlay = (uint32_t *)dput(&L, NULL, nw * 4, st, &rc);
-    unsigned long long *dacc = (unsigned long long *)dput(&L, NULL, (RLIN_LDR_MAX + 2) * 8, st, &rc);
+    const int ast = ast_arg >= 1 && ast_arg <= RLIN_AST_MAX ? ast_arg : cu_rlin_ast();
+    unsigned long long *dacc = (unsigned long long *)dput(&L, NULL, (RLIN_LDR_MAX + 2) * RLIN_AST_MAX * 8, st, &rc);
     float *dln = (float *)dput(&L, ln, (size_t)H * 4, st, &rc), *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc);
     float *dor = (float *)dput(&L, o, (size_t)D * 4, st, &rc), *dz = z ? (float *)dput(&L, z, (size_t)D * 4, st, &rc) : NULL;
     float *dgw = gw ? (float *)dput(&L, gw, 128 * 4, st, &rc) : NULL;
@@ -632,19 +634,19 @@ lily_code lct_rlin(const lw_mat *Wo, const float *o, const float *z, const float
     cu_rlin h;
     memset(&h, 0, sizeof h);
     h.q = dlay; h.sb = (const float2 *)(dlay + (size_t)ldr * (H / 4)); h.ln = dln; h.xr = dx; h.acc = dacc; h.sr = dsr;
-    h.ne = E + (SG != NULL); h.ldr = ldr;
+    h.ne = E + (SG != NULL); h.ldr = ldr; h.ast = ast;
     cu_rlin *drp = (cu_rlin *)dput(&L, &h, sizeof h, st, &rc);
-    unsigned long long *hacc = (unsigned long long *)malloc((RLIN_LDR_MAX + 2) * 8);
+    unsigned long long *hacc = (unsigned long long *)malloc((RLIN_LDR_MAX + 2) * RLIN_AST_MAX * 8);
     if (!rc) {
         cu_rlin_make(0, &dr, SG ? &dsg : NULL, H, dlay);
-        cudaMemset(dacc, 0, (RLIN_LDR_MAX + 2) * 8);
+        cudaMemset(dacc, 0, (RLIN_LDR_MAX + 2) * RLIN_AST_MAX * 8);
     }
     /* reps: the sums zeroed between them as the combine's launch would, so every rep sees the same */
     for (int i = 0; !rc && i < reps; i++) {
-        cudaMemset(dacc, 0, (size_t)(ldr + 1) * 8);
+        cudaMemset(dacc, 0, ((size_t)ldr * ast + 1) * 8);
         if (!cu_matvec_rp(0, &dwo, dor, dz, dgw, eps, dy, drp)) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_matvec_rp declined");
         if (!rc) rc = finish(st, rc);
-        if (!rc) rc = dget(hacc, dacc, (size_t)(ldr + 1) * 8, st);
+        if (!rc) rc = dget(hacc, dacc, ((size_t)ldr * ast + 1) * 8, st);
         mvq_fuse xg;
         memset(&xg, 0, sizeof xg);
         if (SGa) { xg.xslot = K; xg.xm[0] = dsga; xg.xm[1] = dsua; xg.xrow = 0; }
@@ -663,7 +665,7 @@ lily_code lct_rlin(const lw_mat *Wo, const float *o, const float *z, const float
     if (!rc && SG) rc = dget(sr, dsr, 4, st);
     if (!rc) rc = dget(hg, dhg, (size_t)ns * I * 4, st);
     if (!rc) rc = dget(hu, dhu, (size_t)ns * I * 4, st);
-    for (int e = 0; !rc && e <= ldr; e++) raw[e] = e < ldr ? (double)(long long)hacc[e] / RLIN_ONE : (double)hacc[e];
+    for (int e = 0; !rc && e <= ldr; e++) raw[e] = e < ldr ? (double)(long long)hacc[(size_t)e * ast] / RLIN_ONE : (double)hacc[(size_t)e * ast];
     free(hacc);
     dfree(&L);
     lcuda_model_free(m);

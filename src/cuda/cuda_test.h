@@ -142,10 +142,12 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
  * (E experts G, U [I][H]; SGa, SUa the shared expert's, slot K) staging t = rmsnorm(x + y) * ln and
  * routing from the sums: y, t [H], sel, wt [K], sr [1] (the shared gate SG's logit, SG non-NULL), hg,
  * hu [K (+1)][I], and raw [ldr + 1] the sums (the raw logits W_r (x + y) ln; raw[ldr] the flag).
- * R [E][H], SG [1][H]: 8-bit, groups of 64. Fails where a launcher declines. */
+ * R [E][H], SG [1][H]: 8-bit, groups of 64. ast: the sums' stride (cu_rlin.ast; 0: cu_rlin_ast's). Fails
+ * where a launcher declines. */
 lily_code lct_rlin(const lw_mat *Wo, const float *o, const float *z, const float *gw, const lw_mat *R, const lw_mat *SG, const float *ln,
                    const float *x, const lw_mat *G, const lw_mat *U, int E, const lw_mat *SGa, const lw_mat *SUa, int K, float eps,
-                   float *y, float *t, int *sel, float *wt, float *sr, float *hg, float *hu, double *raw, int reps, lily_status *st);
+                   float *y, float *t, int *sel, float *wt, float *sr, float *hg, float *hu, double *raw, int reps, int ast,
+                   lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* The prefill router: logits [T][W->rows] = X W^T to fp32 accuracy and their top-K, with the column
  * slices' sum in the top-k's launch (cu_router_exact_topk). splits: -1 cu_matmul_exact's tiles (no

@@ -246,7 +246,7 @@ static void router_ref(const float *lg, int E, int K, int *sel, float *wt) {
  * 128 first), t = rmsnorm(x + y) ln, the raw logits R ((x + y) ln) (the sums), the routing of R t
  * (router_ref), the shared gate's logit, and each slot's gate and up on t (for the GPU's choice, so a
  * near-tie shows once, in sel). Run twice (the sums zeroed between, as the combine does). */
-static void test_rlin(lily_pool *pool, int H, int D, int E, int I, int K, int shared, int gated) {
+static void test_rlin(lily_pool *pool, int H, int D, int E, int I, int K, int shared, int gated, int ast) {
     const int ns = K + shared, ldr = (E + shared + 3) / 4 * 4;
     void **hold = malloc((size_t)(2 * E + 6) * 3 * sizeof *hold);
     lw_mat Wo = mk_mat(LW_Q, 4, 64, H, D, hold), R = mk_mat(LW_Q, 8, 64, E, H, hold + 3), SG = mk_mat(LW_Q, 8, 64, 1, H, hold + 6);
@@ -286,9 +286,11 @@ static void test_rlin(lily_pool *pool, int H, int D, int E, int I, int K, int sh
     double *raw = malloc((size_t)(ldr + 1) * sizeof *raw);
     lily_status st = { 0 };
     char what[120];
-    snprintf(what, sizeof what, "router by linearity %dx%d E=%d K=%d I=%d%s%s", H, D, E, K, I, shared ? " shared" : "", gated ? " gated" : "");
+    char sfx[32] = "";
+    if (ast > 1) snprintf(sfx, sizeof sfx, " sums %d words apart", ast);
+    snprintf(what, sizeof what, "router by linearity %dx%d E=%d K=%d I=%d%s%s%s", H, D, E, K, I, shared ? " shared" : "", gated ? " gated" : "", sfx);
     if (lct_rlin(&Wo, o, gated ? z : NULL, gated ? gw : NULL, &R, shared ? &SG : NULL, ln, x, G, U, E, shared ? &SGa : NULL,
-                 shared ? &SUa : NULL, K, eps, y, t, sel, wt, &sr, hg, hu, raw, 2, &st)) {
+                 shared ? &SUa : NULL, K, eps, y, t, sel, wt, &sr, hg, hu, raw, 2, ast, &st)) {
         printf("%s: %s\n", what, st.msg);
         n_fail++;
     } else {
