@@ -577,6 +577,8 @@ void cu_rlin_make(cudaStream_t s, const dmat *router, const dmat *shg, int H, ui
 static inline int cu_rlin_ldr(int E, int shg) { return (E + (shg ? 1 : 0) + 3) / 4 * 4; }
 /* acc's stride in words (LILY_CU_RLIN_AST, 1 .. RLIN_AST_MAX, default 1), for measuring */
 int cu_rlin_ast(void);
+/* words of one layer's sums in a session's racc (its flag and slack included, at the process's stride) */
+static inline size_t cu_rlin_span(void) { return (size_t)(RLIN_LDR_MAX + 2) * cu_rlin_ast(); }
 /* The one-token out-projection y = W o (o gated-normed while staged when z, gw: cu_matvec_gated's
  * form) with its rows' router shares added into rp->acc (k_mvdp CL -2). 0 when it declines. */
 int cu_matvec_rp(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y, const cu_rlin *rp);

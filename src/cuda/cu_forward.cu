@@ -582,7 +582,7 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
         const cu_layer *next = l + 1 < c->n_layers ? &m->L[l + 1] : NULL;
         s->rlin_l = rlin_on(s, L, next, T);
         s->rlin_cur = s->rlin + l;
-        s->racc_cur = s->racc + (size_t)l * (RLIN_LDR_MAX + 2) * cu_rlin_ast(); /* (as lcuda_session_new laid them) */
+        s->racc_cur = s->racc + (size_t)l * cu_rlin_span();
         s->rlin_len = cu_rlin_ldr(c->n_experts, c->shared_inter > 0) * cu_rlin_ast() + 1; /* (every word up to the flag's) */
         pf_layer(s, L, T, 0);
         if (L->full) mixer_attn(s, L, fi++, T);

@@ -35,7 +35,7 @@ uint64_t cu_session_bytes(const lily_config *c, int max_ctx, int chunk) {
     int n_full = cfg_n_full(c), n_lin = c->n_layers - n_full;
     uint64_t rec = (uint64_t)n_lin * ((uint64_t)cfg_conv_dim(c) * (c->conv_k - 1) + (uint64_t)c->lin_nv * c->lin_dk * c->lin_dv) * 4;
     uint64_t kv = 2ull * n_full * max_ctx * c->n_kv_heads * c->head_dim * 4;
-    const uint64_t rlin = (uint64_t)c->n_layers * ((RLIN_LDR_MAX + 2) * cu_rlin_ast() * 8 + sizeof(cu_rlin)); /* racc, rlin */
+    const uint64_t rlin = (uint64_t)c->n_layers * (cu_rlin_span() * 8 + sizeof(cu_rlin)); /* racc, rlin */
     return rec * (1 + LCU_SNAPSHOTS) + kv + scratch_bytes(c, chunk) + rlin;
 }
 
@@ -116,7 +116,7 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
     }
     { /* the router by linearity's sums (zero between tokens) and each layer's descriptor (cu_rlin) */
         /* (the sums' stride is the process's, cu_rlin_ast: 1 unless asked, so a session holds 2 KB a layer) */
-        const size_t nl = (size_t)c->n_layers, ra = (size_t)(RLIN_LDR_MAX + 2) * cu_rlin_ast();
+        const size_t nl = (size_t)c->n_layers, ra = cu_rlin_span();
         e = cudaMalloc((void **)&s->racc, nl * ra * sizeof(unsigned long long));
         if (e == cudaSuccess) e = cudaMalloc((void **)&s->rlin, nl * sizeof(cu_rlin));
         if (e != cudaSuccess) goto oom;
