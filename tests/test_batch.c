@@ -13,7 +13,11 @@
 #include "util/util.h"
 
 enum { NB = 4, STEPS = 3, AFTER = 1, GEN = 2 };
-static const double TOL = 1e-4; /* fp32 paths of different kernels agree to ~1e-6 */
+/* fp32 paths of different kernels agree to ~1e-6. The CUDA backend's KV cache is fp16: a key computed
+ * by two kernels (the batch's k_qk_prep, one session's folded prep) in a different fp32 order can round
+ * to fp16 apart (one unit: ~5e-4 of the element), and the CPU's cache keeps fp32; on the tiny fixture
+ * that moves the logits by ~1-2e-4. Hence 1e-3 there (a wrong row or position is O(1e-1)). */
+static double TOL = 1e-4;
 
 static double worst_solo, worst_cpu; /* printed: how close the paths actually are */
 
@@ -160,6 +164,7 @@ int main(void) {
     }
     /* An MoE router near-tie (experts closer than float rounding) can flip one expert between
      * two correct paths; such inputs get one fresh draw, which decides (tests/t.h). */
+    if (!strcmp(info.backend, "cuda")) TOL = 1e-3;
     int pass0 = t_pass;
     t_soft = 1;
     run(m, cm, &r, info.vocab_size);

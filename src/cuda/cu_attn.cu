@@ -13,7 +13,7 @@ using namespace nvcuda;
 /* ---- gated attention ---- */
 __global__ void k_qk_prep(const float *qg, float *q, const float *k, const float *v, const float *qn,
                           const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
-                          const int *pos, float *kc, float *vc, cu_rows R) {
+                          const int *pos, uint16_t *kc, uint16_t *vc, cu_rows R) {
     CU_PDL();
     extern __shared__ float buf[];
     __shared__ float sh[32];
@@ -21,7 +21,8 @@ __global__ void k_qk_prep(const float *qg, float *q, const float *k, const float
     if (R.pos) { kc = R.kc[t] + R.kv_off; vc = R.vc[t] + R.kv_off; } /* decode batch: row t's own cache */
     const float *src;
     const float *nw;
-    float *dst;
+    float *dst = NULL;   /* a query head's output */
+    uint16_t *dk = NULL; /* or the key's cache row */
     if (h < nh) {
         src = qg + (size_t)t * nh * 2 * hd + (size_t)h * 2 * hd;
         nw = qn;
@@ -30,10 +31,10 @@ __global__ void k_qk_prep(const float *qg, float *q, const float *k, const float
         int kh = h - nh;
         src = k + (size_t)t * nkv * hd + (size_t)kh * hd;
         nw = kn;
-        dst = kc + (size_t)p * nkv * hd + (size_t)kh * hd;
+        dk = kc + (size_t)p * nkv * hd + (size_t)kh * hd;
         const float *vs = v + (size_t)t * nkv * hd + (size_t)kh * hd;
-        float *vd = vc + (size_t)p * nkv * hd + (size_t)kh * hd;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) vd[i] = vs[i];
+        uint16_t *vd = vc + (size_t)p * nkv * hd + (size_t)kh * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) vd[i] = cu_f2h(vs[i]);
     }
     float ss = 0;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
@@ -50,12 +51,13 @@ __global__ void k_qk_prep(const float *qg, float *q, const float *k, const float
             float a = buf[fi], b = buf[fi + half];
             val = i < half ? a * cs - b * sn : b * cs + a * sn;
         }
-        dst[i] = val;
+        if (dst) dst[i] = val;
+        else dk[i] = cu_f2h(val);
     }
 }
 void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const float *v, const float *qn,
                 const float *kn, int T, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
-                const int *pos, float *kc, float *vc) {
+                const int *pos, uint16_t *kc, uint16_t *vc) {
     cu_rows none;
     memset(&none, 0, sizeof none);
     cu_go(k_qk_prep, dim3(T, nh + nkv), 128, (size_t)hd * sizeof(float), s)(qg, q, k, v, qn, kn, nh, nkv, hd, rot, inv_freq, eps, pos, kc, vc, none);
@@ -70,7 +72,7 @@ void cu_qk_prep_rows(cudaStream_t s, const cu_rows *R, int n, const float *qg, f
  * (max, sum, acc[hd]) in part; k_attn_merge combines them and applies the gate. */
 #define ATT_WARPS 4
 #define ATT_MAXR 16
-__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const float *kc, const float *vc, int nh, int nkv,
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const uint16_t *kc, const uint16_t *vc, int nh, int nkv,
                                                            int hd, const int *pos, int splits, float *part, cu_rows rows) {
     CU_PDL();
     int th = blockIdx.x, t = th / nh, h = th % nh, kvh = h / (nh / nkv);
@@ -85,22 +87,22 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const
     float scale = rsqrtf((float)hd), mx = -INFINITY, l = 0;
     size_t ld = (size_t)nkv * hd;
     for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
-        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
+        const uint16_t *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
         float d = 0;
 #pragma unroll
-        for (int i = 0; i < ATT_MAXR; i++) if (i < R) d += qr[i] * kj[lane + WARP * i];
+        for (int i = 0; i < ATT_MAXR; i++) if (i < R) d += qr[i] * h2f(kj[lane + WARP * i]);
         float sc = warp_sum(d) * scale;
         if (sc > mx) {
             float corr = expf(mx - sc);
             l = l * corr + 1.0f;
 #pragma unroll
-            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] = acc[i] * corr + vj[lane + WARP * i];
+            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] = acc[i] * corr + h2f(vj[lane + WARP * i]);
             mx = sc;
         } else {
             float p = expf(sc - mx);
             l += p;
 #pragma unroll
-            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] += p * vj[lane + WARP * i];
+            for (int i = 0; i < ATT_MAXR; i++) if (i < R) acc[i] += p * h2f(vj[lane + WARP * i]);
         }
     }
     float *pp = part + (((size_t)th * splits + blockIdx.y) * ATT_WARPS + warp) * (hd + 2);
@@ -213,7 +215,7 @@ typedef struct {
     const float *qg, *k, *v;   /* [nh][2 hd] raw q with gates, [nkv][hd] raw k and v */
     const float *qn, *kn;      /* [hd] the q and k norms' weights */
     const float *inv_freq;     /* [rot / 2] */
-    float *kcw, *vcw;          /* the caches (as kc, vc), where the new token's k and v go */
+    uint16_t *kcw, *vcw;       /* the caches (as kc, vc), where the new token's k and v go */
     int rot;                   /* rotated dims, a multiple of 64: a pair (i, i + rot / 2) is one lane's */
     float eps;
 } qk_fold;
@@ -248,8 +250,33 @@ __device__ __forceinline__ void qk_head(float (&v)[R], const float (&w)[R], int 
     }
 }
 
+/* A lane's R consecutive fp16 of a cache row, p at its first (R 8: one 16-byte load a row, where the
+ * lane + 32 i columns of fp32 took eight 4-byte ones) */
+template <int R>
+__device__ __forceinline__ void kv_row(const uint16_t *p, float (&f)[R]) {
+    if constexpr (R % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < R; i += 8) {
+            const uint4 w = *(const uint4 *)(p + i);
+            const uint32_t u[4] = { w.x, w.y, w.z, w.w };
+#pragma unroll
+            for (int k = 0; k < 4; k++) { f[i + 2 * k] = h2f((uint16_t)(u[k] & 0xffffu)); f[i + 2 * k + 1] = h2f((uint16_t)(u[k] >> 16)); }
+        }
+    } else if constexpr (R == 4) {
+        const uint2 w = *(const uint2 *)p;
+        f[0] = h2f((uint16_t)(w.x & 0xffffu)); f[1] = h2f((uint16_t)(w.x >> 16));
+        f[2] = h2f((uint16_t)(w.y & 0xffffu)); f[3] = h2f((uint16_t)(w.y >> 16));
+    } else {
+#pragma unroll
+        for (int i = 0; i < R; i++) f[i] = h2f(p[i]);
+    }
+}
+
+/* Columns: lane l holds R l .. R l + R - 1 of q, the keys, the values and acc (kv_row's
+ * contiguous loads); the fold computes the new key and q in the lane + 32 i order qk_head's
+ * RoPE pairs need, and both meet through the cache and shared memory. */
 template <int HG, int R>
-__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const float *kc, const float *vc, int nh,
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const uint16_t *kc, const uint16_t *vc, int nh,
                                                                int nkv, const int *pos, int splits, float *part, cu_rows rows,
                                                                qk_fold P, int amin) {
     const int hd = R * WARP;
@@ -306,15 +333,15 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
                 for (int i = 0; i < R; i++) kv[i] = P.k[(size_t)kvh * hd + lane + WARP * i];
                 qk_head<R>(kv, kw, P.rot, P.eps, cs, sn);
 #pragma unroll
-                for (int i = 0; i < R; i++) P.kcw[o + lane + WARP * i] = kv[i];
+                for (int i = 0; i < R; i++) P.kcw[o + lane + WARP * i] = cu_f2h(kv[i]);
             } else
-                for (int i = threadIdx.x - WARP; i < hd; i += blockDim.x - WARP) P.vcw[o + i] = P.v[(size_t)kvh * hd + i];
+                for (int i = threadIdx.x - WARP; i < hd; i += blockDim.x - WARP) P.vcw[o + i] = cu_f2h(P.v[(size_t)kvh * hd + i]);
         }
         __syncthreads(); /* (the q heads, and the block's cache writes, seen by its threads past the barrier) */
 #pragma unroll
         for (int g = 0; g < HG; g++) {
 #pragma unroll
-            for (int i = 0; i < R; i++) { qr[g][i] = qs[g][lane + WARP * i]; acc[g][i] = 0.f; }
+            for (int i = 0; i < R; i++) { qr[g][i] = qs[g][R * lane + i]; acc[g][i] = 0.f; }
             mx[g] = -INFINITY; l[g] = 0.f;
         }
     } else
@@ -322,15 +349,14 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
     for (int g = 0; g < HG; g++) {
         const float *qh = q + (size_t)t * nh * hd + (size_t)(kvh * HG + g) * hd;
 #pragma unroll
-        for (int i = 0; i < R; i++) { qr[g][i] = qh[lane + WARP * i] * scale; acc[g][i] = 0.f; }
+        for (int i = 0; i < R; i++) { qr[g][i] = qh[R * lane + i] * scale; acc[g][i] = 0.f; }
         mx[g] = -INFINITY; l[g] = 0.f;
     }
     size_t ld = (size_t)nkv * hd;
     for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
-        const float *kj = kc + j * ld + (size_t)kvh * hd, *vj = vc + j * ld + (size_t)kvh * hd;
         float kr[R], vr[R];
-#pragma unroll
-        for (int i = 0; i < R; i++) { kr[i] = kj[lane + WARP * i]; vr[i] = vj[lane + WARP * i]; }
+        kv_row<R>(kc + j * ld + (size_t)kvh * hd + R * lane, kr);
+        kv_row<R>(vc + j * ld + (size_t)kvh * hd + R * lane, vr);
 #pragma unroll
         for (int g = 0; g < HG; g++) {
             float d = 0;
@@ -350,7 +376,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
     for (int g = 0; g < HG; g++) {
         if (lane == 0) { sm_m[g][warp] = mx[g]; sm_l[g][warp] = l[g]; }
 #pragma unroll
-        for (int i = 0; i < R; i++) sm_a[g][warp][lane + WARP * i] = acc[g][i];
+        for (int i = 0; i < R; i++) sm_a[g][warp][R * lane + i] = acc[g][i];
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < HG * (hd + 2); idx += blockDim.x) {
@@ -373,7 +399,7 @@ size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
     return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
 }
 static const qk_fold qk_none = { NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0.f };
-static void attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+static void attention(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T,
                       int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw,
                       int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0, const qk_fold &P = qk_none, int amin = 0) {
     if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) {
@@ -398,15 +424,15 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const flo
         cu_go(k_attn_merge_w, dim3(T * nh, hd / WARP), AMW_WARPS * WARP, 0, s)(part, qg, nh, hd, np, o, pos, amin);
     else cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o, pos, amin);
 }
-void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+void cu_attention(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T,
                   int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin) {
     cu_rows none;
     memset(&none, 0, sizeof none);
     attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, qk_none, amin);
 }
 int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
-                     int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
-                     float *part, float *o, int amin) {
+                     int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, uint16_t *kc, uint16_t *vc,
+                     int splits, float *part, float *o, int amin) {
     const int hg = nkv > 0 ? nh / nkv : 0;
     if (nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd || rot > 256 ||
         !((hd == 256 && (hg == 8 || hg == 4 || hg == 2)) || (hd == 128 && hg == 8)))
@@ -421,7 +447,7 @@ int cu_qk_fold_enabled(void) {
     static int on = -1;
     return cu_env_flag(&on, "LILY_CU_QK_FOLD", 1);
 }
-void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T, int nh, int nkv,
                       int hd, const int *pos, int p0h, void *h16, size_t h16_bytes, float *part, float *o) {
     cu_rows none;
     memset(&none, 0, sizeof none);

@@ -5,7 +5,7 @@
  * for it, with a warp reduction a key and head: 263 us a layer at 512 tokens for ~2 GFLOP, and
  * quadratic in the prompt. Here a block takes 8 tokens of one KV head's 8 query heads (64 rows),
  * stages 32 keys and values at a time in shared memory as fp16 (read once for all 64 rows), and
- * runs the products on the tensor cores; the next 32 keys land (cp.async, fp32) while a stage
+ * runs the products on the tensor cores; the next 32 keys land (cp.async, from the fp16 cache) while a stage
  * computes.
  *
  * Layout: warp w (and w + 4, below) owns query heads 2w and 2w + 1 of the group; its mma rows are g (head 2w, token
@@ -32,7 +32,7 @@
 __host__ __device__ static inline int ah_keys(int keys) { return (keys + AT_KEYS - 1) / AT_KEYS * AT_KEYS; }
 
 /* q [T][nh][256] (normed, rotated), qg [T][nh][512] (the gate in its second half), kc/vc
- * [ctx][nkv][256] with this chunk's keys already written; token t sees keys 0 .. *pos + t.
+ * [ctx][nkv][256] fp16 with this chunk's keys already written; token t sees keys 0 .. *pos + t.
  * np > 1: the keys in np splits of ks keys (a multiple of a stage, from *pos + T), a block a split
  * (blockIdx.z); a block leaves its rows' (max, sum, unnormalized output) in part [T][nh][np][258]
  * for k_attn_merge, which normalizes and gates. Why: a block's stages run one after another, and
@@ -42,14 +42,14 @@ __host__ __device__ static inline int ah_keys(int keys) { return (keys + AT_KEYS
  * stage; the first position is p0h (the host's), not *pos. */
 template <int H16>
 __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict__ q, const float *__restrict__ qg,
-                                                 const float *__restrict__ kc, const float *__restrict__ vc, int T, int nh,
+                                                 const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc, int T, int nh,
                                                  int nkv, const int *__restrict__ pos, float *__restrict__ o, int np,
                                                  float *__restrict__ part, int p0h, const __half *__restrict__ kh,
                                                  const uint32_t *__restrict__ vp) {
     CU_PDL();
     extern __shared__ __align__(16) unsigned char at_sm[];
-    float *Kf = (float *)at_sm;                     /* [32 keys][256] fp32: the next stage, landing (cp.async) */
-    float *Vf = Kf + AT_KEYS * AT_HD;               /* [32 keys][256] */
+    uint16_t *Kf = (uint16_t *)at_sm;               /* [32 keys][256] fp16: the next stage, landing (cp.async) */
+    uint16_t *Vf = Kf + AT_KEYS * AT_HD;            /* [32 keys][256] */
     __half *Qs = H16 ? (__half *)at_sm : (__half *)(Vf + AT_KEYS * AT_HD); /* [8 heads][8 tokens][AT_QLD] */
     __half *Ks = Qs + 8 * AT_TOK * AT_QLD;          /* [32 keys][AT_QLD] (H16: [2 stages][..]) */
     __half *Vt = Ks + AT_KEYS * AT_QLD;             /* [256 dims][AT_VLD] */
@@ -86,10 +86,10 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
     };
     /* keys j0 .. j0 + 31 (past nkeys: key nkeys - 1 again, masked) into Kf, Vf */
     auto fetch = [&](int j0) {
-        for (int i = tid; i < AT_KEYS * (AT_HD / 4); i += AT_THREADS) {
-            const int kk = i / 64, c = i % 64, j = j0 + kk < nkeys ? j0 + kk : nkeys - 1;
-            cu_cp<16>(Kf + kk * AT_HD + 4 * c, kc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
-            cu_cp<16>(Vf + kk * AT_HD + 4 * c, vc + (size_t)j * kld + (size_t)kvh * AT_HD + 4 * c);
+        for (int i = tid; i < AT_KEYS * (AT_HD / 8); i += AT_THREADS) {
+            const int kk = i / 32, c = i % 32, j = j0 + kk < nkeys ? j0 + kk : nkeys - 1;
+            cu_cp<16>(Kf + kk * AT_HD + 8 * c, kc + (size_t)j * kld + (size_t)kvh * AT_HD + 8 * c);
+            cu_cp<16>(Vf + kk * AT_HD + 8 * c, vc + (size_t)j * kld + (size_t)kvh * AT_HD + 8 * c);
         }
         cu_cp_commit();
     };
@@ -117,12 +117,9 @@ __global__ void __launch_bounds__(AT_THREADS) k_attn_tc(const float *__restrict_
         if (H16 && j0 + AT_KEYS < je) fetch16(j0 + AT_KEYS, b ^ 1); /* (stage b ^ 1's readers passed the barrier) */
         for (int i = tid; !H16 && i < AT_KEYS * (AT_HD / 4); i += AT_THREADS) {
             const int kk = i / 64, c = i % 64;
-            const float4 kv = *(const float4 *)(Kf + kk * AT_HD + 4 * c), vv = *(const float4 *)(Vf + kk * AT_HD + 4 * c);
-            uint2 h;
-            h.x = cu_h2sat(kv.x, kv.y);
-            h.y = cu_h2sat(kv.z, kv.w);
-            *(uint2 *)(Ks + kk * AT_QLD + 4 * c) = h;
-            const uint32_t v01 = cu_h2sat(vv.x, vv.y), v23 = cu_h2sat(vv.z, vv.w);
+            const uint2 vv = *(const uint2 *)(Vf + kk * AT_HD + 4 * c);
+            *(uint2 *)(Ks + kk * AT_QLD + 4 * c) = *(const uint2 *)(Kf + kk * AT_HD + 4 * c);
+            const uint32_t v01 = vv.x, v23 = vv.y;
             Vt[(4 * c) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v01 & 0xffff));
             Vt[(4 * c + 1) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v01 >> 16));
             Vt[(4 * c + 2) * AT_VLD + kk] = __ushort_as_half((unsigned short)(v23 & 0xffff));
@@ -241,7 +238,7 @@ int cu_attn_tc_ok(int T, int nh, int nkv, int hd) {
 
 /* K and V rows 0 .. nkp - 1 of the cache (past nk: row nk - 1 again) as k_attn_tc<1> reads them: a
  * thread a key pair and 4 dims. */
-__global__ void k_kv_h16(const float *__restrict__ kc, const float *__restrict__ vc, int nkv, int nk, int nkp, uint2 *__restrict__ kh,
+__global__ void k_kv_h16(const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc, int nkv, int nk, int nkp, uint2 *__restrict__ kh,
                          uint4 *__restrict__ vp) {
     CU_PDL();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -249,12 +246,12 @@ __global__ void k_kv_h16(const float *__restrict__ kc, const float *__restrict__
     const int c = (int)(i % (AT_HD / 4)), jp = (int)(i / (AT_HD / 4) % (nkp / 2)), h = (int)(i / (AT_HD / 4) / (nkp / 2));
     const int j0 = min(2 * jp, nk - 1), j1 = min(2 * jp + 1, nk - 1);
     const size_t r0 = ((size_t)j0 * nkv + h) * AT_HD + 4 * c, r1 = ((size_t)j1 * nkv + h) * AT_HD + 4 * c;
-    const float4 k0 = *(const float4 *)(kc + r0), k1 = *(const float4 *)(kc + r1);
-    const float4 v0 = *(const float4 *)(vc + r0), v1 = *(const float4 *)(vc + r1);
+    const uint2 v0 = *(const uint2 *)(vc + r0), v1 = *(const uint2 *)(vc + r1); /* (each word: two columns, the first low) */
     const size_t kr = ((size_t)h * nkp + 2 * jp) * (AT_HD / 4) + c;
-    kh[kr] = make_uint2(cu_h2sat(k0.x, k0.y), cu_h2sat(k0.z, k0.w));
-    kh[kr + AT_HD / 4] = make_uint2(cu_h2sat(k1.x, k1.y), cu_h2sat(k1.z, k1.w));
-    vp[i] = make_uint4(cu_h2sat(v0.x, v1.x), cu_h2sat(v0.y, v1.y), cu_h2sat(v0.z, v1.z), cu_h2sat(v0.w, v1.w));
+    kh[kr] = *(const uint2 *)(kc + r0);
+    kh[kr + AT_HD / 4] = *(const uint2 *)(kc + r1);
+    vp[i] = make_uint4((v0.x & 0xffffu) | (v1.x << 16), (v0.x >> 16) | (v1.x & 0xffff0000u), (v0.y & 0xffffu) | (v1.y << 16),
+                       (v0.y >> 16) | (v1.y & 0xffff0000u));
 }
 
 static int h16_force = -1;
@@ -264,7 +261,7 @@ size_t cu_attn_h16_bytes(int keys, int nkv) {
     return 2 * (size_t)ah_keys(keys) * nkv * AT_HD * sizeof(__half);
 }
 
-int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T, int nh, int nkv,
                const int *pos, float *o, float *part, size_t part_floats, int p0h, void *h16, size_t h16_bytes) {
     /* the fp16 copy where the chunk reads enough keys to pay for converting them (LILY_CU_ATTN_H16_MIN, default
      * 1,024 keys: on the H200, session 17, pp8192 +20% and pp2048 +4% with it, pp512 -3%); LILY_CU_ATTN_H16=0/1:
@@ -275,7 +272,7 @@ int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc,
     const int H16 = p0h >= 0 && h16 && !((uintptr_t)h16 & 15) && cu_attn_h16_bytes(p0h + T, nkv) <= h16_bytes && want;
     const size_t smem = H16 ? ((size_t)8 * AT_TOK * AT_QLD + 2 * (size_t)AT_KEYS * AT_QLD) * sizeof(__half) +
                                   2 * (size_t)(AT_KEYS / 2) * AH_VP * sizeof(uint32_t)
-                            : (size_t)2 * AT_KEYS * AT_HD * sizeof(float) +
+                            : (size_t)2 * AT_KEYS * AT_HD * sizeof(uint16_t) +
                                   ((size_t)8 * AT_TOK * AT_QLD + (size_t)AT_KEYS * AT_QLD + (size_t)AT_HD * AT_VLD) * sizeof(__half);
     static int attr[2];
     if (!attr[H16])

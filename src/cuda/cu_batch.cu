@@ -100,8 +100,8 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
         hpos[i] = pos[i];
         hp[i] = ss[i]->conv;
         hp[cap + i] = ss[i]->S;
-        hp[2 * cap + i] = ss[i]->kc;
-        hp[3 * cap + i] = ss[i]->vc;
+        hp[2 * cap + i] = (float *)ss[i]->kc; /* (the table's pointers are only carried: kc, vc are fp16) */
+        hp[3 * cap + i] = (float *)ss[i]->vc;
     }
     cu_rows R;
     memset(&R, 0, sizeof R);
@@ -109,8 +109,8 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
     R.pos = (const int *)c->bmeta_d;
     R.conv = dp;
     R.S = dp + cap;
-    R.kc = dp + 2 * cap;
-    R.vc = dp + 3 * cap;
+    R.kc = (uint16_t *const *)(dp + 2 * cap);
+    R.vc = (uint16_t *const *)(dp + 3 * cap);
     LCU_CHECK(cudaMemcpyAsync(c->bmeta_d, c->bmeta_h, meta_bytes(cap), cudaMemcpyHostToDevice, c->st));
     LCU_CHECK(cudaMemcpyAsync(c->d_ids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st));
     c->rows = &R;

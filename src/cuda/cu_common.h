@@ -8,6 +8,8 @@
 #define LILY_CU_COMMON_H
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
+#include <math.h>
 extern "C" {
 #include "lily.h"
 #include "loader/weights.h"
@@ -238,9 +240,30 @@ typedef struct {
 typedef struct {
     const int *pos;                      /* [n] each row's position */
     float *const *conv, *const *S;       /* [n] each row's session: conv state, DeltaNet S */
-    float *const *kc, *const *vc;        /* [n] each row's session: KV cache */
-    long long conv_off, S_off, kv_off;   /* floats into each, for this layer */
+    uint16_t *const *kc, *const *vc;     /* [n] each row's session: KV cache (fp16) */
+    long long conv_off, S_off, kv_off;   /* elements into each, for this layer */
 } cu_rows;
+
+/* The KV cache's fp16 on the host (parking, the kernel test): nearest even, saturated at 65504 as
+ * the kernels' cu_f2h (cvt.rn.satfinite), NaN kept */
+static inline uint16_t cu_kv_f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t s = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(s | 0x7e00u);
+    if (a >= 0x477fe000u) return (uint16_t)(s | 0x7bffu);           /* 65504 and past it (infinity too) */
+    if (a < 0x38800000u) return (uint16_t)(s | (uint32_t)nearbyintf(fabsf(f) * 16777216.0f)); /* below 2^-14: units of 2^-24 */
+    const uint32_t r = a - 0x38000000u;                              /* the exponent's bias 127 -> 15 */
+    return (uint16_t)(s | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+}
+static inline float cu_kv_h2f(uint16_t h) {
+    const uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
+    if (!e) return s ? -(float)m * (1.0f / 16777216.0f) : (float)m * (1.0f / 16777216.0f);
+    const uint32_t x = s | (e == 31u ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
 
 #define LCU_CHECK(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) return cu_fail(st, e_, #call, __FILE__, __LINE__); } while (0)
 lily_code cu_fail(lily_status *st, cudaError_t e, const char *what, const char *file, int line);
@@ -372,7 +395,7 @@ int cu_attn_tc_ok(int T, int nh, int nkv, int hd);
  * host's copy of *pos) and h16 holding cu_attn_h16_bytes(p0h + T, nkv), the keys and values are
  * converted to fp16 there once (one launch more), not by every block, where the chunk reads at least
  * LILY_CU_ATTN_H16_MIN keys (1,024; LILY_CU_ATTN_H16=0/1 never/always; bench/RESULTS.md, session 17). */
-int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T, int nh, int nkv,
                const int *pos, float *o, float *part, size_t part_floats, int p0h, void *h16, size_t h16_bytes);
 size_t cu_attn_h16_bytes(int keys, int nkv);
 /* For the kernel test: 1 the fp16 keys wherever the scratch holds them, 0 never, -1 the environment's choice */
@@ -492,7 +515,7 @@ int cu_gated_norm_p(cudaStream_t s, float *o, const float *z, const float *gw, i
  * cache rows *pos + t. */
 void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const float *v, const float *qn,
                 const float *kn, int T, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps,
-                const int *pos, float *kc, float *vc);
+                const int *pos, uint16_t *kc, uint16_t *vc);
 /* Causal attention of T queries at *pos+t over the cache; o *= sigmoid(gate from qg). */
 /* Decode (one token, one session): q/k norm, RoPE and the cache write (cu_qk_prep's) folded into the
  * attention launch, qg/k/v the in-projection's raw outputs; then cu_attention's merge into o. 0
@@ -501,16 +524,16 @@ void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const
  * for k_qk_prep's launch, for measuring). */
 int cu_qk_fold_enabled(void);
 int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
-                     int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, float *kc, float *vc, int splits,
-                     float *part, float *o, int amin);
+                     int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, uint16_t *kc, uint16_t *vc,
+                     int splits, float *part, float *o, int amin);
 /* (amin > 0, T 1: of the splits, as many as give each amin keys, at least half and at most all:
  * attn_splits_used in cu_attn.cu) */
-void cu_attention(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T,
+void cu_attention(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T,
                   int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin);
 /* The same for a prefill chunk whose first position the host knows (p0h == *pos), with scratch for
  * the tensor-core kernel's fp16 keys (cu_attn_tc); where that kernel does not take the shape, or the
  * scratch is short, as cu_attention. */
-void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv,
+void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T, int nh, int nkv,
                       int hd, const int *pos, int p0h, void *h16, size_t h16_bytes, float *part, float *o);
 /* Floats of scratch cu_attention needs for `part`. */
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits);

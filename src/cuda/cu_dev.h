@@ -277,6 +277,9 @@ __device__ __forceinline__ uint32_t cu_h2sat(float a, float b) {
 #endif
     return v;
 }
+/* One KV cache element: fp16, rounded and saturated as cu_h2sat (so prefill's tensor cores see the
+ * keys they saw when the cache was fp32) */
+__device__ __forceinline__ uint16_t cu_f2h(float a) { return (uint16_t)(cu_h2sat(a, 0.f) & 0xffffu); }
 
 /* The packed fp16 GEMM input (k_gemm_tc's XP, gt_xp_pos in cu_gemm_tc.cu): a row's chunk cc (8
  * halves) holds the 8 consecutive columns from xp_chunk_col(cc), a = the first four, b = the

@@ -309,7 +309,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
         PM(s, "attn out-proj");
         return;
     }
-    float *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
+    uint16_t *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
     if (T == 1 && cu_qk_fold_enabled() && cu_attention_dec(q, s->qg, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
                                    (float)c->eps, s->d_pos, kc, vc, DECODE_SPLITS, s->part, s->ao, cu_dec_kmin())) {
         PM(s, "attn q/k norm + rope + cache + core");

@@ -42,8 +42,10 @@ struct lcuda_session {
     cudaEvent_t evf, evj;          /* fork to st2, join back */
     cudaEvent_t evp;               /* decode's L2 prefetch forks to st2 and their join (pf_fork); may be NULL */
     int n_lin, n_full;
-    size_t conv_n, S_n, kv_n;     /* floats per layer */
-    float *conv, *S, *kc, *vc;
+    size_t conv_n, S_n, kv_n;     /* elements per layer (kv_n: [max_ctx][nkv][hd]) */
+    float *conv, *S;
+    uint16_t *kc, *vc;             /* fp16 [n_full][max_ctx][nkv][hd]: half the bytes of fp32 for decode attention's
+                                    * reads at long context; prefill's tensor cores took fp16 keys already */
     float *snap_conv[LCU_SNAPSHOTS], *snap_S[LCU_SNAPSHOTS];
     /* step inputs/outputs on the device */
     int *d_ids, *d_pos, *d_tok, *d_step;

@@ -46,7 +46,7 @@ void lcuda_session_free(lcuda_session *s) {
     if (s->fgraph) cudaGraphExecDestroy(s->fgraph);
     cu_batch_graphs_drop(s);
     cu_sampler_free(s->samp);
-    float **fl[] = { &s->conv, &s->S, &s->kc, &s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
+    float **fl[] = { &s->conv, &s->S, (float **)&s->kc, (float **)&s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
                      &s->su, &s->sr, &s->SD, &s->lg, &s->gdn_scr, (float **)&s->xpx, (float **)&s->xph, (float **)&s->xps };
     for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) cudaFree(*fl[i]);
@@ -86,7 +86,8 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
     s->lg_rows = 1;
     size_t xpc = xp_cols(c);
     struct { float **p; size_t n; } f[] = {
-        { &s->conv, s->n_lin * s->conv_n }, { &s->S, s->n_lin * s->S_n }, { &s->kc, s->n_full * s->kv_n }, { &s->vc, s->n_full * s->kv_n },
+        { &s->conv, s->n_lin * s->conv_n }, { &s->S, s->n_lin * s->S_n }, { (float **)&s->kc, (s->n_full * s->kv_n + 1) / 2 },
+        { (float **)&s->vc, (s->n_full * s->kv_n + 1) / 2 },
         { &s->x, T * H }, { &s->t, T * H }, { &s->y, T * H }, { &s->mixed, T * cd }, { &s->u, T * cd }, { &s->zb, T * vd },
         { &s->bb, T * nv }, { &s->aa, T * nv }, { &s->g, T * nv }, { &s->beta, T * nv }, { &s->o, T * vd },
         { &s->qg, T * nh * 2 * hd }, { &s->q, T * nh * hd }, { &s->kb, T * nkv * hd }, { &s->vb, T * nkv * hd }, { &s->ao, T * nh * hd },
@@ -220,15 +221,32 @@ static lily_code copy_one(lcuda_session *s, int to_host, float *host, float *dev
     return LILY_OK;
 }
 
+/* A layer's n cache rows (fp16 on the device) and kh, their fp32 form in the CPU cache's layout
+ * (parking's, engine/park.c), through hb [2][nb] halves. */
+static lily_code kv_copy_layer(lcuda_session *s, int to_host, int l, size_t nb, float *kh, uint16_t *hb, lily_status *st) {
+    uint16_t *dk = s->kc + (size_t)l * s->kv_n, *dv = s->vc + (size_t)l * s->kv_n;
+    if (to_host) {
+        LCU_CHECK(cudaMemcpyAsync(hb, dk, nb * sizeof(uint16_t), cudaMemcpyDeviceToHost, s->st));
+        LCU_CHECK(cudaMemcpyAsync(hb + nb, dv, nb * sizeof(uint16_t), cudaMemcpyDeviceToHost, s->st));
+        LCU_CHECK(cudaStreamSynchronize(s->st));
+        for (size_t i = 0; i < 2 * nb; i++) kh[i] = cu_kv_h2f(hb[i]);
+    } else {
+        for (size_t i = 0; i < 2 * nb; i++) hb[i] = cu_kv_f2h(kh[i]);
+        LCU_CHECK(cudaMemcpyAsync(dk, hb, nb * sizeof(uint16_t), cudaMemcpyHostToDevice, s->st));
+        LCU_CHECK(cudaMemcpyAsync(dv, hb + nb, nb * sizeof(uint16_t), cudaMemcpyHostToDevice, s->st));
+        LCU_CHECK(cudaStreamSynchronize(s->st)); /* (hb is the next layer's) */
+    }
+    return LILY_OK;
+}
+
 lily_code lcuda_state_copy(lcuda_session *s, int to_host, int n, float *kv, float *conv, float *S, lily_status *st) {
     if (n < 0 || n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "state copy of %d tokens past the context %d", n, s->m->max_ctx);
     size_t row = s->kv_n / (size_t)s->m->max_ctx, nb = (size_t)n * row;
     lily_code rc = LILY_OK;
-    for (int l = 0; l < s->n_full && !rc; l++) {
-        float *kh = kv + (size_t)l * 2 * nb;
-        rc = copy_one(s, to_host, kh, s->kc + (size_t)l * s->kv_n, nb * sizeof(float), st);
-        if (!rc) rc = copy_one(s, to_host, kh + nb, s->vc + (size_t)l * s->kv_n, nb * sizeof(float), st);
-    }
+    uint16_t *hb = nb && s->n_full ? (uint16_t *)malloc(2 * nb * sizeof(uint16_t)) : NULL;
+    if (nb && s->n_full && !hb) return lily_err(st, LILY_ENOMEM, "out of memory for a state copy's %zu cache rows", (size_t)n);
+    for (int l = 0; l < s->n_full && !rc; l++) rc = kv_copy_layer(s, to_host, l, nb, kv + (size_t)l * 2 * nb, hb, st);
+    free(hb);
     if (!rc) rc = copy_one(s, to_host, conv, s->conv, s->n_lin * s->conv_n * sizeof(float), st);
     if (!rc) rc = copy_one(s, to_host, S, s->S, s->n_lin * s->S_n * sizeof(float), st);
     if (rc) return rc;

@@ -315,14 +315,35 @@ lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, int wg, float *
     return rc;
 }
 
+/* The test's fp32 cache rows as the device holds them (fp16, cu_kv_f2h): put, and got back as fp32 */
+static uint16_t *dput_kv(dlist *d, const float *x, size_t n, lily_status *st, lily_code *rc) {
+    if (*rc) return NULL;
+    uint16_t *h = (uint16_t *)malloc(n * sizeof(uint16_t) + 1);
+    if (!h) { *rc = lily_err(st, LILY_ENOMEM, "out of memory"); return NULL; }
+    for (size_t i = 0; i < n; i++) h[i] = cu_kv_f2h(x[i]);
+    uint16_t *p = (uint16_t *)dput(d, h, n * sizeof(uint16_t), st, rc);
+    free(h);
+    return p;
+}
+static lily_code dget_kv(float *x, const uint16_t *d, size_t n, lily_status *st) {
+    uint16_t *h = (uint16_t *)malloc(n * sizeof(uint16_t) + 1);
+    if (!h) return lily_err(st, LILY_ENOMEM, "out of memory");
+    lily_code rc = dget(h, d, n * sizeof(uint16_t), st);
+    for (size_t i = 0; !rc && i < n; i++) x[i] = cu_kv_h2f(h[i]);
+    free(h);
+    return rc;
+}
+void lct_kv_round(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = cu_kv_h2f(cu_kv_f2h(x[i]));
+}
+
 static lily_code attention_run(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
                                int pos0, int ctx, int splits, int h16, float *o, lily_status *st) {
     dlist L = { {0}, 0 };
     lily_code rc = LILY_OK;
     float *dq = (float *)dput(&L, q, (size_t)T * nh * hd * 4, st, &rc);
     float *dqg = (float *)dput(&L, qg, (size_t)T * nh * 2 * hd * 4, st, &rc);
-    float *dk = (float *)dput(&L, kc, (size_t)ctx * nkv * hd * 4, st, &rc);
-    float *dv = (float *)dput(&L, vc, (size_t)ctx * nkv * hd * 4, st, &rc);
+    uint16_t *dk = dput_kv(&L, kc, (size_t)ctx * nkv * hd, st, &rc), *dv = dput_kv(&L, vc, (size_t)ctx * nkv * hd, st, &rc);
     int *dp = (int *)dput(&L, &pos0, 4, st, &rc);
     float *part = (float *)dput(&L, NULL, cu_attention_part_floats(T, nh, hd, splits) * 4, st, &rc);
     float *dout = (float *)dput(&L, NULL, (size_t)T * nh * hd * 4, st, &rc);
@@ -356,7 +377,7 @@ lily_code lct_attention_dec(const float *qg, const float *k, const float *v, con
     float *dk = (float *)dput(&L, k, (size_t)nkv * hd * 4, st, &rc), *dv = (float *)dput(&L, v, (size_t)nkv * hd * 4, st, &rc);
     float *dqn = (float *)dput(&L, qn, (size_t)hd * 4, st, &rc), *dkn = (float *)dput(&L, kn, (size_t)hd * 4, st, &rc);
     float *dif = (float *)dput(&L, inv_freq, (size_t)(rot / 2) * 4, st, &rc);
-    float *dkc = (float *)dput(&L, kc, (size_t)ctx * nkv * hd * 4, st, &rc), *dvc = (float *)dput(&L, vc, (size_t)ctx * nkv * hd * 4, st, &rc);
+    uint16_t *dkc = dput_kv(&L, kc, (size_t)ctx * nkv * hd, st, &rc), *dvc = dput_kv(&L, vc, (size_t)ctx * nkv * hd, st, &rc);
     int *dp = (int *)dput(&L, &pos0, 4, st, &rc);
     float *part = (float *)dput(&L, NULL, cu_attention_part_floats(1, nh, hd, splits) * 4, st, &rc);
     float *dout = (float *)dput(&L, NULL, (size_t)nh * hd * 4, st, &rc);
@@ -364,8 +385,8 @@ lily_code lct_attention_dec(const float *qg, const float *k, const float *v, con
         rc = lily_err(st, LILY_EUNSUPPORTED, "cu_attention_dec declined");
     rc = finish(st, rc);
     if (!rc) rc = dget(o, dout, (size_t)nh * hd * 4, st);
-    if (!rc) rc = dget(kc, dkc, (size_t)ctx * nkv * hd * 4, st);
-    if (!rc) rc = dget(vc, dvc, (size_t)ctx * nkv * hd * 4, st);
+    if (!rc) rc = dget_kv(kc, dkc, (size_t)ctx * nkv * hd, st);
+    if (!rc) rc = dget_kv(vc, dvc, (size_t)ctx * nkv * hd, st);
     dfree(&L);
     return rc;
 }

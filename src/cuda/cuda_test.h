@@ -48,15 +48,18 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int pack
 /* One projection through cu_gemm_tc_xp2 (packed inputs), Y [T][W->rows] = the parts' sum;
  * *parts: how many it wrote (2: split in K); wg 1 or 2: on wgmma, that form (fails where no launch took it). */
 lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, int wg, float *Y, int *parts, lily_status *st);
+/* x rounded in place to the KV cache's fp16 (as the device stores it), for references over a cache */
+void lct_kv_round(float *x, size_t n);
 /* Prefill attention (cu_attention, one split): q [T][nh][hd], qg [T][nh][2 hd] (the gate in the
  * second half), kc/vc [ctx][nkv][hd] holding keys 0 .. pos0 + T - 1; token t sees 0 .. pos0 + t.
- * o [T][nh][hd]. h16: through cu_attention_h16 (the keys converted to fp16 scratch once). */
+ * o [T][nh][hd]. h16: through cu_attention_h16 (the keys laid out in fp16 scratch once). kc and vc go to the
+ * device as its cache holds them, fp16 (cu_kv_f2h): pass values lct_kv_round left unchanged. */
 lily_code lct_attention(const float *q, const float *qg, const float *kc, const float *vc, int T, int nh, int nkv, int hd,
                         int pos0, int ctx, int h16, float *o, lily_status *st);
 /* The same for one token (T 1) over the keys in `splits` parts merged after, as decode runs it. */
 /* Decode attention with the q/k prep folded in (cu_attention_dec): qg [nh][2 hd] raw q and gates, k,
  * v [nkv][hd] the new token's raw key and value, at position pos0 of the caches kc, vc [ctx][nkv][hd]
- * (written there); o [nh][hd]. Fails where it declines. */
+ * (written there, fp16, and read back as fp32); o [nh][hd]. Fails where it declines. */
 lily_code lct_attention_dec(const float *qg, const float *k, const float *v, const float *qn, const float *kn, const float *inv_freq,
                             int nh, int nkv, int hd, int rot, float eps, int pos0, int ctx, int splits, float *kc, float *vc, float *o,
                             lily_status *st);

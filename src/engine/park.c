@@ -8,7 +8,7 @@
  * the start of the last turn (the Qwen3.6 template re-renders it) and resumes from there.
  * A session holds its caches sized for the whole context; a parked one only what is used.
  * On the GPU the same buffers are copied from and to the device (lcuda_state_copy), in the
- * CPU cache's layout. */
+ * CPU cache's layout (the device's fp16 KV rows widened to fp32 and back, exactly). */
 #include <stdlib.h>
 #include <string.h>
 #include "cuda/cuda_backend.h"

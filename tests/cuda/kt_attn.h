@@ -11,6 +11,8 @@ static void test_attention_s(int T, int nh, int nkv, int hd, int pos0, int split
     const int ctx = pos0 + T, hg = nh / nkv;
     float *q = rnd((size_t)T * nh * hd, 1.0f), *qg = rnd((size_t)T * nh * 2 * hd, 2.0f);
     float *kc = rnd((size_t)ctx * nkv * hd, 1.0f), *vc = rnd((size_t)ctx * nkv * hd, 1.0f);
+    lct_kv_round(kc, (size_t)ctx * nkv * hd); /* (the device's cache is fp16: the reference sees the same keys) */
+    lct_kv_round(vc, (size_t)ctx * nkv * hd);
     float *o = malloc((size_t)T * nh * hd * 4), *ref = malloc((size_t)T * nh * hd * 4);
     double *sc = malloc((size_t)ctx * sizeof *sc), *acc = malloc((size_t)hd * sizeof *acc);
     for (int t = 0; t < T; t++)
@@ -73,6 +75,8 @@ static void test_attention_dec(int nh, int nkv, int hd, int rot, int pos0, int s
     float *qn = rnd((size_t)hd, 1.0f), *kn = rnd((size_t)hd, 1.0f), *inv = malloc((size_t)(rot / 2) * 4);
     for (int i = 0; i < rot / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * i / rot);
     float *kc = rnd((size_t)ctx * nkv * hd, 1.0f), *vc = rnd((size_t)ctx * nkv * hd, 1.0f);
+    lct_kv_round(kc, (size_t)ctx * nkv * hd);
+    lct_kv_round(vc, (size_t)ctx * nkv * hd);
     float *kr = malloc((size_t)ctx * nkv * hd * 4), *vr = malloc((size_t)ctx * nkv * hd * 4);
     for (size_t i = 0; i < (size_t)nkv * hd; i++) kc[(size_t)pos0 * nkv * hd + i] = vc[(size_t)pos0 * nkv * hd + i] = NAN;
     memcpy(kr, kc, (size_t)ctx * nkv * hd * 4);
@@ -85,6 +89,8 @@ static void test_attention_dec(int nh, int nkv, int hd, int rot, int pos0, int s
             vr[((size_t)pos0 * nkv + h) * hd + i] = v[(size_t)h * hd + i];
         }
     }
+    lct_kv_round(kr + (size_t)pos0 * nkv * hd, (size_t)nkv * hd); /* the new row as the cache stores it */
+    lct_kv_round(vr + (size_t)pos0 * nkv * hd, (size_t)nkv * hd);
     float *o = malloc((size_t)nh * hd * 4), *ref = malloc((size_t)nh * hd * 4);
     for (int h = 0; h < nh; h++) {
         const int kh = h / hg;
@@ -114,8 +120,16 @@ static void test_attention_dec(int nh, int nkv, int hd, int rot, int pos0, int s
         printf("%s: %s\n", what, st.msg);
         n_fail++;
     } else {
+        /* The new key is rounded to fp16 from the kernel's fp32 and from the reference's double: where
+         * the two fall either side of a rounding boundary (~1 element in 5 a test) they differ by an fp16
+         * unit, ~5e-4 of the element, moving that key's scores by ~3e-5. Hence 1e-4 for the output and the
+         * key rows; the values are copied, rounded once, and must match to fp32 (a misplaced or stale row
+         * is an O(1) error in either) */
         const double e1 = rel(o, ref, (size_t)nh * hd), e2 = rel(kc, kr, (size_t)ctx * nkv * hd), e3 = rel(vc, vr, (size_t)ctx * nkv * hd);
-        report(what, e1 > e2 ? (e1 > e3 ? e1 : e3) : (e2 > e3 ? e2 : e3), 1e-5);
+        char w2[200];
+        report(what, e1 > e2 ? e1 : e2, 1e-4);
+        snprintf(w2, sizeof w2, "%s: the value rows", what);
+        report(w2, e3, 1e-6);
     }
     free(qg); free(k); free(v); free(qn); free(kn); free(inv); free(kc); free(vc); free(kr); free(vr); free(y); free(sc); free(acc);
     free(o); free(ref);
