@@ -250,37 +250,107 @@ __device__ __forceinline__ void qk_head(float (&v)[R], const float (&w)[R], int 
     }
 }
 
-/* A lane's R consecutive fp16 of a cache row, p at its first (R 8: one 16-byte load a row, where the
- * lane + 32 i columns of fp32 took eight 4-byte ones) */
+/* A lane's R consecutive fp16 of a cache row as loaded (R 8: one 16-byte load, where the lane + 32 i
+ * columns of fp32 took eight 4-byte ones), kept packed until used: the U keys' loads a warp has in
+ * flight then hold R / 2 registers each, not 2 R */
 template <int R>
-__device__ __forceinline__ void kv_row(const uint16_t *p, float (&f)[R]) {
+struct kv_raw {
+    uint32_t w[R / 2];
+};
+template <int R>
+__device__ __forceinline__ kv_raw<R> kv_load(const uint16_t *p) {
+    kv_raw<R> r;
     if constexpr (R % 8 == 0) {
 #pragma unroll
-        for (int i = 0; i < R; i += 8) {
-            const uint4 w = *(const uint4 *)(p + i);
-            const uint32_t u[4] = { w.x, w.y, w.z, w.w };
-#pragma unroll
-            for (int k = 0; k < 4; k++) { f[i + 2 * k] = h2f((uint16_t)(u[k] & 0xffffu)); f[i + 2 * k + 1] = h2f((uint16_t)(u[k] >> 16)); }
+        for (int i = 0; i < R / 8; i++) {
+            const uint4 t = ((const uint4 *)p)[i];
+            r.w[4 * i] = t.x; r.w[4 * i + 1] = t.y; r.w[4 * i + 2] = t.z; r.w[4 * i + 3] = t.w;
         }
-    } else if constexpr (R == 4) {
-        const uint2 w = *(const uint2 *)p;
-        f[0] = h2f((uint16_t)(w.x & 0xffffu)); f[1] = h2f((uint16_t)(w.x >> 16));
-        f[2] = h2f((uint16_t)(w.y & 0xffffu)); f[3] = h2f((uint16_t)(w.y >> 16));
     } else {
+        static_assert(R == 4, "a lane's columns: 4 or a multiple of 8");
+        const uint2 t = *(const uint2 *)p;
+        r.w[0] = t.x; r.w[1] = t.y;
+    }
+    return r;
+}
+template <int R>
+__device__ __forceinline__ void kv_unpack(const kv_raw<R> &r, float (&f)[R]) {
 #pragma unroll
-        for (int i = 0; i < R; i++) f[i] = h2f(p[i]);
+    for (int i = 0; i < R / 2; i++) { f[2 * i] = h2f((uint16_t)(r.w[i] & 0xffffu)); f[2 * i + 1] = h2f((uint16_t)(r.w[i] >> 16)); }
+}
+
+/* A warp's keys j, j + 4, .., j + 4 (U - 1) of k_attn_gqa folded into its heads' online softmax
+ * (qr, acc, mx, l): loaded together, the U x HG scores' warp sums level by level (U x HG independent
+ * shuffle chains in flight, not one), then each head's rescale and values over the U keys at once */
+template <int HG, int R, int U>
+__device__ __forceinline__ void gqa_keys(const uint16_t *kb, const uint16_t *vb, size_t ld, int j, const float (&qr)[HG][R],
+                                         float (&acc)[HG][R], float (&mx)[HG], float (&l)[HG]) {
+    kv_raw<R> kw[U], vw[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        kw[u] = kv_load<R>(kb + (size_t)(j + ATT_WARPS * u) * ld);
+        vw[u] = kv_load<R>(vb + (size_t)(j + ATT_WARPS * u) * ld);
+    }
+    float sc[U][HG];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float kr[R];
+        kv_unpack<R>(kw[u], kr);
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            float d = 0.f;
+#pragma unroll
+            for (int i = 0; i < R; i++) d += qr[g][i] * kr[i];
+            sc[u][g] = d;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int g = 0; g < HG; g++) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
+    float vr[U][R];
+#pragma unroll
+    for (int u = 0; u < U; u++) kv_unpack<R>(vw[u], vr[u]);
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        float mnew = mx[g];
+#pragma unroll
+        for (int u = 0; u < U; u++) mnew = fmaxf(mnew, sc[u][g]);
+        const float corr = expf(mx[g] - mnew);
+        float p[U], ps = 0.f;
+#pragma unroll
+        for (int u = 0; u < U; u++) { p[u] = expf(sc[u][g] - mnew); ps += p[u]; }
+        l[g] = l[g] * corr + ps;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float a = acc[g][i] * corr;
+#pragma unroll
+            for (int u = 0; u < U; u++) a += p[u] * vr[u][i];
+            acc[g][i] = a;
+        }
+        mx[g] = mnew;
     }
 }
 
-/* Columns: lane l holds R l .. R l + R - 1 of q, the keys, the values and acc (kv_row's
+/* Columns: lane l holds R l .. R l + R - 1 of q, the keys, the values and acc (kv_load's
  * contiguous loads); the fold computes the new key and q in the lane + 32 i order qk_head's
- * RoPE pairs need, and both meet through the cache and shared memory. */
-template <int HG, int R>
+ * RoPE pairs need, and both meet through the cache and shared memory.
+ * U: a warp's keys j, j + 4, .., j + 4 (U - 1) loaded and folded together (gqa_keys). Why: at long
+ * context the loop is bound by each key's chain of dependent shuffles and exponentials, not by bytes:
+ * the fp16 cache (half the bytes, half those in flight) left tg128@32768 where it was (392 against 391
+ * on an H100), U 4 alone took it to 435, and fewer heads a block (HS, more warps an SM) the same at
+ * U 2 (bench/RESULTS.md session 34). */
+template <int HG, int R, int U>
 __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const uint16_t *kc, const uint16_t *vc, int nh,
                                                                int nkv, const int *pos, int splits, float *part, cu_rows rows,
                                                                qk_fold P, int amin) {
     const int hd = R * WARP;
-    int tk = blockIdx.x, t = tk / nkv, kvh = tk % nkv;
+    /* a block per (token, KV head, HG of its nh / nkv query heads): with fewer heads a block than the
+     * group (LILY_CU_ATTN_HS), each KV row is read by the group's blocks, and the new one written by
+     * each of them (the same bits) */
+    const int hs = nh / nkv / HG, tk = blockIdx.x / hs, t = tk / nkv, kvh = tk % nkv, hq0 = kvh * HG * hs + (int)(blockIdx.x % hs) * HG;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     /* the fold's weights (the q and k norms', RoPE's frequencies: a lane's columns) before the
      * wait: after it, each token streams 2 GB through L2 and they were misses to DRAM on the
@@ -304,7 +374,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
                  * memory: every warp reads them all; each warp doing all of them measured 1% slower
                  * than k_qk_prep's launch, this form 0.8% faster, bench/RESULTS.md session 19);
                  * the new key's by the block whose keys end with it, before its warps read the cache */
-        __shared__ float qs[HG][R * WARP];
+        __shared__ __align__(16) float qs[HG][R * WARP];
         const int p = n - 1, hw = P.rot / 64;
         float cs[R], sn[R];
 #pragma unroll
@@ -317,7 +387,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
             }
         }
         for (int g = warp; g < HG; g += ATT_WARPS) {
-            const float *qh = P.qg + (size_t)(kvh * HG + g) * 2 * hd;
+            const float *qh = P.qg + (size_t)(hq0 + g) * 2 * hd;
             float v[R];
 #pragma unroll
             for (int i = 0; i < R; i++) v[i] = qh[lane + WARP * i];
@@ -341,42 +411,36 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
 #pragma unroll
         for (int g = 0; g < HG; g++) {
 #pragma unroll
-            for (int i = 0; i < R; i++) { qr[g][i] = qs[g][R * lane + i]; acc[g][i] = 0.f; }
+            for (int i = 0; i < R; i += 4) { /* (16-byte reads: lanes 8 words apart would be 8-way bank conflicts a word) */
+                const float4 v = *(const float4 *)&qs[g][R * lane + i];
+                qr[g][i] = v.x; qr[g][i + 1] = v.y; qr[g][i + 2] = v.z; qr[g][i + 3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < R; i++) acc[g][i] = 0.f;
             mx[g] = -INFINITY; l[g] = 0.f;
         }
     } else
 #pragma unroll
     for (int g = 0; g < HG; g++) {
-        const float *qh = q + (size_t)t * nh * hd + (size_t)(kvh * HG + g) * hd;
+        const float *qh = q + (size_t)t * nh * hd + (size_t)(hq0 + g) * hd;
 #pragma unroll
         for (int i = 0; i < R; i++) { qr[g][i] = qh[R * lane + i] * scale; acc[g][i] = 0.f; }
         mx[g] = -INFINITY; l[g] = 0.f;
     }
-    size_t ld = (size_t)nkv * hd;
-    for (int j = j0 + warp; j < j1; j += ATT_WARPS) {
-        float kr[R], vr[R];
-        kv_row<R>(kc + j * ld + (size_t)kvh * hd + R * lane, kr);
-        kv_row<R>(vc + j * ld + (size_t)kvh * hd + R * lane, vr);
-#pragma unroll
-        for (int g = 0; g < HG; g++) {
-            float d = 0;
-#pragma unroll
-            for (int i = 0; i < R; i++) d += qr[g][i] * kr[i];
-            float sc = warp_sum(d);
-            float mnew = fmaxf(mx[g], sc), corr = expf(mx[g] - mnew), p = expf(sc - mnew);
-            l[g] = l[g] * corr + p;
-#pragma unroll
-            for (int i = 0; i < R; i++) acc[g][i] = acc[g][i] * corr + p * vr[i];
-            mx[g] = mnew;
-        }
-    }
+    const size_t ld = (size_t)nkv * hd;
+    const uint16_t *kb = kc + (size_t)kvh * hd + R * lane, *vb = vc + (size_t)kvh * hd + R * lane;
+    int j = j0 + warp;
+    if constexpr (U > 1) /* whole groups of U, then one key at a time (short contexts: a key or two a warp) */
+        for (; j + ATT_WARPS * (U - 1) < j1; j += ATT_WARPS * U) gqa_keys<HG, R, U>(kb, vb, ld, j, qr, acc, mx, l);
+    for (; j < j1; j += ATT_WARPS) gqa_keys<HG, R, 1>(kb, vb, ld, j, qr, acc, mx, l);
     /* merge the warps in shared memory: one partial per block and head */
-    __shared__ float sm_m[HG][ATT_WARPS], sm_l[HG][ATT_WARPS], sm_a[HG][ATT_WARPS][R * WARP];
+    __shared__ float sm_m[HG][ATT_WARPS], sm_l[HG][ATT_WARPS];
+    __shared__ __align__(16) float sm_a[HG][ATT_WARPS][R * WARP];
 #pragma unroll
     for (int g = 0; g < HG; g++) {
         if (lane == 0) { sm_m[g][warp] = mx[g]; sm_l[g][warp] = l[g]; }
 #pragma unroll
-        for (int i = 0; i < R; i++) sm_a[g][warp][R * lane + i] = acc[g][i];
+        for (int i = 0; i < R; i += 4) *(float4 *)&sm_a[g][warp][R * lane + i] = make_float4(acc[g][i], acc[g][i + 1], acc[g][i + 2], acc[g][i + 3]);
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < HG * (hd + 2); idx += blockDim.x) {
@@ -390,9 +454,26 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
                 float f = sm_m[g][w] == -INFINITY ? 0.f : expf(sm_m[g][w] - M);
                 v += f * (i == 1 ? sm_l[g][w] : sm_a[g][w][i - 2]);
             }
-        int th = t * nh + kvh * HG + g;
+        int th = t * nh + hq0 + g;
         part[((size_t)th * splits + blockIdx.y) * (hd + 2) + i] = v;
     }
+}
+
+/* k_attn_gqa's form: the keys a warp loads together (U: LILY_CU_ATTN_U 1, 2 or 4, default 2) and the
+ * blocks a group of 8 query heads is split over (LILY_CU_ATTN_HS 1, 2 or 4, default 2; head dim 256).
+ * On an H100 (bench/RESULTS.md session 34), tg128 / @4096 / @32768: U 1 HS 1 536 / 501 / 399, U 4 HS 1
+ * 536 / 506 / 435, U 2 HS 2 544 / 513 / 435, U 2 HS 4 547 / 505 / 408, U 4 HS 4 547 / 507 / 428 */
+static int attn_u_test = 0, attn_hs_test = 0;
+void cu_attn_form_test(int u, int hs) { attn_u_test = u; attn_hs_test = hs; }
+static int attn_u(void) {
+    static int u = INT_MIN;
+    const int e = attn_u_test ? attn_u_test : cu_env_int(&u, "LILY_CU_ATTN_U", 2);
+    return e == 1 || e == 4 ? e : 2;
+}
+static int attn_hs(void) {
+    static int h = INT_MIN;
+    const int e = attn_hs_test ? attn_hs_test : cu_env_int(&h, "LILY_CU_ATTN_HS", 2);
+    return e == 1 || e == 4 ? e : 2;
 }
 
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
@@ -409,12 +490,27 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const uin
         return;
     }
     int hg = nh / nkv, np = splits;
-    dim3 gq(T * nkv, splits);
+    /* 8 query heads a KV head as hs blocks of 8 / hs: fewer registers a thread (HG 8: ~245 at U 2, two
+     * blocks of 4 warps an SM; HG 4: ~127, four), so more warps an SM to overlap the per-key chains of
+     * shuffles and exponentials, which bound the loop rather than the bytes (the fp16 cache alone changed
+     * nothing at 32K); each KV row is then read by hs blocks, from L2 after the first */
+    const int hs = hd == 256 && hg == 8 ? attn_hs() : 1;
+    dim3 gq(T * nkv * hs, splits);
     if (T != 1 || rw.pos) amin = 0;
-    if (hd == 256 && hg == 8) cu_go(k_attn_gqa<8, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
-    else if (hd == 256 && hg == 4) cu_go(k_attn_gqa<4, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
-    else if (hd == 256 && hg == 2) cu_go(k_attn_gqa<2, 8>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
-    else if (hd == 128 && hg == 8) cu_go(k_attn_gqa<8, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    const int U = attn_u();
+#define GQA(HG_, R_)                                                                                                                 \
+    do {                                                                                                                             \
+        if (U == 4) cu_go(k_attn_gqa<HG_, R_, 4>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);   \
+        else if (U == 2) cu_go(k_attn_gqa<HG_, R_, 2>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin); \
+        else cu_go(k_attn_gqa<HG_, R_, 1>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);         \
+    } while (0)
+    if (hd == 256 && hg == 8 && hs == 4) GQA(2, 8);
+    else if (hd == 256 && hg == 8 && hs == 2) GQA(4, 8);
+    else if (hd == 256 && hg == 8) GQA(8, 8);
+    else if (hd == 256 && hg == 4) GQA(4, 8);
+    else if (hd == 256 && hg == 2) GQA(2, 8);
+    else if (hd == 128 && hg == 8) GQA(8, 4);
+#undef GQA
     else {
         cu_go(k_attn, dim3(T * nh, splits), ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, hd, pos, splits, part, rw);
         np = splits * ATT_WARPS;

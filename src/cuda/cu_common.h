@@ -400,6 +400,9 @@ int cu_attn_tc(cudaStream_t s, const float *q, const float *qg, const uint16_t *
 size_t cu_attn_h16_bytes(int keys, int nkv);
 /* For the kernel test: 1 the fp16 keys wherever the scratch holds them, 0 never, -1 the environment's choice */
 void cu_attn_h16_test(int on);
+/* For the kernel test: decode's k_attn_gqa form, the keys a warp loads together (1, 2, 4) and the blocks
+ * a group of 8 query heads is split over (1, 2, 4); 0 the environment's */
+void cu_attn_form_test(int u, int hs);
 /* For the kernel test: 1 or 2 the dense packed-input GEMMs on wgmma in 64-token tiles, that form,
  * wherever the build and device have it (cu_gemm_tc.cu's WG), 0 never, -1 the environment's
  * (LILY_CU_GEMM_WG=0/1/2, default 1); and how many launches took it so far. */

@@ -50,6 +50,9 @@ lily_code lct_gemm_group(const lw_mat *W, int n, const float *X, int T, int pack
 lily_code lct_gemm_split(const lw_mat *W, const float *X, int T, int wg, float *Y, int *parts, lily_status *st);
 /* x rounded in place to the KV cache's fp16 (as the device stores it), for references over a cache */
 void lct_kv_round(float *x, size_t n);
+/* Decode attention's form (k_attn_gqa): the keys a warp loads together (1, 2, 4) and the blocks a
+ * group of 8 query heads is split over (1, 2, 4); 0 the default */
+void lct_attn_form(int u, int hs);
 /* Prefill attention (cu_attention, one split): q [T][nh][hd], qg [T][nh][2 hd] (the gate in the
  * second half), kc/vc [ctx][nkv][hd] holding keys 0 .. pos0 + T - 1; token t sees 0 .. pos0 + t.
  * o [T][nh][hd]. h16: through cu_attention_h16 (the keys laid out in fp16 scratch once). kc and vc go to the

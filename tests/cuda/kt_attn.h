@@ -111,12 +111,24 @@ static void test_attention_dec(int nh, int nkv, int hd, int rot, int pos0, int s
         const float *gate = qg + (size_t)h * 2 * hd + hd;
         for (int i = 0; i < hd; i++) ref[(size_t)h * hd + i] = (float)(acc[i] / sum / (1.0 + exp(-(double)gate[i])));
     }
+    /* k_attn_gqa's forms (keys a warp loads together U, blocks a group of 8 query heads is split over HS),
+     * each from the same poisoned cache: the default (U 2, HS 2), then others */
+    float *kc0 = malloc((size_t)ctx * nkv * hd * 4), *vc0 = malloc((size_t)ctx * nkv * hd * 4);
+    memcpy(kc0, kc, (size_t)ctx * nkv * hd * 4);
+    memcpy(vc0, vc, (size_t)ctx * nkv * hd * 4);
+    static const int us[4] = { 0, 1, 4, 2 }, hss[4] = { 0, 1, 1, 4 };
+    for (int ui = 0; ui < 4; ui++) {
+    memcpy(kc, kc0, (size_t)ctx * nkv * hd * 4);
+    memcpy(vc, vc0, (size_t)ctx * nkv * hd * 4);
     for (size_t i = 0; i < (size_t)nh * hd; i++) o[i] = NAN;
     lily_status st = { 0 };
     char what[160];
-    snprintf(what, sizeof what, "decode attention, q/k prep folded nh=%d nkv=%d hd=%d rot=%d after %d, %d splits", nh, nkv, hd, rot,
-             pos0, splits);
-    if (lct_attention_dec(qg, k, v, qn, kn, inv, nh, nkv, hd, rot, 1e-6f, pos0, ctx, splits, kc, vc, o, &st)) {
+    snprintf(what, sizeof what, "decode attention, q/k prep folded nh=%d nkv=%d hd=%d rot=%d after %d, %d splits%s", nh, nkv, hd, rot,
+             pos0, splits, ui == 1 ? ", U 1 HS 1" : ui == 2 ? ", U 4 HS 1" : ui == 3 ? ", U 2 HS 4" : "");
+    lct_attn_form(us[ui], hss[ui]);
+    const lily_code rc = lct_attention_dec(qg, k, v, qn, kn, inv, nh, nkv, hd, rot, 1e-6f, pos0, ctx, splits, kc, vc, o, &st);
+    lct_attn_form(0, 0);
+    if (rc) {
         printf("%s: %s\n", what, st.msg);
         n_fail++;
     } else {
@@ -131,6 +143,8 @@ static void test_attention_dec(int nh, int nkv, int hd, int rot, int pos0, int s
         snprintf(w2, sizeof w2, "%s: the value rows", what);
         report(w2, e3, 1e-6);
     }
+    }
+    free(kc0); free(vc0);
     free(qg); free(k); free(v); free(qn); free(kn); free(inv); free(kc); free(vc); free(kr); free(vr); free(y); free(sc); free(acc);
     free(o); free(ref);
 }
