@@ -177,14 +177,6 @@ if "$E/lily" synth --out "$tmp/m2k" --layout mlx4 --preset 35b-a3b --layers 4 --
   if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_mvdp_comb<' "$tmp/model.log"; then
     ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, $(secs "$t0") s): $line"
   else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model, hidden 2048 (rc=$rc)"; fi
-  # decode's router by linearity (LILY_CU_RLIN=1): no router group's launch (k_mvq) in any decode step,
-  # the sums zeroed between tokens (a token's routing off otherwise), the tokens and logits as the CPU's
-  t0=$(date +%s.%N)
-  LILY_EMU_STATS=kernels LILY_CU_RLIN=1 LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/m2k" --prompt 20 --steps 4 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
-  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.log" | tail -n 1)
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && ! grep -q '^lily emu: kernel k_mvq<' "$tmp/model.log"; then
-    ok "emulated cuda-kernel-test --model (hidden 2048, LILY_CU_RLIN=1, $(secs "$t0") s): $line"
-  else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model, hidden 2048, LILY_CU_RLIN=1 (rc=$rc)"; fi
 else cat "$tmp/synth.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
 
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp

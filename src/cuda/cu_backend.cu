@@ -169,14 +169,6 @@ lily_code cu_model_finish(lcuda_model *m, lily_status *st) {
         rc = cu_model_alloc(m, (void **)&L->rtr, n * sizeof(float), st);
         if (!rc) cu_router_frag(0, &L->router, L->rtr);
     }
-    for (int l = 0; l < c->n_layers && !rc; l++) { /* decode's router by linearity (cu_rlin.cu) */
-        cu_layer *L = &m->L[l];
-        const dmat *sg = c->shared_inter ? &L->sh_router : NULL;
-        const size_t n = L->router.w ? cu_rlin_words(&L->router, sg, c->hidden) : 0;
-        if (!n) continue;
-        rc = cu_model_alloc(m, (void **)&L->rlin, n * sizeof(uint32_t), st);
-        if (!rc) cu_rlin_make(0, &L->router, sg, c->hidden, L->rlin);
-    }
     if (!rc) { /* done before any session's stream (non-blocking: no order with stream 0) reads it */
         cudaError_t e = cudaDeviceSynchronize();
         if (e == cudaSuccess) e = cudaGetLastError();

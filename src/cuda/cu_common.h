@@ -131,31 +131,6 @@ static inline int cu_q_sexp(float maxs) {
 }
 
 #define MVQ_MAX 4
-/* Decode's router by linearity (mvq_fuse.rp; cu_rlin.cu, LILY_CU_RLIN). The router reads
- * t = (x + o) ln2 / rms(x + o), where o is the mixer's out-projection W_o g and x the residual
- * before the mixer, so its raw logits W_r ((x + o) ln2) are sums over o's rows: the out-projection
- * launch (k_mvdp CL -2) adds each row r's share W_r[:, r] ln2[r] (x[r] + o[r]) into fixed-point
- * sums, and the experts' gate|up launch (CL -3) scales them by 1 / rms (its own staging's norm of
- * x + o) and routes: the router group's launch is left out of the layer. One descriptor a layer in
- * device memory (the session's), so k_mvdp's parameters grow by a pointer. */
-typedef struct {
-    const uint32_t *q;         /* [H / 4][ldr] the router's 8-bit codes, columns 4c .. 4c + 3 of row e in word
-                                * [c][e] (row E: the shared expert's gate), so a warp's four rows of o read one
-                                * contiguous run (cu_rlin_make) */
-    const float2 *sb;          /* [H / 64][ldr] (scale, bias) of each 64-column group and row */
-    const float *ln;           /* [H] the post-mixer norm's weight */
-    const float *xr;           /* [H] the residual before the mixer */
-    unsigned long long *acc;   /* [ldr + 1] the raw logits in fixed point (2^28 a unit, two's complement);
-                                * acc[ldr] != 0: a share was NaN or past 2^24 (the logits are then NaN) */
-    float *sr;                 /* [1] the shared expert's gate logit (the gate|up launch writes it) */
-    int ne, ldr;               /* rows (E, + 1 with the shared gate); the stride, a multiple of 4 */
-    int ast;                   /* words from one sum to the next in acc (cu_rlin_ast: 1, or 16 = a 128-byte line
-                                * each, so the out-projection's blocks' atomics do not queue on a few lines) */
-} cu_rlin;
-#define RLIN_ONE 268435456.0   /* 2^28: a fixed-point unit */
-#define RLIN_MAX 16777216.f    /* 2^24: a row's share past it saturates the flag (2,048 rows stay below 2^63) */
-#define RLIN_AST_MAX 16        /* acc's largest stride (words a sum) */
-#define RLIN_LDR_MAX 260       /* the stride k_mvdp's slices are sized for: 256 experts and the shared gate */
 /* Decode (one input row) fusions of the router group's launch, so the layer's MoE needs two
  * launches fewer (cu_matvec_group with a fuse; off with LILY_CU_FUSE=0):
  *   nw != NULL: the staged input is rmsnorm(X + add) * nw (add != NULL: the post-mixer residual
@@ -190,10 +165,6 @@ typedef struct {
      * x rmsnorm(x) gw silu(gz) a head (eps), applied while staging (cu_matvec_gated) */
     const float *gz, *gw;
     int nopre; /* k_mvdp (set by its launcher; LILY_CU_MVDP_PRE=0, for measuring): a dense matrix's first codes after the wait */
-    /* rp (one token, k_mvdp only): a dense launch with rp is the out-projection adding its rows'
-     * shares into rp->acc; an experts' launch (eidx) with rp, add and nw routes itself from rp->acc
-     * (rsel, rwt, E, K as with rlog) and writes rp->sr (cu_rlin above) */
-    const cu_rlin *rp;
 } mvq_fuse;
 typedef struct {
     dmat m[MVQ_MAX];
@@ -591,25 +562,8 @@ int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D,
  * 0 when it declines (and nothing is launched). _enabled: the forward pass folds (LILY_CU_FOLD=0:
  * the down and the one-block combine, for measuring). */
 int cu_mvdp_comb_enabled(void);
-/* racc (NULL: none): the router-by-linearity sums [rlen] it zeroes after its wait, for the next token
- * (cu_rlin); with it, sr (written by the launch just before) is read after the wait */
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
-                 const float *hu, const float *sr, float *x, const float *add, unsigned long long *racc, int rlen);
-/* Decode's router by linearity (cu_rlin.cu). cu_rlin_words: the words of the load-time layout
- * (q, then sb) for a router [E][H] (8-bit, groups of 64) and the shared gate shg [1][H] (or NULL),
- * 0 where it cannot be made; cu_rlin_make writes it (q at out, sb after ldr H / 4 words). */
-size_t cu_rlin_words(const dmat *router, const dmat *shg, int H);
-void cu_rlin_make(cudaStream_t s, const dmat *router, const dmat *shg, int H, uint32_t *out);
-static inline int cu_rlin_ldr(int E, int shg) { return (E + (shg ? 1 : 0) + 3) / 4 * 4; }
-/* acc's stride in words (LILY_CU_RLIN_AST, 1 .. RLIN_AST_MAX, default 1), for measuring */
-int cu_rlin_ast(void);
-/* words of one layer's sums in a session's racc (its flag and slack included, at the process's stride) */
-static inline size_t cu_rlin_span(void) { return (size_t)(RLIN_LDR_MAX + 2) * cu_rlin_ast(); }
-/* The one-token out-projection y = W o (o gated-normed while staged when z, gw: cu_matvec_gated's
- * form) with its rows' router shares added into rp->acc (k_mvdp CL -2). 0 when it declines. */
-int cu_matvec_rp(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, float *y, const cu_rlin *rp);
-/* Whether the gate|up launch can route from the sums (E, K), and the out-projection W can add them */
-int cu_rlin_ok(const dmat *W, const dmat *gate, const dmat *up, int E, int K);
+                 const float *hu, const float *sr, float *x, const float *add);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 #define CU_ARGMAX_PARTS1 256 /* k_argmax_part1's blocks (the default) */

@@ -64,11 +64,6 @@ static void pf_layer(lcuda_session *s, const cu_layer *L, int T, int late) {
     static int v = -1;
     if (!pf_on(s, T) || !(pf_parts() & 1) || cu_env_flag(&v, "LILY_CU_PF_LATE", 0) != late) return;
     const dmat *W[6] = { L->full ? &L->o : &L->out, &L->router, &L->sh_gate, &L->sh_up, &L->sh_router, &L->sh_down };
-    if (s->rlin_l) { /* (the router by linearity reads neither router: its layout goes with the out-projection) */
-        const dmat *W2[4] = { W[0], W[2], W[3], W[5] };
-        pf_fork(s, s->m->cfg.shared_inter ? 4 : 1, W2, NULL, 0);
-        return;
-    }
     pf_fork(s, s->m->cfg.shared_inter ? 6 : 2, W, NULL, 0);
 }
 /* the mixer's input projections (what the layer reads first) */
@@ -174,43 +169,16 @@ static int fold_in_ok(const lcuda_session *s, const cu_layer *L) {
     return 1;
 }
 
-/* Decode's router by linearity (cu_rlin; LILY_CU_RLIN=1): the layer's out-projection adds the
- * router's raw logits, the experts' gate|up launch stages the norm and routes from them, and the
- * combine launch zeroes them: no router group's launch. It needs the layer's router laid out
- * (8-bit, groups of 64: cu_rlin_words), the one-token launches on k_mvdp (cu_rlin_ok), the shared
- * expert riding as slot K (or none), and the combine folded into the down (which zeroes the sums;
- * a memset node otherwise). */
-static int moe_fused(const lcuda_session *s, const cu_layer *L, int T);
-static int moe_shared_slot(const lcuda_session *s, const cu_layer *L);
-static int rlin_on(const lcuda_session *s, const cu_layer *L, const cu_layer *next, int T) {
-    static int on = -1;
-    const lily_config *c = &s->m->cfg;
-    const dmat *Wo = L->full ? &L->o : &L->out;
-    return T == 1 && !s->rows && cu_env_flag(&on, "LILY_CU_RLIN", 0) && L->rlin && moe_fused(s, L, T) && cu_route_fused() &&
-           (c->shared_inter ? moe_shared_slot(s, L) : 1) && cu_mvq_ok(&L->down) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
-           Wo->rows == c->hidden && cu_rlin_ok(Wo, &L->gate, &L->up, c->n_experts, c->top_k) &&
-           (!c->shared_inter || cu_rlin_ok(Wo, &L->sh_gate, &L->sh_up, c->n_experts, c->top_k));
-}
-/* One token's out-projection W X into s->y, adding the router's shares where rlin_on said so
- * (s->rlin_l 1 -> 2); z, gw: o's gated norm staged by the launch (NULL: X as it is) */
-static int out_proj_rp(lcuda_session *s, const dmat *W, const float *X, const float *z, const float *gw) {
-    if (s->rlin_l != 1) return 0;
-    s->rlin_l = cu_matvec_rp(s->st, W, X, z, gw, (float)s->m->cfg.eps, s->y, s->rlin_cur) ? 2 : 0;
-    if (s->rlin_l) s->y2 = NULL;
-    return s->rlin_l;
-}
-
 /* One token's out-projection of o before its gated norm (cu_gdn_dec_split): the norm
  * in the out-projection's staging, or a launch of its own */
 static void gdn_out_gated(lcuda_session *s, const cu_layer *L) {
     const lily_config *c = &s->m->cfg;
     static int fold = -1; /* LILY_CU_GATED_FOLD=0: the norm's own launch, for measuring */
-    if (cu_env_flag(&fold, "LILY_CU_GATED_FOLD", 1) &&
-        (out_proj_rp(s, &L->out, s->o, s->zb, L->gnorm) || cu_matvec_gated(s->st, &L->out, s->o, s->zb, L->gnorm, (float)c->eps, s->y)))
+    if (cu_env_flag(&fold, "LILY_CU_GATED_FOLD", 1) && cu_matvec_gated(s->st, &L->out, s->o, s->zb, L->gnorm, (float)c->eps, s->y))
         s->y2 = NULL;
     else {
         cu_gated_norm(s->st, s->o, s->zb, L->gnorm, 1, c->lin_nv, c->lin_dv, (float)c->eps);
-        if (!out_proj_rp(s, &L->out, s->o, NULL, NULL)) proj_out(s, &L->out, s->o, cfg_val_dim(c), 1);
+        proj_out(s, &L->out, s->o, cfg_val_dim(c), 1);
     }
     PM(s, "gated norm + gdn out-proj");
 }
@@ -313,7 +281,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     if (T == 1 && cu_qk_fold_enabled() && cu_attention_dec(q, s->qg, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
                                    (float)c->eps, s->d_pos, kc, vc, DECODE_SPLITS, s->part, s->ao, cu_dec_kmin())) {
         PM(s, "attn q/k norm + rope + cache + core");
-        if (!out_proj_rp(s, &L->o, s->ao, NULL, NULL)) proj_out(s, &L->o, s->ao, nh * hd, T);
+        proj_out(s, &L->o, s->ao, nh * hd, T);
         PM(s, "attn out-proj");
         return;
     }
@@ -326,7 +294,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
                          s->part, s->ao);
     else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao, cu_dec_kmin());
     PM(s, "attn core");
-    if (!out_proj_rp(s, &L->o, s->ao, NULL, NULL)) proj_out(s, &L->o, s->ao, nh * hd, T);
+    proj_out(s, &L->o, s->ao, nh * hd, T);
     PM(s, "attn out-proj");
 }
 
@@ -392,10 +360,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const int side = !add && !mv_pass(s, T) && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
     int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch */
-    const int rl = add && s->rlin_l == 2; /* routed from the out-projection's sums (rlin_on): no router group */
-    LILY_ASSERT(!rl || shx || !SI);
-    if (rl) {
-    } else if (add) {
+    if (add) {
         int ld[4] = { E, SI, SI, 1 };
         mvq_fuse fu;
         memset(&fu, 0, sizeof fu);
@@ -449,7 +414,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     }
     if (pf_on(s, T) && (pf_parts() & 6)) { /* the chosen experts' down, then the next layer's in-projection */
         const dmat *Wd[1] = { &L->down }, *Wn[4];
-        if (!(pf_parts() & 2) || (route && T > 1) || rl) pf_wait(s); /* (rl: no logits before the gate|up launch) */
+        if (!(pf_parts() & 2) || (route && T > 1)) pf_wait(s);
         else if (route) { /* the prefetch routes itself too: sel is written by the gate|up launch */
             pf_wait(s);
             cu_l2_prefetch_routed(s->st2, 1, Wd, s->rl, E, K);
@@ -472,26 +437,19 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
                 xd.xm[0] = L->sh_down; xd.xrow = K;
             }
             if (route) { xg.rlog = s->rl; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
-            if (rl) { /* the staged input rmsnorm(x + add) * ln2 (t by block (0, 0)), routed from the sums */
-                xg.rp = s->rlin_cur; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt;
-                xg.add = add; xg.nw = L->ln2; xg.eps = (float)c->eps; xg.tout = s->t;
-            }
-            cu_matvec_group(q, 2, W, rl ? s->x : s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route || rl ? &xg : NULL);
+            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
             PM(s, "moe experts gate|up");
             /* one token with the shared expert riding (or none), and a next layer whose
              * in-projection (or an lm_head) can take the norm: the combine folded into the down
              * launch, the norm left to that launch (a launch a layer fewer; LILY_CU_FOLD=0 for
              * measuring) */
             if (T == 1 && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
-                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add,
-                             rl ? s->racc_cur : NULL, rl ? s->rlin_len : 0)) {
+                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
                 s->fold_nw = nw;
                 s->xp_src = NULL;
                 PM(s, "moe experts swiglu+down + combine");
                 return;
             }
-            if (rl) /* (the combine's launch zeroes the sums; without it, a memset node) */
-                cudaMemsetAsync(s->racc_cur, 0, (size_t)s->rlin_len * sizeof(unsigned long long), q);
             const dmat *Wd[1] = { &L->down };
             float *Yd[1] = { s->D };
             int ldd[1] = { H };
@@ -579,15 +537,9 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
     int li = 0, fi = 0;
     for (int l = 0; l < c->n_layers; l++) {
         const cu_layer *L = &m->L[l];
-        const cu_layer *next = l + 1 < c->n_layers ? &m->L[l + 1] : NULL;
-        s->rlin_l = rlin_on(s, L, next, T);
-        s->rlin_cur = s->rlin + l;
-        s->racc_cur = s->racc + (size_t)l * cu_rlin_span();
-        s->rlin_len = cu_rlin_ldr(c->n_experts, c->shared_inter > 0) * cu_rlin_ast() + 1; /* (every word up to the flag's) */
         pf_layer(s, L, T, 0);
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);
-        if (s->rlin_l == 1) s->rlin_l = 0; /* (the out-projection went elsewhere: the router group) */
         const int fused = moe_fused(s, L, T);
         LILY_ASSERT(!fused || !s->y2); /* (the fused norm reads s->y alone; it is decode's, never split) */
         if (!fused) {
@@ -595,8 +547,8 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
             PM(s, "residual + norm");
         } else s->xp_src = NULL; /* (the router group writes t unpacked) */
         /* the combine leaves the next layer's normed input, or the final norm's */
+        const cu_layer *next = l + 1 < c->n_layers ? &m->L[l + 1] : NULL;
         moe(s, L, next, T, next ? next->ln1 : m->norm, fused ? s->y : NULL);
-        s->rlin_l = 0;
     }
     if (s->fold_nw) { /* (one token) the last combine was folded: the final norm in the lm_head's staging, or alone */
         const dmat *W[1] = { &m->lm_head };

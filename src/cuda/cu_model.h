@@ -21,7 +21,6 @@ typedef struct {
     float *q_norm, *k_norm;
     dmat router, gate, up, down, sh_gate, sh_up, sh_down, sh_router;
     float *rtr; /* the router's codes in A-fragment order and its scales (cu_router_frag), or NULL */
-    uint32_t *rlin; /* the router (and the shared expert's gate) laid out for the out-projection's shares (cu_rlin_make), or NULL */
 } cu_layer;
 
 struct lcuda_model {
@@ -63,13 +62,6 @@ struct lcuda_session {
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     unsigned *fcount;              /* [FCOUNT_N] block counters, 0 between launches: the fused router group's (mvq_fuse),
                                     * one unused, then cu_gdn_dec's (one a key head; a batch's row r at GDN_DEC_CNT r) */
-    unsigned long long *racc;      /* [n_layers][RLIN_LDR_MAX + 2] the router by linearity's sums (cu_rlin), zero between tokens */
-    cu_rlin *rlin;                 /* [n_layers] their descriptors on the device (q NULL: the layer has no layout) */
-    int rlin_l;                    /* decode (one token): 1 this layer's out-projection is to add its router shares, 2 it
-                                    * did, 0 neither (cu_forward.cu) */
-    const cu_rlin *rlin_cur;       /* this layer's descriptor (s->rlin + l) and sums (s->racc + l (RLIN_LDR_MAX + 2)) */
-    unsigned long long *racc_cur;
-    int rlin_len;                  /* the sums' entries to zero (ldr + 1) */
     const float *fold_nw;          /* decode: the next in-projection's norm weight when the combine was folded into the
                                     * experts' down (cu_mvdp_comb): it normalizes x itself (mvq_fuse.nw); else NULL */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */

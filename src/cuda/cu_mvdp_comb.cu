@@ -31,8 +31,6 @@ typedef struct {
     const float *add;     /* [H] the mixer's output, not yet added (the fused router group's), or NULL */
     int K, ns;            /* routed slots, all slots */
     int epf;              /* an expert's first codes fetched before the staging (LILY_CU_FOLD_EPF=1, for measuring) */
-    unsigned long long *racc; /* [rlen] the router by linearity's sums, zeroed after the wait (RQ; cu_rlin), or NULL */
-    int rlen;
 } dpc_args;
 
 /* a warp's own input silu(g) * u [cols] into xs (dp_put), DPC_BUF words a lane loaded at once */
@@ -66,11 +64,7 @@ __device__ __forceinline__ void dp_stage_warp(const float *g, const float *u, in
 }
 
 /* A block: rows blockIdx.x * rpt .. + rpt - 1 (rpt = R x 32 / LPR, one tile), warp k slot k. */
-/* RQ (the router by linearity, cu_rlin): the gate|up launch just before wrote sr, so it is read
- * after the wait, and block 0 zeroes the sums the out-projection adds into for the next token
- * (every reader of them, that launch, has ended); an instance of its own, so the plain one's code
- * stays as it was measured. */
-template <int LPR, int R, int SBT, bool RQ>
+template <int LPR, int R, int SBT>
 __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_constant__ dpc_args a) {
     extern __shared__ uint4 dxs[];      /* [ns][I / 64][DP_G4] each slot's staged input */
     __shared__ float ys[DPC_MAXS][WARP]; /* [slot][row of the tile] the slots' sums */
@@ -101,14 +95,9 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
     const int row = row0 + tid;
     if (tid < rpt && row < H) {
         x0 = a.add ? a.x[row] + a.add[row] : a.x[row]; /* (x + add) first, as the combine */
-        if (!RQ && a.ns > a.K) gs = sigm_f(a.sr[0]);
+        if (a.ns > a.K) gs = sigm_f(a.sr[0]);
     }
     CU_PDL(); /* sel, wt and the inputs come from the experts' gate|up launch */
-    if constexpr (RQ) {
-        if (tid < rpt && row < H && a.ns > a.K) gs = sigm_f(a.sr[0]);
-        if (blockIdx.x == 0)
-            for (int i = tid; i < a.rlen; i += blockDim.x) a.racc[i] = 0ull;
-    }
     if (!shs) {
         t = dp_rows_at<R, 4>(a.m, a.sel[slot], row0 + rib * R);
         if (a.epf && sub < ng) { /* (LILY_CU_FOLD_EPF=1) the expert's first codes before the staging */
@@ -135,17 +124,12 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
     }
 }
 
-template <int LPR, int R, int SBT, bool RQ>
-static void dpc_go2(cudaStream_t s, const dpc_args &a, size_t sm) {
-    static int opted = 0; /* (I past 1,536 columns: more than the 48 KB a launch gets unasked) */
-    if (!opted) opted = cudaFuncSetAttribute(k_mvdp_comb<LPR, R, SBT, RQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
-    const int rpt = (WARP / LPR) * R;
-    cu_go(k_mvdp_comb<LPR, R, SBT, RQ>, (a.m.rows + rpt - 1) / rpt, a.ns * WARP, sm, s)(a);
-}
 template <int LPR, int R, int SBT>
 static void dpc_go(cudaStream_t s, const dpc_args &a, size_t sm) {
-    if (a.racc) dpc_go2<LPR, R, SBT, true>(s, a, sm);
-    else dpc_go2<LPR, R, SBT, false>(s, a, sm);
+    static int opted = 0; /* (I past 1,536 columns: more than the 48 KB a launch gets unasked) */
+    if (!opted) opted = cudaFuncSetAttribute(k_mvdp_comb<LPR, R, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
+    const int rpt = (WARP / LPR) * R;
+    cu_go(k_mvdp_comb<LPR, R, SBT>, (a.m.rows + rpt - 1) / rpt, a.ns * WARP, sm, s)(a);
 }
 template <int LPR>
 static void dpc_sbt(cudaStream_t s, const dpc_args &a, size_t sm) {
@@ -160,7 +144,7 @@ int cu_mvdp_comb_enabled(void) {
 }
 
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel, const float *wt, int K, const float *hg,
-                 const float *hu, const float *sr, float *x, const float *add, unsigned long long *racc, int rlen) {
+                 const float *hu, const float *sr, float *x, const float *add) {
     const int ns = K + (SDm != NULL), I = D->cols, ng = I / 64;
     const size_t sm = (size_t)ns * dp_smem(I);
     if (!mvdp_enabled() || K < 1 || ns > DPC_MAXS || I % 64 || !dp_fits(D, I, 4) || sm > MVQ_SMEM || ((uintptr_t)hg & 15) ||
@@ -173,7 +157,6 @@ int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel,
     a.ms = SDm ? *SDm : *D;
     a.sel = sel; a.wt = wt; a.sr = sr; a.hg = hg; a.hu = hu; a.x = x; a.add = add;
     a.K = K; a.ns = ns;
-    a.racc = racc; a.rlen = rlen;
     static int epf = -1;
     a.epf = cu_env_flag(&epf, "LILY_CU_FOLD_EPF", 0);
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;

@@ -419,7 +419,6 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
     for (int i = 0; i < n; i++)
         if (W[i]->sbt != sbt || (fu && fu->xslot && fu->xm[i].sbt != sbt)) sbt = -1;
     if (rw == 1 && !one && cu_mvdp_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
-    LILY_ASSERT(!a.f.rp); /* (the router by linearity: k_mvdp's alone, which its caller checked would take it) */
     if (a.f.rlog) { /* no kernel below routes itself: the top-k first, as without rlog (a batch's tokens too) */
         cu_router_topk(s, a.f.rlog, a.f.xslot ? 1 : nslots / a.f.K, a.f.E, a.f.K, a.f.rsel, a.f.rwt);
         a.f.rlog = NULL;

@@ -35,8 +35,7 @@ uint64_t cu_session_bytes(const lily_config *c, int max_ctx, int chunk) {
     int n_full = cfg_n_full(c), n_lin = c->n_layers - n_full;
     uint64_t rec = (uint64_t)n_lin * ((uint64_t)cfg_conv_dim(c) * (c->conv_k - 1) + (uint64_t)c->lin_nv * c->lin_dk * c->lin_dv) * 4;
     uint64_t kv = 2ull * n_full * max_ctx * c->n_kv_heads * c->head_dim * 4;
-    const uint64_t rlin = (uint64_t)c->n_layers * (cu_rlin_span() * 8 + sizeof(cu_rlin)); /* racc, rlin */
-    return rec * (1 + LCU_SNAPSHOTS) + kv + scratch_bytes(c, chunk) + rlin;
+    return rec * (1 + LCU_SNAPSHOTS) + kv + scratch_bytes(c, chunk);
 }
 
 void lcuda_session_free(lcuda_session *s) {
@@ -53,8 +52,6 @@ void lcuda_session_free(lcuda_session *s) {
     int **il[] = { &s->d_ids, &s->d_pos, &s->d_tok, &s->d_step, &s->sel, &s->cnt, &s->off, &s->src, &s->spos, &s->tiles,
                    (int **)&s->fcount };
     for (size_t i = 0; i < sizeof il / sizeof *il; i++) cudaFree(*il[i]);
-    cudaFree(s->racc);
-    cudaFree(s->rlin);
     for (int i = 0; i < LCU_SNAPSHOTS; i++) { cudaFree(s->snap_conv[i]); cudaFree(s->snap_S[i]); }
     if (s->ring_h) cudaFreeHost(s->ring_h);
     cudaFree(s->bmeta_d);
@@ -114,33 +111,6 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         }
         e = cudaMemset(s->fcount, 0, (FCOUNT_N) * sizeof(unsigned));
         if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaMemset", __FILE__, __LINE__); goto fail; }
-    }
-    { /* the router by linearity's sums (zero between tokens) and each layer's descriptor (cu_rlin) */
-        /* (the sums' stride is the process's, cu_rlin_ast: 1 unless asked, so a session holds 2 KB a layer) */
-        const size_t nl = (size_t)c->n_layers, ra = cu_rlin_span();
-        e = cudaMalloc((void **)&s->racc, nl * ra * sizeof(unsigned long long));
-        if (e == cudaSuccess) e = cudaMalloc((void **)&s->rlin, nl * sizeof(cu_rlin));
-        if (e != cudaSuccess) goto oom;
-        e = cudaMemset(s->racc, 0, nl * ra * sizeof(unsigned long long));
-        cu_rlin *h = (cu_rlin *)calloc(nl, sizeof(cu_rlin));
-        if (!h) { rc = lily_err(st, LILY_ENOMEM, "out of memory"); goto fail; }
-        for (size_t l = 0; l < nl; l++) {
-            const cu_layer *L = &m->L[l];
-            if (!L->rlin) continue;
-            const int shg = c->shared_inter > 0, ldr = cu_rlin_ldr((int)E, shg);
-            h[l].q = L->rlin;
-            h[l].sb = (const float2 *)(L->rlin + (size_t)ldr * (H / 4));
-            h[l].ln = L->ln2;
-            h[l].xr = s->x;
-            h[l].acc = s->racc + l * ra;
-            h[l].sr = s->sr;
-            h[l].ne = (int)E + shg;
-            h[l].ldr = ldr;
-            h[l].ast = cu_rlin_ast();
-        }
-        if (e == cudaSuccess) e = cudaMemcpy(s->rlin, h, nl * sizeof(cu_rlin), cudaMemcpyHostToDevice);
-        free(h);
-        if (e != cudaSuccess) { rc = cu_fail(st, e, "router sums", __FILE__, __LINE__); goto fail; }
     }
     e = cudaHostAlloc((void **)&s->ring_h, LCU_RING * 2 * sizeof(int), cudaHostAllocMapped);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaHostAlloc", __FILE__, __LINE__); goto fail; }

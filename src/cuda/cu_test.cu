@@ -615,80 +615,10 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
     float *dhu = (float *)dput(&L, hu, (size_t)ns * I * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
     float *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
     for (int i = 0; !rc && i < reps; i++)
-        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da, NULL, 0))
+        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da))
             rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     rc = finish(st, rc);
     if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
-    dfree(&L);
-    lcuda_model_free(m);
-    return rc;
-}
-
-lily_code lct_rlin(const lw_mat *Wo, const float *o, const float *z, const float *gw, const lw_mat *R, const lw_mat *SG, const float *ln,
-                   const float *x, const lw_mat *G, const lw_mat *U, int E, const lw_mat *SGa, const lw_mat *SUa, int K, float eps,
-                   float *y, float *t, int *sel, float *wt, float *sr, float *hg, float *hu, double *raw, int reps, int ast_arg,
-                   lily_status *st) {
-    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
-    dmat dwo, dr, dsg, dg, du, dsga, dsua;
-    lily_code rc = cu_upload_mats(m, Wo, 1, &dwo, st);
-    if (!rc) rc = cu_upload_mats(m, R, 1, &dr, st);
-    if (!rc && SG) rc = cu_upload_mats(m, SG, 1, &dsg, st);
-    if (!rc) rc = cu_upload_mats(m, G, E, &dg, st);
-    if (!rc) rc = cu_upload_mats(m, U, E, &du, st);
-    if (!rc && SGa) rc = cu_upload_mats(m, SGa, 1, &dsga, st);
-    if (!rc && SUa) rc = cu_upload_mats(m, SUa, 1, &dsua, st);
-    const int H = Wo->rows, D = Wo->cols, I = G->rows, ns = K + (SGa != NULL);
-    const size_t nw = rc ? 0 : cu_rlin_words(&dr, SG ? &dsg : NULL, H);
-    if (!rc && !nw) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_rlin_words: the router cannot be laid out");
-    if (!rc && !cu_rlin_ok(&dwo, &dg, &du, E, K)) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_rlin_ok declined");
-    dlist L = { {0}, 0 };
-    const int ldr = cu_rlin_ldr(E, SG != NULL);
-    uint32_t *dlay = (uint32_t *)dput(&L, NULL, nw * 4, st, &rc);
-    const int ast = ast_arg >= 1 && ast_arg <= RLIN_AST_MAX ? ast_arg : cu_rlin_ast();
-    unsigned long long *dacc = (unsigned long long *)dput(&L, NULL, (RLIN_LDR_MAX + 2) * RLIN_AST_MAX * 8, st, &rc);
-    float *dln = (float *)dput(&L, ln, (size_t)H * 4, st, &rc), *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc);
-    float *dor = (float *)dput(&L, o, (size_t)D * 4, st, &rc), *dz = z ? (float *)dput(&L, z, (size_t)D * 4, st, &rc) : NULL;
-    float *dgw = gw ? (float *)dput(&L, gw, 128 * 4, st, &rc) : NULL;
-    float *dy = (float *)dput(&L, NULL, (size_t)H * 4, st, &rc), *dt = (float *)dput(&L, NULL, (size_t)H * 4, st, &rc);
-    float *dsr = (float *)dput(&L, NULL, 4, st, &rc), *dwt = (float *)dput(&L, NULL, (size_t)K * 4, st, &rc);
-    int *dsel = (int *)dput(&L, NULL, (size_t)K * 4, st, &rc);
-    float *dhg = (float *)dput(&L, NULL, (size_t)ns * I * 4, st, &rc), *dhu = (float *)dput(&L, NULL, (size_t)ns * I * 4, st, &rc);
-    cu_rlin h;
-    memset(&h, 0, sizeof h);
-    h.q = dlay; h.sb = (const float2 *)(dlay + (size_t)ldr * (H / 4)); h.ln = dln; h.xr = dx; h.acc = dacc; h.sr = dsr;
-    h.ne = E + (SG != NULL); h.ldr = ldr; h.ast = ast;
-    cu_rlin *drp = (cu_rlin *)dput(&L, &h, sizeof h, st, &rc);
-    unsigned long long *hacc = (unsigned long long *)malloc((RLIN_LDR_MAX + 2) * RLIN_AST_MAX * 8);
-    if (!rc) {
-        cu_rlin_make(0, &dr, SG ? &dsg : NULL, H, dlay);
-        cudaMemset(dacc, 0, (RLIN_LDR_MAX + 2) * RLIN_AST_MAX * 8);
-    }
-    /* reps: the sums zeroed between them as the combine's launch would, so every rep sees the same */
-    for (int i = 0; !rc && i < reps; i++) {
-        cudaMemset(dacc, 0, ((size_t)ldr * ast + 1) * 8);
-        if (!cu_matvec_rp(0, &dwo, dor, dz, dgw, eps, dy, drp)) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_matvec_rp declined");
-        if (!rc) rc = finish(st, rc);
-        if (!rc) rc = dget(hacc, dacc, ((size_t)ldr * ast + 1) * 8, st);
-        mvq_fuse xg;
-        memset(&xg, 0, sizeof xg);
-        if (SGa) { xg.xslot = K; xg.xm[0] = dsga; xg.xm[1] = dsua; xg.xrow = 0; }
-        xg.rp = drp; xg.E = E; xg.K = K; xg.rsel = dsel; xg.rwt = dwt;
-        xg.add = dy; xg.nw = dln; xg.eps = eps; xg.tout = dt;
-        const dmat *W[2] = { &dg, &du };
-        float *Y[2] = { dhg, dhu };
-        const int ld[2] = { I, I };
-        if (!rc) cu_matvec_group(0, 2, W, dx, NULL, H, Y, ld, dsel, K, ns, &xg);
-    }
-    rc = finish(st, rc);
-    if (!rc) rc = dget(y, dy, (size_t)H * 4, st);
-    if (!rc) rc = dget(t, dt, (size_t)H * 4, st);
-    if (!rc) rc = dget(sel, dsel, (size_t)K * 4, st);
-    if (!rc) rc = dget(wt, dwt, (size_t)K * 4, st);
-    if (!rc && SG) rc = dget(sr, dsr, 4, st);
-    if (!rc) rc = dget(hg, dhg, (size_t)ns * I * 4, st);
-    if (!rc) rc = dget(hu, dhu, (size_t)ns * I * 4, st);
-    for (int e = 0; !rc && e <= ldr; e++) raw[e] = e < ldr ? (double)(long long)hacc[(size_t)e * ast] / RLIN_ONE : (double)hacc[(size_t)e * ast];
-    free(hacc);
     dfree(&L);
     lcuda_model_free(m);
     return rc;

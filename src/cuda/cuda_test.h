@@ -143,17 +143,6 @@ lily_code lct_moe_combine(float *x, const float *add, const float *D, const floa
  * NULL; hg, hu [K (+1)][I]). Fails where it declines. */
 lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
                         const float *hu, const float *sr, float *x, const float *add, int reps, lily_status *st);
-/* Decode's router by linearity (cu_rlin): the out-projection y = Wo o (o gated-normed a head of 128
- * with z, gw [128]; plain with z NULL) adding the router's shares, then the experts' gate|up launch
- * (E experts G, U [I][H]; SGa, SUa the shared expert's, slot K) staging t = rmsnorm(x + y) * ln and
- * routing from the sums: y, t [H], sel, wt [K], sr [1] (the shared gate SG's logit, SG non-NULL), hg,
- * hu [K (+1)][I], and raw [ldr + 1] the sums (the raw logits W_r (x + y) ln; raw[ldr] the flag).
- * R [E][H], SG [1][H]: 8-bit, groups of 64. ast: the sums' stride (cu_rlin.ast; 0: cu_rlin_ast's). Fails
- * where a launcher declines. */
-lily_code lct_rlin(const lw_mat *Wo, const float *o, const float *z, const float *gw, const lw_mat *R, const lw_mat *SG, const float *ln,
-                   const float *x, const lw_mat *G, const lw_mat *U, int E, const lw_mat *SGa, const lw_mat *SUa, int K, float eps,
-                   float *y, float *t, int *sel, float *wt, float *sr, float *hg, float *hu, double *raw, int reps, int ast,
-                   lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* The prefill router: logits [T][W->rows] = X W^T to fp32 accuracy and their top-K, with the column
  * slices' sum in the top-k's launch (cu_router_exact_topk). splits: -1 cu_matmul_exact's tiles (no

@@ -423,12 +423,6 @@ int main(int argc, char **argv) {
     test_mvdp_comb(pool, 5, 37, 1024, 128, 3, 1, 1);              /* 16 lanes a row, odd rows, 2 units a group */
     test_mvdp_comb(pool, 20, 70, 128, 64, 15, 1, 0);              /* 16 slots, the most a block takes */
     test_mvdp_comb(pool, 7, 45, 2560, 64, 2, 1, 1);               /* 32 lanes a row, more groups than lanes */
-    /* decode's router by linearity (LILY_CU_RLIN): the 35B-A3B's widths (fewer experts when small), a
-     * plain out-projection (attention's), no shared expert, and an odd E (padded stride) */
-    test_rlin(pool, 2048, 4096, small ? 24 : 256, 512, 8, 1, 1, 0);
-    test_rlin(pool, 2048, 4096, 16, 512, 8, 1, 0, 0);
-    test_rlin(pool, 2048, 2048, 37, 64, 5, 0, 1, 0);
-    test_rlin(pool, 2048, 4096, 16, 512, 8, 1, 1, 16); /* (LILY_CU_RLIN_AST=16's layout) */
     test_rmsnorm(129, 3);
     test_router(1, 256, 8, 0);
     test_router(small ? 40 : 333, 256, 8, 0);
