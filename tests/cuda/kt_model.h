@@ -72,9 +72,12 @@ static int batch_once(const char *name, const lily_config *c, int max_ctx, int n
 
 /* The batched and the lone pass use different matrix kernels (rounding differs by ~1e-7): an
  * MoE router near-tie can flip an expert between them and give one token ~1e-2 error. Such
- * inputs get one fresh draw (new weights and tokens), which decides; a real defect fails both. */
+ * inputs get one fresh draw (new weights and tokens), which decides; a real defect fails both.
+ * The KV cache is fp16: a key whose fp32 value differs in the last bits between the two paths can
+ * round one fp16 unit apart (~5e-4 of the element), which took these from ~5e-6 to 1-6e-5 (seven
+ * seeds, session 34). Hence 2e-4; the fp16 GEMMs past 8 rows (LILY_CU_BATCH_MV=8) still fail it (~1e-3). */
 static void test_batch(const char *name, const lily_config *c, int max_ctx, int n, const int *lens) {
-    const double tol = 1e-4;
+    const double tol = 2e-4;
     double w = 0, a = 0;
     if (batch_once(name, c, max_ctx, n, lens, &w, &a)) { n_fail++; return; }
     if (!(w <= tol && a <= tol)) {
