@@ -52,13 +52,20 @@ static run_toks gen(lily_model *m, const int32_t *prompt, const lily_sampling *p
 }
 
 /* identical ids, logprobs and top lists to 1e-4 */
+static double worst_lp; /* the largest logprob difference same() saw where the tokens agreed */
 static int same(const run_toks *a, const run_toks *b, double tol) {
     if (a->n != b->n) return 0;
     for (int i = 0; i < a->n; i++) {
         const lily_token *x = &a->t[i], *y = &b->t[i];
-        if (x->id != y->id || x->n_top != y->n_top || !(fabs(x->logprob - y->logprob) <= tol)) return 0;
-        for (int j = 0; j < x->n_top; j++)
-            if (x->top_ids[j] != y->top_ids[j] || !(fabs(x->top_logprobs[j] - y->top_logprobs[j]) <= tol)) return 0;
+        if (x->id != y->id || x->n_top != y->n_top) return 0;
+        double d = fabs(x->logprob - y->logprob);
+        for (int j = 0; j < x->n_top; j++) {
+            if (x->top_ids[j] != y->top_ids[j]) return 0;
+            const double e = fabs(x->top_logprobs[j] - y->top_logprobs[j]);
+            d = e > d || e != e ? e : d;
+        }
+        if (!(d <= worst_lp)) worst_lp = d;
+        if (!(d <= tol)) return 0;
     }
     return 1;
 }
@@ -122,7 +129,15 @@ int main(void) {
         CHECK(differs, "other seeds give other tokens");
         if (cuda) {
             run_toks h = gen(mg, prompt, &p, 1), c = gen(mc, prompt, &p, 0);
-            int dh = same(&a, &h, 1e-4), dc = same(&a, &c, 1e-4);
+            worst_lp = 0;
+            int dh = same(&a, &h, 1e-4);
+            const double wh = worst_lp;
+            worst_lp = 0;
+            /* the same tokens; their logprobs within 1e-3 of the CPU's: the CUDA KV cache is fp16 (keys
+             * rounded to ~5e-4 of themselves), which puts them ~1-1.2e-4 apart on this model (4.8e-7 from
+             * host sampling on the same logits) */
+            int dc = same(&a, &c, 1e-3);
+            fprintf(stderr, "  largest logprob difference: %.2e host sampling, %.2e the CPU backend\n", wh, worst_lp);
             if (!dh || !dc) { show("device", &a); show("host sampling on CUDA logits", &h); show("cpu backend", &c); }
             CHECK(dh, "device sampling = host sampling on the CUDA session (%d steps)", STEPS);
             CHECK(dc, "CUDA = CPU backend for the same seed (%d steps)", STEPS);
