@@ -465,15 +465,17 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
  * 536 / 506 / 435, U 2 HS 2 544 / 513 / 435, U 2 HS 4 547 / 505 / 408, U 4 HS 4 547 / 507 / 428 */
 static int attn_u_test = 0, attn_hs_test = 0;
 void cu_attn_form_test(int u, int hs) { attn_u_test = u; attn_hs_test = hs; }
+static int attn_form(int test, int *cache, const char *name) {
+    const int e = test ? test : cu_env_int(cache, name, 2);
+    return e == 1 || e == 4 ? e : 2;
+}
 static int attn_u(void) {
     static int u = INT_MIN;
-    const int e = attn_u_test ? attn_u_test : cu_env_int(&u, "LILY_CU_ATTN_U", 2);
-    return e == 1 || e == 4 ? e : 2;
+    return attn_form(attn_u_test, &u, "LILY_CU_ATTN_U");
 }
 static int attn_hs(void) {
     static int h = INT_MIN;
-    const int e = attn_hs_test ? attn_hs_test : cu_env_int(&h, "LILY_CU_ATTN_HS", 2);
-    return e == 1 || e == 4 ? e : 2;
+    return attn_form(attn_hs_test, &h, "LILY_CU_ATTN_HS");
 }
 
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {

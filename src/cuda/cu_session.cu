@@ -34,7 +34,7 @@ static uint64_t scratch_bytes(const lily_config *c, int T) {
 uint64_t cu_session_bytes(const lily_config *c, int max_ctx, int chunk) {
     int n_full = cfg_n_full(c), n_lin = c->n_layers - n_full;
     uint64_t rec = (uint64_t)n_lin * ((uint64_t)cfg_conv_dim(c) * (c->conv_k - 1) + (uint64_t)c->lin_nv * c->lin_dk * c->lin_dv) * 4;
-    uint64_t kv = 2ull * n_full * max_ctx * c->n_kv_heads * c->head_dim * 4;
+    uint64_t kv = 2ull * n_full * max_ctx * c->n_kv_heads * c->head_dim * sizeof(*((lcuda_session *)0)->kc); /* (fp16) */
     return rec * (1 + LCU_SNAPSHOTS) + kv + scratch_bytes(c, chunk);
 }
 
