@@ -1,8 +1,7 @@
 /* Gated attention's kernels: q/k norm and RoPE with the KV write, the SIMT attention over the cache,
  * decode's split attention (k_attn_gqa, its q/k prep folded in) and the merges of its partials. */
-#include "cuda/cu_common.h"
-#include "cuda/cu_dev.h"
-#include "cuda/cu_kern.h"
+#include "cuda/cu_attn.h"
+#include "cuda/cu_attn_dtc.h"
 #include <limits.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -110,14 +109,6 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn(const float *q, const
 #pragma unroll
     for (int i = 0; i < ATT_MAXR; i++) if (i < R) pp[2 + lane + WARP * i] = acc[i];
 }
-/* The key splits a token's decode attention uses of its grid's `splits` (amin > 0: one token, n keys):
- * at least amin keys a split past half of them, so short contexts keep half the splits (their partials
- * and their merge cost as before) and long ones get every split's loads in flight (splits > 0). */
-__host__ __device__ __forceinline__ int attn_splits_used(int splits, int amin, int n) {
-    if (amin <= 0) return splits;
-    const int lo = splits / 2 > 0 ? splits / 2 : 1, se = (n + amin - 1) / amin;
-    return se < lo ? lo : se > splits ? splits : se;
-}
 __global__ void k_attn_merge(const float *part, const float *qg, int nh, int hd, int np, float *o, const int *pos, int amin) {
     CU_PDL();
     __shared__ float wsh[1024];
@@ -208,48 +199,6 @@ static int merge_w_enabled(void) {
 
 /* GQA form: one block per (token, KV head, split) runs the HG query heads that share the KV
  * head together, so each key and value is read once for all of them. R = hd / 32. */
-/* Decode's q/k prep folded into attention (one token, one session: a launch a layer fewer):
- * k_qk_prep's per-head norm and RoPE of the raw q (qg, [nh][2 hd] with the gates) and of the new
- * token's k, and the cache write of k and v, done by the attention blocks themselves. */
-typedef struct {
-    const float *qg, *k, *v;   /* [nh][2 hd] raw q with gates, [nkv][hd] raw k and v */
-    const float *qn, *kn;      /* [hd] the q and k norms' weights */
-    const float *inv_freq;     /* [rot / 2] */
-    uint16_t *kcw, *vcw;       /* the caches (as kc, vc), where the new token's k and v go */
-    int rot;                   /* rotated dims, a multiple of 64: a pair (i, i + rot / 2) is one lane's */
-    float eps;
-} qk_fold;
-
-template <int R, int HW>
-__device__ __forceinline__ void qk_rope(float (&v)[R], const float (&cs)[R], const float (&sn)[R]) {
-#pragma unroll
-    for (int i = 0; i < HW && i + HW < R; i++) {
-        const float a = v[i], b = v[i + HW];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + HW] = b * cs[i] + a * sn[i];
-    }
-}
-/* One head's hd values, R a lane (column lane + 32 i), normalized (weights w, the same columns) and rotated by RoPE
- * as k_qk_prep does, in place; cs[i], sn[i] (i < rot / 64): column lane + 32 i's angle. */
-template <int R>
-__device__ __forceinline__ void qk_head(float (&v)[R], const float (&w)[R], int rot, float eps, const float (&cs)[R],
-                                        const float (&sn)[R]) {
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < R; i++) ss += v[i] * v[i];
-    ss = warp_sum(ss);
-    const float r = 1.0f / sqrtf(ss / (R * WARP) + eps);
-#pragma unroll
-    for (int i = 0; i < R; i++) v[i] = v[i] * r * w[i];
-    /* i < hw: the pair's first half, with i + hw; hw a template argument, so v stays in registers */
-    switch (rot / 64) {
-    case 1: qk_rope<R, 1>(v, cs, sn); break;
-    case 2: qk_rope<R, 2>(v, cs, sn); break;
-    case 3: qk_rope<R, 3>(v, cs, sn); break;
-    default: qk_rope<R, 4>(v, cs, sn); break;
-    }
-}
-
 /* A lane's R consecutive fp16 of a cache row as loaded (R 8: one 16-byte load, where the lane + 32 i
  * columns of fp32 took eight 4-byte ones), kept packed until used: the U keys' loads a warp has in
  * flight then hold R / 2 registers each, not 2 R */
@@ -342,28 +291,18 @@ __device__ __forceinline__ void gqa_keys(const uint16_t *kb, const uint16_t *vb,
  * the fp16 cache (half the bytes, half those in flight) left tg128@32768 where it was (392 against 391
  * on an H100), U 4 alone took it to 435, and fewer heads a block (HS, more warps an SM) the same at
  * U 2 (bench/RESULTS.md session 34). */
+/* k_attn_gqa's work after its wait: n keys (the new one last), qw, kw, fr the fold's weights (loaded
+ * before the wait) */
 template <int HG, int R, int U>
-__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const uint16_t *kc, const uint16_t *vc, int nh,
-                                                               int nkv, const int *pos, int splits, float *part, cu_rows rows,
-                                                               qk_fold P, int amin) {
+static __device__ __forceinline__ void gqa_run(const float *q, const uint16_t *kc, const uint16_t *vc, int nh, int nkv, int n, int splits,
+                                               float *part, const cu_rows &rows, const qk_fold &P, int amin, const float (&qw)[R],
+                                               const float (&kw)[R], const float (&fr)[R]) {
     const int hd = R * WARP;
     /* a block per (token, KV head, HG of its nh / nkv query heads): with fewer heads a block than the
      * group (LILY_CU_ATTN_HS), each KV row is read by the group's blocks, and the new one written by
      * each of them (the same bits) */
     const int hs = nh / nkv / HG, tk = blockIdx.x / hs, t = tk / nkv, kvh = tk % nkv, hq0 = kvh * HG * hs + (int)(blockIdx.x % hs) * HG;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    /* the fold's weights (the q and k norms', RoPE's frequencies: a lane's columns) before the
-     * wait: after it, each token streams 2 GB through L2 and they were misses to DRAM on the
-     * step's path (as the out-projection's gw, bench/RESULTS.md session 25) */
-    float qw[R], kw[R], fr[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        qw[i] = P.qg ? P.qn[lane + WARP * i] : 0.f;
-        kw[i] = P.qg ? P.kn[lane + WARP * i] : 0.f;
-        fr[i] = P.qg && i < P.rot / 64 ? P.inv_freq[lane + WARP * i] : 0.f;
-    }
-    CU_PDL();
-    int n = (rows.pos ? rows.pos[t] : *pos + t) + 1;
     if (rows.pos) { kc = rows.kc[t] + rows.kv_off; vc = rows.vc[t] + rows.kv_off; } /* decode batch: row t's own cache */
     const int se = attn_splits_used(splits, amin, n); /* (amin: one token, no rows) */
     if ((int)blockIdx.y >= se) return; /* a split past those used: the merge reads none of its partials */
@@ -375,39 +314,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
                  * than k_qk_prep's launch, this form 0.8% faster, bench/RESULTS.md session 19);
                  * the new key's by the block whose keys end with it, before its warps read the cache */
         __shared__ __align__(16) float qs[HG][R * WARP];
-        const int p = n - 1, hw = P.rot / 64;
-        float cs[R], sn[R];
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            cs[i] = 1.f; sn[i] = 0.f;
-            if (i < hw) {
-                const float ang = (float)p * fr[i];
-                cs[i] = cosf(ang);
-                sn[i] = sinf(ang);
-            }
-        }
-        for (int g = warp; g < HG; g += ATT_WARPS) {
-            const float *qh = P.qg + (size_t)(hq0 + g) * 2 * hd;
-            float v[R];
-#pragma unroll
-            for (int i = 0; i < R; i++) v[i] = qh[lane + WARP * i];
-            qk_head<R>(v, qw, P.rot, P.eps, cs, sn);
-#pragma unroll
-            for (int i = 0; i < R; i++) qs[g][lane + WARP * i] = v[i] * scale;
-        }
-        if (j0 <= p && p < j1) { /* (block-uniform) */
-            const size_t o = (size_t)p * nkv * hd + (size_t)kvh * hd;
-            if (warp == 0) {
-                float kv[R];
-#pragma unroll
-                for (int i = 0; i < R; i++) kv[i] = P.k[(size_t)kvh * hd + lane + WARP * i];
-                qk_head<R>(kv, kw, P.rot, P.eps, cs, sn);
-#pragma unroll
-                for (int i = 0; i < R; i++) P.kcw[o + lane + WARP * i] = cu_f2h(kv[i]);
-            } else
-                for (int i = threadIdx.x - WARP; i < hd; i += blockDim.x - WARP) P.vcw[o + i] = cu_f2h(P.v[(size_t)kvh * hd + i]);
-        }
-        __syncthreads(); /* (the q heads, and the block's cache writes, seen by its threads past the barrier) */
+        qk_fold_prep<R, HG, ATT_WARPS>(P, qw, kw, fr, hq0, kvh, nkv, n, j0, j1, qs, scale);
 #pragma unroll
         for (int g = 0; g < HG; g++) {
 #pragma unroll
@@ -458,13 +365,39 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
         part[((size_t)th * splits + blockIdx.y) * (hd + 2) + i] = v;
     }
 }
+template <int HG, int R, int U>
+__global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, const uint16_t *kc, const uint16_t *vc, int nh,
+                                                               int nkv, const int *pos, int splits, float *part, cu_rows rows,
+                                                               qk_fold P, int amin) {
+    float qw[R], kw[R], fr[R]; /* (the fold's weights, before the wait) */
+    qk_fold_weights<R>(P, qw, kw, fr);
+    CU_PDL();
+    const int t = blockIdx.x / (nh / HG); /* (a block per token, KV head and HG heads) */
+    gqa_run<HG, R, U>(q, kc, vc, nh, nkv, (rows.pos ? rows.pos[t] : *pos + t) + 1, splits, part, rows, P, amin, qw, kw, fr);
+}
+/* Decode attention on the tensor cores (cu_attn_dtc.h) for the 35B-A3B heads (head dim 256, 8 query
+ * heads a KV head): a block of 4 warps a token, KV head and key split, two steps of 8 keys a warp
+ * loaded together (on an H100, bench/RESULTS.md session 35, tg128@32768 437 -> 467 tok/s with 4 warps a
+ * block and U 2, 449 with 8 warps; 464 with U 1) */
+__global__ void __launch_bounds__(ATT_WARPS * WARP, 2) k_attn_dtc(const float *q, const uint16_t *kc, const uint16_t *vc, int nh, int nkv,
+                                                                 const int *pos, int splits, float *part, cu_rows rows, qk_fold P,
+                                                                 int amin) {
+    extern __shared__ __align__(16) unsigned char dt_sm[]; /* [DT_SMEM(ATT_WARPS)] */
+    float qw[8], kw[8], fr[8]; /* (the fold's weights, before the wait) */
+    qk_fold_weights<8>(P, qw, kw, fr);
+    CU_PDL();
+    const int t = blockIdx.x / nkv;
+    dtc_run<2, ATT_WARPS>(q, kc, vc, nh, nkv, (rows.pos ? rows.pos[t] : *pos + t) + 1, blockIdx.x, splits, part, rows, P, amin, qw, kw, fr,
+                          dt_sm);
+}
 
 /* k_attn_gqa's form: the keys a warp loads together (U: LILY_CU_ATTN_U 1, 2 or 4, default 2) and the
  * blocks a group of 8 query heads is split over (LILY_CU_ATTN_HS 1, 2 or 4, default 2; head dim 256).
  * On an H100 (bench/RESULTS.md session 34), tg128 / @4096 / @32768: U 1 HS 1 536 / 501 / 399, U 4 HS 1
  * 536 / 506 / 435, U 2 HS 2 544 / 513 / 435, U 2 HS 4 547 / 505 / 408, U 4 HS 4 547 / 507 / 428 */
-static int attn_u_test = 0, attn_hs_test = 0;
+static int attn_u_test = 0, attn_hs_test = 0, attn_dtc_test = -1, attn_dtc_min_test = -1;
 void cu_attn_form_test(int u, int hs) { attn_u_test = u; attn_hs_test = hs; }
+void cu_attn_dtc_test(int on, int dmin) { attn_dtc_test = on; attn_dtc_min_test = dmin; }
 static int attn_form(int test, int *cache, const char *name) {
     const int e = test ? test : cu_env_int(cache, name, 2);
     return e == 1 || e == 4 ? e : 2;
@@ -478,13 +411,32 @@ static int attn_hs(void) {
     return attn_form(attn_hs_test, &h, "LILY_CU_ATTN_HS");
 }
 
+/* Where decode attention for the 35B-A3B heads runs on the tensor cores (k_attn_dtc): from
+ * LILY_CU_ATTN_DTC_MIN keys (default 2048; LILY_CU_ATTN_DTC=0: never). Why not everywhere: on an H100
+ * (bench/RESULTS.md session 35) it took tg128@32768 434 -> 463 tok/s and tg128@2048 +0.4%, but everywhere
+ * it cost tg128 1.5% (8 heads a block, its prep and join, for a few keys a split). The decode step's graph
+ * is replayed for every position, so the host keeps one of each form and picks a step's by its position
+ * (cu_decode.cu; one kernel choosing by the position inside measured slower both ways: its registers and
+ * shared memory the larger form's). */
+static int dtc_smem_ok(void) {
+    static int ok = -1;
+    if (ok < 0) ok = cudaFuncSetAttribute(k_attn_dtc, cudaFuncAttributeMaxDynamicSharedMemorySize, DT_SMEM(ATT_WARPS)) == cudaSuccess;
+    return ok;
+}
+int cu_attn_tc_at(int keys) {
+    static int on = -1, v = INT_MIN;
+    const int want = attn_dtc_test >= 0 ? attn_dtc_test && keys >= (attn_dtc_min_test >= 0 ? attn_dtc_min_test : 0)
+                                        : cu_env_flag(&on, "LILY_CU_ATTN_DTC", 1) && keys >= cu_env_int(&v, "LILY_CU_ATTN_DTC_MIN", 2048);
+    return want && dtc_smem_ok(); /* (its shared memory asked for here, before any graph capture) */
+}
+
 size_t cu_attention_part_floats(int T, int nh, int hd, int splits) {
     return (size_t)T * nh * splits * ATT_WARPS * (hd + 2);
 }
 static const qk_fold qk_none = { NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0.f };
 static void attention(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T,
                       int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, const cu_rows &rw,
-                      int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0, const qk_fold &P = qk_none, int amin = 0) {
+                      int p0h = -1, void *h16 = NULL, size_t h16_bytes = 0, const qk_fold &P = qk_none, int amin = 0, int tc = 0) {
     if (!rw.pos && splits == 1 && cu_attn_tc_ok(T, nh, nkv, hd)) {
         const int np = cu_attn_tc(s, q, qg, kc, vc, T, nh, nkv, pos, o, part, cu_attention_part_floats(T, nh, hd, 1), p0h, h16,
                                   h16_bytes);
@@ -506,7 +458,9 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const uin
         else if (U == 2) cu_go(k_attn_gqa<HG_, R_, 2>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin); \
         else cu_go(k_attn_gqa<HG_, R_, 1>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);         \
     } while (0)
-    if (hd == 256 && hg == 8 && hs == 4) GQA(2, 8);
+    if (tc && hd == 256 && hg == 8)
+        cu_go(k_attn_dtc, dim3(T * nkv, splits), ATT_WARPS * WARP, DT_SMEM(ATT_WARPS), s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+    else if (hd == 256 && hg == 8 && hs == 4) GQA(2, 8);
     else if (hd == 256 && hg == 8 && hs == 2) GQA(4, 8);
     else if (hd == 256 && hg == 8) GQA(8, 8);
     else if (hd == 256 && hg == 4) GQA(4, 8);
@@ -523,14 +477,14 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const uin
     else cu_go(k_attn_merge, T * nh, 128, 0, s)(part, qg, nh, hd, np, o, pos, amin);
 }
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T,
-                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin) {
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin, int tc) {
     cu_rows none;
     memset(&none, 0, sizeof none);
-    attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, qk_none, amin);
+    attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, qk_none, amin, tc);
 }
 int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
                      int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, uint16_t *kc, uint16_t *vc,
-                     int splits, float *part, float *o, int amin) {
+                     int splits, float *part, float *o, int amin, int tc) {
     const int hg = nkv > 0 ? nh / nkv : 0;
     if (nkv < 1 || nh % nkv || rot < 64 || rot % 64 || rot > hd || rot > 256 ||
         !((hd == 256 && (hg == 8 || hg == 4 || hg == 2)) || (hd == 128 && hg == 8)))
@@ -538,7 +492,7 @@ int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const floa
     const qk_fold P = { qg, k, v, qn, kn, inv_freq, kc, vc, rot, eps };
     cu_rows none;
     memset(&none, 0, sizeof none);
-    attention(s, NULL, qg, kc, vc, 1, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, P, amin);
+    attention(s, NULL, qg, kc, vc, 1, nh, nkv, hd, pos, splits, part, o, none, -1, NULL, 0, P, amin, tc);
     return 1;
 }
 int cu_qk_fold_enabled(void) {

@@ -374,6 +374,9 @@ void cu_attn_h16_test(int on);
 /* For the kernel test: decode's k_attn_gqa form, the keys a warp loads together (1, 2, 4) and the blocks
  * a group of 8 query heads is split over (1, 2, 4); 0 the environment's */
 void cu_attn_form_test(int u, int hs);
+/* For the kernel test: cu_attn_tc_at's answer from dmin keys on (on 1), never (on 0), or the environment's
+ * (on -1) */
+void cu_attn_dtc_test(int on, int dmin);
 /* For the kernel test: 1 or 2 the dense packed-input GEMMs on wgmma in 64-token tiles, that form,
  * wherever the build and device have it (cu_gemm_tc.cu's WG), 0 never, -1 the environment's
  * (LILY_CU_GEMM_WG=0/1/2, default 1); and how many launches took it so far. */
@@ -499,11 +502,15 @@ void cu_qk_prep(cudaStream_t s, const float *qg, float *q, const float *k, const
 int cu_qk_fold_enabled(void);
 int cu_attention_dec(cudaStream_t s, const float *qg, const float *k, const float *v, const float *qn, const float *kn, int nh,
                      int nkv, int hd, int rot, const float *inv_freq, float eps, const int *pos, uint16_t *kc, uint16_t *vc,
-                     int splits, float *part, float *o, int amin);
+                     int splits, float *part, float *o, int amin, int tc);
 /* (amin > 0, T 1: of the splits, as many as give each amin keys, at least half and at most all:
- * attn_splits_used in cu_attn.cu) */
+ * attn_splits_used in cu_attn.cu. tc: the 35B-A3B heads on the tensor cores (k_attn_dtc), as
+ * cu_attn_tc_at says for the step's position) */
 void cu_attention(cudaStream_t s, const float *q, const float *qg, const uint16_t *kc, const uint16_t *vc, int T,
-                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin);
+                  int nh, int nkv, int hd, const int *pos, int splits, float *part, float *o, int amin, int tc);
+/* Whether a decode step over `keys` keys (its position + 1) takes the tensor cores' attention: the
+ * decode step's graphs are captured once per form and picked by the host a step (cu_decode.cu) */
+int cu_attn_tc_at(int keys);
 /* The same for a prefill chunk whose first position the host knows (p0h == *pos), with scratch for
  * the tensor-core kernel's fp16 keys (cu_attn_tc); where that kernel does not take the shape, or the
  * scratch is short, as cu_attention. */

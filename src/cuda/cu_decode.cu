@@ -53,16 +53,24 @@ lily_code cu_graph_end(cudaStream_t q, cudaGraphExec_t *out, const char *what, l
     return LILY_OK;
 }
 
-/* The decode step's graph: greedy (argmax) into s->graph, or with the sampler into its own. */
-static lily_code build_graph(lcuda_session *s, cu_sampler *smp, lily_status *st) {
-    cudaGraphExec_t *out = smp ? cu_sampler_graph(smp) : &s->graph;
+/* The graph of the decode step whose token sits at position pos: greedy (argmax) into s->graph, or
+ * with the sampler into its own; each captured once per attention form (tc, cu_attn_tc_at: the tensor
+ * cores' from a context on), which the graph cannot switch itself, being replayed for every position. */
+static lily_code step_graph(lcuda_session *s, cu_sampler *smp, int pos, cudaGraphExec_t *g, lily_status *st) {
+    const int tc = cu_attn_tc_at(pos + 1);
+    cudaGraphExec_t *out = smp ? cu_sampler_graph(smp, tc) : &s->graph[tc];
+    *g = *out;
     if (*out) return LILY_OK;
     LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
+    s->attn_tc = tc;
     cu_enqueue_forward(s, 1, 1);
+    s->attn_tc = 0;
     if (smp) cu_sampler_enqueue(smp, s->st, s->lg, s->d_tok, s->d_step);
     else cu_argmax(s->st, s->lg, s->m->cfg.vocab, s->d_tok, s->part); /* (attention is done with part by then) */
     cu_step_advance(s->st, s->d_tok, s->d_ids, s->d_pos, s->d_step, s->ring_d, LCU_RING);
-    return cu_graph_end(s->st, out, "graph capture of the decode step", st);
+    lily_code rc = cu_graph_end(s->st, out, "graph capture of the decode step", st);
+    *g = *out;
+    return rc;
 }
 
 static lily_code start_steps(lcuda_session *s, int pos, int32_t first, lily_status *st) {
@@ -99,9 +107,9 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
         smp = s->samp;
         if ((rc = cu_sampler_setup(smp, s->st, p, ss, st))) return rc;
     }
-    if ((rc = build_graph(s, smp, st))) return rc;
+    cudaGraphExec_t graph;
+    if ((rc = step_graph(s, smp, pos, &graph, st))) return rc;
     if ((rc = start_steps(s, pos, first, st))) return rc;
-    cudaGraphExec_t graph = smp ? *cu_sampler_graph(smp) : s->graph;
     volatile int *ring = s->ring_h;
     int launched = 0, n = 0, failed = 0;
     LCU_CHECK(cudaGraphLaunch(graph, s->st));
@@ -110,6 +118,7 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
     for (int i = 0; i < max_tokens; i++) {
         /* keep the GPU one step ahead: step i+1 reads the token step i wrote on the device */
         if (launched < max_tokens) {
+            if ((rc = step_graph(s, smp, pos + launched, &graph, st))) return rc;
             LCU_CHECK(cudaGraphLaunch(graph, s->st));
             LCU_CHECK(cudaEventRecord(s->ev[launched % 4], s->st));
             launched++;
@@ -235,14 +244,15 @@ lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_samplin
         lcuda_sample_state ss = { NULL, NULL, { 0x9e3779b97f4a7c15ull, 0x6a09e667f3bcc909ull } };
         if ((rc = cu_sampler_setup(smp, s->st, p, &ss, st))) return rc;
     }
-    if ((rc = build_graph(s, smp, st))) return rc;
+    cudaGraphExec_t graph, g2;
+    /* (both graphs the timed steps take captured before the clock starts) */
+    if ((rc = step_graph(s, smp, pos + n - 1, &g2, st)) || (rc = step_graph(s, smp, pos, &graph, st))) return rc;
     if ((rc = start_steps(s, pos, 1, st))) return rc;
-    cudaGraphExec_t graph = smp ? *cu_sampler_graph(smp) : s->graph;
     cudaEvent_t a, b;
     LCU_CHECK(cudaEventCreate(&a));
     LCU_CHECK(cudaEventCreate(&b));
     cudaEventRecord(a, s->st);
-    for (int i = 0; i < n; i++) cudaGraphLaunch(graph, s->st);
+    for (int i = 0; i < n; i++) cudaGraphLaunch(cu_attn_tc_at(pos + i + 1) ? g2 : graph, s->st);
     cudaEventRecord(b, s->st);
     cudaError_t e = cudaEventSynchronize(b);
     if (e == cudaSuccess) e = cudaGetLastError();
@@ -254,7 +264,7 @@ lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_samplin
     *ms = f;
     s->pos = pos + n;
 #if defined(LILY_CU_TRACE) && !defined(__CUDACC_EMU__)
-    trace_decode(s, graph, s->pos);
+    trace_decode(s, cu_attn_tc_at(s->pos + 1) ? g2 : graph, s->pos);
 #endif
     return LILY_OK;
 }

@@ -279,7 +279,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     }
     uint16_t *kc = s->kc + (size_t)fi * s->kv_n, *vc = s->vc + (size_t)fi * s->kv_n;
     if (T == 1 && cu_qk_fold_enabled() && cu_attention_dec(q, s->qg, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq,
-                                   (float)c->eps, s->d_pos, kc, vc, DECODE_SPLITS, s->part, s->ao, cu_dec_kmin())) {
+                                   (float)c->eps, s->d_pos, kc, vc, DECODE_SPLITS, s->part, s->ao, cu_dec_kmin(), s->attn_tc)) {
         PM(s, "attn q/k norm + rope + cache + core");
         proj_out(s, &L->o, s->ao, nh * hd, T);
         PM(s, "attn out-proj");
@@ -292,7 +292,8 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
     if (T > 1 && s->hpos >= 0)
         cu_attention_h16(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, s->hpos, s->D, moe_d_floats(s->m) * sizeof(float),
                          s->part, s->ao);
-    else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao, cu_dec_kmin());
+    else cu_attention(q, s->q, s->qg, kc, vc, T, nh, nkv, hd, s->d_pos, T == 1 ? DECODE_SPLITS : 1, s->part, s->ao, cu_dec_kmin(),
+                      T == 1 && s->attn_tc);
     PM(s, "attn core");
     proj_out(s, &L->o, s->ao, nh * hd, T);
     PM(s, "attn out-proj");
@@ -640,13 +641,10 @@ lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st) {
     cudaFree(s->lg);
     s->lg = nl;
     s->lg_rows = rows;
-    if (s->graph) { /* it captured the freed buffer */
-        cudaGraphExecDestroy(s->graph);
-        s->graph = NULL;
-    }
-    if (s->fgraph) {
-        cudaGraphExecDestroy(s->fgraph);
-        s->fgraph = NULL;
+    for (int i = 0; i < 2; i++) { /* (they captured the freed buffer) */
+        if (s->graph[i]) cudaGraphExecDestroy(s->graph[i]);
+        if (s->fgraph[i]) cudaGraphExecDestroy(s->fgraph[i]);
+        s->graph[i] = s->fgraph[i] = NULL;
     }
     cu_batch_graphs_drop(s); /* (so did these) */
     return LILY_OK;
@@ -666,14 +664,17 @@ int cu_decode_splits(const lcuda_session *s, int T) {
  * 567, bench/RESULTS.md session 27). Position-independent as the decode loop's graph is (the same
  * pass without its argmax and step). cu_logit_rows drops it with the logits it wrote.
  * LILY_CU_FWD_GRAPH=0: launches, for measuring. */
-static lily_code forward1(lcuda_session *s, lily_status *st) {
-    if (!s->fgraph) {
+static lily_code forward1(lcuda_session *s, int pos, lily_status *st) {
+    const int tc = cu_attn_tc_at(pos + 1);
+    if (!s->fgraph[tc]) {
         LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
+        s->attn_tc = tc;
         cu_enqueue_forward(s, 1, 1);
-        lily_code rc = cu_graph_end(s->st, &s->fgraph, "graph capture of a one-token pass", st);
+        s->attn_tc = 0;
+        lily_code rc = cu_graph_end(s->st, &s->fgraph[tc], "graph capture of a one-token pass", st);
         if (rc) return rc;
     }
-    LCU_CHECK(cudaGraphLaunch(s->fgraph, s->st));
+    LCU_CHECK(cudaGraphLaunch(s->fgraph[tc], s->st));
     return LILY_OK;
 }
 
@@ -693,9 +694,13 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
         static int fg = -1;
         if (k == 1 && mode && cu_env_flag(&fg, "LILY_CU_FWD_GRAPH", 1)) { /* (one row: modes 1 and 2 are the same pass) */
             cu_set_int(s->st, s->d_pos, pos + i);
-            lily_code rc = forward1(s, st);
+            lily_code rc = forward1(s, pos + i, st);
             if (rc) return rc;
-        } else cu_enqueue_chunk(s, k, pos + i, mode);
+        } else {
+            s->attn_tc = k == 1 && cu_attn_tc_at(pos + i + 1);
+            cu_enqueue_chunk(s, k, pos + i, mode);
+            s->attn_tc = 0;
+        }
         LCU_CHECK(cudaGetLastError());
         if (mode == 2) LCU_CHECK(cudaMemcpyAsync(logits + (size_t)i * V, s->lg, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
         if (mode == 1) LCU_CHECK(cudaMemcpyAsync(logits, s->lg, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s->st));

@@ -75,8 +75,12 @@ struct lcuda_session {
      * model may run on several threads at once */
     void *bmeta_d, *bmeta_h;
     int bcap;
-    cudaGraphExec_t graph;
-    cudaGraphExec_t fgraph;        /* lcuda_forward's one-token pass with its logits (cu_forward.cu), or NULL */
+    /* [tc]: the decode step's greedy graph and lcuda_forward's one-token pass with its logits
+     * (cu_forward.cu), or NULL; tc 1 captured with decode attention on the tensor cores, which the host
+     * picks for a step from its position (cu_attn_tc_at) */
+    cudaGraphExec_t graph[2];
+    cudaGraphExec_t fgraph[2];
+    int attn_tc;                   /* what the pass being captured or enqueued takes (cu_attn_tc_at) */
     cudaGraphExec_t bgraph[LCU_BGRAPHS]; /* [n]: the pass of a decode batch of n rows this session carries, or NULL */
     cudaEvent_t ev[4];
     struct cu_sampler *samp;       /* GPU sampling (cu_sample.cu), made on first use */

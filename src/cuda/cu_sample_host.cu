@@ -58,13 +58,14 @@ lily_code cu_sampler_new(int V, cu_sampler **out, lily_status *st) {
 
 void cu_sampler_free(cu_sampler *c) {
     if (!c) return;
-    if (c->graph) cudaGraphExecDestroy(c->graph);
+    for (int i = 0; i < 2; i++)
+        if (c->graph[i]) cudaGraphExecDestroy(c->graph[i]);
     for (int i = 0; i < c->nbuf; i++) cudaFree(c->bufs[i]);
     if (c->ring_h) cudaFreeHost(c->ring_h);
     free(c);
 }
 
-cudaGraphExec_t *cu_sampler_graph(cu_sampler *c) { return &c->graph; }
+cudaGraphExec_t *cu_sampler_graph(cu_sampler *c, int tc) { return &c->graph[tc ? 1 : 0]; }
 
 typedef struct { int32_t id; int at; } bias_ent;
 static int bias_cmp(const void *a, const void *b) {

@@ -51,7 +51,7 @@ struct cu_sampler {
     samp_par h;           /* host copy of the parameters */
     samp_par *d;          /* device copy the kernels read */
     int *ring_h;
-    cudaGraphExec_t graph;
+    cudaGraphExec_t graph[2]; /* [tc] (as lcuda_session's graph) */
     void *bufs[32];
     int nbuf;
 };

@@ -41,8 +41,10 @@ uint64_t cu_session_bytes(const lily_config *c, int max_ctx, int chunk) {
 void lcuda_session_free(lcuda_session *s) {
     if (!s) return;
     if (s->st) cudaStreamSynchronize(s->st);
-    if (s->graph) cudaGraphExecDestroy(s->graph);
-    if (s->fgraph) cudaGraphExecDestroy(s->fgraph);
+    for (int i = 0; i < 2; i++) {
+        if (s->graph[i]) cudaGraphExecDestroy(s->graph[i]);
+        if (s->fgraph[i]) cudaGraphExecDestroy(s->fgraph[i]);
+    }
     cu_batch_graphs_drop(s);
     cu_sampler_free(s->samp);
     float **fl[] = { &s->conv, &s->S, (float **)&s->kc, (float **)&s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,

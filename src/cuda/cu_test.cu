@@ -334,6 +334,7 @@ static lily_code dget_kv(float *x, const uint16_t *d, size_t n, lily_status *st)
     return rc;
 }
 void lct_attn_form(int u, int hs) { cu_attn_form_test(u, hs); }
+void lct_attn_dtc(int on, int dmin) { cu_attn_dtc_test(on, dmin); }
 void lct_kv_round(float *x, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = cu_kv_h2f(cu_kv_f2h(x[i]));
 }
@@ -353,7 +354,7 @@ static lily_code attention_run(const float *q, const float *qg, const float *kc,
     void *dh = h16 ? dput(&L, NULL, hb, st, &rc) : NULL;
     cu_attn_h16_test(h16);
     if (!rc && h16) cu_attention_h16(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, pos0, dh, hb, part, dout);
-    else if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, splits, part, dout, attn_amin);
+    else if (!rc) cu_attention(0, dq, dqg, dk, dv, T, nh, nkv, hd, dp, splits, part, dout, attn_amin, T == 1 && cu_attn_tc_at(pos0 + 1));
     rc = finish(st, rc);
     cu_attn_h16_test(-1);
     if (!rc) rc = dget(o, dout, (size_t)T * nh * hd * 4, st);
@@ -382,7 +383,8 @@ lily_code lct_attention_dec(const float *qg, const float *k, const float *v, con
     int *dp = (int *)dput(&L, &pos0, 4, st, &rc);
     float *part = (float *)dput(&L, NULL, cu_attention_part_floats(1, nh, hd, splits) * 4, st, &rc);
     float *dout = (float *)dput(&L, NULL, (size_t)nh * hd * 4, st, &rc);
-    if (!rc && !cu_attention_dec(0, dqg, dk, dv, dqn, dkn, nh, nkv, hd, rot, dif, eps, dp, dkc, dvc, splits, part, dout, attn_amin))
+    if (!rc && !cu_attention_dec(0, dqg, dk, dv, dqn, dkn, nh, nkv, hd, rot, dif, eps, dp, dkc, dvc, splits, part, dout, attn_amin,
+                                 cu_attn_tc_at(pos0 + 1)))
         rc = lily_err(st, LILY_EUNSUPPORTED, "cu_attention_dec declined");
     rc = finish(st, rc);
     if (!rc) rc = dget(o, dout, (size_t)nh * hd * 4, st);

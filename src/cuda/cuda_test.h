@@ -53,6 +53,9 @@ void lct_kv_round(float *x, size_t n);
 /* Decode attention's form (k_attn_gqa): the keys a warp loads together (1, 2, 4) and the blocks a
  * group of 8 query heads is split over (1, 2, 4); 0 the default */
 void lct_attn_form(int u, int hs);
+/* Decode attention for the 35B-A3B heads on the tensor cores (k_attn_dtc): 1 from dmin keys on, 0 never,
+ * -1 as the environment says (cu_attn_tc_at) */
+void lct_attn_dtc(int on, int dmin);
 /* Prefill attention (cu_attention, one split): q [T][nh][hd], qg [T][nh][2 hd] (the gate in the
  * second half), kc/vc [ctx][nkv][hd] holding keys 0 .. pos0 + T - 1; token t sees 0 .. pos0 + t.
  * o [T][nh][hd]. h16: through cu_attention_h16 (the keys laid out in fp16 scratch once). kc and vc go to the

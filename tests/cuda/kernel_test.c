@@ -353,6 +353,7 @@ int main(int argc, char **argv) {
     test_attention_s(1, 16, 2, 256, 40, 64);  /* decode: 64 splits, most empty; then more keys than splits */
     test_attention_s(1, 16, 2, 256, small ? 300 : 3000, 64);
     test_attention_s(1, 4, 1, 64, 100, 64);    /* the generic split kernel (k_attn), 64 x its warps partials */
+    test_attention_s(1, 16, 2, 256, 300, 4);   /* 4 splits: every warp of a tensor-core block with keys (k_attn_merge) */
     test_attention_dec(16, 2, 256, 64, 40, 64);   /* the 35B-A3B heads, the new key in a middle split */
     test_attention_dec(16, 2, 256, 64, small ? 300 : 3000, 64);
     test_attention_dec(8, 2, 256, 128, 0, 64);    /* the first token: one key, two rotated lanes' columns */

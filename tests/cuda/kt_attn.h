@@ -39,16 +39,22 @@ static void test_attention_s(int T, int nh, int nkv, int hd, int pos0, int split
         }
     const char *e = getenv("LILY_CU_ATTN_TC");
     const int tc = hd == 256 && nh == 8 * nkv && T > 1 && !(e && !strcmp(e, "0"));
-    /* the tensor-core kernel twice: staging the fp32 cache itself, and from the fp16 scratch */
-    for (int h16 = 0; h16 <= (tc && !splits); h16++) {
+    /* the tensor-core kernel twice: staging the fp32 cache itself, and from the fp16 scratch; decode's
+     * splits as the default takes them, then (the 35B-A3B heads) by k_attn_gqa, and on the tensor cores
+     * (k_attn_dtc) */
+    const int dtc = splits && hd == 256 && nh == 8 * nkv;
+    for (int h16 = 0; h16 <= (tc && !splits ? 1 : dtc ? 2 : 0); h16++) {
         for (size_t i = 0; i < (size_t)T * nh * hd; i++) o[i] = NAN;
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "attention%s T=%d nh=%d nkv=%d hd=%d after %d%s",
                  tc && !splits ? (h16 ? " (tensor cores, fp16 keys)" : " (tensor cores)") : "", T, nh, nkv, hd, pos0,
-                 splits ? " (decode splits)" : "");
-        if (splits ? lct_attention_split(q, qg, kc, vc, nh, nkv, hd, pos0, ctx, splits, o, &st)
-                   : lct_attention(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, h16, o, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+                 splits ? (h16 == 1 ? " (decode splits, k_attn_gqa)" : h16 == 2 ? " (decode splits, tensor cores)" : " (decode splits)") : "");
+        if (splits && h16) lct_attn_dtc(h16 > 1, 0);
+        const lily_code rc = splits ? lct_attention_split(q, qg, kc, vc, nh, nkv, hd, pos0, ctx, splits, o, &st)
+                                    : lct_attention(q, qg, kc, vc, T, nh, nkv, hd, pos0, ctx, h16, o, &st);
+        lct_attn_dtc(-1, -1);
+        if (rc) { printf("%s: %s\n", what, st.msg); n_fail++; }
         else report(what, rel(o, ref, (size_t)T * nh * hd), tc && !splits ? 3e-3 : 1e-5);
     }
     free(q); free(qg); free(kc); free(vc); free(o); free(ref); free(sc); free(acc);
@@ -116,18 +122,22 @@ static void test_attention_dec(int nh, int nkv, int hd, int rot, int pos0, int s
     float *kc0 = malloc((size_t)ctx * nkv * hd * 4), *vc0 = malloc((size_t)ctx * nkv * hd * 4);
     memcpy(kc0, kc, (size_t)ctx * nkv * hd * 4);
     memcpy(vc0, vc, (size_t)ctx * nkv * hd * 4);
-    static const int us[4] = { 0, 1, 4, 2 }, hss[4] = { 0, 1, 1, 4 };
-    for (int ui = 0; ui < 4; ui++) {
+    /* then the tensor-core kernel (k_attn_dtc) where the shape takes it, U 1 and 2 */
+    /* then (the 35B-A3B heads) k_attn_gqa alone, and the tensor cores (k_attn_dtc) */
+    static const int us[6] = { 0, 1, 4, 2, 0, 0 }, hss[6] = { 0, 1, 1, 4, 0, 0 }, dtcs[6] = { -1, -1, -1, -1, 0, 1 };
+    for (int ui = 0; ui < (hd == 256 && nh == 8 * nkv ? 6 : 4); ui++) {
     memcpy(kc, kc0, (size_t)ctx * nkv * hd * 4);
     memcpy(vc, vc0, (size_t)ctx * nkv * hd * 4);
     for (size_t i = 0; i < (size_t)nh * hd; i++) o[i] = NAN;
     lily_status st = { 0 };
     char what[160];
     snprintf(what, sizeof what, "decode attention, q/k prep folded nh=%d nkv=%d hd=%d rot=%d after %d, %d splits%s", nh, nkv, hd, rot,
-             pos0, splits, ui == 1 ? ", U 1 HS 1" : ui == 2 ? ", U 4 HS 1" : ui == 3 ? ", U 2 HS 4" : "");
+             pos0, splits, ui == 1 ? ", U 1 HS 1" : ui == 2 ? ", U 4 HS 1" : ui == 3 ? ", U 2 HS 4" : ui == 4 ? ", k_attn_gqa" : ui == 5 ? ", tensor cores" : "");
     lct_attn_form(us[ui], hss[ui]);
+    lct_attn_dtc(dtcs[ui], dtcs[ui] > 0 ? 0 : -1);
     const lily_code rc = lct_attention_dec(qg, k, v, qn, kn, inv, nh, nkv, hd, rot, 1e-6f, pos0, ctx, splits, kc, vc, o, &st);
     lct_attn_form(0, 0);
+    lct_attn_dtc(-1, -1);
     if (rc) {
         printf("%s: %s\n", what, st.msg);
         n_fail++;
