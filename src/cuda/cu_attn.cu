@@ -506,6 +506,6 @@ void cu_attention_h16(cudaStream_t s, const float *q, const float *qg, const uin
     attention(s, q, qg, kc, vc, T, nh, nkv, hd, pos, 1, part, o, none, p0h, h16, h16_bytes);
 }
 void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, const float *qg, int nh, int nkv, int hd,
-                       int splits, float *part, float *o) {
-    attention(s, q, qg, NULL, NULL, n, nh, nkv, hd, R->pos, splits, part, o, *R);
+                       int splits, float *part, float *o, int tc) {
+    attention(s, q, qg, NULL, NULL, n, nh, nkv, hd, R->pos, splits, part, o, *R, -1, NULL, 0, qk_none, 0, tc);
 }

@@ -45,11 +45,12 @@ static lily_code one_by_one(lcuda_session **ss, const int32_t *ids, const int *p
 }
 
 void cu_batch_graphs_drop(lcuda_session *s) {
-    for (int i = 0; i < LCU_BGRAPHS; i++)
-        if (s->bgraph[i]) {
-            cudaGraphExecDestroy(s->bgraph[i]);
-            s->bgraph[i] = NULL;
-        }
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < LCU_BGRAPHS; i++)
+            if (s->bgraph[t][i]) {
+                cudaGraphExecDestroy(s->bgraph[t][i]);
+                s->bgraph[t][i] = NULL;
+            }
 }
 
 /* The batch's pass (c->rows set) as a CUDA graph, one a row count, captured on the carrier's first
@@ -57,20 +58,25 @@ void cu_batch_graphs_drop(lcuda_session *s) {
  * launch gap each without programmatic edges (what the decode loop's graph removed for one row).
  * Every round reads its ids and row table from the carrier's device buffers, whose contents change
  * and addresses do not; meta_grow and cu_logit_rows drop the graphs when they reallocate. Not while
- * lily-bench profiles (events between stages). LILY_CU_BATCH_GRAPH=0: launches, for measuring. */
-static lily_code enqueue_pass(lcuda_session *c, int n, lily_status *st) {
+ * lily-bench profiles (events between stages). LILY_CU_BATCH_GRAPH=0: launches, for measuring. tc: the
+ * rows' attention on the tensor cores (cu_attn_tc_at of the row with the fewest keys), a graph of each. */
+static lily_code enqueue_pass(lcuda_session *c, int n, int tc, lily_status *st) {
     static int on = -1;
+    c->attn_tc = tc;
     if (n >= LCU_BGRAPHS || cu_prof_on() || !cu_env_flag(&on, "LILY_CU_BATCH_GRAPH", 1)) {
         cu_enqueue_forward(c, n, 2);
+        c->attn_tc = 0;
         return LILY_OK;
     }
-    if (!c->bgraph[n]) {
+    if (!c->bgraph[tc][n]) {
         LCU_CHECK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
         cu_enqueue_forward(c, n, 2);
-        lily_code rc = cu_graph_end(c->st, &c->bgraph[n], "graph capture of a decode batch", st);
+        c->attn_tc = 0;
+        lily_code rc = cu_graph_end(c->st, &c->bgraph[tc][n], "graph capture of a decode batch", st);
         if (rc) return rc;
     }
-    LCU_CHECK(cudaGraphLaunch(c->bgraph[n], c->st));
+    c->attn_tc = 0;
+    LCU_CHECK(cudaGraphLaunch(c->bgraph[tc][n], c->st));
     return LILY_OK;
 }
 
@@ -114,7 +120,9 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
     LCU_CHECK(cudaMemcpyAsync(c->bmeta_d, c->bmeta_h, meta_bytes(cap), cudaMemcpyHostToDevice, c->st));
     LCU_CHECK(cudaMemcpyAsync(c->d_ids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st));
     c->rows = &R;
-    lily_code rc2 = enqueue_pass(c, n, st);
+    int pmin = pos[0];
+    for (int i = 1; i < n; i++) pmin = pos[i] < pmin ? pos[i] : pmin;
+    lily_code rc2 = enqueue_pass(c, n, cu_attn_tc_at(pmin + 1), st);
     c->rows = NULL;
     if (rc2) return rc2;
     LCU_CHECK(cudaGetLastError());

@@ -483,8 +483,9 @@ int cu_gdn_rec_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int nv, int
                     const float *g, const float *beta, float *o, const float *z, const float *gw, float eps);
 void cu_qk_prep_rows(cudaStream_t s, const cu_rows *R, int n, const float *qg, float *q, const float *k, const float *v,
                      const float *qn, const float *kn, int nh, int nkv, int hd, int rot, const float *inv_freq, float eps);
+/* (tc: on the tensor cores, as cu_attention's) */
 void cu_attention_rows(cudaStream_t s, const cu_rows *R, int n, const float *q, const float *qg, int nh, int nkv, int hd,
-                       int splits, float *part, float *o);
+                       int splits, float *part, float *o, int tc);
 /* o = rmsnorm(o) * gw * silu(z), per head of dv. */
 void cu_gated_norm(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps);
 int cu_gated_norm_p(cudaStream_t s, float *o, const float *z, const float *gw, int T, int nv, int dv, float eps, uint16_t *op);

@@ -271,7 +271,7 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
         R.kv_off = (long long)fi * s->kv_n;
         cu_qk_prep_rows(q, &R, T, s->qg, s->q, s->kb, s->vb, L->q_norm, L->k_norm, nh, nkv, hd, c->rot_dim, s->m->inv_freq, (float)c->eps);
         PM(s, "attn q/k norm + rope + cache");
-        cu_attention_rows(q, &R, T, s->q, s->qg, nh, nkv, hd, cu_decode_splits(s, T), s->part, s->ao);
+        cu_attention_rows(q, &R, T, s->q, s->qg, nh, nkv, hd, cu_decode_splits(s, T), s->part, s->ao, s->attn_tc);
         PM(s, "attn core");
         proj_out(s, &L->o, s->ao, nh * hd, T);
         PM(s, "attn out-proj");

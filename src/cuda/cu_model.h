@@ -81,7 +81,8 @@ struct lcuda_session {
     cudaGraphExec_t graph[2];
     cudaGraphExec_t fgraph[2];
     int attn_tc;                   /* what the pass being captured or enqueued takes (cu_attn_tc_at) */
-    cudaGraphExec_t bgraph[LCU_BGRAPHS]; /* [n]: the pass of a decode batch of n rows this session carries, or NULL */
+    cudaGraphExec_t bgraph[2][LCU_BGRAPHS]; /* [tc][n]: the pass of a decode batch of n rows this session carries,
+                                             * or NULL; tc as graph's (every row's position past the form's start) */
     cudaEvent_t ev[4];
     struct cu_sampler *samp;       /* GPU sampling (cu_sample.cu), made on first use */
 };

@@ -111,6 +111,13 @@ static void batch_tests(int small) {
         cw.lin_nk = 2; cw.lin_nv = 4; cw.lin_dk = 128; cw.lin_dv = 128;
         int lensw[5] = { 5, 1, 18, 26, 12 };
         test_batch("wide values", &cw, 64, 5, lensw);
+        /* the 35B-A3B attention heads (16 of 256, 2 KV heads): each row's attention on the tensor cores
+         * (k_attn_dtc over its own cache) from the first key, as past 2,048 keys by default */
+        lily_config ch = c;
+        ch.n_heads = 16; ch.n_kv_heads = 2; ch.head_dim = 256; ch.rot_dim = 64;
+        lct_attn_dtc(1, 0);
+        test_batch("35b-a3b heads, tensor cores", &ch, 64, 5, lensw);
+        lct_attn_dtc(-1, -1);
         /* odd heads: the generic attention and delta-rule kernels, experts grouped (5 x 7 > 32) */
         c.n_heads = 3; c.n_kv_heads = 1; c.head_dim = 64; c.rot_dim = 16;
         c.lin_nk = 1; c.lin_nv = 2; c.lin_dk = 64; c.lin_dv = 64; c.n_experts = 12; c.top_k = 7;
