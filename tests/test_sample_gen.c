@@ -51,6 +51,29 @@ static run_toks gen(lily_model *m, const int32_t *prompt, const lily_sampling *p
     return r;
 }
 
+/* A session that samples, then feeds 6 tokens asking every row's logits (on CUDA the logits buffer
+ * grows past the one row the sampler's graph captured), then samples again: the graphs must follow
+ * the new buffer (a stale one would write and read freed device memory) */
+static run_toks gen_regrow(lily_model *m, const int32_t *prompt, const lily_sampling *p) {
+    run_toks r, first;
+    memset(&r, 0, sizeof r);
+    memset(&first, 0, sizeof first);
+    lily_status st = { 0 };
+    lily_session *s = NULL;
+    CHECK(lily_session_new(m, &s, &st) == LILY_OK, "session: %s", st.msg);
+    if (!s) return r;
+    lily_model_info info;
+    lily_model_get_info(m, &info);
+    float *lg = malloc((size_t)6 * info.vocab_size * sizeof *lg);
+    CHECK(lily_session_prefill(s, prompt, PROMPT - 6, NULL, &st) == LILY_OK, "prefill: %s", st.msg);
+    CHECK(lily_session_generate(s, p, 3, collect, &first, NULL, &st) == LILY_OK, "generate: %s", st.msg);
+    CHECK(lg && lily_session_feed(s, prompt + PROMPT - 6, 6, lg, &st) == LILY_OK, "feed with every row's logits: %s", st.msg);
+    CHECK(lily_session_generate(s, p, STEPS, collect, &r, NULL, &st) == LILY_OK, "generate after: %s", st.msg);
+    free(lg);
+    lily_session_free(s);
+    return r;
+}
+
 /* identical ids, logprobs and top lists to 1e-4 */
 static double worst_lp; /* the largest logprob difference same() saw where the tokens agreed */
 static int same(const run_toks *a, const run_toks *b, double tol) {
@@ -141,6 +164,11 @@ int main(void) {
             if (!dh || !dc) { show("device", &a); show("host sampling on CUDA logits", &h); show("cpu backend", &c); }
             CHECK(dh, "device sampling = host sampling on the CUDA session (%d steps)", STEPS);
             CHECK(dc, "CUDA = CPU backend for the same seed (%d steps)", STEPS);
+            run_toks ra = gen_regrow(mg, prompt, &p), rc = gen_regrow(mc, prompt, &p);
+            worst_lp = 0;
+            const int dr = same(&ra, &rc, 1e-3);
+            if (!dr) { show("device, logits regrown", &ra); show("cpu backend", &rc); }
+            CHECK(dr, "CUDA = CPU backend after the logits buffer grew under the sampler's graph (%d steps)", STEPS);
         }
         if (!t_soft_fail) break;
         fprintf(stderr, "  (a comparison missed on the first inputs; once more on fresh ones)\n");

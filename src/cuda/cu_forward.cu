@@ -646,7 +646,8 @@ lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st) {
         if (s->fgraph[i]) cudaGraphExecDestroy(s->fgraph[i]);
         s->graph[i] = s->fgraph[i] = NULL;
     }
-    cu_batch_graphs_drop(s); /* (so did these) */
+    cu_batch_graphs_drop(s); /* (so did these, and the sampler's) */
+    if (s->samp) cu_sampler_graphs_drop(s->samp);
     return LILY_OK;
 }
 

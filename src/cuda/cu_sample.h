@@ -34,6 +34,8 @@ void cu_sampler_enqueue(cu_sampler *c, cudaStream_t s, const float *logits, int 
 int cu_sampler_read(const cu_sampler *c, int step, lily_token *out);
 /* The decode graph that samples with c, built once per session and attention form (tc: cu_attn_tc_at). */
 cudaGraphExec_t *cu_sampler_graph(cu_sampler *c, int tc);
+/* Drops them (the session's logits buffer they captured was reallocated: cu_logit_rows). */
+void cu_sampler_graphs_drop(cu_sampler *c);
 /* The rng state after the steps run so far (for the kernel test). */
 lily_code cu_sampler_rng(const cu_sampler *c, uint64_t out[2], lily_status *st);
 #endif

@@ -66,6 +66,13 @@ void cu_sampler_free(cu_sampler *c) {
 }
 
 cudaGraphExec_t *cu_sampler_graph(cu_sampler *c, int tc) { return &c->graph[tc ? 1 : 0]; }
+void cu_sampler_graphs_drop(cu_sampler *c) {
+    for (int i = 0; i < 2; i++)
+        if (c->graph[i]) {
+            cudaGraphExecDestroy(c->graph[i]);
+            c->graph[i] = NULL;
+        }
+}
 
 typedef struct { int32_t id; int at; } bias_ent;
 static int bias_cmp(const void *a, const void *b) {
