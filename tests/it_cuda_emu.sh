@@ -3,7 +3,7 @@
 # is checked on every CI run without a GPU: builds $BUILD/emu (make emu), runs the
 # emulator's self-test, `lily check --backend cuda` on the fixtures, the kernel test at
 # small shapes, shows that deliberately broken kernels (cu2cpp.py --mutate) fail it, and
-# repeats the self-test, kernel test and one fixture under AddressSanitizer (make emu-asan).
+# repeats the self-test, kernel test, one fixture and test_sample_gen under AddressSanitizer (make emu-asan).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -270,6 +270,14 @@ else
   "$A/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
   if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then ok "ASan lily check --backend cuda $d ($(secs "$t0") s)"
   else tail -n 40 "$tmp/check.log"; bad "ASan lily check --backend cuda $d (rc=$rc)"; fi
+  # (the decode loop's graphs against buffers reallocated under them: a stale sampler graph wrote and read
+  # the freed logits, which only ASan sees here)
+  t0=$(date +%s.%N)
+  LILY_TEST_BACKEND=cuda "$A/tests/test_sample_gen" >"$tmp/sg.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/sg.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$tmp/sg.log"; then
+    ok "ASan test_sample_gen on the CUDA backend ($(secs "$t0") s): $line"
+  else grep -v '^ok' "$tmp/sg.log" | tail -n 30; bad "ASan test_sample_gen on the CUDA backend (rc=$rc)"; fi
 fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
