@@ -46,7 +46,6 @@ static __device__ __forceinline__ void dt_split(float x, float y, uint32_t &hi, 
     hi = cu_h2sat(x, y);
     lo = cu_h2sat(x - h2f((uint16_t)(hi & 0xffffu)), y - h2f((uint16_t)(hi >> 16)));
 }
-static __device__ __forceinline__ uint32_t dt_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 /* The tensor cores' decode attention after its wait (k_attn_dtc, cu_attn.cu): block tk = t nkv + kvh over
  * key split blockIdx.y of the token's n keys. q [T][nh][256] (no fold) or the fold P (T 1), qw, kw, fr
@@ -115,7 +114,7 @@ static __device__ __forceinline__ void dtc_run(const float *q, const uint16_t *k
             for (int h = 0; h < 2; h++) {
                 const uint4 a = qf[(2 * i + h) * WARP + lane];
 #pragma unroll
-                for (int u = 0; u < U; u++) tc_mma(c[u][h], a.x, a.y, a.z, a.w, dt_word(kr[u][i], 2 * h), dt_word(kr[u][i], 2 * h + 1));
+                for (int u = 0; u < U; u++) tc_mma(c[u][h], a.x, a.y, a.z, a.w, cu_word(kr[u][i], 2 * h), cu_word(kr[u][i], 2 * h + 1));
             }
         float s[U][2], mc = -INFINITY;
 #pragma unroll
@@ -151,7 +150,7 @@ static __device__ __forceinline__ void dtc_run(const float *q, const uint16_t *k
             for (int jj = 0; jj < 4; jj++)
 #pragma unroll
                 for (int p = 0; p < 4; p++) {
-                    const uint32_t w0 = dt_word(vr[u][0][jj], p), w1 = dt_word(vr[u][1][jj], p);
+                    const uint32_t w0 = cu_word(vr[u][0][jj], p), w1 = cu_word(vr[u][1][jj], p);
                     const uint32_t ad = __byte_perm(w0, w1, 0x5410), ad1 = __byte_perm(w0, w1, 0x7632); /* dim d, d + 1 of the two keys */
                     tc_mma(O[4 * jj + p], ad, ad1, ad, ad1, ph[u], pl[u]);
                 }

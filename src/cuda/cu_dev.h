@@ -13,6 +13,8 @@
 
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+/* word i of a 16-byte load (i a compile-time constant where it is unrolled: no local memory) */
+__device__ __forceinline__ uint32_t cu_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigm_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 /* silu with exp2 and the fast division (a few ulp: ~4e-7 relative), where a kernel's outputs

@@ -234,7 +234,6 @@ static __device__ __forceinline__ void dp_stage_rows(const mvq_fuse &f, const fl
     dp_stage_rows<false>(f, X, X2, ldx, T, nw, xs, ts, rmax, none);
 }
 
-static __device__ __forceinline__ uint32_t dp_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 /* R rows of one matrix (or expert): codes, scales, biases of the lane's rows (the last row for
  * rows past the matrix) */
@@ -320,8 +319,8 @@ static __device__ __forceinline__ void dp_gsum(const uint4 (&c)[R][BITS / 2], co
 #pragma unroll
                 for (int lev = 0; lev < 3; lev++) {
                     const uint4 v = xg[3 * p + lev];
-                    xn[h][lev][0] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x5140);
-                    xn[h][lev][1] = __byte_perm(dp_word(v, 2 * h), dp_word(v, 2 * h + 1), 0x7362);
+                    xn[h][lev][0] = __byte_perm(cu_word(v, 2 * h), cu_word(v, 2 * h + 1), 0x5140);
+                    xn[h][lev][1] = __byte_perm(cu_word(v, 2 * h), cu_word(v, 2 * h + 1), 0x7362);
                 }
 #pragma unroll
             for (int k = 0; k < R; k++)
@@ -330,7 +329,7 @@ static __device__ __forceinline__ void dp_gsum(const uint4 (&c)[R][BITS / 2], co
 #pragma unroll
                     for (int q = 0; q < 2; q++) {
                         const int wi = 4 * p + 2 * h + q; /* the code word: columns 4 wi .. 4 wi + 3 */
-                        const uint32_t wv = dp_word(c[k][wi / 4 % (BITS / 2)], wi % 4);
+                        const uint32_t wv = cu_word(c[k][wi / 4 % (BITS / 2)], wi % 4);
                         H[k] = cu_dp4a(wv, xn[h][0][q], H[k]);
                         M[k] = cu_dp4a(wv, xn[h][1][q], M[k]);
                         L[k] = cu_dp4a(wv, xn[h][2][q], L[k]);
@@ -344,14 +343,14 @@ static __device__ __forceinline__ void dp_gsum(const uint4 (&c)[R][BITS / 2], co
         for (int k = 0; k < R; k++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const uint32_t wv = dp_word(c[k][p / 2], 2 * (p % 2) + h);
+                const uint32_t wv = cu_word(c[k][p / 2], 2 * (p % 2) + h);
                 const uint32_t ev = wv & 0x0F0F0F0Fu, od = (wv >> 4) & 0x0F0F0F0Fu;
-                H[k] = cu_dp4a(ev, dp_word(xh, 2 * h), H[k]);
-                H[k] = cu_dp4a(od, dp_word(xh, 2 * h + 1), H[k]);
-                M[k] = cu_dp4a(ev, dp_word(xm, 2 * h), M[k]);
-                M[k] = cu_dp4a(od, dp_word(xm, 2 * h + 1), M[k]);
-                L[k] = cu_dp4a(ev, dp_word(xl, 2 * h), L[k]);
-                L[k] = cu_dp4a(od, dp_word(xl, 2 * h + 1), L[k]);
+                H[k] = cu_dp4a(ev, cu_word(xh, 2 * h), H[k]);
+                H[k] = cu_dp4a(od, cu_word(xh, 2 * h + 1), H[k]);
+                M[k] = cu_dp4a(ev, cu_word(xm, 2 * h), M[k]);
+                M[k] = cu_dp4a(od, cu_word(xm, 2 * h + 1), M[k]);
+                L[k] = cu_dp4a(ev, cu_word(xl, 2 * h), L[k]);
+                L[k] = cu_dp4a(od, cu_word(xl, 2 * h + 1), L[k]);
             }
     }
 }

@@ -94,7 +94,6 @@ __device__ void tc_stage(const float *x, const float *x2, int cols, uint4 *xw, f
     __syncthreads();
 }
 
-__device__ __forceinline__ uint32_t tc_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 /* A lane's rows of a tile (g and g + 8; the last row for rows past the matrix): codes, scales, biases. */
 struct tc_rows {
@@ -195,7 +194,7 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
                     float c[2][4] = { { 0.f, 0.f, 0.f, 0.f }, { 0.f, 0.f, 0.f, 0.f } };
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
-                        const uint32_t pa = tc_word(cur.ca[i / 4], i % 4), pb = tc_word(cur.cb[i / 4], i % 4);
+                        const uint32_t pa = cu_word(cur.ca[i / 4], i % 4), pb = cu_word(cur.cb[i / 4], i % 4);
                         const uint32_t qa = pa >> 8, qb = pb >> 8;
                         const uint32_t a0 = tc_nib(pa, 0x000F000Fu), a1 = tc_nib(pb, 0x000F000Fu);
                         const uint32_t a2 = tc_nib(pa, 0x00F000F0u), a3 = tc_nib(pb, 0x00F000F0u);
