@@ -62,20 +62,16 @@ void cu_batch_graphs_drop(lcuda_session *s) {
  * rows' attention on the tensor cores (cu_attn_tc_at of the row with the fewest keys), a graph of each. */
 static lily_code enqueue_pass(lcuda_session *c, int n, int tc, lily_status *st) {
     static int on = -1;
-    c->attn_tc = tc;
     if (n >= LCU_BGRAPHS || cu_prof_on() || !cu_env_flag(&on, "LILY_CU_BATCH_GRAPH", 1)) {
-        cu_enqueue_forward(c, n, 2);
-        c->attn_tc = 0;
+        cu_enqueue_forward(c, n, 2, tc);
         return LILY_OK;
     }
     if (!c->bgraph[tc][n]) {
         LCU_CHECK(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
-        cu_enqueue_forward(c, n, 2);
-        c->attn_tc = 0;
+        cu_enqueue_forward(c, n, 2, tc);
         lily_code rc = cu_graph_end(c->st, &c->bgraph[tc][n], "graph capture of a decode batch", st);
         if (rc) return rc;
     }
-    c->attn_tc = 0;
     LCU_CHECK(cudaGraphLaunch(c->bgraph[tc][n], c->st));
     return LILY_OK;
 }

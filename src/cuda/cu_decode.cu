@@ -62,9 +62,7 @@ static lily_code step_graph(lcuda_session *s, cu_sampler *smp, int pos, cudaGrap
     *g = *out;
     if (*out) return LILY_OK;
     LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
-    s->attn_tc = tc;
-    cu_enqueue_forward(s, 1, 1);
-    s->attn_tc = 0;
+    cu_enqueue_forward(s, 1, 1, tc);
     if (smp) cu_sampler_enqueue(smp, s->st, s->lg, s->d_tok, s->d_step);
     else cu_argmax(s->st, s->lg, s->m->cfg.vocab, s->d_tok, s->part); /* (attention is done with part by then) */
     cu_step_advance(s->st, s->d_tok, s->d_ids, s->d_pos, s->d_step, s->ring_d, LCU_RING);
@@ -214,7 +212,7 @@ lily_code lcuda_time_forward(lcuda_session *s, const int32_t *ids, int T, int po
     for (int i = 0; i < T; i += m->chunk) {
         int k = T - i < m->chunk ? T - i : m->chunk;
         cudaMemcpyAsync(s->d_ids, pinned + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st);
-        cu_enqueue_chunk(s, k, pos + i, i + k == T ? 1 : 0);
+        cu_enqueue_chunk(s, k, pos + i, i + k == T ? 1 : 0, 0);
     }
     cudaEventRecord(b, s->st);
     e = cudaEventSynchronize(b);
@@ -244,15 +242,16 @@ lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_samplin
         lcuda_sample_state ss = { NULL, NULL, { 0x9e3779b97f4a7c15ull, 0x6a09e667f3bcc909ull } };
         if ((rc = cu_sampler_setup(smp, s->st, p, &ss, st))) return rc;
     }
-    cudaGraphExec_t graph, g2;
-    /* (both graphs the timed steps take captured before the clock starts) */
-    if ((rc = step_graph(s, smp, pos + n - 1, &g2, st)) || (rc = step_graph(s, smp, pos, &graph, st))) return rc;
+    cudaGraphExec_t graph;
+    /* (every graph the timed steps take captured before the clock starts: the first's and the last's) */
+    if ((rc = step_graph(s, smp, pos + n - 1, &graph, st)) || (rc = step_graph(s, smp, pos, &graph, st))) return rc;
     if ((rc = start_steps(s, pos, 1, st))) return rc;
     cudaEvent_t a, b;
     LCU_CHECK(cudaEventCreate(&a));
     LCU_CHECK(cudaEventCreate(&b));
     cudaEventRecord(a, s->st);
-    for (int i = 0; i < n; i++) cudaGraphLaunch(cu_attn_tc_at(pos + i + 1) ? g2 : graph, s->st);
+    for (int i = 0; i < n && !rc; i++) /* (captured above: step_graph only picks) */
+        if (!(rc = step_graph(s, smp, pos + i, &graph, st))) cudaGraphLaunch(graph, s->st);
     cudaEventRecord(b, s->st);
     cudaError_t e = cudaEventSynchronize(b);
     if (e == cudaSuccess) e = cudaGetLastError();
@@ -261,10 +260,11 @@ lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_samplin
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     if (e != cudaSuccess) return cu_fail(st, e, "timed decode", __FILE__, __LINE__);
+    if (rc) return rc;
     *ms = f;
     s->pos = pos + n;
 #if defined(LILY_CU_TRACE) && !defined(__CUDACC_EMU__)
-    trace_decode(s, cu_attn_tc_at(s->pos + 1) ? g2 : graph, s->pos);
+    if (!step_graph(s, smp, s->pos, &graph, st)) trace_decode(s, graph, s->pos);
 #endif
     return LILY_OK;
 }

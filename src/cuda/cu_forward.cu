@@ -520,13 +520,14 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     PM(s, "moe combine + next norm");
 }
 
-void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
+void cu_enqueue_forward(lcuda_session *s, int T, int logits, int tc) {
     lcuda_model *m = s->m;
     const lily_config *c = &m->cfg;
     int H = c->hidden;
     float eps = (float)c->eps;
     PM(s, "start");
     s->fold_nw = NULL;
+    s->attn_tc = tc;
     cu_embed(s->st, &m->embed, s->d_ids, T, s->x);
     s->xp_src = cu_rmsnorm2p(s->st, s->x, NULL, NULL, m->L[0].ln1, H, T, eps, s->t, xp_out(s)) ? s->t : NULL;
     PM(s, "embed + norm");
@@ -568,12 +569,13 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits) {
      * waited for the second stream's backlog (the last layer's downs, fetched after their launch
      * had run: ~20 us a token in session 19's timeline) */
     if (pf) pf_join(s); /* (every fork above was under the same condition) */
+    s->attn_tc = 0;
 }
 
-void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits) {
+void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits, int tc) {
     cu_set_int(s->st, s->d_pos, pos);
     s->hpos = pos;
-    cu_enqueue_forward(s, T, logits);
+    cu_enqueue_forward(s, T, logits, tc);
     s->hpos = -1;
 }
 
@@ -620,7 +622,7 @@ lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, l
     free(ids);
     if (e != cudaSuccess) return cu_fail(st, e, "profile ids", __FILE__, __LINE__);
     cu_prof_start();
-    cu_enqueue_chunk(s, T, pos, 1);
+    cu_enqueue_chunk(s, T, pos, 1, 0);
     prof.on = 0;
     LCU_CHECK(cudaStreamSynchronize(s->st));
     LCU_CHECK(cudaGetLastError());
@@ -641,13 +643,7 @@ lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st) {
     cudaFree(s->lg);
     s->lg = nl;
     s->lg_rows = rows;
-    for (int i = 0; i < 2; i++) { /* (they captured the freed buffer) */
-        if (s->graph[i]) cudaGraphExecDestroy(s->graph[i]);
-        if (s->fgraph[i]) cudaGraphExecDestroy(s->fgraph[i]);
-        s->graph[i] = s->fgraph[i] = NULL;
-    }
-    cu_batch_graphs_drop(s); /* (so did these, and the sampler's) */
-    if (s->samp) cu_sampler_graphs_drop(s->samp);
+    cu_graphs_drop(s); /* (they captured the freed buffer) */
     return LILY_OK;
 }
 
@@ -669,9 +665,7 @@ static lily_code forward1(lcuda_session *s, int pos, lily_status *st) {
     const int tc = cu_attn_tc_at(pos + 1);
     if (!s->fgraph[tc]) {
         LCU_CHECK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
-        s->attn_tc = tc;
-        cu_enqueue_forward(s, 1, 1);
-        s->attn_tc = 0;
+        cu_enqueue_forward(s, 1, 1, tc);
         lily_code rc = cu_graph_end(s->st, &s->fgraph[tc], "graph capture of a one-token pass", st);
         if (rc) return rc;
     }
@@ -697,11 +691,7 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
             cu_set_int(s->st, s->d_pos, pos + i);
             lily_code rc = forward1(s, pos + i, st);
             if (rc) return rc;
-        } else {
-            s->attn_tc = k == 1 && cu_attn_tc_at(pos + i + 1);
-            cu_enqueue_chunk(s, k, pos + i, mode);
-            s->attn_tc = 0;
-        }
+        } else cu_enqueue_chunk(s, k, pos + i, mode, k == 1 && cu_attn_tc_at(pos + i + 1));
         LCU_CHECK(cudaGetLastError());
         if (mode == 2) LCU_CHECK(cudaMemcpyAsync(logits + (size_t)i * V, s->lg, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
         if (mode == 1) LCU_CHECK(cudaMemcpyAsync(logits, s->lg, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s->st));

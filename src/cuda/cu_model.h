@@ -80,7 +80,7 @@ struct lcuda_session {
      * picks for a step from its position (cu_attn_tc_at) */
     cudaGraphExec_t graph[2];
     cudaGraphExec_t fgraph[2];
-    int attn_tc;                   /* what the pass being captured or enqueued takes (cu_attn_tc_at) */
+    int attn_tc;                   /* cu_enqueue_forward's tc while it enqueues */
     cudaGraphExec_t bgraph[2][LCU_BGRAPHS]; /* [tc][n]: the pass of a decode batch of n rows this session carries,
                                              * or NULL; tc as graph's (every row's position past the form's start) */
     cudaEvent_t ev[4];
@@ -93,10 +93,11 @@ lily_code cu_model_alloc(lcuda_model *m, void **p, size_t n, lily_status *st);
 lily_code cu_upload_mats(lcuda_model *m, const lw_mat *src, int n, dmat *d, lily_status *st);
 lily_code cu_model_finish(lcuda_model *m, lily_status *st); /* chunk size, rope table */
 /* Enqueues the whole forward of T tokens (ids in s->d_ids, position in s->d_pos);
- * logits: 0 none, 1 last row into s->lg, 2 all rows into s->lg. */
-void cu_enqueue_forward(lcuda_session *s, int T, int logits);
+ * logits: 0 none, 1 last row into s->lg, 2 all rows into s->lg. tc: decode attention on the tensor
+ * cores (cu_attn_tc_at; s->attn_tc while enqueuing). */
+void cu_enqueue_forward(lcuda_session *s, int T, int logits, int tc);
 /* The same for a prefill chunk at position pos: sets d_pos, and hpos while enqueuing. */
-void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits);
+void cu_enqueue_chunk(lcuda_session *s, int T, int pos, int logits, int tc);
 /* lcuda_profile's marks: on from cu_prof_start; cu_prof_report (after the stream's sync) turns
  * them off and writes the time a stage as a markdown table */
 void cu_prof_start(void);
@@ -108,6 +109,9 @@ void cu_prof_report(const char *title, char *out, size_t n);
 lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st);
 /* Drops the decode batches' graphs s carries (their buffers were reallocated, or s is freed). */
 void cu_batch_graphs_drop(lcuda_session *s);
+/* Drops every graph that captured s's buffers: the decode step's, the one-token pass's, the batches'
+ * and the sampler's (cu_logit_rows reallocated the logits; or s is freed). */
+void cu_graphs_drop(lcuda_session *s);
 /* Ends the capture begun on q (cudaStreamCaptureModeThreadLocal) and instantiates it into *out, its
  * kernel-to-kernel edges made programmatic where cu_pdl_on (cu_decode.cu); *out NULL on failure. */
 lily_code cu_graph_end(cudaStream_t q, cudaGraphExec_t *out, const char *what, lily_status *st);

@@ -38,14 +38,20 @@ uint64_t cu_session_bytes(const lily_config *c, int max_ctx, int chunk) {
     return rec * (1 + LCU_SNAPSHOTS) + kv + scratch_bytes(c, chunk);
 }
 
-void lcuda_session_free(lcuda_session *s) {
-    if (!s) return;
-    if (s->st) cudaStreamSynchronize(s->st);
+void cu_graphs_drop(lcuda_session *s) {
     for (int i = 0; i < 2; i++) {
         if (s->graph[i]) cudaGraphExecDestroy(s->graph[i]);
         if (s->fgraph[i]) cudaGraphExecDestroy(s->fgraph[i]);
+        s->graph[i] = s->fgraph[i] = NULL;
     }
     cu_batch_graphs_drop(s);
+    if (s->samp) cu_sampler_graphs_drop(s->samp);
+}
+
+void lcuda_session_free(lcuda_session *s) {
+    if (!s) return;
+    if (s->st) cudaStreamSynchronize(s->st);
+    cu_graphs_drop(s);
     cu_sampler_free(s->samp);
     float **fl[] = { &s->conv, &s->S, (float **)&s->kc, (float **)&s->vc, &s->x, &s->t, &s->y, &s->mixed, &s->u, &s->zb, &s->bb, &s->aa, &s->g, &s->beta,
                      &s->o, &s->qg, &s->q, &s->kb, &s->vb, &s->ao, &s->part, &s->rl, &s->wt, &s->hg, &s->hu, &s->D, &s->sg,
