@@ -60,4 +60,48 @@ wait $pids
 same=1
 for i in 0 1 2; do [ -n "${seq1[$i]}" ] && [ "$(cat "$T/conc$i")" = "${seq1[$i]}" ] || { same=0; echo "stream $i: '$(cat "$T/conc$i")' vs '${seq1[$i]}'"; }; done
 [ $same = 1 ] && ok "three concurrent greedy streams give the texts of one at a time" || bad "concurrent streams differ from one at a time"
+# the lone stream's device loop (src/server/sched.c burst): a job generating alone is handed to
+# the GPU's decode loop, its tokens chosen and fed there with the job's own rng and counts. Its
+# answers must be those of the rounds (LILY_SRV_DEVICE_LOOP=0, a host draw a token), for greedy
+# and for seeded sampling with every penalty, logit bias and logprobs, and across a hand-over
+# both ways (a second job arriving mid-burst, the rounds batching both, the burst resuming).
+S='"temperature":0.9,"top_k":40,"top_p":0.95,"min_p":0.01,"seed":7,"presence_penalty":0.4,"frequency_penalty":0.3,"repetition_penalty":1.15,"logit_bias":{"17":2.5},"logprobs":true,"top_logprobs":3,"ignore_eos":true'
+gen() { # gen MESSAGES MAX_TOKENS EXTRA: the answer's text and its tokens' logprobs, one line
+  curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+    -d "{\"messages\":$1,\"max_tokens\":$2,\"chat_template_kwargs\":{\"enable_thinking\":false},$3}" |
+    python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; lp=c.get("logprobs") or {}
+print(json.dumps([c["message"]["content"], c["finish_reason"], [[t["token"], round(t["logprob"], 4), [a["token"] for a in t["top_logprobs"]]] for t in (lp.get("content") or [])]]))'
+}
+LONG='[{"role":"user","content":"Tell me a long story about a lighthouse keeper."}]'
+declare -A ref
+for mode in 0 1; do
+  LILY_SRV_DEVICE_LOOP=$mode eserve
+  ref[$mode,g]=$(gen "$LONG" 24 '"temperature":0,"ignore_eos":true')
+  ref[$mode,s]=$(gen "$LONG" 24 "$S")
+  ref[$mode,stop]=$(gen "$A" 24 '"temperature":0.7,"seed":3,"stop":["e"]')
+  ref[$mode,runs]=$(metric lily_device_loop_runs_total)
+  ref[$mode,toks]=$(metric lily_device_loop_tokens_total)
+done
+[ "${ref[0,toks]}" = 0 ] && [ "${ref[1,toks]}" -ge 40 ] && ok "the device loop ran (${ref[1,runs]} runs, ${ref[1,toks]} tokens; none when off)" ||
+  bad "device loop metrics: on ${ref[1,runs]}/${ref[1,toks]}, off ${ref[0,runs]}/${ref[0,toks]}"
+for k in g s stop; do
+  [ -n "${ref[0,$k]}" ] && [ "${ref[0,$k]}" = "${ref[1,$k]}" ] && ok "device loop = rounds ($k): $(echo "${ref[1,$k]}" | cut -c1-60)" ||
+    bad "device loop ($k): '${ref[1,$k]}' vs rounds '${ref[0,$k]}'"
+done
+# hand-over: a long sampled job, then two more while it decodes alone in the device loop; every
+# answer must be what it is alone (the first one's rng and counts carried out of the burst into the
+# batched rounds and back)
+SLOTS=3 LILY_SRV_DEVICE_LOOP=1 eserve
+gen "$LONG" 60 "$S" >"$T/h0" &
+h0=$!
+for _ in $(seq 200); do [ "$(metric lily_device_loop_runs_total)" -ge 1 ] && break; sleep 0.05; done
+gen "$A" 8 '"temperature":0.8,"seed":11' >"$T/h1" & h1=$!
+gen "$Bm" 8 "$S" >"$T/h2" & h2=$!
+wait $h0 $h1 $h2
+runs=$(metric lily_device_loop_runs_total)
+SLOTS=3 LILY_SRV_DEVICE_LOOP=0 eserve
+r0=$(gen "$LONG" 60 "$S"); r1=$(gen "$A" 8 '"temperature":0.8,"seed":11'); r2=$(gen "$Bm" 8 "$S")
+[ "$(cat "$T/h0")" = "$r0" ] && [ "$(cat "$T/h1")" = "$r1" ] && [ "$(cat "$T/h2")" = "$r2" ] && [ "$runs" -ge 2 ] &&
+  ok "a burst handed over to the rounds and back gives each job's answer alone ($runs runs)" ||
+  bad "hand-over ($runs runs): '$(cut -c1-80 "$T/h0")' vs '$(echo "$r0" | cut -c1-80)'; '$(cat "$T/h1")' vs '$r1'; '$(cat "$T/h2")' vs '$r2'"
 it_done

@@ -58,16 +58,73 @@ static lily_code gpu_generate(lily_session *s, const lily_sampling *p, int32_t *
     return rc;
 }
 
-lily_code lily_session_sample(lily_session *s, const lily_sampling *p, lily_token *out, lily_status *st) {
-    if (!s->has_logits) return lily_err(st, LILY_EINVAL, "nothing to sample from: feed a prompt first");
-    return lily_sample_logits(s->logits, s->m->w.cfg.vocab, p, &s->rng, NULL, out, st);
-}
-
 /* LILY_CU_HOST_SAMPLING=1 keeps a CUDA session's sampling on the host (one sync per token):
  * the reference the device path is tested against. */
 static int host_sampling_forced(void) {
     const char *e = getenv("LILY_CU_HOST_SAMPLING");
     return e && *e && strcmp(e, "0");
+}
+
+/* The device loop continuing a caller's sampling state (engine/sampler.h). The wrapper keeps
+ * the host's state in step with the device's: counts and the rng advance for each reported token
+ * as a host loop would have advanced them (the draws of tokens the device made one step ahead and
+ * nobody saw are not counted), so the caller can go on sampling on the host and choose the tokens
+ * an uninterrupted stream would. */
+typedef struct {
+    lily_token_cb cb;
+    void *user;
+    int32_t *counts;
+    lily_rng *rng;
+    int draws, n;
+    int32_t *ids;
+} cont_gen;
+
+static int cont_cb(void *user, const lily_token *tok) {
+    cont_gen *g = user;
+    g->ids[g->n++] = tok->id;
+    if (g->counts) g->counts[tok->id]++;
+    if (g->draws) lily_rng_uniform(g->rng);
+    return g->cb ? g->cb(g->user, tok) : 0;
+}
+
+lily_code lily_session_generate_cont(lily_session *s, const lily_sampling *p, lily_rng *rng, int32_t *counts,
+                                     const uint8_t *pmask, int max_tokens, lily_token_cb cb, void *user, int *n_out,
+                                     int *n_fed, lily_status *st) {
+    *n_out = *n_fed = 0;
+    if (!s->cuda || host_sampling_forced()) return lily_err(st, LILY_EUNSUPPORTED, "the session does not decode on a GPU");
+    if (!s->has_logits) return lily_err(st, LILY_EINVAL, "nothing to generate from: feed a prompt first");
+    if (max_tokens < 1) return lily_err(st, LILY_EINVAL, "max_tokens %d < 1", max_tokens);
+    lily_code rc = lily_sampling_check(p, st);
+    if (rc) return rc;
+    lily_token tok;
+    if ((rc = lily_sample_logits_ex(s->logits, s->m->w.cfg.vocab, p, rng, counts, pmask, &tok, st))) return rc;
+    if (counts) counts[tok.id]++;
+    *n_out = 1;
+    if ((cb && cb(user, &tok)) || lily_model_is_eos(s->m, tok.id) || max_tokens == 1) return LILY_OK;
+    int room = s->m->max_ctx - s->n, steps = max_tokens - 1;
+    if (room < 1) return LILY_OK; /* the caller's own feed reports the full context */
+    if (steps > room) steps = room;
+    cont_gen g = { cb, user, counts, rng, p->temperature > 0, 0, malloc((size_t)steps * sizeof(int32_t)) };
+    if (!g.ids) return lily_err(st, LILY_ENOMEM, "out of memory");
+    int made = 0, start = s->n;
+    lcuda_sample_state ss = { counts, pmask, { rng->s[0], rng->s[1] } };
+    rc = lcuda_generate(s->cuda, start, tok.id, p, &ss, steps, cont_cb, &g, &made, st);
+    int fed = lcuda_session_pos(s->cuda) - start; /* `first`, then every token made but possibly the last */
+    if (fed > made + 1) fed = made + 1;           /* (a step launched ahead fed a token nobody saw) */
+    if (!rc && fed > 0) {
+        s->tokens[s->n++] = tok.id;
+        for (int i = 0; i + 1 < fed; i++) s->tokens[s->n++] = g.ids[i];
+        rc = lcuda_last_logits(s->cuda, s->logits, st);
+        *n_fed = fed;
+    }
+    free(g.ids);
+    *n_out += made;
+    return rc;
+}
+
+lily_code lily_session_sample(lily_session *s, const lily_sampling *p, lily_token *out, lily_status *st) {
+    if (!s->has_logits) return lily_err(st, LILY_EINVAL, "nothing to sample from: feed a prompt first");
+    return lily_sample_logits(s->logits, s->m->w.cfg.vocab, p, &s->rng, NULL, out, st);
 }
 
 lily_code lily_session_generate(lily_session *s, const lily_sampling *p, int max_tokens,

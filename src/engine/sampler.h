@@ -57,4 +57,17 @@ extern int lily_sampler_scan_all;
 /* Validates p (the same checks lily_sample_logits makes). */
 lily_code lily_sampling_check(const lily_sampling *p, lily_status *st);
 
+/* lily_session_generate for a caller that keeps its own sampling state across calls (the
+ * server's lone stream, src/server/sched.c): the first token is drawn on the host from the
+ * session's logits, every later one on the GPU in its decode loop (no host sync a token).
+ * Unlike lily_session_generate it neither seeds rng nor starts counts afresh: rng (and counts,
+ * NULL when no penalty needs them) advance by exactly what a host loop drawing the same tokens
+ * would have used, so the caller can go on sampling on the host afterwards and get the tokens
+ * of one uninterrupted stream. cb sees each token after its count; a nonzero return stops.
+ * *n_out tokens were reported, of which the session fed the first *n_fed (all of them or all
+ * but the last). LILY_EUNSUPPORTED, with nothing drawn, when the session is not on a GPU. */
+lily_code lily_session_generate_cont(lily_session *s, const lily_sampling *p, lily_rng *rng, int32_t *counts,
+                                     const uint8_t *pmask, int max_tokens, lily_token_cb cb, void *user, int *n_out,
+                                     int *n_fed, lily_status *st);
+
 #endif

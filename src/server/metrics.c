@@ -26,6 +26,7 @@ struct srv_metrics {
     uint64_t prompt_tokens, reused_tokens, gen_tokens;
     uint64_t cancelled, rejected, errors;
     uint64_t parks, unparks, parked_bytes;
+    uint64_t dl_bursts, dl_tokens; /* the lone stream's device loop (sched.c burst) */
     int parked;
     histo ttft, itl;
 };
@@ -79,6 +80,14 @@ void srv_metrics_event(srv_metrics *m, const char *what) {
     else if (!strcmp(what, "parked")) m->parks++;
     else if (!strcmp(what, "unparked")) m->unparks++;
     else m->errors++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_device_loop(srv_metrics *m, int tokens) {
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    if (tokens < 0) m->dl_bursts++;
+    else m->dl_tokens += (uint64_t)tokens;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -143,6 +152,10 @@ char *srv_metrics_render(srv_metrics *m, int queued, int active, int slots) {
            "# TYPE lily_parked_total counter\nlily_parked_total %llu\n", (unsigned long long)m->parks);
     pr(&s, "# HELP lily_unparked_total Parked conversations restored into a slot instead of recomputed.\n"
            "# TYPE lily_unparked_total counter\nlily_unparked_total %llu\n", (unsigned long long)m->unparks);
+    pr(&s, "# HELP lily_device_loop_runs_total Times a lone stream was handed to the GPU's decode loop.\n"
+           "# TYPE lily_device_loop_runs_total counter\nlily_device_loop_runs_total %llu\n", (unsigned long long)m->dl_bursts);
+    pr(&s, "# HELP lily_device_loop_tokens_total Tokens chosen and fed on the GPU without a host sync.\n"
+           "# TYPE lily_device_loop_tokens_total counter\nlily_device_loop_tokens_total %llu\n", (unsigned long long)m->dl_tokens);
     pr(&s, "# HELP lily_parked_conversations Conversations parked now.\n# TYPE lily_parked_conversations gauge\n"
            "lily_parked_conversations %d\n", m->parked);
     pr(&s, "# HELP lily_parked_bytes Host memory held by parked conversations.\n# TYPE lily_parked_bytes gauge\n"

@@ -57,6 +57,7 @@ struct srv_sched {
     int dirty;                /* conversations changed since the folder (--cache-dir) was synced */
     double changed;           /* when, lily_now() */
     lily_pool *pool;          /* draws the slots' tokens in parallel (NULL with one slot) */
+    int device_loop;          /* a lone stream decodes in the engine's device loop (burst) */
 };
 
 srv_job *srv_job_new(void) {
@@ -217,6 +218,8 @@ static void draw(srv_sched *s, slot *sl) {
                               &sl->draw_st);
 }
 
+static int emit(srv_sched *s, slot *sl, const lily_token *tp);
+
 static void step(srv_sched *s, slot *sl) {
     srv_job *j = sl->job;
     lily_status st = { 0 };
@@ -262,6 +265,17 @@ static void step(srv_sched *s, slot *sl) {
     lily_token tok = sl->draw_tok;
     int32_t *counts = penalized(&j->samp) ? sl->counts : NULL;
     if (counts) counts[tok.id]++;
+    if (emit(s, sl, &tok)) return;
+    sl->pending = tok.id; /* fed by feed_round together with every other slot's token */
+    sl->has_pending = 1;
+}
+
+/* A drawn (and counted) token's way out: the job's counters and metrics, its end by a stop
+ * token, a stop string, the length or the grammar, else the text it releases published.
+ * 1 when the job ended (the slot released), 0 when it goes on. */
+static int emit(srv_sched *s, slot *sl, const lily_token *tp) {
+    srv_job *j = sl->job;
+    const lily_token tok = *tp;
     double now = lily_now();
     pthread_mutex_lock(&j->mu);
     int n_gen = ++j->n_gen;
@@ -275,7 +289,7 @@ static void step(srv_sched *s, slot *sl) {
     if ((!j->ignore_eos || j->gram_on) && is_stop_token(s, tok.id)) {
         finish_text(j, SRV_FINISH_STOP, NULL);
         release_slot(s, sl, SRV_FINISH_STOP, NULL);
-        return;
+        return 1;
     }
     const char *piece;
     size_t plen = 0;
@@ -288,7 +302,7 @@ static void step(srv_sched *s, slot *sl) {
         publish(j, out, n, &tok, SRV_FINISH_STOP, NULL);
         free(out);
         release_slot(s, sl, SRV_FINISH_STOP, NULL);
-        return;
+        return 1;
     }
     if (n_gen >= j->max_tokens || (j->gram_on && gram_matcher_must_end(j->gm))) {
         srv_finish f = n_gen >= j->max_tokens && !(j->gram_on && gram_matcher_must_end(j->gm)) ? SRV_FINISH_LENGTH
@@ -297,13 +311,12 @@ static void step(srv_sched *s, slot *sl) {
         free(out);
         finish_text(j, f, &tok);
         release_slot(s, sl, f, NULL);
-        return;
+        return 1;
     }
     if (j->gram && !j->gram_on && tok.id == j->gram_after) j->gram_on = 1; /* reasoning ended */
     publish(j, out, n, &tok, SRV_FINISH_NONE, NULL);
     free(out);
-    sl->pending = tok.id; /* fed by feed_round together with every other slot's token */
-    sl->has_pending = 1;
+    return 0;
 }
 
 /* Draws the next token of every slot that is generating, on the pool's threads: with
@@ -356,6 +369,65 @@ static void feed_round(srv_sched *s) {
             release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
         }
     }
+}
+
+/* ---- the lone stream's device loop ----
+ * With one job generating and none waiting, a round of the loop above costs a host sync a
+ * token: the logits copied back, drawn here, the token fed (one step the GPU waits on the
+ * host). A burst hands the job to the engine's device loop instead
+ * (lily_session_generate_cont): each token is chosen on the GPU and fed there while the host
+ * publishes the one before, with the job's own rng and counts, so its tokens are those the
+ * rounds would have drawn. The burst ends where the job does, or when another job arrives
+ * (which the rounds then batch with it) or this one is cancelled. Constrained jobs keep the
+ * rounds (their masks come from the host's grammar), as does a session not on a GPU. */
+typedef struct { srv_sched *s; slot *sl; int ended; int32_t last; } burst_ctx;
+
+static int burst_cb(void *user, const lily_token *tok) {
+    burst_ctx *c = user;
+    srv_job *j = c->sl->job;
+    c->last = tok->id;
+    if (atomic_load((_Atomic int *)&j->cancel)) { /* the token is dropped, as a round would */
+        release_slot(c->s, c->sl, SRV_FINISH_CANCELLED, NULL);
+        c->ended = 1;
+        return 1;
+    }
+    if (emit(c->s, c->sl, tok)) { c->ended = 1; return 1; }
+    pthread_mutex_lock(&c->s->mu);
+    int yield = (c->s->q_head != NULL && c->s->o.n_slots > 1) || c->s->quit; /* (a slot is free for it) */
+    pthread_mutex_unlock(&c->s->mu);
+    return yield;
+}
+
+/* 1 when it ran the lone generating job's burst, 0 when the rounds should run instead. */
+static int burst(srv_sched *s, int n_active) {
+    if (!s->device_loop || n_active != 1) return 0;
+    slot *sl = NULL;
+    for (int i = 0; i < s->o.n_slots && !sl; i++)
+        if (s->slots[i].job) sl = &s->slots[i];
+    srv_job *j = sl ? sl->job : NULL;
+    if (!j || j->state != 2 || j->gram || sl->has_pending || atomic_load((_Atomic int *)&j->cancel)) return 0;
+    if (!lily_session_logits(sl->sess)) return 0; /* step() reports it */
+    burst_ctx c = { s, sl, 0, 0 };
+    srv_metrics_device_loop(s->o.metrics, -1); /* (counted as it starts; one refused, LILY_CU_HOST_SAMPLING, too) */
+    lily_status st = { 0 };
+    int n = 0, fed = 0, left = j->max_tokens - j->n_gen;
+    lily_code rc = lily_session_generate_cont(sl->sess, &j->samp, &j->rng, penalized(&j->samp) ? sl->counts : NULL,
+                                              sl->pmask_on ? sl->pmask : NULL, left > 0 ? left : 1, burst_cb, &c, &n,
+                                              &fed, &st);
+    if (rc == LILY_EUNSUPPORTED && n == 0) { s->device_loop = 0; return 0; }
+    srv_metrics_device_loop(s->o.metrics, n - 1);
+    if (c.ended) return 1; /* (an error after the job ended leaves the session as it fed) */
+    if (rc) {
+        lily_session_reset(sl->sess);
+        release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
+        return 1;
+    }
+    if (fed < n) { /* the last token drawn is not in the session yet: fed now, as a round would */
+        sl->pending = c.last;
+        sl->has_pending = 1;
+        feed_round(s);
+    }
+    return 1;
 }
 
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
@@ -549,11 +621,16 @@ static void *sched_main(void *arg) {
             pthread_cond_wait(&s->cv, &s->mu);
             continue;
         }
+        /* (a job left waiting where a slot is free was admitted above; one waiting for the only slot
+         * cannot start before this one ends, so it takes no burst's place) */
+        int n_active = s->q_head && s->o.n_slots > 1 ? 0 : s->n_active;
         pthread_mutex_unlock(&s->mu);
-        draw_round(s);
-        for (int i = 0; i < s->o.n_slots; i++)
-            if (s->slots[i].job) step(s, &s->slots[i]);
-        feed_round(s);
+        if (!burst(s, n_active)) {
+            draw_round(s);
+            for (int i = 0; i < s->o.n_slots; i++)
+                if (s->slots[i].job) step(s, &s->slots[i]);
+            feed_round(s);
+        }
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
@@ -661,6 +738,10 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
         if (rc) { srv_sched_stop(s); return rc; }
         s->slots[i].counts = calloc((size_t)s->vocab, sizeof(int32_t));
         if (!s->slots[i].counts) { srv_sched_stop(s); return lily_err(st, LILY_ENOMEM, "out of memory"); }
+    }
+    { /* LILY_SRV_DEVICE_LOOP=0: the lone stream in rounds too (the reference the bursts are tested against) */
+        const char *e = getenv("LILY_SRV_DEVICE_LOOP");
+        s->device_loop = !(e && !strcmp(e, "0")) && s->info.backend && !strcmp(s->info.backend, "cuda");
     }
     if (o->n_slots > 1) { /* at most a thread a slot; without it the draws are made one by one */
         long nc = sysconf(_SC_NPROCESSORS_ONLN);

@@ -242,6 +242,9 @@ void srv_metrics_ttft(srv_metrics *m, double seconds);
 void srv_metrics_itl(srv_metrics *m, double seconds);
 void srv_metrics_event(srv_metrics *m, const char *what); /* "cancelled", "rejected", "error", "parked", "unparked" */
 void srv_metrics_parked(srv_metrics *m, int n, uint64_t bytes);
+/* a lone stream's run in the device loop starting (tokens -1), or the tokens it chose there when
+ * it ended (after the host's first) */
+void srv_metrics_device_loop(srv_metrics *m, int tokens);
 /* Prometheus text exposition; malloc'd. */
 char *srv_metrics_render(srv_metrics *m, int queued, int active, int slots);
 
