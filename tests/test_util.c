@@ -1,5 +1,6 @@
 #include "t.h"
 #include "util/util.h"
+#include <stdint.h>
 #include <stdlib.h>
 
 static void sq(void *ctx, int i) { ((int *)ctx)[i] = i * i; }
@@ -27,5 +28,28 @@ int main(void) {
     lily_rng r; lily_rng_seed(&r, 42);
     double m = 0; for (int i = 0; i < 10000; i++) m += lily_rng_uniform(&r);
     CHECK_NEAR(m / 10000, 0.5, 0.02, "uniform mean");
+    /* large blocks (util/bigmem.c): every size holds what was written, and blocks come back
+     * from the kept list (more blocks freed than it keeps, several sizes, aligned as malloc aligns) */
+    {
+        const size_t sz[] = { 1, 100, 1u << 20, (3u << 20) + 5, 1u << 20, (3u << 20) + 5, 64u << 20, 1u << 20 };
+        enum { NB = sizeof sz / sizeof sz[0] };
+        for (int round = 0; round < 3; round++) {
+            unsigned char *b[NB];
+            for (int i = 0; i < NB; i++) {
+                b[i] = lily_big_alloc(sz[i]);
+                CHECK(b[i] && ((uintptr_t)b[i] & 15) == 0, "big block %d of %zu bytes (round %d): %p", i, sz[i], round, (void *)b[i]);
+                if (!b[i]) return T_DONE();
+                for (size_t k = 0; k < sz[i]; k += 4093) b[i][k] = (unsigned char)(i * 31 + round + k);
+                b[i][sz[i] - 1] = (unsigned char)(i + 7);
+            }
+            for (int i = 0; i < NB; i++) {
+                int ok = b[i][sz[i] - 1] == (unsigned char)(i + 7);
+                for (size_t k = 0; k < sz[i] - 1; k += 4093) ok &= b[i][k] == (unsigned char)(i * 31 + round + k);
+                CHECK(ok, "big block %d of %zu bytes kept its contents (round %d)", i, sz[i], round);
+            }
+            for (int i = NB - 1; i >= 0; i--) lily_big_free(b[i]);
+        }
+        lily_big_free(NULL);
+    }
     return T_DONE();
 }

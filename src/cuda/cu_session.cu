@@ -221,10 +221,10 @@ lily_code lcuda_state_copy(lcuda_session *s, int to_host, int n, float *kv, floa
     if (n < 0 || n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "state copy of %d tokens past the context %d", n, s->m->max_ctx);
     size_t row = s->kv_n / (size_t)s->m->max_ctx, nb = (size_t)n * row;
     lily_code rc = LILY_OK;
-    uint16_t *hb = nb && s->n_full ? (uint16_t *)malloc(2 * nb * sizeof(uint16_t)) : NULL;
+    uint16_t *hb = nb && s->n_full ? (uint16_t *)lily_big_alloc(2 * nb * sizeof(uint16_t)) : NULL; /* (util/bigmem.c) */
     if (nb && s->n_full && !hb) return lily_err(st, LILY_ENOMEM, "out of memory for a state copy's %zu cache rows", (size_t)n);
     for (int l = 0; l < s->n_full && !rc; l++) rc = kv_copy_layer(s, to_host, l, nb, kv + (size_t)l * 2 * nb, hb, st);
-    free(hb);
+    lily_big_free(hb);
     if (!rc) rc = copy_one(s, to_host, conv, s->conv, s->n_lin * s->conv_n * sizeof(float), st);
     if (!rc) rc = copy_one(s, to_host, S, s->S, s->n_lin * s->S_n * sizeof(float), st);
     if (rc) return rc;

@@ -20,8 +20,8 @@ static size_t S_n(const lily_config *c) { return (size_t)(c->n_layers - cfg_n_fu
 
 void lily_parked_free(lily_parked *p) {
     if (!p) return;
-    free(p->tokens); free(p->kv); free(p->conv); free(p->S);
-    for (int i = 0; i < p->n_snap; i++) { free(p->snap_conv[i]); free(p->snap_S[i]); }
+    free(p->tokens); lily_big_free(p->kv); lily_big_free(p->conv); lily_big_free(p->S);
+    for (int i = 0; i < p->n_snap; i++) { lily_big_free(p->snap_conv[i]); lily_big_free(p->snap_S[i]); }
     free(p);
 }
 
@@ -45,9 +45,9 @@ lily_code lily_session_park(lily_session *s, lily_parked **out, lily_status *st)
     lily_code rc = LILY_OK;
     p->n = s->n;
     p->tokens = malloc((size_t)s->n * sizeof *p->tokens);
-    p->kv = malloc(nf * 2 * s->n * row * sizeof(float) + 1);
-    p->conv = malloc(nc * sizeof(float) + 1);
-    p->S = malloc(ns * sizeof(float) + 1);
+    p->kv = lily_big_alloc(nf * 2 * s->n * row * sizeof(float) + 1);
+    p->conv = lily_big_alloc(nc * sizeof(float) + 1);
+    p->S = lily_big_alloc(ns * sizeof(float) + 1);
     if (!p->tokens || !p->kv || !p->conv || !p->S) goto oom;
     memcpy(p->tokens, s->tokens, (size_t)s->n * sizeof *p->tokens);
     if (s->cuda) {
@@ -68,8 +68,8 @@ lily_code lily_session_park(lily_session *s, lily_parked **out, lily_status *st)
             memcmp(sp->tokens, s->tokens, (size_t)sp->pos * sizeof(int32_t)))
             continue;
         int j = p->n_snap;
-        p->snap_conv[j] = malloc(nc * sizeof(float) + 1);
-        p->snap_S[j] = malloc(ns * sizeof(float) + 1);
+        p->snap_conv[j] = lily_big_alloc(nc * sizeof(float) + 1);
+        p->snap_S[j] = lily_big_alloc(ns * sizeof(float) + 1);
         p->n_snap++;
         if (!p->snap_conv[j] || !p->snap_S[j]) goto oom;
         if (s->cuda) {

@@ -253,13 +253,13 @@ lily_code park_file_read(FILE *f, uint64_t size, const char *name, const lily_mo
     if (!(p = calloc(1, sizeof *p))) goto oom;
     p->n = n;
     p->tokens = malloc((size_t)n * 4);
-    p->kv = malloc(sh.nf * 2 * (size_t)n * sh.row * 4 + 1);
-    p->conv = malloc(sh.nc * 4 + 1);
-    p->S = malloc(sh.ns * 4 + 1);
+    p->kv = lily_big_alloc(sh.nf * 2 * (size_t)n * sh.row * 4 + 1);
+    p->conv = lily_big_alloc(sh.nc * 4 + 1);
+    p->S = lily_big_alloc(sh.ns * 4 + 1);
     if (!p->tokens || !p->kv || !p->conv || !p->S) goto oom;
     for (int i = 0; i < ns; i++) {
-        p->snap_conv[i] = malloc(sh.nc * 4 + 1);
-        p->snap_S[i] = malloc(sh.ns * 4 + 1);
+        p->snap_conv[i] = lily_big_alloc(sh.nc * 4 + 1);
+        p->snap_S[i] = lily_big_alloc(sh.ns * 4 + 1);
         p->snap_pos[i] = pos[i];
         p->n_snap++;
         if (!p->snap_conv[i] || !p->snap_S[i]) goto oom;

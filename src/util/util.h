@@ -36,6 +36,12 @@ void lily_pool_free(lily_pool *p);
 int lily_pool_size(const lily_pool *p);
 void lily_pool_run(lily_pool *p, int n, void (*fn)(void *ctx, int i), void *ctx);
 
+/* Large host blocks written right after allocation (util/bigmem.c: backed by huge pages, and a
+ * few freed ones kept for reuse, since faulting fresh pages in cost more than the copies that
+ * fill them). Free only with lily_big_free. */
+void *lily_big_alloc(size_t n);
+void lily_big_free(void *p);
+
 /* Reads a whole file (NUL-terminated); NULL with st set on failure. */
 char *lily_read_file(const char *path, size_t *len, lily_status *st);
 
