@@ -104,4 +104,20 @@ r0=$(gen "$LONG" 60 "$S"); r1=$(gen "$A" 8 '"temperature":0.8,"seed":11'); r2=$(
 [ "$(cat "$T/h0")" = "$r0" ] && [ "$(cat "$T/h1")" = "$r1" ] && [ "$(cat "$T/h2")" = "$r2" ] && [ "$runs" -ge 2 ] &&
   ok "a burst handed over to the rounds and back gives each job's answer alone ($runs runs)" ||
   bad "hand-over ($runs runs): '$(cut -c1-80 "$T/h0")' vs '$(echo "$r0" | cut -c1-80)'; '$(cat "$T/h1")' vs '$r1'; '$(cat "$T/h2")' vs '$r2'"
+# a job with tools: its grammar starts at <tool_call> (a bias makes the random model reach it), so
+# the device loop runs until that token and the rounds, with the grammar's masks, after it
+TOOLS='[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string","maxLength":4}},"required":["city"],"additionalProperties":false}}}]'
+tcall() {
+  curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+    -d "{\"messages\":[{\"role\":\"user\",\"content\":\"weather in Paris?\"}],\"tools\":$TOOLS,\"max_tokens\":120,\"temperature\":1,\"seed\":2,\"logit_bias\":{\"$(printf '<tool_call>' | "$B/lily" tokenize --special --tokenizer "$T/m" | tr -d ' \n')\":4},\"chat_template_kwargs\":{\"enable_thinking\":false}}" |
+    python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; m=c["message"]; tc=[{k: v for k, v in t.items() if k != "id"} for t in (m.get("tool_calls") or [])]; print(json.dumps([m.get("content"), tc, c["finish_reason"]]))'
+}
+for mode in 0 1; do
+  LILY_SRV_DEVICE_LOOP=$mode eserve
+  tc[$mode]=$(tcall)
+  tt[$mode]=$(metric lily_device_loop_tokens_total)
+done
+echo "${tc[1]}" | grep -q '"get_weather"' && [ "${tt[1]}" -ge 1 ] && [ "${tc[0]}" = "${tc[1]}" ] &&
+  ok "tools: the device loop until <tool_call>, the grammar's rounds after, as the rounds alone (${tt[1]} tokens on the device)" ||
+  bad "tools: device loop (${tt[1]} tokens) '${tc[1]}' vs rounds '${tc[0]}'"
 it_done

@@ -378,8 +378,10 @@ static void feed_round(srv_sched *s) {
  * (lily_session_generate_cont): each token is chosen on the GPU and fed there while the host
  * publishes the one before, with the job's own rng and counts, so its tokens are those the
  * rounds would have drawn. The burst ends where the job does, or when another job arrives
- * (which the rounds then batch with it) or this one is cancelled. Constrained jobs keep the
- * rounds (their masks come from the host's grammar), as does a session not on a GPU. */
+ * (which the rounds then batch with it) or this one is cancelled. A constraint's tokens keep the
+ * rounds (their masks come from the host's grammar): a job whose grammar starts after a token
+ * (</think>, <tool_call>) runs here until that token, then in rounds. So does a session not on
+ * a GPU. */
 typedef struct { srv_sched *s; slot *sl; int ended; int32_t last; } burst_ctx;
 
 static int burst_cb(void *user, const lily_token *tok) {
@@ -392,6 +394,7 @@ static int burst_cb(void *user, const lily_token *tok) {
         return 1;
     }
     if (emit(c->s, c->sl, tok)) { c->ended = 1; return 1; }
+    if (j->gram_on) return 1; /* the token that opens the constraint: the rounds take over (its masks) */
     pthread_mutex_lock(&c->s->mu);
     int yield = (c->s->q_head != NULL && c->s->o.n_slots > 1) || c->s->quit; /* (a slot is free for it) */
     pthread_mutex_unlock(&c->s->mu);
@@ -405,7 +408,7 @@ static int burst(srv_sched *s, int n_active) {
     for (int i = 0; i < s->o.n_slots && !sl; i++)
         if (s->slots[i].job) sl = &s->slots[i];
     srv_job *j = sl ? sl->job : NULL;
-    if (!j || j->state != 2 || j->gram || sl->has_pending || atomic_load((_Atomic int *)&j->cancel)) return 0;
+    if (!j || j->state != 2 || j->gram_on || sl->has_pending || atomic_load((_Atomic int *)&j->cancel)) return 0;
     if (!lily_session_logits(sl->sess)) return 0; /* step() reports it */
     burst_ctx c = { s, sl, 0, 0 };
     srv_metrics_device_loop(s->o.metrics, -1); /* (counted as it starts; one refused, LILY_CU_HOST_SAMPLING, too) */
