@@ -120,4 +120,21 @@ done
 echo "${tc[1]}" | grep -q '"get_weather"' && [ "${tt[1]}" -ge 1 ] && [ "${tc[0]}" = "${tc[1]}" ] &&
   ok "tools: the device loop until <tool_call>, the grammar's rounds after, as the rounds alone (${tt[1]} tokens on the device)" ||
   bad "tools: device loop (${tt[1]} tokens) '${tc[1]}' vs rounds '${tc[0]}'"
+# a client that disconnects while its stream runs in the device loop: the run ends there, the slot
+# is freed, and the next request is answered as before
+LILY_SRV_DEVICE_LOOP=1 eserve
+before=$(metric lily_requests_cancelled_total)
+curl -s -N "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d "{\"messages\":$LONG,\"max_tokens\":2000,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" >"$T/cut" 2>/dev/null &
+cp=$!
+for _ in $(seq 300); do [ "$(metric lily_device_loop_runs_total)" -ge 1 ] && break; sleep 0.05; done
+sleep 0.3
+kill $cp 2>/dev/null; wait $cp 2>/dev/null
+running=1
+for _ in $(seq 100); do running=$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1=="lily_requests_running" {print $2}'); [ "$running" = 0 ] && break; sleep 0.1; done
+after=$(metric lily_requests_cancelled_total)
+again=$(gen "$LONG" 24 '"temperature":0,"ignore_eos":true')
+grep -q '^data: {' "$T/cut" && [ "$running" = 0 ] && [ "$after" -ge $((before + 1)) ] && [ "$(metric lily_device_loop_runs_total)" -ge 2 ] &&
+  [ "$again" = "${ref[0,g]}" ] && ok "a disconnect mid-run cancels it and frees the slot; the next answer is unchanged" ||
+  bad "disconnect in the device loop: running $running, cancelled $before -> $after, runs $(metric lily_device_loop_runs_total), next '$again' vs '${ref[0,g]}'"
 it_done
