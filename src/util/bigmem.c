@@ -7,8 +7,9 @@
  * a mapping advised for transparent huge pages 35-44 ms (bench/RESULTS.md session 36). The
  * server parks on its scheduler thread, so every stream waits that long. So: fresh blocks are
  * mapped with MADV_HUGEPAGE, and up to BIG_KEEP freed blocks are kept, already backed, for the
- * next block of the same size (a model's state blocks all have one size, and a parked
- * conversation is usually dropped, by eviction or restore, about when another is parked).
+ * next block of the same size, 512 MB of them at most (a model's state blocks all have one
+ * size, and a parked conversation is usually dropped, by eviction or restore, about when
+ * another is parked).
  * Under AddressSanitizer everything is plain malloc, so the fuzzers keep their bounds checks. */
 #include "util/util.h"
 #include <pthread.h>
@@ -30,6 +31,8 @@
 
 #define BIG_MIN (1u << 20) /* smaller blocks: malloc's own pools serve them well */
 #define BIG_KEEP 4
+#define BIG_KEEP_BYTES ((size_t)512 << 20) /* what the kept blocks may hold in all (a long conversation's
+                                            * attention rows are blocks of their own size, rarely reused) */
 #define BIG_HEAD 64        /* the block's length (0: from malloc), before the caller's bytes (malloc's alignment kept) */
 
 #ifndef BIG_PLAIN
@@ -76,12 +79,17 @@ void lily_big_free(void *p) {
     char *base = (char *)p - BIG_HEAD;
     size_t len = *(size_t *)base;
     if (!len) { free(base); return; }
-    void *drop = NULL;
-    size_t dl = 0;
+    if (len > BIG_KEEP_BYTES) { munmap(base, len); return; }
+    void *drop[BIG_KEEP];
+    size_t dl[BIG_KEEP];
+    int nd = 0;
     pthread_mutex_lock(&big_mu);
-    if (big_n == BIG_KEEP) { /* full: the oldest goes */
-        drop = big_kept[0].base;
-        dl = big_kept[0].len;
+    size_t kept = len;
+    for (int i = 0; i < big_n; i++) kept += big_kept[i].len;
+    while (big_n && (big_n == BIG_KEEP || kept > BIG_KEEP_BYTES)) { /* the oldest go */
+        drop[nd] = big_kept[0].base;
+        dl[nd++] = big_kept[0].len;
+        kept -= big_kept[0].len;
         for (int k = 0; k + 1 < big_n; k++) big_kept[k] = big_kept[k + 1];
         big_n--;
     }
@@ -89,6 +97,6 @@ void lily_big_free(void *p) {
     big_kept[big_n].len = len;
     big_n++;
     pthread_mutex_unlock(&big_mu);
-    if (drop) munmap(drop, dl);
+    for (int i = 0; i < nd; i++) munmap(drop[i], dl[i]);
 #endif
 }
