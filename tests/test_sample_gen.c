@@ -9,6 +9,7 @@
  * over the run); the comparison runs soft once and, if that happens, again on a fresh prompt. */
 #include <stdlib.h>
 #include <string.h>
+#include "engine/sampler.h"
 #include "lily.h"
 #include "t.h"
 #include "util/util.h"
@@ -71,6 +72,63 @@ static run_toks gen_regrow(lily_model *m, const int32_t *prompt, const lily_samp
     CHECK(lily_session_generate(s, p, STEPS, collect, &r, NULL, &st) == LILY_OK, "generate after: %s", st.msg);
     free(lg);
     lily_session_free(s);
+    return r;
+}
+
+/* lily_session_generate_cont (the server's lone stream) in pieces, the caller's rng and counts
+ * carried between them: 5 tokens (the last left unfed: fed here), 3 drawn on the host and fed, 2 more
+ * stopped by the callback (all fed), then the rest. Must equal one lily_session_generate with the
+ * seed: the pieces' rng and counts are exactly a host loop's. On a CPU session: LILY_EUNSUPPORTED,
+ * nothing drawn (*stat 1). */
+typedef struct { run_toks *r; int stop_after; } cont_cb_ctx;
+static int cont_collect(void *user, const lily_token *t) {
+    cont_cb_ctx *c = user;
+    collect(c->r, t);
+    return c->stop_after > 0 && --c->stop_after == 0;
+}
+static run_toks gen_cont(lily_model *m, const int32_t *prompt, const lily_sampling *p, int V, int *unsupported) {
+    run_toks r;
+    memset(&r, 0, sizeof r);
+    *unsupported = 0;
+    lily_status st = { 0 };
+    lily_session *s = NULL;
+    CHECK(lily_session_new(m, &s, &st) == LILY_OK, "session: %s", st.msg);
+    int32_t *counts = calloc((size_t)V, sizeof *counts);
+    uint8_t *pm = calloc((size_t)V, 1);
+    if (!s || !counts || !pm) { lily_session_free(s); free(counts); free(pm); return r; }
+    for (int i = 0; i < PROMPT; i++) pm[prompt[i]] = 1;
+    lily_rng rng;
+    lily_rng_seed(&rng, p->seed);
+    CHECK(lily_session_prefill(s, prompt, PROMPT, NULL, &st) == LILY_OK, "prefill: %s", st.msg);
+    const int pieces[4] = { 5, -3, 2, STEPS - 10 }; /* negative: drawn on the host */
+    for (int k = 0; k < 4 && r.n < STEPS; k++) {
+        int n = 0, fed = 0, len0 = lily_session_len(s);
+        if (pieces[k] < 0) {
+            for (int i = 0; i < -pieces[k]; i++) {
+                lily_token t;
+                CHECK(lily_sample_logits_ex(lily_session_logits(s), V, p, &rng, counts, pm, &t, &st) == LILY_OK, "host draw: %s", st.msg);
+                counts[t.id]++;
+                collect(&r, &t);
+                CHECK(lily_session_feed(s, &t.id, 1, NULL, &st) == LILY_OK, "feed: %s", st.msg);
+            }
+            continue;
+        }
+        cont_cb_ctx c = { &r, k == 2 ? pieces[k] : 0 };
+        const lily_rng before = rng;
+        lily_code rc = lily_session_generate_cont(s, p, &rng, counts, pm, k == 2 ? 100 : pieces[k], cont_collect, &c, &n, &fed, &st);
+        if (rc == LILY_EUNSUPPORTED) {
+            *unsupported = n == 0 && fed == 0 && rng.s[0] == before.s[0] && rng.s[1] == before.s[1] && lily_session_len(s) == len0;
+            break;
+        }
+        CHECK(rc == LILY_OK, "generate_cont piece %d: %s", k, st.msg);
+        CHECK(lily_session_len(s) == len0 + fed, "piece %d: the session fed %d tokens, says %d", k, lily_session_len(s) - len0, fed);
+        CHECK(fed == n || (k != 2 && fed == n - 1), "piece %d: %d tokens reported, %d fed (a callback stop feeds all)", k, n, fed);
+        CHECK(n == (k == 2 ? 2 : pieces[k]), "piece %d: %d tokens reported", k, n);
+        if (fed < n) CHECK(lily_session_feed(s, &r.t[r.n - 1].id, 1, NULL, &st) == LILY_OK, "feed the unfed: %s", st.msg);
+    }
+    lily_session_free(s);
+    free(counts);
+    free(pm);
     return r;
 }
 
@@ -169,6 +227,16 @@ int main(void) {
             const int dr = same(&ra, &rc, 1e-3);
             if (!dr) { show("device, logits regrown", &ra); show("cpu backend", &rc); }
             CHECK(dr, "CUDA = CPU backend after the logits buffer grew under the sampler's graph (%d steps)", STEPS);
+            int unsup = 0;
+            run_toks ct = gen_cont(mg, prompt, &p, V, &unsup);
+            worst_lp = 0;
+            const int dct = !unsup && same(&a, &ct, 1e-4);
+            if (!dct) { show("generate", &a); show("generate_cont in pieces", &ct); }
+            CHECK(dct, "generate_cont in pieces, host draws between = one generate (%d steps)", STEPS);
+        } else {
+            int unsup = 0;
+            gen_cont(mc, prompt, &p, V, &unsup);
+            CHECK(unsup, "generate_cont on a CPU session: LILY_EUNSUPPORTED, nothing drawn or fed");
         }
         if (!t_soft_fail) break;
         fprintf(stderr, "  (a comparison missed on the first inputs; once more on fresh ones)\n");
