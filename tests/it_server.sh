@@ -364,9 +364,10 @@ t "mismatched tokenizer: 400 ($code) naming the vocabulary" [ "$code" = 400 ] &&
 for h in :: ::1; do
   "$BUILD/lily-server" --model-path "$tmp/model" --port 0 --threads 2 --slots 1 --host "$h" --log-requests 0 >"$tmp/v6.log" 2>&1 &
   v6=$!; pids="$pids $v6"
-  for _ in $(seq 200); do grep -q "serving" "$tmp/v6.log" && break; kill -0 $v6 2>/dev/null || break; sleep 0.05; done
+  for _ in $(seq 600); do grep -q "serving" "$tmp/v6.log" && break; kill -0 $v6 2>/dev/null || break; sleep 0.05; done
   p6=$(grep -o 'http://\[[0-9a-f:]*\]:[0-9]*' "$tmp/v6.log" | sed 's/.*://')
   t "--host $h: serving line with a bracketed URL" [ -n "$p6" ]
+  [ -n "$p6" ] || { echo "  (server log: $(tail -c 600 "$tmp/v6.log"))"; kill -0 $v6 2>/dev/null || echo "  (the server had exited)"; }
   code=$(curl -sg -o "$tmp/v6" -w '%{http_code}' -d '{"prompt":"hi","max_tokens":2}' "http://[::1]:$p6/v1/completions")
   t "--host $h: a completion over IPv6 ($code)" [ "$code" = 200 ] && js "$tmp/v6" 'd["usage"]["completion_tokens"] == 2'
   code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$p6/health")
