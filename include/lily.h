@@ -141,6 +141,24 @@ size_t lily_parked_bytes(const lily_parked *p);
 /* Position of the parked snapshot i (0 when there is no such snapshot). */
 int lily_parked_snapshot(const lily_parked *p, int i);
 void lily_parked_free(lily_parked *p);
+/* Parking's GPU tier (CUDA models): lily_session_park keeps the conversation in device memory
+ * of its own, a device-to-device copy (~0.1 ms where the host tier takes tens of ms in fresh
+ * host pages), while the model's conversations parked there take at most the budget set here;
+ * past it parking falls back to the host. bytes < 0: half of the device memory free now; 0 (the
+ * default): off. *effective (may be NULL) gets the budget. LILY_EUNSUPPORTED on a CPU model.
+ * A conversation parked on the GPU unparks only into the same model's sessions; saving it
+ * (lily_parked_save) copies it to the host first. */
+lily_code lily_model_set_park_gpu(lily_model *m, int64_t bytes, uint64_t *effective, lily_status *st);
+/* lily_session_park choosing the tier: LILY_PARK_ANY (the GPU's when on and not full, else the
+ * host's; what lily_session_park does), LILY_PARK_GPU (LILY_ENOMEM when its budget is full or
+ * the GPU has no room, LILY_EUNSUPPORTED when the tier is off), LILY_PARK_HOST. */
+enum { LILY_PARK_ANY = 0, LILY_PARK_GPU = 1, LILY_PARK_HOST = 2 };
+lily_code lily_session_park_to(lily_session *s, int where, lily_parked **out, lily_status *st);
+/* 1 when p is held in GPU memory (lily_parked_bytes then counts device bytes), else 0. */
+int lily_parked_on_gpu(const lily_parked *p);
+/* Moves p from GPU memory into host memory (nothing to do when it is there); on failure p
+ * is unchanged. */
+lily_code lily_parked_to_host(lily_parked *p, lily_status *st);
 /* Parked conversations on disk, so they survive a restart (docs/engine.md has the format).
  * lily_parked_save writes p to `path` through a temporary file in the same folder that is
  * fsynced and then renamed over `path`: a crash or a full disk never leaves a file at `path`

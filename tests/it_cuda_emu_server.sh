@@ -39,10 +39,26 @@ x=$(echo "$r" | content)
 cached=$(echo "$r" | python3 -c 'import json,sys; print(json.load(sys.stdin)["usage"]["prompt_tokens_details"]["cached_tokens"])')
 [ "$(metric lily_parked_total)" -ge 1 ] && [ "$(metric lily_unparked_total)" = 1 ] && [ "$cached" -gt 20 ] &&
   ok "conversation parked from the device and restored ($cached cached tokens)" || bad "park/unpark: cached $cached, $(metric lily_parked_total)/$(metric lily_unparked_total)"
+[ "$(metric lily_parked_gpu_bytes)" -gt 0 ] && [ "$(metric lily_parked_bytes)" = 0 ] &&
+  ok "parked in GPU memory by default (--gpu-cache-mb)" || bad "tiers: gpu $(metric lily_parked_gpu_bytes), host $(metric lily_parked_bytes)"
 eserve
 a1b=$(chat "$A" | content)
 y=$(chat "$(follow "$a1b")" | content)
 [ "$a1" = "$a1b" ] && [ "$x" = "$y" ] && ok "the restored conversation answers as one that never left the GPU" || bad "'$x' vs '$y'"
+# the host tier alone (--gpu-cache-mb 0), and a GPU tier with room for one conversation (a tiny
+# one parks ~3.3 MB), whose oldest moves to the host to make room: A comes back from the host
+# and answers as before
+Cm='[{"role":"user","content":"A third thing: name a color."}]'
+for cfg in "--gpu-cache-mb 0" "--gpu-cache-mb 5"; do
+  eserve $cfg
+  chat "$A" >/dev/null; chat "$Bm" >/dev/null; chat "$Cm" >/dev/null
+  z=$(chat "$(follow "$a1")" | content)
+  h=$(metric lily_parked_bytes); g=$(metric lily_parked_gpu_bytes)
+  if [ "$cfg" = "--gpu-cache-mb 0" ]; then tiers=$([ "$g" = 0 ] && [ "$h" -gt 0 ] && echo ok); else tiers=$([ "$g" -gt 0 ] && [ "$h" -gt 0 ] && echo ok); fi
+  [ "$z" = "$x" ] && [ "$(metric lily_unparked_total)" = 1 ] && [ "$tiers" = ok ] &&
+    ok "$cfg: the conversation restored from the host answers the same (host $h, GPU $g bytes parked)" ||
+    bad "$cfg: '$z' vs '$x', unparked $(metric lily_unparked_total), host $h, GPU $g"
+done
 
 # concurrent streams: the scheduler feeds every active slot's token in one lily_decode_batch
 # (on the GPU one batched pass, src/cuda/cu_batch.cu); greedy texts must be those of the same

@@ -52,6 +52,30 @@ static run_toks gen(lily_model *m, const int32_t *prompt, const lily_sampling *p
     return r;
 }
 
+/* A prompt 6 tokens short of the context: generate makes 7 tokens (6 fed, the 7th has no room)
+ * and reports the full context with LILY_ERANGE, on the device loop as on the host loop. */
+enum { FULL_PROMPT = 250, FULL_MADE = 7 };
+static run_toks gen_full(lily_model *m, const int32_t *prompt, const lily_sampling *p, int host, lily_code *rc,
+                         int *n) {
+    run_toks r;
+    memset(&r, 0, sizeof r);
+    lily_status st = { 0 };
+    lily_session *s = NULL;
+    *rc = LILY_OK;
+    *n = -1;
+    if (host) setenv("LILY_CU_HOST_SAMPLING", "1", 1);
+    CHECK(lily_session_new(m, &s, &st) == LILY_OK, "session: %s", st.msg);
+    if (s) {
+        CHECK(lily_session_prefill(s, prompt, FULL_PROMPT, NULL, &st) == LILY_OK, "prefill: %s", st.msg);
+        *rc = lily_session_generate(s, p, STEPS, collect, &r, n, &st);
+        CHECK(lily_session_len(s) == FULL_PROMPT + FULL_MADE - 1, "the full session holds %d tokens",
+              lily_session_len(s));
+        lily_session_free(s);
+    }
+    unsetenv("LILY_CU_HOST_SAMPLING");
+    return r;
+}
+
 /* A session that samples, then feeds 6 tokens asking every row's logits (on CUDA the logits buffer
  * grows past the one row the sampler's graph captured), then samples again: the graphs must follow
  * the new buffer (a stale one would write and read freed device memory) */
@@ -237,6 +261,24 @@ int main(void) {
             int unsup = 0;
             gen_cont(mc, prompt, &p, V, &unsup);
             CHECK(unsup, "generate_cont on a CPU session: LILY_EUNSUPPORTED, nothing drawn or fed");
+        }
+        {
+            int32_t fp[FULL_PROMPT];
+            for (int i = 0; i < FULL_PROMPT; i++) fp[i] = (int32_t)(lily_rng_u64(&rng) % (uint64_t)V);
+            lily_code frc;
+            int fn;
+            run_toks f = gen_full(m, fp, &p, 0, &frc, &fn);
+            CHECK(frc == LILY_ERANGE && fn == FULL_MADE && f.n == FULL_MADE,
+                  "a full context: LILY_ERANGE after %d tokens (got %d after %d)", FULL_MADE, (int)frc, fn);
+            if (cuda) { /* the device loop against the host loop on the same CUDA logits */
+                run_toks fh = gen_full(mg, fp, &p, 1, &frc, &fn);
+                CHECK(frc == LILY_ERANGE && fn == FULL_MADE, "a full context, host loop: LILY_ERANGE after %d tokens",
+                      FULL_MADE);
+                worst_lp = 0;
+                const int df = same(&f, &fh, 1e-4);
+                if (!df) { show("device, context full", &f); show("host sampling", &fh); }
+                CHECK(df, "device loop = host loop up to a full context (%d tokens)", FULL_MADE);
+            }
         }
         if (!t_soft_fail) break;
         fprintf(stderr, "  (a comparison missed on the first inputs; once more on fresh ones)\n");

@@ -32,6 +32,7 @@ struct lcuda_model {
     void **allocs;
     int n_alloc, cap_alloc;
     uint64_t bytes;
+    uint64_t park_limit, park_used; /* parking's GPU tier (cu_park.cu): its budget and what it holds */
 };
 
 struct lcuda_session {
@@ -130,6 +131,7 @@ static inline int cu_dec_kmin(void) {
 }
 /* a session's device bytes for max_ctx tokens of context and chunk-token scratch (cu_session.cu) */
 uint64_t cu_session_bytes(const lily_config *c, int max_ctx, int chunk);
+lily_code cu_snap_alloc(lcuda_session *s, int slot, lily_status *st); /* the snapshot slot's buffers, once */
 /* floats of s->D, the experts' down outputs of a chunk's T * K slots (+ the shared expert's row) */
 static inline size_t moe_d_floats(const lcuda_model *m) { return ((size_t)m->chunk * m->cfg.top_k + 1) * m->cfg.hidden; }
 

@@ -165,7 +165,7 @@ void lcuda_session_reset(lcuda_session *s) {
 int lcuda_session_pos(const lcuda_session *s) { return s->pos; }
 
 /* ---- snapshots of the recurrent state ---- */
-static lily_code snap_alloc(lcuda_session *s, int slot, lily_status *st) {
+lily_code cu_snap_alloc(lcuda_session *s, int slot, lily_status *st) {
     size_t cb = s->n_lin * s->conv_n * sizeof(float), sb = s->n_lin * s->S_n * sizeof(float);
     if (!s->snap_conv[slot]) {
         cudaError_t e1 = cudaMalloc((void **)&s->snap_conv[slot], cb ? cb : 4);
@@ -183,7 +183,7 @@ static lily_code snap_alloc(lcuda_session *s, int slot, lily_status *st) {
 lily_code lcuda_snapshot_save(lcuda_session *s, int slot, lily_status *st) {
     if (slot < 0 || slot >= LCU_SNAPSHOTS) return lily_err(st, LILY_EINVAL, "snapshot slot %d outside 0..%d", slot, LCU_SNAPSHOTS - 1);
     size_t cb = s->n_lin * s->conv_n * sizeof(float), sb = s->n_lin * s->S_n * sizeof(float);
-    lily_code rc = snap_alloc(s, slot, st);
+    lily_code rc = cu_snap_alloc(s, slot, st);
     if (rc) return rc;
     LCU_CHECK(cudaMemcpyAsync(s->snap_conv[slot], s->conv, cb, cudaMemcpyDeviceToDevice, s->st));
     LCU_CHECK(cudaMemcpyAsync(s->snap_S[slot], s->S, sb, cudaMemcpyDeviceToDevice, s->st));
@@ -235,7 +235,7 @@ lily_code lcuda_state_copy(lcuda_session *s, int to_host, int n, float *kv, floa
 lily_code lcuda_snapshot_copy(lcuda_session *s, int slot, int to_host, float *conv, float *S, lily_status *st) {
     if (slot < 0 || slot >= LCU_SNAPSHOTS || (to_host && !s->snap_conv[slot]))
         return lily_err(st, LILY_EINVAL, "no snapshot in slot %d", slot);
-    lily_code rc = to_host ? LILY_OK : snap_alloc(s, slot, st);
+    lily_code rc = to_host ? LILY_OK : cu_snap_alloc(s, slot, st);
     if (!rc) rc = copy_one(s, to_host, conv, s->snap_conv[slot], s->n_lin * s->conv_n * sizeof(float), st);
     if (!rc) rc = copy_one(s, to_host, S, s->snap_S[slot], s->n_lin * s->S_n * sizeof(float), st);
     if (rc) return rc;

@@ -72,6 +72,25 @@ lily_code lcuda_snapshot_load(lcuda_session *s, int slot, lily_status *st);
 lily_code lcuda_state_copy(lcuda_session *s, int to_host, int n, float *kv, float *conv, float *S, lily_status *st);
 lily_code lcuda_snapshot_copy(lcuda_session *s, int slot, int to_host, float *conv, float *S, lily_status *st);
 
+/* Parking's GPU tier (cu_park.cu): the cache rows below n, the recurrent state and the snapshot
+ * slots snaps[0..n_snaps) copied into device memory of their own, device to device. The model's
+ * parked conversations take at most lcuda_park_limit's bytes (0, the default: the tier is off,
+ * LILY_EUNSUPPORTED); past it, or when the GPU has no room, LILY_ENOMEM. lcuda_unpark restores
+ * into any session of the same model, snapshot j into slot j. lcuda_parked_read copies the
+ * state to the host in lcuda_state_copy's layout, snapshot j into snap_conv[j], snap_S[j]. */
+typedef struct lcuda_parked lcuda_parked;
+void lcuda_park_limit(lcuda_model *m, uint64_t bytes);
+uint64_t lcuda_park_used(const lcuda_model *m);
+lily_code lcuda_park(lcuda_session *s, int n, const int *snaps, int n_snaps, lcuda_parked **out, lily_status *st);
+lily_code lcuda_unpark(lcuda_session *s, const lcuda_parked *p, lily_status *st);
+lily_code lcuda_parked_read(const lcuda_parked *p, float *kv, float *conv, float *S, float *const *snap_conv,
+                            float *const *snap_S, lily_status *st);
+uint64_t lcuda_parked_bytes(const lcuda_parked *p);
+const lily_config *lcuda_parked_config(const lcuda_parked *p);
+void lcuda_parked_free(lcuda_parked *p);
+/* Device memory free now, in bytes (0 without a GPU). */
+uint64_t lcuda_mem_free(void);
+
 /* Position the device state covers (after lcuda_generate: pos + tokens it fed). */
 int lcuda_session_pos(const lcuda_session *s);
 /* Logits [V] of the last token lcuda_generate fed. */

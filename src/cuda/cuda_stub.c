@@ -57,6 +57,26 @@ lily_code lcuda_snapshot_copy(lcuda_session *s, int slot, int to_host, float *co
     (void)s; (void)slot; (void)to_host; (void)conv; (void)S;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
+void lcuda_park_limit(lcuda_model *m, uint64_t bytes) { (void)m; (void)bytes; }
+uint64_t lcuda_park_used(const lcuda_model *m) { (void)m; return 0; }
+lily_code lcuda_park(lcuda_session *s, int n, const int *snaps, int n_snaps, lcuda_parked **out, lily_status *st) {
+    (void)s; (void)n; (void)snaps; (void)n_snaps;
+    *out = NULL;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+lily_code lcuda_unpark(lcuda_session *s, const lcuda_parked *p, lily_status *st) {
+    (void)s; (void)p;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+lily_code lcuda_parked_read(const lcuda_parked *p, float *kv, float *conv, float *S, float *const *snap_conv,
+                            float *const *snap_S, lily_status *st) {
+    (void)p; (void)kv; (void)conv; (void)S; (void)snap_conv; (void)snap_S;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+uint64_t lcuda_parked_bytes(const lcuda_parked *p) { (void)p; return 0; }
+const lily_config *lcuda_parked_config(const lcuda_parked *p) { (void)p; return NULL; }
+void lcuda_parked_free(lcuda_parked *p) { (void)p; }
+uint64_t lcuda_mem_free(void) { return 0; }
 lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sampling *p, const lcuda_sample_state *ss,
                          int max_tokens, lily_token_cb cb, void *user, int *n_out, lily_status *st) {
     (void)s; (void)pos; (void)first; (void)p; (void)ss; (void)max_tokens; (void)cb; (void)user;

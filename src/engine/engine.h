@@ -54,7 +54,14 @@ struct lily_parked {
     int snap_pos[LILY_SNAPSHOTS];
     float *snap_conv[LILY_SNAPSHOTS], *snap_S[LILY_SNAPSHOTS];
     size_t bytes;
+    struct lcuda_parked *dev; /* the GPU tier (cuda/cu_park.cu): when set, kv, conv, S and the snapshots'
+                               * arrays are NULL and the state is there */
 };
+
+/* h = p's host form, read from p's GPU tier: arrays of its own (park_host_form_free frees them)
+ * but p's tokens. */
+lily_code park_host_form(const lily_parked *p, lily_parked *h, lily_status *st);
+void park_host_form_free(lily_parked *h);
 
 /* Reads a parked-conversation file already opened as f (size bytes, named `name` in errors):
  * the body of lily_parked_load, on a FILE so the fuzzer can feed it memory. */

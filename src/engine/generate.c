@@ -7,57 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the GPU decode loop: tokens chosen and fed on the device ---- */
-typedef struct {
-    lily_token_cb cb;
-    void *user;
-    int32_t *ids;
-    int n, stopped;
-    const lily_model *m;
-} gpu_gen;
-
-static int gpu_gen_cb(void *user, const lily_token *tok) {
-    gpu_gen *g = user;
-    g->ids[g->n++] = tok->id;
-    int stop = g->cb ? g->cb(g->user, tok) : 0;
-    if (stop || lily_model_is_eos(g->m, tok->id)) g->stopped = 1;
-    return stop;
-}
-
-/* The first token is sampled here from the prompt's logits (as the host loop does); every
- * later one on the device (src/cuda/cu_sample.cu), which continues the same rng stream and
- * counts, so both paths choose the same tokens from the same logits. */
-static lily_code gpu_generate(lily_session *s, const lily_sampling *p, int32_t *counts, const uint8_t *pmask,
-                              int max_tokens, lily_token_cb cb, void *user, int *n_out, lily_status *st) {
-    lily_token tok;
-    lily_code rc = lily_sample_logits_ex(s->logits, s->m->w.cfg.vocab, p, &s->rng, counts, pmask, &tok, st);
-    if (rc) return rc;
-    counts[tok.id]++;
-    *n_out = 1;
-    int stop = cb ? cb(user, &tok) : 0;
-    if (stop || lily_model_is_eos(s->m, tok.id) || max_tokens == 1) return LILY_OK;
-    int room = s->m->max_ctx - s->n, want = max_tokens - 1;
-    if (room < 1) return lily_err(st, LILY_ERANGE, "context length exceeded: %d + 1 tokens > %d", s->n, s->m->max_ctx);
-    int steps = want < room ? want : room;
-    gpu_gen g = { cb, user, malloc((size_t)steps * sizeof(int32_t)), 0, 0, s->m };
-    if (!g.ids) return lily_err(st, LILY_ENOMEM, "out of memory");
-    int made = 0, start = s->n;
-    lcuda_sample_state ss = { counts, pmask, { s->rng.s[0], s->rng.s[1] } };
-    rc = lcuda_generate(s->cuda, start, tok.id, p, &ss, steps, gpu_gen_cb, &g, &made, st);
-    /* the device fed `first` and then every token but possibly the last one it made */
-    int fed = lcuda_session_pos(s->cuda) - start;
-    if (!rc && fed > 0) {
-        s->tokens[s->n++] = tok.id;
-        for (int i = 0; i + 1 < fed; i++) s->tokens[s->n++] = g.ids[i];
-        rc = lcuda_last_logits(s->cuda, s->logits, st);
-    }
-    free(g.ids);
-    *n_out += made;
-    if (!rc && made == steps && steps < want && !g.stopped)
-        rc = lily_err(st, LILY_ERANGE, "context length exceeded: %d tokens", s->m->max_ctx);
-    return rc;
-}
-
 /* LILY_CU_HOST_SAMPLING=1 keeps a CUDA session's sampling on the host (one sync per token):
  * the reference the device path is tested against. */
 static int host_sampling_forced(void) {
@@ -110,7 +59,6 @@ lily_code lily_session_generate_cont(lily_session *s, const lily_sampling *p, li
     lcuda_sample_state ss = { counts, pmask, { rng->s[0], rng->s[1] } };
     rc = lcuda_generate(s->cuda, start, tok.id, p, &ss, steps, cont_cb, &g, &made, st);
     int fed = lcuda_session_pos(s->cuda) - start; /* `first`, then every token made but possibly the last */
-    if (fed > made + 1) fed = made + 1;           /* (a step launched ahead fed a token nobody saw) */
     if (!rc && fed > 0) {
         s->tokens[s->n++] = tok.id;
         for (int i = 0; i + 1 < fed; i++) s->tokens[s->n++] = g.ids[i];
@@ -125,6 +73,22 @@ lily_code lily_session_generate_cont(lily_session *s, const lily_sampling *p, li
 lily_code lily_session_sample(lily_session *s, const lily_sampling *p, lily_token *out, lily_status *st) {
     if (!s->has_logits) return lily_err(st, LILY_EINVAL, "nothing to sample from: feed a prompt first");
     return lily_sample_logits(s->logits, s->m->w.cfg.vocab, p, &s->rng, NULL, out, st);
+}
+
+/* What lily_session_generate needs to tell a full context from a stop: the caller's answer
+ * and the last token. */
+typedef struct {
+    lily_token_cb cb;
+    void *user;
+    int stopped;
+    int32_t last;
+} gen_end;
+
+static int end_cb(void *user, const lily_token *tok) {
+    gen_end *e = user;
+    e->last = tok->id;
+    e->stopped = e->cb ? e->cb(e->user, tok) : 0;
+    return e->stopped;
 }
 
 lily_code lily_session_generate(lily_session *s, const lily_sampling *p, int max_tokens,
@@ -147,9 +111,16 @@ lily_code lily_session_generate(lily_session *s, const lily_sampling *p, int max
     lily_rng_seed(&s->rng, p->seed);
     int n = 0;
     if (s->cuda && max_tokens > 0 && !host_sampling_forced()) {
-        rc = gpu_generate(s, p, counts, pmask, max_tokens, cb, user, &n, st);
+        /* the device loop continuing the session's own rng, from fresh counts */
+        gen_end e = { cb, user, 0, -1 };
+        int fed = 0;
+        rc = lily_session_generate_cont(s, p, &s->rng, counts, pmask, max_tokens, end_cb, &e, &n, &fed, st);
         free(counts); free(pmask);
         if (n_out) *n_out = n;
+        /* ended short of max_tokens, neither stopped nor at EOS: the context is full (the host
+         * loop's feed reports the same) */
+        if (!rc && n < max_tokens && !e.stopped && !lily_model_is_eos(s->m, e.last))
+            rc = lily_err(st, LILY_ERANGE, "context length exceeded: %d + 1 tokens > %d", s->n, s->m->max_ctx);
         return rc;
     }
     while (n < max_tokens) {

@@ -105,8 +105,20 @@ static void put(pf_out *o, const void *p, size_t n) {
     if (fwrite(p, 1, n, o->f) != n) o->err = errno ? errno : EIO;
 }
 
+static lily_code save_host(const lily_parked *p, const lily_model *m, const char *path, lily_status *st);
+
 lily_code lily_parked_save(const lily_parked *p, const lily_model *m, const char *path, lily_status *st) {
     if (!p || !m || !path || !*path) return lily_err(st, LILY_EINVAL, "lily_parked_save: missing argument");
+    if (!p->dev) return save_host(p, m, path, st);
+    lily_parked h; /* the GPU tier's state through a host copy; p stays where it is */
+    lily_code rc = park_host_form(p, &h, st);
+    if (rc) return rc;
+    rc = save_host(&h, m, path, st);
+    park_host_form_free(&h);
+    return rc;
+}
+
+static lily_code save_host(const lily_parked *p, const lily_model *m, const char *path, lily_status *st) {
     const pf_shape sh = shape_of(&m->w.cfg);
     uint64_t pay = payload_bytes(&sh, p->n, p->n_snap);
     size_t plen = strlen(path);

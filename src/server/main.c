@@ -31,6 +31,10 @@ static const char usage[] =
     "  --prefill-chunk N       prompt tokens per scheduling step (default 512; 0 = whole prompt)\n"
     "  --cache-mb N            host memory for conversations parked when their slot is reused,\n"
     "                          so they resume without recomputing (default 2048; 0 = off)\n"
+    "  --gpu-cache-mb N        GPU memory for parked conversations (CUDA backend): a slot swap then\n"
+    "                          copies on the device instead of to host memory; past it the oldest\n"
+    "                          move to --cache-mb (default -1 = half the GPU memory free after the\n"
+    "                          slots; 0 = off)\n"
     "  --cache-dir DIR         keep parked conversations in DIR across restarts: saved at shutdown\n"
     "                          (SIGINT/SIGTERM) within --cache-mb, loaded at startup (default: none)\n"
     "  --cache-sync-ms N       with --cache-dir, also sync the conversations to DIR once the server\n"
@@ -65,7 +69,7 @@ static int int_opt(int argc, char **argv, const char *name, long def, long lo, l
 static const char *known[] = { "--model-path", "--tokenizer", "--host", "--port", "--ctx-len", "--slots",
                                "--max-queue", "--api-key", "--threads", "--backend", "--served-model-name",
                                "--template", "--max-body", "--max-connections", "--prefill-chunk", "--cache-mb",
-                               "--log-requests", "--cache-dir", "--cache-sync-ms", NULL };
+                               "--log-requests", "--cache-dir", "--cache-sync-ms", "--gpu-cache-mb", NULL };
 
 static int check_args(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
@@ -97,7 +101,7 @@ int main(int argc, char **argv) {
     const char *model_dir = opt(argc, argv, "--model-path");
     if (!model_dir || !*model_dir) { fprintf(stderr, "lily-server: --model-path DIR is required\n%s", usage); return 2; }
     srv_http_opts ho = { 0 };
-    int ctx_len, slots, max_queue, threads, max_body, max_conn, chunk, cache_mb, log_requests, sync_ms;
+    int ctx_len, slots, max_queue, threads, max_body, max_conn, chunk, cache_mb, log_requests, sync_ms, gpu_cache_mb;
     if (int_opt(argc, argv, "--port", 8000, 0, 65535, &ho.port) || int_opt(argc, argv, "--ctx-len", 4096, 16, 1 << 22, &ctx_len) ||
         int_opt(argc, argv, "--slots", 4, 1, SRV_MAX_SLOTS, &slots) || int_opt(argc, argv, "--max-queue", 64, 0, 100000, &max_queue) ||
         int_opt(argc, argv, "--threads", 0, 0, 1024, &threads) ||
@@ -105,6 +109,7 @@ int main(int argc, char **argv) {
         int_opt(argc, argv, "--max-connections", 1024, 1, 100000, &max_conn) ||
         int_opt(argc, argv, "--prefill-chunk", 512, 0, 1 << 22, &chunk) ||
         int_opt(argc, argv, "--cache-mb", 2048, 0, 1 << 24, &cache_mb) ||
+        int_opt(argc, argv, "--gpu-cache-mb", -1, -1, 1 << 24, &gpu_cache_mb) ||
         int_opt(argc, argv, "--log-requests", 1, 0, 1, &log_requests) ||
         int_opt(argc, argv, "--cache-sync-ms", 5000, 0, 86400000, &sync_ms))
         return 2;
@@ -252,6 +257,7 @@ int main(int argc, char **argv) {
     srv_sched_opts so = { .model = model, .tok = tok, .n_slots = slots, .max_queue = max_queue,
                           .prefill_chunk = chunk, .metrics = metrics, .gram_vocab = gv,
                           .park_bytes = (size_t)cache_mb << 20, .log_requests = log_requests,
+                          .gpu_park_bytes = gpu_cache_mb < 0 ? -1 : (int64_t)gpu_cache_mb << 20,
                           .cache_dir = cache_dir, .cache_save_s = sync_ms / 1000.0 };
     srv_sched *sched = NULL;
     if ((rc = srv_sched_start(&so, &sched, &st))) {

@@ -25,7 +25,7 @@ struct srv_metrics {
     uint64_t req[N_ROUTES][N_STATUS + 1]; /* last column: other statuses */
     uint64_t prompt_tokens, reused_tokens, gen_tokens;
     uint64_t cancelled, rejected, errors;
-    uint64_t parks, unparks, parked_bytes;
+    uint64_t parks, unparks, parked_bytes, parked_gpu_bytes;
     uint64_t dl_bursts, dl_tokens; /* the lone stream's device loop (sched.c burst) */
     int parked;
     histo ttft, itl;
@@ -91,10 +91,11 @@ void srv_metrics_device_loop(srv_metrics *m, int tokens) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void srv_metrics_parked(srv_metrics *m, int n, uint64_t bytes) {
+void srv_metrics_parked(srv_metrics *m, int n, uint64_t bytes, uint64_t gpu_bytes) {
     pthread_mutex_lock(&m->mu);
     m->parked = n;
     m->parked_bytes = bytes;
+    m->parked_gpu_bytes = gpu_bytes;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -148,7 +149,7 @@ char *srv_metrics_render(srv_metrics *m, int queued, int active, int slots) {
        (unsigned long long)m->rejected);
     pr(&s, "# HELP lily_request_errors_total Generations that failed inside the engine.\n"
            "# TYPE lily_request_errors_total counter\nlily_request_errors_total %llu\n", (unsigned long long)m->errors);
-    pr(&s, "# HELP lily_parked_total Conversations parked in host memory when their slot was reused.\n"
+    pr(&s, "# HELP lily_parked_total Conversations parked (in GPU or host memory) when their slot was reused.\n"
            "# TYPE lily_parked_total counter\nlily_parked_total %llu\n", (unsigned long long)m->parks);
     pr(&s, "# HELP lily_unparked_total Parked conversations restored into a slot instead of recomputed.\n"
            "# TYPE lily_unparked_total counter\nlily_unparked_total %llu\n", (unsigned long long)m->unparks);
@@ -160,6 +161,8 @@ char *srv_metrics_render(srv_metrics *m, int queued, int active, int slots) {
            "lily_parked_conversations %d\n", m->parked);
     pr(&s, "# HELP lily_parked_bytes Host memory held by parked conversations.\n# TYPE lily_parked_bytes gauge\n"
            "lily_parked_bytes %llu\n", (unsigned long long)m->parked_bytes);
+    pr(&s, "# HELP lily_parked_gpu_bytes GPU memory held by parked conversations.\n# TYPE lily_parked_gpu_bytes gauge\n"
+           "lily_parked_gpu_bytes %llu\n", (unsigned long long)m->parked_gpu_bytes);
     histo_out(&s, "lily_time_to_first_token_seconds", "Time from submission to the first generated token.", &m->ttft);
     histo_out(&s, "lily_inter_token_latency_seconds", "Time between consecutive tokens of one request.", &m->itl);
     pthread_mutex_unlock(&m->mu);

@@ -52,7 +52,10 @@ struct srv_sched {
     /* parked conversations (host memory, least recently used first out) */
     struct parked { lily_parked *p; double used; } *parked;
     int n_parked, cap_parked;
-    size_t parked_bytes;
+    size_t parked_bytes;      /* host memory the parked ones hold (the GPU tier's not counted) */
+    size_t gpu_bytes;         /* GPU memory the parked ones hold */
+    int n_gpu;                /* parked ones on the GPU */
+    int gpu_park;             /* parking's GPU tier is on (lily_model_set_park_gpu) */
     int park_off;             /* the backend cannot park: stop trying */
     int dirty;                /* conversations changed since the folder (--cache-dir) was synced */
     double changed;           /* when, lily_now() */
@@ -441,8 +444,10 @@ static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
 
 /* ---- parked conversations ----
  * A slot's session is its conversation's cache; when the slot is given to a request that
- * shares less than its whole state, that state would be lost, so it is parked first (host
- * memory, budget --cache-mb, least recently used evicted). A request admitted later whose
+ * shares less than its whole state, that state would be lost, so it is parked first: in GPU
+ * memory when the backend has that tier (--gpu-cache-mb; the least recently used one there moves
+ * to the host when it is full), else in host memory (budget --cache-mb, least recently used
+ * evicted). A request admitted later whose
  * prompt a parked conversation covers further than any free slot gets it unparked into its
  * slot: the conversation resumes without recomputing its prefix. */
 
@@ -459,25 +464,31 @@ static int parked_usable(const lily_parked *p, const int32_t *ids, int n) {
     return best;
 }
 
-static void parked_drop(srv_sched *s, int i) {
-    s->parked_bytes -= lily_parked_bytes(s->parked[i].p);
-    lily_parked_free(s->parked[i].p);
+/* Takes entry i out of the store (not freed). */
+static lily_parked *parked_take(srv_sched *s, int i) {
+    lily_parked *p = s->parked[i].p;
+    if (lily_parked_on_gpu(p)) { s->gpu_bytes -= lily_parked_bytes(p); s->n_gpu--; }
+    else s->parked_bytes -= lily_parked_bytes(p);
     s->parked[i] = s->parked[--s->n_parked];
+    return p;
 }
 
+static void parked_drop(srv_sched *s, int i) { lily_parked_free(parked_take(s, i)); }
+
 static void parked_publish(srv_sched *s) {
-    if (s->o.metrics) srv_metrics_parked(s->o.metrics, s->n_parked, s->parked_bytes);
+    if (s->o.metrics) srv_metrics_parked(s->o.metrics, s->n_parked, s->parked_bytes, s->gpu_bytes);
 }
 
 /* Keeps p (taken over) in the parked store, evicting the least recently used ones to stay
  * within the budget; a conversation larger than the whole budget is dropped. */
 static void parked_add(srv_sched *s, lily_parked *p, double used) {
     size_t b = lily_parked_bytes(p);
-    if (b > s->o.park_bytes) { lily_parked_free(p); return; }
-    while (s->n_parked && s->parked_bytes + b > s->o.park_bytes) {
-        int old = 0;
-        for (int i = 1; i < s->n_parked; i++)
-            if (s->parked[i].used < s->parked[old].used) old = i;
+    const int gpu = lily_parked_on_gpu(p); /* (the backend keeps that tier within its budget) */
+    if (!gpu && b > s->o.park_bytes) { lily_parked_free(p); return; }
+    while (!gpu && s->n_parked - s->n_gpu > 0 && s->parked_bytes + b > s->o.park_bytes) {
+        int old = -1;
+        for (int i = 0; i < s->n_parked; i++)
+            if (!lily_parked_on_gpu(s->parked[i].p) && (old < 0 || s->parked[i].used < s->parked[old].used)) old = i;
         if (s->parked[old].used > used) { lily_parked_free(p); return; } /* p is the oldest */
         parked_drop(s, old);
     }
@@ -490,15 +501,33 @@ static void parked_add(srv_sched *s, lily_parked *p, double used) {
     }
     s->parked[s->n_parked].p = p;
     s->parked[s->n_parked++].used = used;
-    s->parked_bytes += b;
+    if (gpu) { s->gpu_bytes += b; s->n_gpu++; }
+    else s->parked_bytes += b;
+}
+
+/* Moves the GPU tier's least recently used conversation to the host store; 0 when there is none. */
+static int parked_demote(srv_sched *s) {
+    int old = -1;
+    for (int i = 0; i < s->n_parked; i++)
+        if (lily_parked_on_gpu(s->parked[i].p) && (old < 0 || s->parked[i].used < s->parked[old].used)) old = i;
+    if (old < 0) return 0;
+    double used = s->parked[old].used;
+    lily_parked *p = parked_take(s, old);
+    lily_status st = { 0 };
+    if (s->o.park_bytes && lily_parked_to_host(p, &st) == LILY_OK) parked_add(s, p, used);
+    else lily_parked_free(p);
+    return 1;
 }
 
 /* Parks the slot's conversation before its state is overwritten. */
 static void park_slot(srv_sched *s, slot *sl, double used) {
-    if (!s->o.park_bytes || s->park_off || lily_session_len(sl->sess) < 1) return;
+    if ((!s->o.park_bytes && !s->gpu_park) || s->park_off || lily_session_len(sl->sess) < 1) return;
     lily_parked *p = NULL;
     lily_status st = { 0 };
-    lily_code rc = lily_session_park(sl->sess, &p, &st);
+    lily_code rc = LILY_ENOMEM;
+    if (s->gpu_park) /* the GPU tier, making room there by moving its oldest to the host */
+        while ((rc = lily_session_park_to(sl->sess, LILY_PARK_GPU, &p, &st)) == LILY_ENOMEM && parked_demote(s)) {}
+    if (rc && s->o.park_bytes) rc = lily_session_park_to(sl->sess, LILY_PARK_HOST, &p, &st);
     if (rc == LILY_EUNSUPPORTED) s->park_off = 1;
     if (rc) return;
     parked_add(s, p, used);
@@ -745,6 +774,16 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
     { /* LILY_SRV_DEVICE_LOOP=0: the lone stream in rounds too (the reference the bursts are tested against) */
         const char *e = getenv("LILY_SRV_DEVICE_LOOP");
         s->device_loop = !(e && !strcmp(e, "0")) && s->info.backend && !strcmp(s->info.backend, "cuda");
+    }
+    if (o->gpu_park_bytes && s->info.backend && !strcmp(s->info.backend, "cuda")) {
+        /* after the slots' sessions, so that "half the free memory" leaves theirs out */
+        uint64_t b = 0;
+        lily_status ps = { 0 };
+        if (lily_model_set_park_gpu(o->model, o->gpu_park_bytes, &b, &ps) == LILY_OK && b) {
+            s->gpu_park = 1;
+            fprintf(stderr, "lily-server: parking conversations in GPU memory, up to %.0f MB (--gpu-cache-mb)\n",
+                    b / 1048576.0);
+        }
     }
     if (o->n_slots > 1) { /* at most a thread a slot; without it the draws are made one by one */
         long nc = sysconf(_SC_NPROCESSORS_ONLN);

@@ -179,7 +179,9 @@ typedef struct {
     int max_queue;            /* queued + active jobs allowed; beyond it submit says full */
     int prefill_chunk;        /* tokens per prefill step; 0 = whole prompt */
     const struct gram_vocab *gram_vocab; /* token bytes for response_format (NULL: refused) */
-    size_t park_bytes;        /* host memory for parked conversations; 0 = none are kept */
+    size_t park_bytes;        /* host memory for parked conversations; 0 = none are kept there */
+    int64_t gpu_park_bytes;   /* parking's GPU tier on the CUDA backend: its budget; < 0: half the GPU
+                               * memory free after the slots' sessions; 0: off */
     struct srv_metrics *metrics;
     int log_requests;         /* one stderr line per finished job */
     const char *cache_dir;    /* parked conversations are loaded from here at start and saved by
@@ -241,7 +243,7 @@ void srv_metrics_tokens(srv_metrics *m, int prompt, int reused, int generated);
 void srv_metrics_ttft(srv_metrics *m, double seconds);
 void srv_metrics_itl(srv_metrics *m, double seconds);
 void srv_metrics_event(srv_metrics *m, const char *what); /* "cancelled", "rejected", "error", "parked", "unparked" */
-void srv_metrics_parked(srv_metrics *m, int n, uint64_t bytes);
+void srv_metrics_parked(srv_metrics *m, int n, uint64_t bytes, uint64_t gpu_bytes);
 /* a lone stream's run in the device loop starting (tokens -1), or the tokens it chose there when
  * it ended (after the host's first) */
 void srv_metrics_device_loop(srv_metrics *m, int tokens);
