@@ -3,7 +3,7 @@
 # is checked on every CI run without a GPU: builds $BUILD/emu (make emu), runs the
 # emulator's self-test, `lily check --backend cuda` on the fixtures, the kernel test at
 # small shapes, shows that deliberately broken kernels (cu2cpp.py --mutate) fail it, and
-# repeats the self-test, kernel test, one fixture and test_sample_gen under AddressSanitizer (make emu-asan).
+# repeats the self-test, kernel test, one fixture, test_sample_gen and test_park under AddressSanitizer (make emu-asan).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -278,6 +278,13 @@ else
   if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$tmp/sg.log"; then
     ok "ASan test_sample_gen on the CUDA backend ($(secs "$t0") s): $line"
   else grep -v '^ok' "$tmp/sg.log" | tail -n 30; bad "ASan test_sample_gen on the CUDA backend (rc=$rc)"; fi
+  # (parking's GPU tier: one device allocation walked by offsets, host copies of it, its budget)
+  t0=$(date +%s.%N)
+  LILY_TEST_BACKEND=cuda "$A/tests/test_park" >"$tmp/pk.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/pk.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$tmp/pk.log"; then
+    ok "ASan test_park on the CUDA backend ($(secs "$t0") s): $line"
+  else grep -v '^ok' "$tmp/pk.log" | tail -n 30; bad "ASan test_park on the CUDA backend (rc=$rc)"; fi
 fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
