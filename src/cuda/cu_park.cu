@@ -38,6 +38,35 @@ void lcuda_parked_free(lcuda_parked *p) {
     free(p);
 }
 
+/* One segment of the walk below: b bytes between the session's buffer and *d, which advances. */
+static cudaError_t pk_seg(lcuda_session *s, char **d, void *sess, size_t b, int to_parked) {
+    cudaError_t e = b ? cudaMemcpyAsync(to_parked ? (void *)*d : sess, to_parked ? (const void *)sess : *d, b,
+                                        cudaMemcpyDeviceToDevice, s->st)
+                      : cudaSuccess;
+    *d += b;
+    return e;
+}
+
+/* The one walk of p's layout, both ways: the session's cache rows below p->n, conv, S and its
+ * snapshot slots slots[j] into p (to_parked) or back; done before returning, since another
+ * session's stream may read p next. */
+static lily_code pk_copy(lcuda_session *s, const lcuda_parked *p, const int *slots, int to_parked, lily_status *st) {
+    char *d = p->d;
+    const size_t nb = (size_t)p->n * p->row * sizeof(uint16_t);
+    for (int l = 0; l < s->n_full; l++) {
+        LCU_CHECK(pk_seg(s, &d, s->kc + (size_t)l * s->kv_n, nb, to_parked));
+        LCU_CHECK(pk_seg(s, &d, s->vc + (size_t)l * s->kv_n, nb, to_parked));
+    }
+    LCU_CHECK(pk_seg(s, &d, s->conv, p->cb, to_parked));
+    LCU_CHECK(pk_seg(s, &d, s->S, p->sb, to_parked));
+    for (int j = 0; j < p->n_snap; j++) {
+        LCU_CHECK(pk_seg(s, &d, s->snap_conv[slots[j]], p->cb, to_parked));
+        LCU_CHECK(pk_seg(s, &d, s->snap_S[slots[j]], p->sb, to_parked));
+    }
+    LCU_CHECK(cudaStreamSynchronize(s->st));
+    return LILY_OK;
+}
+
 lily_code lcuda_park(lcuda_session *s, int n, const int *snaps, int n_snaps, lcuda_parked **out, lily_status *st) {
     *out = NULL;
     lcuda_model *m = s->m;
@@ -70,64 +99,21 @@ lily_code lcuda_park(lcuda_session *s, int n, const int *snaps, int n_snaps, lcu
         lcuda_parked_free(p);
         return lily_err(st, LILY_ENOMEM, "GPU out of memory for a parked conversation (%.1f MB)", mb);
     }
-    char *d = p->d;
-    const size_t nb = (size_t)n * p->row * sizeof(uint16_t);
-    lily_code rc = LILY_OK;
-#define PK_COPY(dst, src, b)                                                                            \
-    do {                                                                                                \
-        cudaError_t e_ = cudaMemcpyAsync((dst), (src), (b), cudaMemcpyDeviceToDevice, s->st);           \
-        if (e_ != cudaSuccess) { rc = cu_fail(st, e_, "cudaMemcpyAsync", __FILE__, __LINE__); goto fail; } \
-    } while (0)
-    for (int l = 0; l < s->n_full; l++) {
-        PK_COPY(d, s->kc + (size_t)l * s->kv_n, nb); d += nb;
-        PK_COPY(d, s->vc + (size_t)l * s->kv_n, nb); d += nb;
-    }
-    if (p->cb) PK_COPY(d, s->conv, p->cb);
-    d += p->cb;
-    if (p->sb) PK_COPY(d, s->S, p->sb);
-    d += p->sb;
-    for (int j = 0; j < n_snaps; j++) {
-        if (p->cb) PK_COPY(d, s->snap_conv[snaps[j]], p->cb);
-        d += p->cb;
-        if (p->sb) PK_COPY(d, s->snap_S[snaps[j]], p->sb);
-        d += p->sb;
-    }
-#undef PK_COPY
-    {   /* complete before another session's stream may read it */
-        cudaError_t e = cudaStreamSynchronize(s->st);
-        if (e != cudaSuccess) { rc = cu_fail(st, e, "park", __FILE__, __LINE__); goto fail; }
-    }
+    lily_code rc = pk_copy(s, p, snaps, 1, st);
+    if (rc) { lcuda_parked_free(p); return rc; }
     *out = p;
     return LILY_OK;
-fail:
-    lcuda_parked_free(p);
-    return rc;
 }
 
 lily_code lcuda_unpark(lcuda_session *s, const lcuda_parked *p, lily_status *st) {
     if (p->m != s->m) return lily_err(st, LILY_EINVAL, "the conversation was parked on another model's GPU");
-    const char *d = p->d;
-    const size_t nb = (size_t)p->n * p->row * sizeof(uint16_t);
+    int slots[LCU_SNAPSHOTS];
     for (int j = 0; j < p->n_snap; j++) {
         lily_code rc = cu_snap_alloc(s, j, st);
         if (rc) return rc;
+        slots[j] = j;
     }
-    for (int l = 0; l < s->n_full; l++) {
-        LCU_CHECK(cudaMemcpyAsync(s->kc + (size_t)l * s->kv_n, d, nb, cudaMemcpyDeviceToDevice, s->st)); d += nb;
-        LCU_CHECK(cudaMemcpyAsync(s->vc + (size_t)l * s->kv_n, d, nb, cudaMemcpyDeviceToDevice, s->st)); d += nb;
-    }
-    if (p->cb) LCU_CHECK(cudaMemcpyAsync(s->conv, d, p->cb, cudaMemcpyDeviceToDevice, s->st));
-    d += p->cb;
-    if (p->sb) LCU_CHECK(cudaMemcpyAsync(s->S, d, p->sb, cudaMemcpyDeviceToDevice, s->st));
-    d += p->sb;
-    for (int j = 0; j < p->n_snap; j++) {
-        if (p->cb) LCU_CHECK(cudaMemcpyAsync(s->snap_conv[j], d, p->cb, cudaMemcpyDeviceToDevice, s->st));
-        d += p->cb;
-        if (p->sb) LCU_CHECK(cudaMemcpyAsync(s->snap_S[j], d, p->sb, cudaMemcpyDeviceToDevice, s->st));
-        d += p->sb;
-    }
-    LCU_CHECK(cudaStreamSynchronize(s->st));
-    return LILY_OK;
+    return pk_copy(s, p, slots, 0, st);
 }
 
 lily_code lcuda_parked_read(const lcuda_parked *p, float *kv, float *conv, float *S, float *const *snap_conv,

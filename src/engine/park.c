@@ -20,6 +20,13 @@ static int n_full(const lily_config *c) { return cfg_n_full(c); }
 static size_t conv_n(const lily_config *c) { return (size_t)(c->n_layers - cfg_n_full(c)) * cfg_conv_dim(c) * (c->conv_k - 1); }
 static size_t S_n(const lily_config *c) { return (size_t)(c->n_layers - cfg_n_full(c)) * c->lin_nv * c->lin_dk * c->lin_dv; }
 
+/* Bytes a parked conversation holds in host memory (lily_parked_bytes of the host tier). */
+static size_t host_bytes(const lily_config *c, int n, int n_snap) {
+    const size_t row = (size_t)c->n_kv_heads * c->head_dim;
+    return sizeof(lily_parked) + (size_t)n * sizeof(int32_t) + (size_t)n_full(c) * 2 * n * row * sizeof(float) +
+           (size_t)(1 + n_snap) * (conv_n(c) + S_n(c)) * sizeof(float);
+}
+
 void lily_parked_free(lily_parked *p) {
     if (!p) return;
     lcuda_parked_free(p->dev);
@@ -98,8 +105,7 @@ lily_code park_host_form(const lily_parked *p, lily_parked *h, lily_status *st) 
     lily_code rc = ok ? lcuda_parked_read(p->dev, h->kv, h->conv, h->S, h->snap_conv, h->snap_S, st)
                       : lily_err(st, LILY_ENOMEM, "out of memory copying a parked conversation to the host");
     if (rc) { park_host_form_free(h); return rc; }
-    h->bytes = sizeof *h + (size_t)p->n * sizeof(int32_t) + nf * 2 * p->n * row * sizeof(float) +
-               (size_t)(1 + p->n_snap) * (nc + ns) * sizeof(float);
+    h->bytes = host_bytes(c, p->n, p->n_snap);
     return LILY_OK;
 }
 
@@ -150,7 +156,6 @@ lily_code lily_session_park_to(lily_session *s, int where, lily_parked **out, li
         memcpy(p->conv, k->conv, nc * sizeof(float));
         memcpy(p->S, k->S, ns * sizeof(float));
     }
-    p->bytes = sizeof *p + (size_t)s->n * sizeof(int32_t) + nf * 2 * s->n * row * sizeof(float) + (nc + ns) * sizeof(float);
     for (int i = 0; i < LILY_SNAPSHOTS; i++) {
         const lily_snapshot *sp = &s->snap[i];
         if (!snap_on_path(s, i)) continue;
@@ -166,8 +171,8 @@ lily_code lily_session_park_to(lily_session *s, int where, lily_parked **out, li
             memcpy(p->snap_S[j], sp->S, ns * sizeof(float));
         }
         p->snap_pos[j] = sp->pos;
-        p->bytes += (nc + ns) * sizeof(float);
     }
+    p->bytes = host_bytes(c, s->n, p->n_snap);
     *out = p;
     return LILY_OK;
 oom:
