@@ -98,6 +98,9 @@ emu_unit test_beside "cuda backend"
 # rollback, one token each in one pass on the emulated GPU, equal to each session fed alone
 # and to the CPU's batch; then each continues alone (feeds, the decode loop, a rollback, parking)
 emu_unit test_batch "cuda backend" 'largest rel err.*'
+# the batched decode loop (tests/test_batch_gen.c): four rows (greedy, every sampling option,
+# temperature alone, greedy with logprobs) in pieces, equal to the host's rounds bit for bit
+emu_unit test_batch_gen "cuda backend"
 
 # every kernel against the CPU reference on fresh random inputs (the seed is printed)
 seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')

@@ -120,6 +120,45 @@ r0=$(gen "$LONG" 60 "$S"); r1=$(gen "$A" 8 '"temperature":0.8,"seed":11'); r2=$(
 [ "$(cat "$T/h0")" = "$r0" ] && [ "$(cat "$T/h1")" = "$r1" ] && [ "$(cat "$T/h2")" = "$r2" ] && [ "$runs" -ge 2 ] &&
   ok "a burst handed over to the rounds and back gives each job's answer alone ($runs runs)" ||
   bad "hand-over ($runs runs): '$(cut -c1-80 "$T/h0")' vs '$(echo "$r0" | cut -c1-80)'; '$(cat "$T/h1")' vs '$r1'; '$(cat "$T/h2")' vs '$r2'"
+# the streams' device loop (src/server/sched.c batch_burst): jobs generating together decode in one
+# batched loop on the GPU, each row's token chosen there with its own job's rng, counts and prompt
+# mask. The lone stream's loop is off here (LILY_SRV_DEVICE_LOOP=0), so every token the device chose
+# came from the batched loop. Three concurrent jobs that end at different steps (greedy, sampled with
+# every option and logprobs, sampled with a stop string) must each give its answer alone, in rounds.
+# (A stream's logits beside others' are within ~1e-5 of its logits alone, the fp16 cache's rounding:
+# docs/cuda.md; so its logprobs are compared to 1e-3, the tokens, top lists and texts exactly.)
+near() { python3 -c 'import json,sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+ok = a[:2] == b[:2] and len(a[2]) == len(b[2]) and all(x[0] == y[0] and x[2] == y[2] and abs(x[1] - y[1]) <= 1e-3 for x, y in zip(a[2], b[2]))
+sys.exit(0 if ok else 1)' "$1" "$2" 2>/dev/null; }
+B2='"temperature":0.7,"seed":5,"logprobs":true,"top_logprobs":2,"stop":["o"]'
+SLOTS=3 LILY_SRV_DEVICE_LOOP=0 LILY_SRV_BATCH_LOOP=0 eserve
+q0=$(gen "$LONG" 30 "$S"); q1=$(gen "$A" 12 '"temperature":0,"ignore_eos":true'); q2=$(gen "$Bm" 20 "$B2")
+SLOTS=3 LILY_SRV_DEVICE_LOOP=0 eserve
+gen "$LONG" 30 "$S" >"$T/b0" & b0=$!
+gen "$A" 12 '"temperature":0,"ignore_eos":true' >"$T/b1" & b1=$!
+gen "$Bm" 20 "$B2" >"$T/b2" & b2=$!
+wait $b0 $b1 $b2
+bt=$(metric lily_device_loop_tokens_total); br=$(metric lily_device_loop_runs_total)
+near "$(cat "$T/b0")" "$q0" && near "$(cat "$T/b1")" "$q1" && near "$(cat "$T/b2")" "$q2" && [ "$bt" -ge 10 ] &&
+  ok "three streams in the batched device loop ($br runs, $bt tokens) give each one's answer alone" ||
+  bad "batched loop ($br runs, $bt tokens): '$(cut -c1-80 "$T/b0")' vs '$(echo "$q0" | cut -c1-80)'; '$(cat "$T/b1")' vs '$q1'; '$(cat "$T/b2")' vs '$q2'"
+# a client that disconnects while its stream is in the batched loop: its job is cancelled, the other
+# goes on (in the rounds, then in a loop again if it were joined) and answers as alone
+before=$(metric lily_requests_cancelled_total); r0=$(metric lily_device_loop_runs_total)
+curl -s -N "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d "{\"messages\":$LONG,\"max_tokens\":2000,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}" >"$T/cut2" 2>/dev/null &
+cp=$!
+gen "$LONG" 30 "$S" >"$T/b3" & b3=$!
+for _ in $(seq 300); do [ "$(metric lily_device_loop_runs_total)" -gt "$r0" ] && break; sleep 0.05; done
+sleep 0.3
+kill $cp 2>/dev/null; wait $cp 2>/dev/null
+wait $b3
+running=1
+for _ in $(seq 100); do running=$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1=="lily_requests_running" {print $2}'); [ "$running" = 0 ] && break; sleep 0.1; done
+grep -q '^data: {' "$T/cut2" && [ "$running" = 0 ] && [ "$(metric lily_requests_cancelled_total)" -ge $((before + 1)) ] &&
+  near "$(cat "$T/b3")" "$q0" && ok "a disconnect in the batched loop cancels that job; the other answers as alone" ||
+  bad "disconnect in the batched loop: running $running, cancelled $before -> $(metric lily_requests_cancelled_total), '$(cut -c1-80 "$T/b3")' vs '$(echo "$q0" | cut -c1-80)'"
 # a job with tools: its grammar starts at <tool_call> (a bias makes the random model reach it), so
 # the device loop runs until that token and the rounds, with the grammar's masks, after it
 TOOLS='[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string","maxLength":4}},"required":["city"],"additionalProperties":false}}}]'

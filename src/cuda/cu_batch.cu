@@ -76,8 +76,7 @@ static lily_code enqueue_pass(lcuda_session *c, int n, int tc, lily_status *st) 
     return LILY_OK;
 }
 
-lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits,
-                              lily_status *st) {
+lily_code cu_batch_check(lcuda_session **ss, const int *pos, int n, lily_status *st) {
     if (n < 1) return lily_err(st, LILY_EINVAL, "empty decode batch");
     lcuda_model *m = ss[0]->m;
     for (int i = 0; i < n; i++) {
@@ -86,8 +85,10 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
         for (int j = 0; j < i; j++)
             if (ss[j] == ss[i]) return lily_err(st, LILY_EINVAL, "a session appears twice in one decode batch");
     }
-    /* the carrier's scratch holds `chunk` rows; larger batches (or one row) go one by one */
-    if (n == 1 || n > m->chunk) return one_by_one(ss, ids, pos, n, logits, st);
+    return LILY_OK;
+}
+
+lily_code cu_batch_table(lcuda_session **ss, const int *pos, int n, cu_rows *R, lily_status *st) {
     lcuda_session *c = ss[0];
     lily_code rc = meta_grow(c, n, st);
     if (!rc) rc = cu_logit_rows(c, n, st);
@@ -105,15 +106,29 @@ lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int 
         hp[2 * cap + i] = (float *)ss[i]->kc; /* (the table's pointers are only carried: kc, vc are fp16) */
         hp[3 * cap + i] = (float *)ss[i]->vc;
     }
-    cu_rows R;
-    memset(&R, 0, sizeof R);
+    memset(R, 0, sizeof *R);
     float **dp = (float **)((char *)c->bmeta_d + ptr_off(cap));
-    R.pos = (const int *)c->bmeta_d;
-    R.conv = dp;
-    R.S = dp + cap;
-    R.kc = (uint16_t *const *)(dp + 2 * cap);
-    R.vc = (uint16_t *const *)(dp + 3 * cap);
+    R->pos = (const int *)c->bmeta_d;
+    R->conv = dp;
+    R->S = dp + cap;
+    R->kc = (uint16_t *const *)(dp + 2 * cap);
+    R->vc = (uint16_t *const *)(dp + 3 * cap);
     LCU_CHECK(cudaMemcpyAsync(c->bmeta_d, c->bmeta_h, meta_bytes(cap), cudaMemcpyHostToDevice, c->st));
+    return LILY_OK;
+}
+
+lily_code cu_batch_pass(lcuda_session *c, int n, int tc, lily_status *st) { return enqueue_pass(c, n, tc, st); }
+
+lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits,
+                              lily_status *st) {
+    lily_code rc = cu_batch_check(ss, pos, n, st);
+    if (rc) return rc;
+    lcuda_model *m = ss[0]->m;
+    /* the carrier's scratch holds `chunk` rows; larger batches (or one row) go one by one */
+    if (n == 1 || n > m->chunk) return one_by_one(ss, ids, pos, n, logits, st);
+    lcuda_session *c = ss[0];
+    cu_rows R;
+    if ((rc = cu_batch_table(ss, pos, n, &R, st))) return rc;
     LCU_CHECK(cudaMemcpyAsync(c->d_ids, ids, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice, c->st));
     c->rows = &R;
     int pmin = pos[0];

@@ -80,7 +80,7 @@ static lily_code start_steps(lcuda_session *s, int pos, int32_t first, lily_stat
 }
 
 /* Plain greedy: the argmax graph gives the same token as the sampler, with less work. */
-static int greedy_only(const lily_sampling *p) {
+int cu_greedy_only(const lily_sampling *p) {
     if (!p) return 1;
     return p->temperature <= 0 && p->presence_penalty == 0 && p->frequency_penalty == 0 &&
            p->repetition_penalty == 1.0f && p->n_logprobs == 0 && p->n_bias == 0;
@@ -100,7 +100,7 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
         return lily_err(st, LILY_ERANGE, "decoding %d tokens from position %d passes the context of %d", max_tokens, pos, s->m->max_ctx);
     cu_sampler *smp = NULL;
     lily_code rc;
-    if (!greedy_only(p)) {
+    if (!cu_greedy_only(p)) {
         if (!s->samp && (rc = cu_sampler_new(s->m->cfg.vocab, &s->samp, st))) return rc;
         smp = s->samp;
         if ((rc = cu_sampler_setup(smp, s->st, p, ss, st))) return rc;
@@ -236,7 +236,7 @@ lily_code lcuda_time_decode(lcuda_session *s, int pos, int n, const lily_samplin
     if (pos < 0 || pos + n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "decoding %d tokens from %d passes the context of %d", n, pos, s->m->max_ctx);
     cu_sampler *smp = NULL;
     lily_code rc;
-    if (!greedy_only(p)) {
+    if (!cu_greedy_only(p)) {
         if (!s->samp && (rc = cu_sampler_new(s->m->cfg.vocab, &s->samp, st))) return rc;
         smp = s->samp;
         lcuda_sample_state ss = { NULL, NULL, { 0x9e3779b97f4a7c15ull, 0x6a09e667f3bcc909ull } };

@@ -110,6 +110,18 @@ void cu_prof_report(const char *title, char *out, size_t n);
 lily_code cu_logit_rows(lcuda_session *s, int rows, lily_status *st);
 /* Drops the decode batches' graphs s carries (their buffers were reallocated, or s is freed). */
 void cu_batch_graphs_drop(lcuda_session *s);
+/* A decode batch's parts (cu_batch.cu), which lcuda_forward_batch and the batch's decode loop
+ * (cu_batch_gen.cu) share. _check: the sessions distinct, of one model, the positions inside the
+ * context. _table: the rows' table (positions and state pointers) into the carrier ss[0]'s device
+ * buffer, R pointing at it, and the carrier's logits grown to n rows (the other sessions' streams
+ * synchronized first). _pass: the forward of the n rows whose ids sit in c->d_ids (c->rows set),
+ * their logits into c->lg [n][V]; a graph of each row count, replayed. */
+lily_code cu_batch_check(lcuda_session **ss, const int *pos, int n, lily_status *st);
+lily_code cu_batch_table(lcuda_session **ss, const int *pos, int n, cu_rows *R, lily_status *st);
+lily_code cu_batch_pass(lcuda_session *c, int n, int tc, lily_status *st);
+/* Plain greedy (temperature 0, no penalties, bias or logprobs): the argmax gives the sampler's token
+ * with less work (cu_decode.cu). */
+int cu_greedy_only(const lily_sampling *p);
 /* Drops every graph that captured s's buffers: the decode step's, the one-token pass's, the batches'
  * and the sampler's (cu_logit_rows reallocated the logits; or s is freed). */
 void cu_graphs_drop(lcuda_session *s);

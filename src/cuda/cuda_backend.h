@@ -114,6 +114,26 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
                          const lcuda_sample_state *ss, int max_tokens, lily_token_cb cb, void *user,
                          int *n_out, lily_status *st);
 
+/* The decode loop over a batch (cu_batch_gen.cu): lcuda_generate for n sessions read together,
+ * one lcuda_forward_batch pass a step, each row's token chosen on the device (the argmax, or its
+ * session's sampler set up from rows[i].ss) and written into the next step's ids there; the host
+ * runs a step behind, reading the rows' tokens from pinned memory, and never waits on the GPU a
+ * step. Step 0 feeds rows[i].first at rows[i].pos. After each step cb sees every row's token in
+ * row order (tok NULL: that row's sampler found every token at -inf); a nonzero return from any
+ * of them ends the loop after that step, as does max_steps. *steps: the steps reported; *fed: the
+ * steps run (each fed every row a token: first, then each reported one but possibly the last), so
+ * session i is at rows[i].pos + *fed with its last step's logits [V] in logits[i]. n from 2 to the
+ * backend's chunk (and 32); LILY_EUNSUPPORTED past that, with nothing run. */
+typedef struct {
+    int pos;                       /* the row's position: its session's tokens so far */
+    int32_t first;                 /* the token step 0 feeds */
+    const lily_sampling *p;        /* NULL: greedy */
+    const lcuda_sample_state *ss;  /* where the row's sampling stands after `first` (NULL: fresh) */
+} lcuda_batch_row;
+typedef int (*lcuda_row_cb)(void *user, int row, const lily_token *tok);
+lily_code lcuda_generate_batch(lcuda_session **ss, const lcuda_batch_row *rows, int n, int max_steps, lcuda_row_cb cb,
+                               void *user, float *const *logits, int *steps, int *fed, lily_status *st);
+
 /* For lily-bench: device time in milliseconds (CUDA events) of a T-token forward at pos
  * (ids random when NULL), and of n decode steps from pos (no host sync per step), greedy
  * when p is NULL, else sampling with p on the device. */

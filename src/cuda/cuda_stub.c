@@ -83,6 +83,12 @@ lily_code lcuda_generate(lcuda_session *s, int pos, int32_t first, const lily_sa
     if (n_out) *n_out = 0;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
+lily_code lcuda_generate_batch(lcuda_session **ss, const lcuda_batch_row *rows, int n, int max_steps, lcuda_row_cb cb,
+                               void *user, float *const *logits, int *steps, int *fed, lily_status *st) {
+    (void)ss; (void)rows; (void)n; (void)max_steps; (void)cb; (void)user; (void)logits;
+    *steps = *fed = 0;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
 lily_code lcuda_profile(lcuda_session *s, int T, int pos, char *out, size_t n, lily_status *st) {
     (void)s; (void)T; (void)pos; (void)out; (void)n;
     return lily_err(st, LILY_EDEVICE, NO_GPU);

@@ -70,6 +70,68 @@ lily_code lily_session_generate_cont(lily_session *s, const lily_sampling *p, li
     return rc;
 }
 
+/* The batch's decode loop (engine/sampler.h): lcuda_generate_batch with each row's host state kept
+ * in step as cont_cb keeps one stream's. */
+typedef struct {
+    lily_batch_row *rows;
+    lily_row_cb cb;
+    void *user;
+    int32_t *ids; /* [n][cap] each row's reported tokens */
+    int cap;
+} batch_gen;
+
+static int batch_cb(void *user, int row, const lily_token *tok) {
+    batch_gen *g = user;
+    lily_batch_row *r = &g->rows[row];
+    if (tok) {
+        if (r->n_out < g->cap) g->ids[(size_t)row * g->cap + r->n_out] = tok->id;
+        r->n_out++;
+        if (r->counts) r->counts[tok->id]++;
+        if (r->p->temperature > 0) lily_rng_uniform(r->rng);
+    }
+    return g->cb ? g->cb(g->user, row, tok) : 0;
+}
+
+lily_code lily_session_generate_batch(lily_batch_row *rows, int n, int max_steps, lily_row_cb cb, void *user,
+                                      lily_status *st) {
+    for (int i = 0; i < n; i++) rows[i].n_out = rows[i].n_fed = 0;
+    if (n < 2 || n > 32) return lily_err(st, LILY_EUNSUPPORTED, "a decode loop of %d rows (2 to 32)", n);
+    lily_model *m = rows[0].s->m;
+    if (!m->use_cuda || host_sampling_forced()) return lily_err(st, LILY_EUNSUPPORTED, "the sessions do not decode on a GPU");
+    if (max_steps < 1) return lily_err(st, LILY_EINVAL, "max_steps %d < 1", max_steps);
+    lcuda_session *cs[32];
+    lcuda_batch_row br[32];
+    lcuda_sample_state ss[32];
+    float *lg[32];
+    for (int i = 0; i < n; i++) {
+        lily_session *s = rows[i].s;
+        if (s->m != m) return lily_err(st, LILY_EINVAL, "batch mixes sessions of different models");
+        for (int j = 0; j < i; j++)
+            if (rows[j].s == s) return lily_err(st, LILY_EINVAL, "a session appears twice in one batch");
+        lily_code rc = lily_sampling_check(rows[i].p, st);
+        if (rc) return rc;
+        if (s->n + 1 > m->max_ctx) return lily_err(st, LILY_ERANGE, "context length exceeded: %d + 1 tokens > %d", s->n, m->max_ctx);
+        if (m->max_ctx - s->n < max_steps) max_steps = m->max_ctx - s->n;
+        ss[i] = (lcuda_sample_state){ rows[i].counts, rows[i].pmask, { rows[i].rng->s[0], rows[i].rng->s[1] } };
+        br[i] = (lcuda_batch_row){ s->n, rows[i].first, rows[i].p, &ss[i] };
+        cs[i] = s->cuda;
+        lg[i] = s->logits;
+    }
+    batch_gen g = { rows, cb, user, malloc((size_t)n * max_steps * sizeof(int32_t)), max_steps };
+    if (!g.ids) return lily_err(st, LILY_ENOMEM, "out of memory");
+    int steps = 0, fed = 0;
+    lily_code rc = lcuda_generate_batch(cs, br, n, max_steps, batch_cb, &g, lg, &steps, &fed, st);
+    for (int i = 0; i < n; i++) { /* the session holds `first`, then every reported token but possibly the last */
+        lily_session *s = rows[i].s;
+        if (fed > 0) s->tokens[s->n++] = rows[i].first;
+        for (int k = 0; k + 1 < fed; k++) s->tokens[s->n++] = g.ids[(size_t)i * g.cap + k];
+        rows[i].n_fed = fed;
+        s->has_logits = !rc && fed > 0; /* (after an error its logits are not vouched for) */
+    }
+    free(g.ids);
+    return rc;
+}
+
 lily_code lily_session_sample(lily_session *s, const lily_sampling *p, lily_token *out, lily_status *st) {
     if (!s->has_logits) return lily_err(st, LILY_EINVAL, "nothing to sample from: feed a prompt first");
     return lily_sample_logits(s->logits, s->m->w.cfg.vocab, p, &s->rng, NULL, out, st);

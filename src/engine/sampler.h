@@ -70,4 +70,28 @@ lily_code lily_session_generate_cont(lily_session *s, const lily_sampling *p, li
                                      const uint8_t *pmask, int max_tokens, lily_token_cb cb, void *user, int *n_out,
                                      int *n_fed, lily_status *st);
 
+/* The server's concurrent streams in one decode loop on the GPU: each step feeds every row's
+ * session a token in one batched pass (rows[i].first at step 0, drawn, counted and reported by the
+ * caller) and draws each row's next token on the device with the row's parameters, rng, counts and
+ * prompt mask, which advance as a host loop drawing the same tokens would advance them (as
+ * lily_session_generate_cont); the host reads a step while the GPU runs the next. cb sees every
+ * row's token of a step in row order (NULL: the row's every token was at -inf); a nonzero return ends
+ * the loop after that step, as does max_steps (or a session's full context). rows[i].n_out: the
+ * steps reported (the same for all rows); n_fed: the steps run, each feeding a token: first and the
+ * reported ones, all of them or all but the last (n_fed == n_out: the last is not in the session).
+ * LILY_EUNSUPPORTED, with nothing run, off a GPU or for n outside 2..32 (or past the backend's
+ * chunk). */
+typedef struct {
+    lily_session *s;
+    int32_t first;
+    const lily_sampling *p;
+    lily_rng *rng;
+    int32_t *counts;          /* NULL when no penalty needs them */
+    const uint8_t *pmask;     /* the prompt's tokens for repetition_penalty, or NULL */
+    int n_out, n_fed;
+} lily_batch_row;
+typedef int (*lily_row_cb)(void *user, int row, const lily_token *tok);
+lily_code lily_session_generate_batch(lily_batch_row *rows, int n, int max_steps, lily_row_cb cb, void *user,
+                                      lily_status *st);
+
 #endif

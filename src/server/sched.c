@@ -61,6 +61,7 @@ struct srv_sched {
     double changed;           /* when, lily_now() */
     lily_pool *pool;          /* draws the slots' tokens in parallel (NULL with one slot) */
     int device_loop;          /* a lone stream decodes in the engine's device loop (burst) */
+    int batch_loop;           /* concurrent streams decode in the engine's batched device loop (batch_burst) */
 };
 
 srv_job *srv_job_new(void) {
@@ -436,6 +437,79 @@ static int burst(srv_sched *s, int n_active) {
     return 1;
 }
 
+/* ---- the streams' device loop ----
+ * With two or more jobs generating and nothing else to do (none prefilling, none under a grammar,
+ * no request waiting for a free slot), the round's tokens, drawn and published above, go to the
+ * engine's batched device loop (lily_session_generate_batch) instead of feed_round: every later
+ * step's tokens are chosen on the GPU with each job's own rng, counts and prompt mask, and the host
+ * publishes a step while the GPU runs the next, so the tokens are those the rounds would draw. The
+ * loop ends, for all its jobs, after the step in which one of them ends, is cancelled or reaches
+ * its grammar, or a request arrives that a free slot could take; the rounds then go on (and the
+ * next round starts another loop). */
+typedef struct { srv_sched *s; slot *sl[SRV_MAX_SLOTS]; int32_t last[SRV_MAX_SLOTS]; int n_tok; } bburst_ctx;
+
+static int bburst_cb(void *user, int row, const lily_token *tok) {
+    bburst_ctx *c = user;
+    slot *sl = c->sl[row];
+    srv_job *j = sl->job;
+    if (!j) return 1;
+    if (!tok) { release_slot(c->s, sl, SRV_FINISH_ERROR, "sampler: every token is penalized to -inf"); return 1; }
+    c->last[row] = tok->id;
+    c->n_tok++;
+    if (atomic_load((_Atomic int *)&j->cancel)) { release_slot(c->s, sl, SRV_FINISH_CANCELLED, NULL); return 1; }
+    if (emit(c->s, sl, tok)) return 1;
+    if (j->gram_on) return 1;
+    pthread_mutex_lock(&c->s->mu);
+    int yield = (c->s->q_head != NULL && c->s->n_active < c->s->o.n_slots) || c->s->quit;
+    pthread_mutex_unlock(&c->s->mu);
+    return yield;
+}
+
+/* 1 when the round's pending tokens went into a batched device loop (fed, and more made), 0 when
+ * feed_round should feed them. */
+static int batch_burst(srv_sched *s) {
+    if (!s->batch_loop) return 0;
+    bburst_ctx c = { .s = s };
+    lily_batch_row rows[SRV_MAX_SLOTS];
+    int n = 0, max_steps = 1 << 30;
+    for (int i = 0; i < s->o.n_slots; i++) {
+        slot *sl = &s->slots[i];
+        srv_job *j = sl->job;
+        if (!j) continue;
+        if (!sl->has_pending || j->state != 2 || j->gram_on || atomic_load((_Atomic int *)&j->cancel)) return 0;
+        if (j->max_tokens - j->n_gen < max_steps) max_steps = j->max_tokens - j->n_gen;
+        rows[n] = (lily_batch_row){ sl->sess, sl->pending, &j->samp, &j->rng, penalized(&j->samp) ? sl->counts : NULL,
+                                    sl->pmask_on ? sl->pmask : NULL, 0, 0 };
+        c.sl[n++] = sl;
+    }
+    if (n < 2 || n > 32 || max_steps < 1) return 0;
+    pthread_mutex_lock(&s->mu);
+    int waiting = s->q_head != NULL && s->n_active < s->o.n_slots;
+    pthread_mutex_unlock(&s->mu);
+    if (waiting) return 0;
+    lily_status st = { 0 };
+    lily_code rc = lily_session_generate_batch(rows, n, max_steps, bburst_cb, &c, &st);
+    if (rc == LILY_EUNSUPPORTED && rows[0].n_fed == 0) return 0; /* (LILY_CU_HOST_SAMPLING, a small chunk) */
+    srv_metrics_device_loop(s->o.metrics, -1);
+    srv_metrics_device_loop(s->o.metrics, c.n_tok);
+    int unfed = 0;
+    for (int i = 0; i < n; i++) {
+        slot *sl = c.sl[i];
+        sl->has_pending = 0;
+        if (!sl->job) continue; /* (ended in the loop; its session holds what it fed) */
+        if (rc) {
+            lily_session_reset(sl->sess);
+            release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
+        } else if (rows[i].n_fed == rows[i].n_out) { /* the last token reported is not in the session yet */
+            sl->pending = rows[i].n_out ? c.last[i] : sl->pending;
+            sl->has_pending = 1;
+            unfed = 1;
+        }
+    }
+    if (unfed) feed_round(s);
+    return 1;
+}
+
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     int n = 0;
     while (n < na && n < nb && a[n] == b[n]) n++;
@@ -661,7 +735,7 @@ static void *sched_main(void *arg) {
             draw_round(s);
             for (int i = 0; i < s->o.n_slots; i++)
                 if (s->slots[i].job) step(s, &s->slots[i]);
-            feed_round(s);
+            if (!batch_burst(s)) feed_round(s);
         }
         pthread_mutex_lock(&s->mu);
     }
@@ -774,6 +848,9 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
     { /* LILY_SRV_DEVICE_LOOP=0: the lone stream in rounds too (the reference the bursts are tested against) */
         const char *e = getenv("LILY_SRV_DEVICE_LOOP");
         s->device_loop = !(e && !strcmp(e, "0")) && s->info.backend && !strcmp(s->info.backend, "cuda");
+        /* LILY_SRV_BATCH_LOOP=0: concurrent streams in rounds (the reference the batched loop is tested against) */
+        e = getenv("LILY_SRV_BATCH_LOOP");
+        s->batch_loop = !(e && !strcmp(e, "0")) && s->info.backend && !strcmp(s->info.backend, "cuda");
     }
     if (o->gpu_park_bytes && s->info.backend && !strcmp(s->info.backend, "cuda")) {
         /* after the slots' sessions, so that "half the free memory" leaves theirs out */
