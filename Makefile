@@ -143,7 +143,7 @@ EMU_ASAN_FLAGS := -O1 -g -fsanitize=address,alignment -fno-sanitize-recover=alig
 emu-asan:
 	@$(MAKE) --no-print-directory EMU=1 BUILD=$(BUILD)/emu-asan CFLAGS="$(EMU_ASAN_FLAGS)" EMU_CXXFLAGS="$(EMU_ASAN_FLAGS)" \
 	  $(BUILD)/emu-asan/lily $(BUILD)/emu-asan/cuda-kernel-test $(BUILD)/emu-asan/emu-selftest $(BUILD)/emu-asan/tests/test_sample_gen \
-	  $(BUILD)/emu-asan/tests/test_park
+	  $(BUILD)/emu-asan/tests/test_park $(BUILD)/emu-asan/tests/test_batch_gen
 
 test: all fuzz
 	BUILD=$(BUILD) bash tests/run.sh

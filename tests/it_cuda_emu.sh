@@ -3,7 +3,8 @@
 # is checked on every CI run without a GPU: builds $BUILD/emu (make emu), runs the
 # emulator's self-test, `lily check --backend cuda` on the fixtures, the kernel test at
 # small shapes, shows that deliberately broken kernels (cu2cpp.py --mutate) fail it, and
-# repeats the self-test, kernel test, one fixture, test_sample_gen and test_park under AddressSanitizer (make emu-asan).
+# repeats the self-test, kernel test, one fixture, test_sample_gen, test_park and test_batch_gen under AddressSanitizer
+# (make emu-asan).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -273,21 +274,22 @@ else
   "$A/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
   if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then ok "ASan lily check --backend cuda $d ($(secs "$t0") s)"
   else tail -n 40 "$tmp/check.log"; bad "ASan lily check --backend cuda $d (rc=$rc)"; fi
-  # (the decode loop's graphs against buffers reallocated under them: a stale sampler graph wrote and read
-  # the freed logits, which only ASan sees here)
-  t0=$(date +%s.%N)
-  LILY_TEST_BACKEND=cuda "$A/tests/test_sample_gen" >"$tmp/sg.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/sg.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$tmp/sg.log"; then
-    ok "ASan test_sample_gen on the CUDA backend ($(secs "$t0") s): $line"
-  else grep -v '^ok' "$tmp/sg.log" | tail -n 30; bad "ASan test_sample_gen on the CUDA backend (rc=$rc)"; fi
-  # (parking's GPU tier: one device allocation walked by offsets, host copies of it, its budget)
-  t0=$(date +%s.%N)
-  LILY_TEST_BACKEND=cuda "$A/tests/test_park" >"$tmp/pk.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/pk.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$tmp/pk.log"; then
-    ok "ASan test_park on the CUDA backend ($(secs "$t0") s): $line"
-  else grep -v '^ok' "$tmp/pk.log" | tail -n 30; bad "ASan test_park on the CUDA backend (rc=$rc)"; fi
+  asan_unit() { # asan_unit TEST: one unit test on the emulator's CUDA backend under ASan
+    local t0 rc line log="$tmp/asan-$1.log"
+    t0=$(date +%s.%N)
+    LILY_TEST_BACKEND=cuda "$A/tests/$1" >"$log" 2>&1; rc=$?
+    line=$(tail -n 1 "$log")
+    if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$log"; then
+      ok "ASan $1 on the CUDA backend ($(secs "$t0") s): $line"
+    else grep -v '^ok' "$log" | tail -n 30; bad "ASan $1 on the CUDA backend (rc=$rc)"; fi
+  }
+  # the decode loop's graphs against buffers reallocated under them (a stale sampler graph wrote and
+  # read the freed logits, which only ASan sees here); parking's GPU tier (one device allocation
+  # walked by offsets, host copies of it, its budget); the batched decode loop (its rows' tables,
+  # rings and forked graph)
+  asan_unit test_sample_gen
+  asan_unit test_park
+  asan_unit test_batch_gen
 fi
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

@@ -10,9 +10,10 @@ if ! MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/lily-server" "$E/lily" >"$T/bui
   tail -n 30 "$T/build.log"; bad "emulated build of lily-server"; it_done; exit 1
 fi
 "$B/lily" synth --out "$T/m" --preset tiny --vocab 2048 >/dev/null 2>&1
-eserve() { # the emulated server: like serve (tests/lib.sh) with the emulated binary
+eserve() { # the emulated server: like serve (tests/lib.sh) with the emulated binary; its warm-up (2 s
+  # emulated) only where WARM=1 asks for it
   [ -n "$sp" ] && { kill $sp 2>/dev/null; wait $sp 2>/dev/null; }
-  "$E/lily-server" --model-path "$T/m" --port 0 --threads 2 --backend cuda --slots "${SLOTS:-1}" --cache-mb 64 "$@" 2>"$T/err" &
+  LILY_SRV_WARMUP=${WARM:-0} "$E/lily-server" --model-path "$T/m" --port 0 --threads 2 --backend cuda --slots "${SLOTS:-1}" --cache-mb 64 "$@" 2>"$T/err" &
   sp=$!
   port=
   for _ in $(seq 600); do port=$(grep -o 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.1; done
@@ -25,7 +26,7 @@ A='[{"role":"system","content":"Answer briefly."},{"role":"user","content":"Name
 Bm='[{"role":"user","content":"Something else: count to three."}]'
 follow() { python3 -c 'import json,sys; a=json.loads(sys.argv[1]); a.append({"role":"assistant","content":sys.argv[2]}); a.append({"role":"user","content":"And in Asia?"}); print(json.dumps(a))' "$A" "$1"; }
 
-eserve
+WARM=1 eserve # (the warm-up's sessions reset: the answers below must not see them)
 grep -q "cuda backend" "$T/err" && ok "emulated server on the cuda backend" || bad "backend: $(head -3 "$T/err")"
 a1=$(chat "$A" | content)
 s1=$(curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d "{\"messages\":$A,\"max_tokens\":6,\"temperature\":0,\"stream\":true,\"chat_template_kwargs\":{\"enable_thinking\":false}}" |
@@ -69,7 +70,7 @@ U=('[{"role":"user","content":"Tell me about the moon."}]'
    '[{"role":"system","content":"Be terse."},{"role":"user","content":"What is seven times six?"}]')
 seq1=()
 for i in 0 1 2; do seq1+=("$(chat "${U[$i]}" | content)"); done
-SLOTS=3 eserve # fresh sessions, so no prompt is served from another's cache
+SLOTS=3 WARM=1 eserve # fresh sessions, so no prompt is served from another's cache (warmed up: a decode batch made and reset)
 pids=
 for i in 0 1 2; do chat "${U[$i]}" | content >"$T/conc$i" & pids="$pids $!"; done
 wait $pids

@@ -703,6 +703,35 @@ static void admit(srv_sched *s) {
 
 static void checkpoint(srv_sched *s);
 
+/* The first request after start paid for the GPU's first launches, the kernels' modules loaded on
+ * first use and the decode graphs captured: 62-108 ms to its first token against 6-10 ms for later
+ * fresh prompts (H100, bench/RESULTS.md session 37). A short prefill, two greedy and two sampled
+ * tokens on the first slot's session and a decode batch with the second's, all reset afterwards,
+ * pay that before the server listens. Best effort: a failure here is a request's to report later.
+ * LILY_SRV_WARMUP=0 skips it. */
+static void warm_up(srv_sched *s) {
+    const char *e = getenv("LILY_SRV_WARMUP");
+    if ((e && !strcmp(e, "0")) || !s->info.backend || strcmp(s->info.backend, "cuda")) return;
+    lily_status st = { 0 };
+    int32_t ids[16];
+    for (int i = 0; i < 16; i++) ids[i] = i % s->vocab;
+    lily_session *a = s->slots[0].sess, *b = s->o.n_slots > 1 ? s->slots[1].sess : NULL;
+    lily_sampling p;
+    lily_sampling_default(&p);
+    p.temperature = 0;
+    if (lily_session_prefill(a, ids, 16, NULL, &st) == LILY_OK && lily_session_generate(a, &p, 2, NULL, NULL, NULL, &st) == LILY_OK) {
+        p.temperature = 0.7f;
+        lily_session_generate(a, &p, 2, NULL, NULL, NULL, &st);
+        if (b && lily_session_prefill(b, ids, 8, NULL, &st) == LILY_OK) {
+            lily_session *ss[2] = { a, b };
+            int32_t t[2] = { ids[1], ids[2] };
+            lily_decode_batch(ss, t, 2, &st);
+        }
+    }
+    lily_session_reset(a);
+    if (b) lily_session_reset(b);
+}
+
 static void *sched_main(void *arg) {
     srv_sched *s = arg;
     pthread_mutex_lock(&s->mu);
@@ -852,6 +881,7 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
         e = getenv("LILY_SRV_BATCH_LOOP");
         s->batch_loop = !(e && !strcmp(e, "0")) && s->info.backend && !strcmp(s->info.backend, "cuda");
     }
+    warm_up(s);
     if (o->gpu_park_bytes && s->info.backend && !strcmp(s->info.backend, "cuda")) {
         /* after the slots' sessions, so that "half the free memory" leaves theirs out */
         uint64_t b = 0;
