@@ -16,7 +16,7 @@
 
 enum { PROMPT = 40, STEPS = 12 };
 
-typedef struct { lily_token t[STEPS]; int n; } run_toks;
+typedef struct { lily_token t[STEPS]; int n, len; } run_toks; /* len: the session's tokens after */
 
 static int collect(void *user, const lily_token *t) {
     run_toks *r = user;
@@ -36,27 +36,10 @@ static lily_model *open_tiny(lily_backend be) {
     return m;
 }
 
-static run_toks gen(lily_model *m, const int32_t *prompt, const lily_sampling *p, int host) {
-    run_toks r;
-    memset(&r, 0, sizeof r);
-    lily_status st = { 0 };
-    lily_session *s = NULL;
-    if (host) setenv("LILY_CU_HOST_SAMPLING", "1", 1);
-    CHECK(lily_session_new(m, &s, &st) == LILY_OK, "session: %s", st.msg);
-    if (s) {
-        CHECK(lily_session_prefill(s, prompt, PROMPT, NULL, &st) == LILY_OK, "prefill: %s", st.msg);
-        CHECK(lily_session_generate(s, p, STEPS, collect, &r, NULL, &st) == LILY_OK, "generate: %s", st.msg);
-        lily_session_free(s);
-    }
-    unsetenv("LILY_CU_HOST_SAMPLING");
-    return r;
-}
-
-/* A prompt 6 tokens short of the context: generate makes 7 tokens (6 fed, the 7th has no room)
- * and reports the full context with LILY_ERANGE, on the device loop as on the host loop. */
-enum { FULL_PROMPT = 250, FULL_MADE = 7 };
-static run_toks gen_full(lily_model *m, const int32_t *prompt, const lily_sampling *p, int host, lily_code *rc,
-                         int *n) {
+/* A session at `plen` prompt tokens generating up to STEPS: the tokens, generate's code in *rc and
+ * its count in *n (host: sampling on the host, LILY_CU_HOST_SAMPLING=1). */
+static run_toks gen_at(lily_model *m, const int32_t *prompt, int plen, const lily_sampling *p, int host, lily_code *rc,
+                       int *n) {
     run_toks r;
     memset(&r, 0, sizeof r);
     lily_status st = { 0 };
@@ -66,13 +49,31 @@ static run_toks gen_full(lily_model *m, const int32_t *prompt, const lily_sampli
     if (host) setenv("LILY_CU_HOST_SAMPLING", "1", 1);
     CHECK(lily_session_new(m, &s, &st) == LILY_OK, "session: %s", st.msg);
     if (s) {
-        CHECK(lily_session_prefill(s, prompt, FULL_PROMPT, NULL, &st) == LILY_OK, "prefill: %s", st.msg);
+        CHECK(lily_session_prefill(s, prompt, plen, NULL, &st) == LILY_OK, "prefill: %s", st.msg);
         *rc = lily_session_generate(s, p, STEPS, collect, &r, n, &st);
-        CHECK(lily_session_len(s) == FULL_PROMPT + FULL_MADE - 1, "the full session holds %d tokens",
-              lily_session_len(s));
+        if (*rc && *rc != LILY_ERANGE) fprintf(stderr, "  generate: %s\n", st.msg);
+        r.len = lily_session_len(s);
         lily_session_free(s);
     }
     unsetenv("LILY_CU_HOST_SAMPLING");
+    return r;
+}
+
+static run_toks gen(lily_model *m, const int32_t *prompt, const lily_sampling *p, int host) {
+    lily_code rc;
+    int n;
+    run_toks r = gen_at(m, prompt, PROMPT, p, host, &rc, &n);
+    CHECK(rc == LILY_OK, "generate: code %d", (int)rc);
+    return r;
+}
+
+/* A prompt 6 tokens short of the context: generate makes 7 tokens (6 fed, the 7th has no room)
+ * and reports the full context with LILY_ERANGE, on the device loop as on the host loop. */
+enum { FULL_PROMPT = 250, FULL_MADE = 7 };
+static run_toks gen_full(lily_model *m, const int32_t *prompt, const lily_sampling *p, int host, lily_code *rc,
+                         int *n) {
+    run_toks r = gen_at(m, prompt, FULL_PROMPT, p, host, rc, n);
+    CHECK(r.len == FULL_PROMPT + FULL_MADE - 1, "the full session holds %d tokens", r.len);
     return r;
 }
 

@@ -1,6 +1,6 @@
 /* lily-bench: prompt processing and decode speed on the GPU, modelled on llama-bench.
  *
- *   lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768,tg32x8@1024]
+ *   lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768,tg32x8@1024,tg32x8l@1024]
  *              [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE]
  *   tgNs, tgNs@D: the same decode with sampling on the GPU (T 0.8, top-k 40, top-p 0.95,
  *   min-p 0.05, penalties, 5 logprobs) instead of the argmax
@@ -13,7 +13,9 @@
  * touches every expert, the active weights for a decode step, plus caches).
  * tgNxB@D: N decode rounds of B sessions (each D tokens in) fed together through
  * lcuda_forward_batch, as lily-server's scheduler does; timed on the host clock (each round
- * ends with its [B][vocab] logits in host memory); t/s counts the tokens of all B sessions. */
+ * ends with its [B][vocab] logits in host memory); t/s counts the tokens of all B sessions. tgNxBl@D:
+ * the same B sessions in the batched device loop (no logits to the host, the tokens chosen on the
+ * GPU), as lily-server's concurrent streams now decode; tgNxBls@D sampling there. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +111,28 @@ static lily_code time_batch(lcuda_session **ss, int nb, int n, int d, int vocab,
     return LILY_OK;
 }
 
+/* The same rounds in the batched device loop (lcuda_generate_batch: tokens chosen and fed on the
+ * GPU, no logits copied, the host a step behind); p NULL greedy, else every row samples with p. */
+static lily_code time_batch_loop(lcuda_session **ss, int nb, int n, int d, int vocab, float *logits, const lily_sampling *p,
+                                 double *ms, lily_status *st) {
+    lcuda_batch_row rows[64];
+    float *lg[64];
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)d;
+    for (int i = 0; i < nb; i++) {
+        lcuda_session_reset(ss[i]);
+        double t;
+        if (d) { lily_code rc = lcuda_time_forward(ss[i], NULL, d, 0, &t, st); if (rc) return rc; }
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        rows[i] = (lcuda_batch_row){ d, (int32_t)(x % (uint64_t)vocab), p, NULL };
+        lg[i] = logits + (size_t)i * vocab;
+    }
+    int steps = 0, fed = 0;
+    double t0 = lily_now();
+    lily_code rc = lcuda_generate_batch(ss, rows, nb, n, NULL, NULL, lg, &steps, &fed, st);
+    *ms = (lily_now() - t0) * 1e3;
+    return rc;
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -116,7 +140,7 @@ static int cmp_d(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (flag(argc, argv, "--help") || flag(argc, argv, "-h")) {
-        fprintf(stderr, "usage: lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768,tg32x8@1024]\n"
+        fprintf(stderr, "usage: lily-bench [--model DIR [--load]] [--tests pp512,pp2048,pp8192,tg128,tg128@4096,tg128@32768,tg32x8@1024,tg32x8l@1024]\n"
                         "                  [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE] [--profile]\n");
         return 2;
     }
@@ -185,8 +209,9 @@ int main(int argc, char **argv) {
     for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
         int pp, n, nb, d, batched = strchr(t, 'x') != NULL;
         parse_test(t, &pp, &n, &nb, &d);
-        /* tgNs: decode with sampling on the GPU (typical chat settings, 5 logprobs) */
-        int sampled = !pp && strchr(t, 's') != NULL;
+        /* tgNs: decode with sampling on the GPU (typical chat settings, 5 logprobs); tgNxBl@D: the batch
+         * in the batched device loop (lcuda_generate_batch), tgNxBls@D sampled there */
+        int sampled = !pp && strchr(t, 's') != NULL, loop = batched && strchr(t, 'l') != NULL;
         lily_sampling sp;
         lily_sampling_default(&sp);
         sp.temperature = 0.8f; sp.top_k = 40; sp.top_p = 0.95f; sp.min_p = 0.05f;
@@ -195,7 +220,8 @@ int main(int argc, char **argv) {
         for (int r = -warm; r < reps; r++) {
             double x = 0;
             lcuda_session_reset(s);
-            if (batched) { if (!blg || time_batch(bs, nb, n, d, cfg.vocab, blg, &x, &st)) goto fail; }
+            if (batched && loop) { if (!blg || time_batch_loop(bs, nb, n, d, cfg.vocab, blg, sampled ? &sp : NULL, &x, &st)) goto fail; }
+            else if (batched) { if (!blg || time_batch(bs, nb, n, d, cfg.vocab, blg, &x, &st)) goto fail; }
             else if (pp) { if (lcuda_time_forward(s, NULL, n, 0, &x, &st)) goto fail; }
             else {
                 if (d && lcuda_time_forward(s, NULL, d, 0, &x, &st)) goto fail;
