@@ -259,7 +259,10 @@ static void step(srv_sched *s, slot *sl) {
         }
         j->n_fed = upto;
         if (upto == j->n_prompt) j->state = 2;
-        return;
+        /* Prefilled beside other jobs: its first token now, fed with theirs this round, not a round later
+         * after every other job's step (a burst of N arrivals, each prefill ~9 ms for the 35B-A3B, gave all
+         * N their first token after all N prefills). Alone, the device loop (burst) draws it instead. */
+        if (j->state != 2 || (s->n_active < 2 && s->device_loop)) return;
     }
     if (!drawn && (sl->draw_logits = lily_session_logits(sl->sess))) draw(s, sl); /* not drawn in draw_round */
     if (!sl->draw_logits || sl->draw_rc) {
@@ -489,7 +492,9 @@ static int batch_burst(srv_sched *s) {
     if (waiting) return 0;
     lily_status st = { 0 };
     lily_code rc = lily_session_generate_batch(rows, n, max_steps, bburst_cb, &c, &st);
-    if (rc == LILY_EUNSUPPORTED && rows[0].n_fed == 0) return 0; /* (LILY_CU_HOST_SAMPLING, a small chunk) */
+    /* nothing ran (LILY_CU_HOST_SAMPLING, a small chunk, a session at the context's end): feed_round feeds
+     * the tokens, each session alone if the batch fails, so only a job at fault ends */
+    if (rc && rows[0].n_fed == 0) return 0;
     srv_metrics_device_loop(s->o.metrics, -1);
     srv_metrics_device_loop(s->o.metrics, c.n_tok);
     int unfed = 0;
