@@ -5,7 +5,8 @@
  * host sampler's (docs/cuda.md, "Sampling on the GPU"), so every row must get the same tokens and top
  * lists, and end with the same rng, counts, session tokens and logits. Rows: plain greedy (the
  * argmax), every sampling option with logprobs, temperature alone, greedy with logprobs (the
- * sampler's greedy mode); prompts of different lengths. The loop runs in pieces as the server runs
+ * sampler's greedy mode), a temperature with top-k 1 (greedy: the rng must not move); prompts of
+ * different lengths. The loop runs in pieces as the server runs
  * it: ended by max_steps (the last token left unfed: the next piece feeds it first), then after host
  * rounds, ended by a callback (every row's token of that step reported, all fed), then the rest. A
  * row near the end of the context bounds the loop. On the CPU backend (no LILY_TEST_BACKEND=cuda):
@@ -17,7 +18,7 @@
 #include "t.h"
 #include "util/util.h"
 
-enum { NR = 4, STEPS = 14 };
+enum { NR = 5, STEPS = 14 };
 
 typedef struct {
     lily_session *s;
@@ -173,13 +174,14 @@ int main(void) {
         }
         if (i == 2) p->temperature = 0.8f;
         if (i == 3) p->n_logprobs = 3;
+        if (i == 4) { p->temperature = 0.9f; p->top_k = 1; } /* greedy by top-k: no uniform drawn, host or device */
         p->seed = lily_rng_u64(&rng);
         b[i].p = *p;
         a[i].counts = calloc((size_t)V, sizeof(int32_t)); b[i].counts = calloc((size_t)V, sizeof(int32_t));
         a[i].pm = calloc((size_t)V, 1); b[i].pm = calloc((size_t)V, 1);
         if (!a[i].counts || !b[i].counts || !a[i].pm || !b[i].pm) { printf("0 passed, 1 failed\n"); return 1; }
     }
-    const int plen[NR] = { 40, 23, 57, 31 };
+    const int plen[NR] = { 40, 23, 57, 31, 12 };
     int32_t *prompts[NR];
     for (int i = 0; i < NR; i++) {
         prompts[i] = malloc((size_t)plen[i] * sizeof(int32_t));

@@ -157,6 +157,25 @@ static run_toks gen_cont(lily_model *m, const int32_t *prompt, const lily_sampli
     return r;
 }
 
+/* A temperature with top_k 1 is greedy: no uniform is drawn, on the host or the device, so
+ * generate_cont must leave the caller's rng where a host loop leaves it, untouched. */
+static int cont_rng_untouched(lily_model *m, const int32_t *prompt) {
+    lily_status st = { 0 };
+    lily_session *s = NULL;
+    if (lily_session_new(m, &s, &st) || lily_session_prefill(s, prompt, PROMPT, NULL, &st)) { lily_session_free(s); return 0; }
+    lily_sampling q;
+    lily_sampling_default(&q);
+    q.temperature = 0.9f;
+    q.top_k = 1;
+    lily_rng rng;
+    lily_rng_seed(&rng, 42);
+    const lily_rng before = rng;
+    int n = 0, fed = 0;
+    lily_code rc = lily_session_generate_cont(s, &q, &rng, NULL, NULL, 6, NULL, NULL, &n, &fed, &st);
+    lily_session_free(s);
+    return rc == LILY_OK && n == 6 && rng.s[0] == before.s[0] && rng.s[1] == before.s[1];
+}
+
 /* identical ids, logprobs and top lists to 1e-4 */
 static double worst_lp; /* the largest logprob difference same() saw where the tokens agreed */
 static int same(const run_toks *a, const run_toks *b, double tol) {
@@ -258,6 +277,7 @@ int main(void) {
             const int dct = !unsup && same(&a, &ct, 1e-4);
             if (!dct) { show("generate", &a); show("generate_cont in pieces", &ct); }
             CHECK(dct, "generate_cont in pieces, host draws between = one generate (%d steps)", STEPS);
+            CHECK(cont_rng_untouched(mg, prompt), "generate_cont with top_k 1 (greedy) leaves the rng untouched");
         } else {
             int unsup = 0;
             gen_cont(mc, prompt, &p, V, &unsup);
