@@ -153,7 +153,7 @@ char *srv_metrics_render(srv_metrics *m, int queued, int active, int slots) {
            "# TYPE lily_parked_total counter\nlily_parked_total %llu\n", (unsigned long long)m->parks);
     pr(&s, "# HELP lily_unparked_total Parked conversations restored into a slot instead of recomputed.\n"
            "# TYPE lily_unparked_total counter\nlily_unparked_total %llu\n", (unsigned long long)m->unparks);
-    pr(&s, "# HELP lily_device_loop_runs_total Times a lone stream was handed to the GPU's decode loop.\n"
+    pr(&s, "# HELP lily_device_loop_runs_total Times streams were handed to a decode loop on the GPU (a lone stream's, or the batched one of concurrent streams).\n"
            "# TYPE lily_device_loop_runs_total counter\nlily_device_loop_runs_total %llu\n", (unsigned long long)m->dl_bursts);
     pr(&s, "# HELP lily_device_loop_tokens_total Tokens chosen and fed on the GPU without a host sync.\n"
            "# TYPE lily_device_loop_tokens_total counter\nlily_device_loop_tokens_total %llu\n", (unsigned long long)m->dl_tokens);
