@@ -16,6 +16,7 @@
 #include "engine/sampler.h"
 #include "lily.h"
 #include "t.h"
+#include "t_model.h"
 #include "util/util.h"
 
 enum { NR = 5, STEPS = 14 };
@@ -29,18 +30,6 @@ typedef struct {
     lily_token t[STEPS + 8];
     int n;
 } row;
-
-static lily_model *open_tiny(lily_backend be) {
-    lily_model_opts o;
-    lily_model_opts_default(&o);
-    o.n_threads = 2;
-    o.max_ctx = 256;
-    o.backend = be;
-    lily_model *m = NULL;
-    lily_status st = { 0 };
-    if (lily_model_open("../shared/fixtures/tiny", &o, &m, &st)) fprintf(stderr, "open: %s\n", st.msg);
-    return m;
-}
 
 /* The rows' sessions at their prompts, sampling state fresh. */
 static void rows_start(lily_model *m, row *r, int n, int32_t *const *prompts, const int *plen, int V) {
@@ -149,13 +138,10 @@ int main(void) {
     uint64_t seed = t_seed("test_batch_gen");
     lily_rng rng;
     lily_rng_seed(&rng, seed);
-    const char *be = getenv("LILY_TEST_BACKEND");
-    int cuda = be && !strcmp(be, "cuda");
-    lily_model *m = open_tiny(cuda ? LILY_BACKEND_CUDA : LILY_BACKEND_CPU);
-    if (!m) { printf("0 passed, 1 failed\n"); return 1; }
     lily_model_info info;
-    lily_model_get_info(m, &info);
-    fprintf(stderr, "test_batch_gen on the %s backend\n", info.backend);
+    lily_model *m = t_open_tiny("test_batch_gen", 2 * NR, &info);
+    if (!m) { printf("0 passed, 1 failed\n"); return 1; }
+    const int cuda = !strcmp(info.backend, "cuda");
     const int V = info.vocab_size;
 
     row a[NR], b[NR];

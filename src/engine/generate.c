@@ -53,7 +53,7 @@ lily_code lily_session_generate_cont(lily_session *s, const lily_sampling *p, li
     int room = s->m->max_ctx - s->n, steps = max_tokens - 1;
     if (room < 1) return LILY_OK; /* the caller's own feed reports the full context */
     if (steps > room) steps = room;
-    cont_gen g = { cb, user, counts, rng, p->temperature > 0 && p->top_k != 1, 0, malloc((size_t)steps * sizeof(int32_t)) };
+    cont_gen g = { cb, user, counts, rng, !lily_sampling_greedy(p), 0, malloc((size_t)steps * sizeof(int32_t)) };
     if (!g.ids) return lily_err(st, LILY_ENOMEM, "out of memory");
     int made = 0, start = s->n;
     lcuda_sample_state ss = { counts, pmask, { rng->s[0], rng->s[1] } };
@@ -87,7 +87,7 @@ static int batch_cb(void *user, int row, const lily_token *tok) {
         if (r->n_out < g->cap) g->ids[(size_t)row * g->cap + r->n_out] = tok->id;
         r->n_out++;
         if (r->counts) r->counts[tok->id]++;
-        if (r->p->temperature > 0 && r->p->top_k != 1) lily_rng_uniform(r->rng); /* (top_k 1 is greedy: no draw) */
+        if (!lily_sampling_greedy(r->p)) lily_rng_uniform(r->rng);
     }
     return g->cb ? g->cb(g->user, row, tok) : 0;
 }

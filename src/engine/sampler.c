@@ -245,6 +245,8 @@ lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sam
     return rc;
 }
 
+int lily_sampling_greedy(const lily_sampling *p) { return p->temperature <= 0 || p->top_k == 1; }
+
 /* The choice over `row` (the logits, or their biased copy); logprobs from `logits`. */
 static lily_code sample_row(const float *logits, const float *row, int vocab, const lily_sampling *p, lily_rng *rng,
                             const int32_t *counts, const uint8_t *prompt_mask, const uint8_t *allowed, double logz,
@@ -253,8 +255,7 @@ static lily_code sample_row(const float *logits, const float *row, int vocab, co
                    (counts || prompt_mask) && (p->presence_penalty != 0 || p->frequency_penalty != 0 ||
                                                p->repetition_penalty != 1.0f) };
 
-    /* greedy (and top_k == 1, which is the same set) */
-    if (p->temperature <= 0 || p->top_k == 1) {
+    if (lily_sampling_greedy(p)) {
         double best = -INFINITY;
         int32_t id = -1;
         if (!pc.penalize && !allowed && row == logits) { /* the first maximum of the raw row */

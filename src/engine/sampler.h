@@ -54,6 +54,10 @@ lily_code lily_sample_logits_mask(const float *logits, int vocab, const lily_sam
  * ones must agree with, bit for bit). */
 extern int lily_sampler_scan_all;
 
+/* 1 when p chooses greedily (temperature <= 0, or top_k 1: the same set), drawing no uniform from the rng;
+ * a device loop advances its caller's rng by one draw a token exactly where this is 0. */
+int lily_sampling_greedy(const lily_sampling *p);
+
 /* Validates p (the same checks lily_sample_logits makes). */
 lily_code lily_sampling_check(const lily_sampling *p, lily_status *st);
 

@@ -389,23 +389,27 @@ static void feed_round(srv_sched *s) {
  * rounds (their masks come from the host's grammar): a job whose grammar starts after a token
  * (</think>, <tool_call>) runs here until that token, then in rounds. So does a session not on
  * a GPU. */
-typedef struct { srv_sched *s; slot *sl; int ended; int32_t last; } burst_ctx;
+typedef struct { srv_sched *s; slot *sl; int32_t last; } burst_ctx;
+
+/* A device loop's token for slot sl (the lone stream's or a batch row's): 1 when the loop should end
+ * after it: the job was cancelled (the token dropped, as a round would) or ended (the slot released
+ * either way), its grammar starts (the rounds take over: its masks), or a request waits that a free
+ * slot could take, or the server quits. */
+static int loop_token(srv_sched *s, slot *sl, const lily_token *tok) {
+    srv_job *j = sl->job;
+    if (atomic_load((_Atomic int *)&j->cancel)) { release_slot(s, sl, SRV_FINISH_CANCELLED, NULL); return 1; }
+    if (emit(s, sl, tok)) return 1;
+    if (j->gram_on) return 1;
+    pthread_mutex_lock(&s->mu);
+    int yield = (s->q_head != NULL && s->n_active < s->o.n_slots) || s->quit;
+    pthread_mutex_unlock(&s->mu);
+    return yield;
+}
 
 static int burst_cb(void *user, const lily_token *tok) {
     burst_ctx *c = user;
-    srv_job *j = c->sl->job;
     c->last = tok->id;
-    if (atomic_load((_Atomic int *)&j->cancel)) { /* the token is dropped, as a round would */
-        release_slot(c->s, c->sl, SRV_FINISH_CANCELLED, NULL);
-        c->ended = 1;
-        return 1;
-    }
-    if (emit(c->s, c->sl, tok)) { c->ended = 1; return 1; }
-    if (j->gram_on) return 1; /* the token that opens the constraint: the rounds take over (its masks) */
-    pthread_mutex_lock(&c->s->mu);
-    int yield = (c->s->q_head != NULL && c->s->o.n_slots > 1) || c->s->quit; /* (a slot is free for it) */
-    pthread_mutex_unlock(&c->s->mu);
-    return yield;
+    return loop_token(c->s, c->sl, tok);
 }
 
 /* 1 when it ran the lone generating job's burst, 0 when the rounds should run instead. */
@@ -417,7 +421,7 @@ static int burst(srv_sched *s, int n_active) {
     srv_job *j = sl ? sl->job : NULL;
     if (!j || j->state != 2 || j->gram_on || sl->has_pending || atomic_load((_Atomic int *)&j->cancel)) return 0;
     if (!lily_session_logits(sl->sess)) return 0; /* step() reports it */
-    burst_ctx c = { s, sl, 0, 0 };
+    burst_ctx c = { s, sl, 0 };
     srv_metrics_device_loop(s->o.metrics, -1); /* (counted as it starts; one refused, LILY_CU_HOST_SAMPLING, too) */
     lily_status st = { 0 };
     int n = 0, fed = 0, left = j->max_tokens - j->n_gen;
@@ -426,7 +430,7 @@ static int burst(srv_sched *s, int n_active) {
                                               &fed, &st);
     if (rc == LILY_EUNSUPPORTED && n == 0) { s->device_loop = 0; return 0; }
     srv_metrics_device_loop(s->o.metrics, n - 1);
-    if (c.ended) return 1; /* (an error after the job ended leaves the session as it fed) */
+    if (!sl->job) return 1; /* ended in the loop (an error after that leaves the session as it fed) */
     if (rc) {
         lily_session_reset(sl->sess);
         release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
@@ -459,13 +463,7 @@ static int bburst_cb(void *user, int row, const lily_token *tok) {
     if (!tok) { release_slot(c->s, sl, SRV_FINISH_ERROR, "sampler: every token is penalized to -inf"); return 1; }
     c->last[row] = tok->id;
     c->n_tok++;
-    if (atomic_load((_Atomic int *)&j->cancel)) { release_slot(c->s, sl, SRV_FINISH_CANCELLED, NULL); return 1; }
-    if (emit(c->s, sl, tok)) return 1;
-    if (j->gram_on) return 1;
-    pthread_mutex_lock(&c->s->mu);
-    int yield = (c->s->q_head != NULL && c->s->n_active < c->s->o.n_slots) || c->s->quit;
-    pthread_mutex_unlock(&c->s->mu);
-    return yield;
+    return loop_token(c->s, sl, tok);
 }
 
 /* 1 when the round's pending tokens went into a batched device loop (fed, and more made), 0 when
