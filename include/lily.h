@@ -121,6 +121,24 @@ lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *
 lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, const int *marks,
                                   int n_marks, int snapshot_end, int *reused, lily_status *st);
 
+/* Prefills several sessions at once (the server's arrivals): job i ends exactly as
+ * lily_session_prefill_ex(s, ids, n, marks, n_marks, snapshot_end, &reused) would leave it,
+ * with that call's result in rc and st, whatever the other jobs do. On the GPU the sessions'
+ * passes run side by side. Sessions must be distinct and of one model; LILY_EINVAL (nothing
+ * run) otherwise, else LILY_OK with each job's own result. */
+typedef struct {
+    lily_session *s;
+    const int32_t *ids;
+    int n;
+    const int *marks;
+    int n_marks;
+    int snapshot_end;
+    int reused;        /* out: tokens not recomputed */
+    lily_code rc;      /* out */
+    lily_status st;    /* out: the job's error, when rc is not LILY_OK */
+} lily_prefill_job;
+lily_code lily_prefill_batch(lily_prefill_job *jobs, int n, lily_status *st);
+
 /* Feeds one token to each of n sessions of one model in a single pass, so the weights are
  * read once for all of them (continuous batching): session ss[i] gets ids[i]. The result
  * equals n separate lily_session_feed calls. Sessions must be distinct. */

@@ -121,7 +121,10 @@ sys.exit(0 if ''.join(x['choices'][0]['text'] for x in ev)==json.load(open('$tmp
 # (ignore_eos: the request log's check below wants 3 tokens and "length"; a sampled end-of-text token
 # within 3 had ended it early, a rare failure seen in session 29's CI)
 t "token-id prompt" [ "$(req k3 /v1/completions '{"prompt":[1,2,3,4],"max_tokens":3,"ignore_eos":true}')" = 200 ]
-t "request log: one line per finished request (4 prompt tokens, 3 generated)" grep -qE 'request done: slot [0-9]+, prompt 4 tokens \([0-9]+ cached\), 3 generated, length, first token [0-9.]+ ms' "$tmp/main.log"
+# (the line is written as the slot is released, just after the answer's end is published: waited for)
+t "request log: one line per finished request (4 prompt tokens, 3 generated)" bash -c 'for i in $(seq 100); do
+  grep -qE "request done: slot [0-9]+, prompt 4 tokens \([0-9]+ cached\), 3 generated, length, first token [0-9.]+ ms" "$1" && exit 0
+  sleep 0.05; done; exit 1' _ "$tmp/main.log"
 t "token id outside the vocabulary" [ "$(req k4 /v1/completions '{"prompt":[1,999999],"max_tokens":3}')" = 400 ]
 
 # repetition_penalty covers the prompt's tokens, not only generated ones (lily.h; transformers and

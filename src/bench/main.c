@@ -15,7 +15,9 @@
  * lcuda_forward_batch, as lily-server's scheduler does; timed on the host clock (each round
  * ends with its [B][vocab] logits in host memory); t/s counts the tokens of all B sessions. tgNxBl@D:
  * the same B sessions in the batched device loop (no logits to the host, the tokens chosen on the
- * GPU), as lily-server's concurrent streams now decode; tgNxBls@D sampling there. */
+ * GPU), as lily-server's concurrent streams now decode; tgNxBls@D sampling there. ppNxB: B sessions
+ * prefilling N tokens each, their passes side by side (as lily-server's arrivals); ppNxBq: one after
+ * the other (host clock; t/s counts all B sessions' tokens). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,7 +81,11 @@ static model_bytes count(const lily_config *c) {
 static int parse_test(const char *t, int *pp, int *n, int *nb, int *d) {
     *n = 0; *nb = 1; *d = 0;
     *pp = t[0] == 'p';
-    if (*pp) return sscanf(t, "pp%d", n) == 1 && *n > 0;
+    if (*pp) {
+        const char *x = strchr(t, 'x');
+        if (x && (sscanf(x, "x%d", nb) != 1 || *nb < 1 || *nb > 64)) return 0;
+        return sscanf(t, "pp%d", n) == 1 && *n > 0;
+    }
     if (strncmp(t, "tg", 2) || sscanf(t, "tg%d", n) != 1 || *n < 1) return 0;
     const char *x = strchr(t, 'x'), *at = strchr(t, '@');
     if (x && (sscanf(x, "x%d", nb) != 1 || *nb < 1 || *nb > 64)) return 0;
@@ -130,6 +136,27 @@ static lily_code time_batch_loop(lcuda_session **ss, int nb, int n, int d, int v
     double t0 = lily_now();
     lily_code rc = lcuda_generate_batch(ss, rows, nb, n, NULL, NULL, lg, &steps, &fed, st);
     *ms = (lily_now() - t0) * 1e3;
+    return rc;
+}
+
+/* nb sessions prefilling n tokens each (one pass each, at most the chunk): side by side on their own
+ * streams (lcuda_forward_begin for all, then lcuda_forward_wait), as lily_prefill_batch runs the
+ * server's arrivals, or with seq one after the other, as before it; host-clock milliseconds. */
+static lily_code time_prefills(lcuda_session **ss, int nb, int n, int vocab, float *logits, int seq, double *ms, lily_status *st) {
+    int32_t *ids = malloc((size_t)nb * n * sizeof *ids);
+    if (!ids) return lily_err(st, LILY_ENOMEM, "out of memory");
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    for (int i = 0; i < nb * n; i++) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; ids[i] = (int32_t)(x % (uint64_t)vocab); }
+    for (int i = 0; i < nb; i++) lcuda_session_reset(ss[i]);
+    lily_code rc = LILY_OK;
+    double t0 = lily_now();
+    for (int i = 0; i < nb && !rc; i++) {
+        rc = lcuda_forward_begin(ss[i], ids + (size_t)i * n, n, 0, st);
+        if (!rc && seq) rc = lcuda_forward_wait(ss[i], logits + (size_t)i * vocab, st);
+    }
+    for (int i = 0; i < nb && !rc && !seq; i++) rc = lcuda_forward_wait(ss[i], logits + (size_t)i * vocab, st);
+    *ms = (lily_now() - t0) * 1e3;
+    free(ids);
     return rc;
 }
 
@@ -220,7 +247,8 @@ int main(int argc, char **argv) {
         for (int r = -warm; r < reps; r++) {
             double x = 0;
             lcuda_session_reset(s);
-            if (batched && loop) { if (!blg || time_batch_loop(bs, nb, n, d, cfg.vocab, blg, sampled ? &sp : NULL, &x, &st)) goto fail; }
+            if (batched && pp) { if (!blg || time_prefills(bs, nb, n, cfg.vocab, blg, strchr(t, 'q') != NULL, &x, &st)) goto fail; }
+            else if (batched && loop) { if (!blg || time_batch_loop(bs, nb, n, d, cfg.vocab, blg, sampled ? &sp : NULL, &x, &st)) goto fail; }
             else if (batched) { if (!blg || time_batch(bs, nb, n, d, cfg.vocab, blg, &x, &st)) goto fail; }
             else if (pp) { if (lcuda_time_forward(s, NULL, n, 0, &x, &st)) goto fail; }
             else {
@@ -232,7 +260,12 @@ int main(int argc, char **argv) {
         qsort(ms, (size_t)reps, sizeof *ms, cmp_d);
         double med = reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
         double tps = (double)n * nb / (med / 1e3), bytes, floor_s;
-        if (batched) {
+        if (batched && pp) {
+            /* each pass reads the dense weights and the experts its n tokens route to */
+            double E = cfg.n_experts, touched = E * (1 - pow(1 - cfg.top_k / E, n));
+            bytes = nb * (mb.active + (touched - cfg.top_k) * mb.experts + n * kv_tok);
+            floor_s = bytes / bw;
+        } else if (batched) {
             /* a round reads the dense weights once and each expert the nb tokens route to once */
             double E = cfg.n_experts, touched = E * (1 - pow(1 - cfg.top_k / E, nb));
             bytes = n * (mb.active + (touched - cfg.top_k) * mb.experts + nb * state) + nb * kv_tok * ((double)n * d + (double)n * n / 2);
@@ -257,7 +290,12 @@ int main(int argc, char **argv) {
         free(ms);
         /* --profile with a batch test: one more round of the batch, an event after each stage
          * (no graph, as the batch runs), printed after the row */
-        if (batched && prof) {
+        if (pp && !batched && prof && n <= 2048) { /* --profile with a prompt test: its pass stage by stage */
+            static char rep[16384];
+            if (lcuda_profile(s, n, 0, rep, sizeof rep, &st) || lcuda_profile(s, n, 0, rep, sizeof rep, &st)) goto fail;
+            fprintf(out, "\n%s\n", rep);
+        }
+        if (batched && !pp && prof) {
             static char rep[16384];
             int32_t ids[64];
             int pos[64];

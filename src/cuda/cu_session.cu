@@ -62,6 +62,7 @@ void lcuda_session_free(lcuda_session *s) {
     for (size_t i = 0; i < sizeof il / sizeof *il; i++) cudaFree(*il[i]);
     for (int i = 0; i < LCU_SNAPSHOTS; i++) { cudaFree(s->snap_conv[i]); cudaFree(s->snap_S[i]); }
     if (s->ring_h) cudaFreeHost(s->ring_h);
+    if (s->ids_h) cudaFreeHost(s->ids_h);
     cudaFree(s->bmeta_d);
     if (s->bmeta_h) cudaFreeHost(s->bmeta_h);
     for (int i = 0; i < 4; i++) if (s->ev[i]) cudaEventDestroy(s->ev[i]);
@@ -163,6 +164,7 @@ void lcuda_session_reset(lcuda_session *s) {
 }
 
 int lcuda_session_pos(const lcuda_session *s) { return s->pos; }
+int lcuda_chunk(const lcuda_session *s) { return s->m->chunk; }
 
 /* ---- snapshots of the recurrent state ---- */
 lily_code cu_snap_alloc(lcuda_session *s, int slot, lily_status *st) {

@@ -48,6 +48,14 @@ void lcuda_session_reset(lcuda_session *s);
 lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits,
                         int all_logits, lily_status *st);
 
+/* lcuda_forward of T <= the backend's chunk (lcuda_chunk) tokens with the last row's logits, split
+ * in two: _begin enqueues the pass on the session's own stream and returns without waiting; _wait
+ * copies the logits [V] to `logits` and waits for the pass. Begins of several sessions followed by
+ * their waits run the passes side by side on the GPU; each gives what lcuda_forward would. */
+lily_code lcuda_forward_begin(lcuda_session *s, const int32_t *ids, int T, int pos, lily_status *st);
+lily_code lcuda_forward_wait(lcuda_session *s, float *logits, lily_status *st);
+int lcuda_chunk(const lcuda_session *s);
+
 /* A decode batch: session ss[i] is fed ids[i] at position pos[i] (like lcuda_forward with
  * T = 1), all n in one pass that reads the weights once; row i's logits [V] to host memory at
  * logits[i] (best page-locked: lcuda_host_alloc). The sessions must be distinct and of one

@@ -40,6 +40,15 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
     (void)s; (void)ids; (void)T; (void)pos; (void)logits; (void)all_logits;
     return lily_err(st, LILY_EDEVICE, NO_GPU);
 }
+lily_code lcuda_forward_begin(lcuda_session *s, const int32_t *ids, int T, int pos, lily_status *st) {
+    (void)s; (void)ids; (void)T; (void)pos;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+lily_code lcuda_forward_wait(lcuda_session *s, float *logits, lily_status *st) {
+    (void)s; (void)logits;
+    return lily_err(st, LILY_EDEVICE, NO_GPU);
+}
+int lcuda_chunk(const lcuda_session *s) { (void)s; return 0; }
 lily_code lcuda_forward_batch(lcuda_session **ss, const int32_t *ids, const int *pos, int n, float *const *logits,
                               lily_status *st) {
     (void)ss; (void)ids; (void)pos; (void)n; (void)logits;

@@ -122,7 +122,8 @@ int lily_session_len(const lily_session *s) { return s->n; }
 const int32_t *lily_session_tokens(const lily_session *s) { return s->tokens; }
 const float *lily_session_logits(lily_session *s) { return s->has_logits ? s->logits : NULL; }
 
-lily_code engine_forward(lily_session *s, const int32_t *ids, int n, float *all_logits, lily_status *st) {
+/* what every feed checks first: tokens to feed, room in the context, ids in the vocabulary */
+static lily_code feed_check(const lily_session *s, const int32_t *ids, int n, lily_status *st) {
     const lily_config *c = &s->m->w.cfg;
     if (n <= 0) return lily_err(st, LILY_EINVAL, "no tokens to feed");
     if (s->n + n > s->m->max_ctx)
@@ -130,6 +131,13 @@ lily_code engine_forward(lily_session *s, const int32_t *ids, int n, float *all_
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab)
             return lily_err(st, LILY_EINVAL, "token id %d outside the vocabulary [0, %d)", ids[i], c->vocab);
+    return LILY_OK;
+}
+
+lily_code engine_forward(lily_session *s, const int32_t *ids, int n, float *all_logits, lily_status *st) {
+    const lily_config *c = &s->m->w.cfg;
+    lily_code rc0 = feed_check(s, ids, n, st);
+    if (rc0) return rc0;
     if (s->cuda) { /* the backend chunks prefill itself */
         lily_code rc = lcuda_forward(s->cuda, ids, n, s->n, all_logits ? all_logits : s->logits, all_logits != NULL, st);
         if (rc) return rc;
@@ -284,11 +292,23 @@ lily_code lily_session_prefill(lily_session *s, const int32_t *ids, int n, int *
     return lily_session_prefill_ex(s, ids, n, NULL, 0, 1, reused, st);
 }
 
-lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, const int *marks, int n_marks,
-                                  int snapshot_end, int *reused, lily_status *st) {
+/* A prefill in pieces, which lily_session_prefill_ex runs one after the other and lily_prefill_batch
+ * beside other sessions' (same pieces, same snapshots). prefill_start: the checks, and whatever of
+ * the prompt the session can restore; *done when that was all of it (logits included), else feeds
+ * follow from s->n, each up to prefill_stop, each followed by prefill_reached. */
+static lily_code prefill_start(lily_session *s, const int32_t *ids, int n, const int *marks, int n_marks, int *reused,
+                               int *done, lily_status *st) {
     const lily_config *c = &s->m->w.cfg;
+    *done = 0;
     if (n < 1) return lily_err(st, LILY_EINVAL, "empty prompt");
     if (n > s->m->max_ctx) return lily_err(st, LILY_ERANGE, "prompt of %d tokens exceeds the context length %d", n, s->m->max_ctx);
+    /* the marks inside the prompt, where the feeds stop, must increase */
+    for (int i = 1, last = 0; i <= n_marks; i++) {
+        const int m = marks[i - 1];
+        if (m <= 0 || m >= n) continue;
+        if (m <= last) return lily_err(st, LILY_EINVAL, "snapshot marks must increase");
+        last = m;
+    }
     int cp = common_prefix(s->tokens, s->n, ids, n);
     /* The same prompt again: a snapshot at its end that kept the logits restores everything
      * (the attention rows below n match because the session still holds these n tokens),
@@ -301,6 +321,7 @@ lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, co
         memcpy(s->logits, end->logits, (size_t)c->vocab * sizeof(float));
         s->has_logits = 1;
         if (reused) *reused = n;
+        *done = 1;
         return LILY_OK;
     }
     /* Otherwise keep at least the last prompt token to recompute, so its logits exist. */
@@ -322,17 +343,94 @@ lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, co
         start = s->n;
     }
     if (reused) *reused = start;
-    /* Stop at each requested mark past the reused prefix to keep a snapshot there. */
-    lily_code rc = LILY_OK;
-    for (int i = 0; i < n_marks && !rc; i++) {
-        int m = marks[i];
-        if (m <= s->n || m >= n) continue;
-        if (i && m <= marks[i - 1]) return lily_err(st, LILY_EINVAL, "snapshot marks must increase");
-        if (!(rc = engine_forward(s, ids + s->n, m - s->n, NULL, st))) snapshot_take(s);
+    return LILY_OK;
+}
+/* where the next feed ends: the first mark past s->n (a snapshot is kept there), else the prompt's end */
+static int prefill_stop(const lily_session *s, int n, const int *marks, int n_marks) {
+    for (int i = 0; i < n_marks; i++)
+        if (marks[i] > s->n && marks[i] < n) return marks[i];
+    return n;
+}
+/* after a feed ended at s->n: the snapshot at a mark, and at the end unless asked not to (an
+ * intermediate chunk of a long prompt); a snapshot at a prompt's end lets a regenerated answer
+ * start from there */
+static void prefill_reached(lily_session *s, int n, int snapshot_end) {
+    if (s->n < n || snapshot_end) snapshot_take(s);
+}
+
+lily_code lily_session_prefill_ex(lily_session *s, const int32_t *ids, int n, const int *marks, int n_marks,
+                                  int snapshot_end, int *reused, lily_status *st) {
+    int done;
+    lily_code rc = prefill_start(s, ids, n, marks, n_marks, reused, &done, st);
+    if (rc) return rc; /* (a refused prompt leaves the session as it was) */
+    while (!rc && !done && s->n < n) {
+        int stop = prefill_stop(s, n, marks, n_marks);
+        if (!(rc = engine_forward(s, ids + s->n, stop - s->n, NULL, st))) prefill_reached(s, n, snapshot_end);
     }
-    if (!rc) rc = engine_forward(s, ids + s->n, n - s->n, NULL, st);
-    if (rc) { lily_session_reset(s); return rc; }
-    /* A snapshot at the end of a prompt lets a regenerated answer start from here. */
-    if (snapshot_end) snapshot_take(s);
+    if (rc) lily_session_reset(s);
+    return rc;
+}
+
+/* Several prompts at once. Each job runs the pieces lily_session_prefill_ex runs; on the GPU a round
+ * begins every job's next piece that fits one pass (lcuda_forward_begin: each on its own session's
+ * stream) before it waits for any, so short prompts, each a latency-bound pass that leaves most of
+ * the GPU idle, run side by side. The launches are those of one session alone, so every session
+ * ends bit for bit as lily_session_prefill_ex leaves it. Longer pieces are fed alone. */
+lily_code lily_prefill_batch(lily_prefill_job *jobs, int n, lily_status *st) {
+    if (n < 1) return lily_err(st, LILY_EINVAL, "empty batch");
+    for (int i = 0; i < n; i++) {
+        if (!jobs[i].s || jobs[i].s->m != jobs[0].s->m) return lily_err(st, LILY_EINVAL, "batch mixes sessions of different models");
+        for (int k = 0; k < i; k++)
+            if (jobs[k].s == jobs[i].s) return lily_err(st, LILY_EINVAL, "a session appears twice in one batch");
+    }
+    int left = 0;
+    char *done = calloc((size_t)n, 1);
+    if (!done) return lily_err(st, LILY_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        lily_prefill_job *j = &jobs[i];
+        memset(&j->st, 0, sizeof j->st);
+        j->reused = 0;
+        int d = 0;
+        j->rc = prefill_start(j->s, j->ids, j->n, j->marks, j->n_marks, &j->reused, &d, &j->st);
+        done[i] = d || j->rc || j->s->n >= j->n;
+        left += !done[i];
+    }
+    while (left) {
+        /* a round: every job's next piece begun where one pass takes it, then waited for; the rest fed alone */
+        char begun[64];
+        for (int b = 0; b < n; b += 64) {
+            const int e = n - b < 64 ? n - b : 64;
+            for (int i = b; i < b + e; i++) {
+                lily_prefill_job *j = &jobs[i];
+                begun[i - b] = 0;
+                if (done[i] || !j->s->cuda) continue;
+                int len = prefill_stop(j->s, j->n, j->marks, j->n_marks) - j->s->n;
+                if (len > lcuda_chunk(j->s->cuda)) continue;
+                if (!(j->rc = feed_check(j->s, j->ids + j->s->n, len, &j->st)) &&
+                    !(j->rc = lcuda_forward_begin(j->s->cuda, j->ids + j->s->n, len, j->s->n, &j->st)))
+                    begun[i - b] = 1;
+            }
+            for (int i = b; i < b + e; i++) {
+                lily_prefill_job *j = &jobs[i];
+                lily_session *s = j->s;
+                if (done[i]) continue;
+                if (begun[i - b]) {
+                    int len = prefill_stop(s, j->n, j->marks, j->n_marks) - s->n;
+                    if (!(j->rc = lcuda_forward_wait(s->cuda, s->logits, &j->st))) {
+                        memcpy(s->tokens + s->n, j->ids + s->n, (size_t)len * sizeof *j->ids);
+                        s->n += len;
+                        s->has_logits = 1;
+                    }
+                } else if (!j->rc) { /* (on the CPU, or a piece longer than a pass) */
+                    int stop = prefill_stop(s, j->n, j->marks, j->n_marks);
+                    j->rc = engine_forward(s, j->ids + s->n, stop - s->n, NULL, &j->st);
+                }
+                if (!j->rc) prefill_reached(s, j->n, j->snapshot_end);
+                else lily_session_reset(s);
+                if (j->rc || s->n >= j->n) { done[i] = 1; left--; }
+            }
+        }
+    }
+    free(done);
     return LILY_OK;
 }

@@ -26,6 +26,7 @@ typedef struct {
     uint8_t *pmask;    /* [vocab] the job's prompt tokens, for repetition_penalty (lily.h: over prompt
                         * and output, as transformers and vLLM apply it); allocated on first use */
     int pmask_on;
+    int prefilled;     /* this round's prefill step ran in prefill_round */
     /* this round's draw, made beside the other slots' before the steps (draw_round) */
     int drawn;
     const float *draw_logits;
@@ -62,6 +63,7 @@ struct srv_sched {
     lily_pool *pool;          /* draws the slots' tokens in parallel (NULL with one slot) */
     int device_loop;          /* a lone stream decodes in the engine's device loop (burst) */
     int batch_loop;           /* concurrent streams decode in the engine's batched device loop (batch_burst) */
+    int prefill_batch;        /* prefilling jobs' steps run together (prefill_round) */
 };
 
 srv_job *srv_job_new(void) {
@@ -224,41 +226,83 @@ static void draw(srv_sched *s, slot *sl) {
 
 static int emit(srv_sched *s, slot *sl, const lily_token *tp);
 
+/* The slot's next prefill step (state 1) as a job for the engine: the prompt up to the next chunk's
+ * end, and the snapshot marks there (mark: their storage). */
+static void prefill_plan(srv_sched *s, slot *sl, lily_prefill_job *pj, int *mark) {
+    srv_job *j = sl->job;
+    int upto = s->o.prefill_chunk > 0 && j->n_prompt - j->n_fed > s->o.prefill_chunk ? j->n_fed + s->o.prefill_chunk
+                                                                                       : j->n_prompt;
+    /* The first step reaches one token past what this slot already shares with the
+     * prompt: a step that ended inside the shared prefix would hide it from the engine,
+     * which then could only start over (no reuse for prompts longer than a chunk). */
+    if (j->n_fed == 0 && upto < j->n_prompt) {
+        int cp = common_prefix(lily_session_tokens(sl->sess), lily_session_len(sl->sess), j->prompt, j->n_prompt);
+        if (cp >= upto) upto = cp + 1 < j->n_prompt ? cp + 1 : j->n_prompt;
+    }
+    /* A snapshot where the last turn begins lets the next turn of this conversation
+     * resume there (its prompt re-renders that turn differently); the end of the
+     * prompt gets one for regenerations; intermediate chunk ends get none. */
+    memset(pj, 0, sizeof *pj);
+    pj->s = sl->sess;
+    pj->ids = j->prompt;
+    pj->n = upto;
+    pj->snapshot_end = upto == j->n_prompt || upto == j->boundary;
+    pj->marks = mark;
+    if (j->boundary > j->n_fed && j->boundary < upto) { *mark = j->boundary; pj->n_marks = 1; }
+}
+
+/* The job's prefill step ended (pj's result): 1 when that ended the job (an error), else its
+ * progress recorded (state 2 once the whole prompt is in). */
+static int prefill_done(srv_sched *s, slot *sl, const lily_prefill_job *pj) {
+    srv_job *j = sl->job;
+    if (pj->rc) {
+        lily_session_reset(sl->sess);
+        release_slot(s, sl, SRV_FINISH_ERROR, pj->st.msg);
+        return 1;
+    }
+    if (j->n_fed == 0) {
+        pthread_mutex_lock(&j->mu);
+        j->n_reused = pj->reused;
+        pthread_mutex_unlock(&j->mu);
+    }
+    j->n_fed = pj->n;
+    if (pj->n == j->n_prompt) j->state = 2;
+    return 0;
+}
+
+/* Every prefilling job's step at once (lily_prefill_batch: on the GPU their passes side by side),
+ * before the round's draws: a burst of N arrivals, each a short latency-bound pass, took N passes
+ * one after the other. step() then goes on from each as from its own prefill. */
+static void prefill_round(srv_sched *s) {
+    lily_prefill_job pj[SRV_MAX_SLOTS];
+    slot *sl[SRV_MAX_SLOTS];
+    int mark[SRV_MAX_SLOTS], n = 0;
+    for (int i = 0; i < s->o.n_slots; i++) {
+        slot *x = &s->slots[i];
+        if (!x->job || x->job->state != 1 || atomic_load((_Atomic int *)&x->job->cancel)) continue;
+        prefill_plan(s, x, &pj[n], &mark[n]);
+        sl[n++] = x;
+    }
+    if (n < 2 || !s->prefill_batch) return;
+    lily_status st = { 0 };
+    if (lily_prefill_batch(pj, n, &st)) return; /* (nothing ran: step() prefills each) */
+    for (int i = 0; i < n; i++)
+        if (!prefill_done(s, sl[i], &pj[i])) sl[i]->prefilled = 1;
+}
+
 static void step(srv_sched *s, slot *sl) {
     srv_job *j = sl->job;
-    lily_status st = { 0 };
-    int drawn = sl->drawn;
-    sl->drawn = 0;
+    int drawn = sl->drawn, prefilled = sl->prefilled;
+    sl->drawn = sl->prefilled = 0;
     if (atomic_load((_Atomic int *)&j->cancel)) { release_slot(s, sl, SRV_FINISH_CANCELLED, NULL); return; }
-    if (j->state == 1) {
-        int upto = s->o.prefill_chunk > 0 && j->n_prompt - j->n_fed > s->o.prefill_chunk ? j->n_fed + s->o.prefill_chunk
-                                                                                           : j->n_prompt;
-        /* The first step reaches one token past what this slot already shares with the
-         * prompt: a step that ended inside the shared prefix would hide it from the engine,
-         * which then could only start over (no reuse for prompts longer than a chunk). */
-        if (j->n_fed == 0 && upto < j->n_prompt) {
-            int cp = common_prefix(lily_session_tokens(sl->sess), lily_session_len(sl->sess), j->prompt, j->n_prompt);
-            if (cp >= upto) upto = cp + 1 < j->n_prompt ? cp + 1 : j->n_prompt;
+    if (j->state == 1 || prefilled) {
+        if (!prefilled) { /* (not in this round's prefill_round) */
+            lily_prefill_job pj;
+            int mark;
+            prefill_plan(s, sl, &pj, &mark);
+            pj.rc = lily_session_prefill_ex(sl->sess, pj.ids, pj.n, pj.marks, pj.n_marks, pj.snapshot_end, &pj.reused, &pj.st);
+            if (prefill_done(s, sl, &pj)) return;
         }
-        /* A snapshot where the last turn begins lets the next turn of this conversation
-         * resume there (its prompt re-renders that turn differently); the end of the
-         * prompt gets one for regenerations; intermediate chunk ends get none. */
-        int marks[1], n_marks = 0, snap_end = upto == j->n_prompt || upto == j->boundary;
-        if (j->boundary > j->n_fed && j->boundary < upto) marks[n_marks++] = j->boundary;
-        int reused = 0;
-        lily_code rc = lily_session_prefill_ex(sl->sess, j->prompt, upto, marks, n_marks, snap_end, &reused, &st);
-        if (rc) {
-            lily_session_reset(sl->sess);
-            release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
-            return;
-        }
-        if (j->n_fed == 0) {
-            pthread_mutex_lock(&j->mu);
-            j->n_reused = reused;
-            pthread_mutex_unlock(&j->mu);
-        }
-        j->n_fed = upto;
-        if (upto == j->n_prompt) j->state = 2;
         /* Prefilled beside other jobs: its first token now, fed with theirs this round, not a round later
          * after every other job's step (a burst of N arrivals, each prefill ~9 ms for the 35B-A3B, gave all
          * N their first token after all N prefills). Alone, the device loop (burst) draws it instead. */
@@ -764,6 +808,7 @@ static void *sched_main(void *arg) {
         int n_active = s->q_head && s->o.n_slots > 1 ? 0 : s->n_active;
         pthread_mutex_unlock(&s->mu);
         if (!burst(s, n_active)) {
+            prefill_round(s);
             draw_round(s);
             for (int i = 0; i < s->o.n_slots; i++)
                 if (s->slots[i].job) step(s, &s->slots[i]);
@@ -883,6 +928,9 @@ lily_code srv_sched_start(const srv_sched_opts *o, srv_sched **out, lily_status 
         /* LILY_SRV_BATCH_LOOP=0: concurrent streams in rounds (the reference the batched loop is tested against) */
         e = getenv("LILY_SRV_BATCH_LOOP");
         s->batch_loop = !(e && !strcmp(e, "0")) && s->info.backend && !strcmp(s->info.backend, "cuda");
+        /* LILY_SRV_PREFILL_BATCH=0: arrivals prefilled a job at a time (the reference for prefill_round) */
+        e = getenv("LILY_SRV_PREFILL_BATCH");
+        s->prefill_batch = !(e && !strcmp(e, "0"));
     }
     warm_up(s);
     if (o->gpu_park_bytes && s->info.backend && !strcmp(s->info.backend, "cuda")) {

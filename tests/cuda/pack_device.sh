@@ -7,13 +7,13 @@
 set -eu
 B=${B:-build/cuda}
 make -s -j"$(nproc)" CUDA=1 CUDA_ARCH=sm_90a BUILD="$B" "$B/lily" "$B/lily-server" "$B/lily-bench" "$B/cuda-kernel-test" \
-  "$B/tests/test_beside" "$B/tests/test_park" "$B/tests/test_batch" "$B/tests/test_sample_gen" "$B/tests/test_batch_gen"
+  "$B/tests/test_beside" "$B/tests/test_park" "$B/tests/test_batch" "$B/tests/test_sample_gen" "$B/tests/test_batch_gen" "$B/tests/test_prefill_batch"
 S=$(mktemp -d)
 mkdir -p "$S/bin/tests" "$S/lib" .fixtures
 cp "$B/lily" "$B/lily-server" "$B/lily-bench" "$B/cuda-kernel-test" "$S/bin/"
 # EXTRA: more files for bin/ (say, another commit's lily-bench, to compare on the same GPU)
 [ -n "${EXTRA:-}" ] && cp $EXTRA "$S/bin/"
-cp "$B"/tests/test_beside "$B"/tests/test_park "$B"/tests/test_batch "$B"/tests/test_sample_gen "$B"/tests/test_batch_gen "$S/bin/tests/"
+cp "$B"/tests/test_beside "$B"/tests/test_park "$B"/tests/test_batch "$B"/tests/test_sample_gen "$B"/tests/test_batch_gen "$B"/tests/test_prefill_batch "$S/bin/tests/"
 strip "$S"/bin/* "$S"/bin/tests/* 2>/dev/null || true
 # every library but the C runtime's own, which the device has in a matching or newer version
 ldd "$S/bin/lily-server" | awk '$3 ~ /^\// {print $3}' | grep -Ev '/(libc|libm|libresolv|libpthread|libdl|librt)\.so' |

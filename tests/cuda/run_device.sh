@@ -92,8 +92,9 @@ for stage in $stages; do
       "$BIN/cuda-kernel-test" $a >"$OUT/kernels$a.log" 2>&1 || fail=1
       echo "cuda-kernel-test $a: $(grep -E "FAIL|error" "$OUT/kernels$a.log" | head -20)$(tail -1 "$OUT/kernels$a.log")"
     done
-    # the same tokens alone and beside other sessions, and parking to the host and back
-    for t in test_beside test_park test_batch test_sample_gen; do
+    # the same tokens alone and beside other sessions, parking to the host and back, the batched decode
+    # loop and the side-by-side prefills against their one-at-a-time twins
+    for t in test_beside test_park test_batch test_sample_gen test_batch_gen test_prefill_batch; do
       [ -x "$BIN/tests/$t" ] || continue
       LILY_TEST_BACKEND=cuda "$BIN/tests/$t" >"$OUT/$t.log" 2>&1 && echo "$t (cuda): $(tail -1 "$OUT/$t.log")" ||
         { echo "$t (cuda): FAIL"; grep -v '^ok' "$OUT/$t.log" | tail; fail=1; }
