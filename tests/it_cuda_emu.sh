@@ -2,76 +2,116 @@
 # The CUDA backend on the CPU emulator (tests/cuda/emu, docs/cuda.md), so the kernels' logic
 # is checked on every CI run without a GPU: builds $BUILD/emu (make emu), runs the
 # emulator's self-test, `lily check --backend cuda` on the fixtures, the kernel test at
-# small shapes, shows that deliberately broken kernels (cu2cpp.py --mutate) fail it, and
-# repeats the self-test, kernel test, one fixture, test_sample_gen, test_park and test_batch_gen under AddressSanitizer
-# (make emu-asan).
+# small shapes, shows that deliberately broken kernels (cu2cpp.py --mutate) fail it, runs the
+# unit tests that check the CUDA backend's sessions, and repeats the self-test, kernel test and one
+# fixture under AddressSanitizer (make emu-asan), where test_sample_gen, test_park and test_batch_gen
+# run (there only: ASan's run is the plain one's checks and more).
+# Everything is built first; then the runs, each single-threaded on the emulator, go as a queue of
+# jobs, as many at once as the machine has cores (LILY_EMU_JOBS; CI's two cores: this test was most
+# of CI's time when it ran one item after the other), each job's report printed in queue order.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 E=$BUILD/emu
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok   $*"; }
-bad() { fail=$((fail+1)); echo "FAIL $*"; }
+A=$BUILD/emu-asan
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# each result is a line of $tmp/tally (appends of a few bytes: whole lines from concurrent jobs)
+ok() { echo p >>"$tmp/tally"; echo "ok   $*"; }
+bad() { echo f >>"$tmp/tally"; echo "FAIL $*"; }
+summary() { echo "$(grep -c p "$tmp/tally") passed, $(grep -c f "$tmp/tally") failed"; [ "$(grep -c f "$tmp/tally")" = 0 ]; }
+: >"$tmp/tally"
 secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+queue=()
+q() { queue+=("$*"); } # q FUNCTION ARGS...: a job for run_queue
+run_queue() {
+  local par=${LILY_EMU_JOBS:-$(nproc)} i=0 running=0 c
+  for c in "${queue[@]}"; do
+    ( J=$i; eval "$c" ) >"$tmp/job.$i" 2>&1 &
+    i=$((i+1)); running=$((running+1))
+    if [ "$running" -ge "$par" ]; then wait -n; running=$((running-1)); fi
+  done
+  wait
+  for ((k = 0; k < i; k++)); do cat "$tmp/job.$k"; done
+}
 
+# ---- the builds: the emulated library and programs, its unit tests, the ASan build (make
+# emu-asan), the mutants (below)
+units="test_park test_beside test_batch test_batch_gen test_prefill_batch test_sample_gen"
 t0=$(date +%s.%N)
 if ! MAKEFLAGS= make -s -j2 BUILD="$BUILD" emu >"$tmp/build.log" 2>&1; then
-  tail -n 40 "$tmp/build.log"; bad "make emu"; echo "$pass passed, $fail failed"; exit 1
+  tail -n 40 "$tmp/build.log"; bad "make emu"; summary; exit 1
 fi
 ok "make emu ($(secs "$t0") s)"
+t0=$(date +%s.%N)
+ut=""; for n in $units; do ut="$ut $E/tests/$n"; done
+if MAKEFLAGS= make -s -k -j2 EMU=1 BUILD="$E" $ut >"$tmp/units.build" 2>&1; then ok "emulated unit tests built ($(secs "$t0") s)"
+else tail -n 20 "$tmp/units.build"; bad "build of the emulated unit tests"; fi
+t0=$(date +%s.%N)
+if MAKEFLAGS= make -s -j2 BUILD="$BUILD" emu-asan >"$tmp/asan.build" 2>&1; then asan_built=1; ok "make emu-asan ($(secs "$t0") s)"
+else asan_built=0; tail -n 40 "$tmp/asan.build"; bad "make emu-asan"; fi
 
-"$E/emu-selftest" >"$tmp/self.log" 2>/dev/null; rc=$?
-line=$(tail -n 1 "$tmp/self.log")
-if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulator self-test: $line"
-else cat "$tmp/self.log"; bad "emulator self-test (rc=$rc)"; fi
+j_self() {
+  "$E/emu-selftest" >"$tmp/self.log" 2>/dev/null; local rc=$? line
+  line=$(tail -n 1 "$tmp/self.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulator self-test: $line"
+  else cat "$tmp/self.log"; bad "emulator self-test (rc=$rc)"; fi
+}
+q j_self
 
 # bench/micro/chain.cu, the persistent kernel's measurement (a ring of bulk copies, grid flags),
 # at rows / 64 on 3 blocks: every ring form must give the direct loads' results bit for bit
-t0=$(date +%s.%N)
-"$E/emu-chain" 2 64 3 >"$tmp/chain.log" 2>&1; rc=$?
-if [ $rc = 0 ] && grep -q '^chain: all checks passed' "$tmp/chain.log" && [ "$(grep -c 'equal to the direct' "$tmp/chain.log")" = 8 ]; then
-  ok "emulated bench/micro/chain.cu: 6 ring runs, the launches and a second direct run equal to the direct run, first stage as the host's ($(secs "$t0") s)"
-else cat "$tmp/chain.log"; bad "emulated bench/micro/chain.cu (rc=$rc)"; fi
+j_chain() {
+  local t0 rc; t0=$(date +%s.%N)
+  "$E/emu-chain" 2 64 3 >"$tmp/chain.log" 2>&1; rc=$?
+  if [ $rc = 0 ] && grep -q '^chain: all checks passed' "$tmp/chain.log" && [ "$(grep -c 'equal to the direct' "$tmp/chain.log")" = 8 ]; then
+    ok "emulated bench/micro/chain.cu: 6 ring runs, the launches and a second direct run equal to the direct run, first stage as the host's ($(secs "$t0") s)"
+  else cat "$tmp/chain.log"; bad "emulated bench/micro/chain.cu (rc=$rc)"; fi
+}
+q j_chain
 
 # lily check replays each fixture's reference (prefill, continuation, greedy generation)
-for d in ../shared/fixtures/tiny tests/fixtures/tinyq tests/fixtures/pe tests/fixtures/pe-mlx4; do
-  if [ ! -f "$d/reference.safetensors" ]; then bad "fixture $d missing"; continue; fi
-  t0=$(date +%s.%N)
-  "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
-  if [ $rc = 0 ] && grep -q "cuda backend" "$tmp/check.log" && grep -q '^PASS' "$tmp/check.log"; then
-    ok "emulated lily check --backend cuda $d ($(secs "$t0") s): $(grep -oE 'rel err [0-9.e+-]+' "$tmp/check.log" | tr '\n' ' ')"
-  else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d (rc=$rc)"; fi
-done
+j_check() {
+  local d t0 rc log="$tmp/check.$J.log"
+  for d in ../shared/fixtures/tiny tests/fixtures/tinyq tests/fixtures/pe tests/fixtures/pe-mlx4; do
+    if [ ! -f "$d/reference.safetensors" ]; then bad "fixture $d missing"; continue; fi
+    t0=$(date +%s.%N)
+    "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$log" 2>&1; rc=$?
+    if [ $rc = 0 ] && grep -q "cuda backend" "$log" && grep -q '^PASS' "$log"; then
+      ok "emulated lily check --backend cuda $d ($(secs "$t0") s): $(grep -oE 'rel err [0-9.e+-]+' "$log" | tr '\n' ' ')"
+    else cat "$log"; bad "emulated lily check --backend cuda $d (rc=$rc)"; fi
+  done
+}
+q j_check
 
 # the other paths the forward pass keeps (docs/cuda.md): the TF32/SIMT tiles instead of the FP16
 # GEMM (LILY_CU_GEMM=0), decode's unfused residual norm and top-k (LILY_CU_FUSE=0), the staged
 # recurrent delta rule instead of the chunked one (LILY_CU_GDN_CHUNK=0) and the SIMT router tiles
 # (LILY_CU_ROUTER_TC=0)
-for d in ../shared/fixtures/tiny tests/fixtures/tinyq; do
-  t0=$(date +%s.%N)
-  LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=0 LILY_CU_FUSE=0 LILY_CU_ROUTER_TC=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
-  if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then
-    ok "emulated lily check --backend cuda $d, LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=0 LILY_CU_FUSE=0 LILY_CU_ROUTER_TC=0 ($(secs "$t0") s)"
-  else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the fallback tiles and the staged delta rule (rc=$rc)"; fi
-done
-
-# the fused decode MoE with the shared expert in its own launches (LILY_CU_SHSLOT=0), as before it
-# rode in the routed experts' launches, and the top-k by the router group's last block
-# (LILY_CU_TOPK_APART=0) instead of its own launch
-d=tests/fixtures/tinyq; t0=$(date +%s.%N)
-LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
-if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then ok "emulated lily check --backend cuda $d, LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 ($(secs "$t0") s)"
-else cat "$tmp/check.log"; bad "emulated lily check --backend cuda $d with the shared expert's own launches and the fused top-k (rc=$rc)"; fi
+j_check_alt() {
+  local d t0 rc log="$tmp/check.$J.log"
+  for d in ../shared/fixtures/tiny tests/fixtures/tinyq; do
+    t0=$(date +%s.%N)
+    LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=0 LILY_CU_FUSE=0 LILY_CU_ROUTER_TC=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$log" 2>&1; rc=$?
+    if [ $rc = 0 ] && grep -q '^PASS' "$log"; then
+      ok "emulated lily check --backend cuda $d, LILY_CU_GEMM=0 LILY_CU_GDN_CHUNK=0 LILY_CU_FUSE=0 LILY_CU_ROUTER_TC=0 ($(secs "$t0") s)"
+    else cat "$log"; bad "emulated lily check --backend cuda $d with the fallback tiles and the staged delta rule (rc=$rc)"; fi
+  done
+  # the fused decode MoE with the shared expert in its own launches (LILY_CU_SHSLOT=0), as before it
+  # rode in the routed experts' launches, and the top-k by the router group's last block
+  # (LILY_CU_TOPK_APART=0) instead of its own launch
+  d=tests/fixtures/tinyq; t0=$(date +%s.%N)
+  LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 "$E/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$log" 2>&1; rc=$?
+  if [ $rc = 0 ] && grep -q '^PASS' "$log"; then ok "emulated lily check --backend cuda $d, LILY_CU_SHSLOT=0 LILY_CU_TOPK_APART=0 ($(secs "$t0") s)"
+  else cat "$log"; bad "emulated lily check --backend cuda $d with the shared expert's own launches and the fused top-k (rc=$rc)"; fi
+}
+q j_check_alt
 
 # emu_unit NAME MARKER [DETAIL]: tests/NAME.c built for the emulator and run on its CUDA backend;
 # the last line must say it passed and the output must name MARKER (the backend really used);
 # DETAIL, a grep -o pattern, adds a line of its output to the report
 emu_unit() {
   local n=$1 marker=$2 detail=${3:-} log="$tmp/$1.log" t0 rc line
-  if ! MAKEFLAGS= make -s -j2 EMU=1 BUILD="$E" "$E/tests/$n" >"$tmp/$n.build" 2>&1; then
-    tail -n 20 "$tmp/$n.build"; bad "build of the emulated $n"; return
-  fi
+  if [ ! -x "$E/tests/$n" ]; then bad "build of the emulated $n"; return; fi
   t0=$(date +%s.%N)
   LILY_TEST_BACKEND=cuda "$E/tests/$n" >"$log" 2>&1; rc=$?
   line=$(tail -n 1 "$log")
@@ -80,70 +120,115 @@ emu_unit() {
   else grep -v '^ok' "$log" | tail -20; bad "emulated $n on the CUDA backend (rc=$rc)"; fi
 }
 
-# kernel_test DESC [VAR=value ...] -- ARGS: one run of the emulated cuda-kernel-test
+# kernel_test DESC [VAR=value ...] -- ARGS: one run of the emulated cuda-kernel-test ($tmp/kt.$J.log)
 kernel_test() {
-  local desc=$1 envs=() t0 rc line; shift
+  local desc=$1 envs=() t0 rc line log="$tmp/kt.$J.log"; shift
   while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
   t0=$(date +%s.%N)
-  env "${envs[@]}" "$E/cuda-kernel-test" "$@" >"$tmp/kt.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/kt.log")
+  env "${envs[@]}" "$E/cuda-kernel-test" "$@" >"$log" 2>&1; rc=$?
+  line=$(tail -n 1 "$log")
   if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "emulated cuda-kernel-test $desc ($(secs "$t0") s): $line"
-  else grep -v ' ok$' "$tmp/kt.log"; bad "emulated cuda-kernel-test $desc (rc=$rc)"; fi
+  else grep -v ' ok$' "$log"; bad "emulated cuda-kernel-test $desc (rc=$rc)"; fi
 }
 
-# parked conversations on the CUDA backend: state to the host and back, bit-exact (tests/test_park.c)
-emu_unit test_park cuda
+# asan_unit TEST: one unit test on the ASan build's CUDA backend: out-of-bounds accesses of device
+# buffers and static shared arrays inside kernels are reported (the self-test shows both are caught)
+asan_unit() {
+  local t0 rc line log="$tmp/asan-$1.log"
+  if [ "$asan_built" != 1 ]; then return; fi
+  t0=$(date +%s.%N)
+  ASAN_OPTIONS=detect_leaks=0 LILY_TEST_BACKEND=cuda "$A/tests/$1" >"$log" 2>&1; rc=$?
+  line=$(tail -n 1 "$log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$log"; then
+    ok "ASan $1 on the CUDA backend ($(secs "$t0") s): $line"
+  else grep -v '^ok' "$log" | tail -n 30; bad "ASan $1 on the CUDA backend (rc=$rc)"; fi
+}
+# (the longest jobs first: ASan's. test_sample_gen, test_park and test_batch_gen run there only, the
+# same checks as the plain build's with the sanitizer's besides.) The decode loop's graphs against
+# buffers reallocated under them (a stale sampler graph wrote and read the freed logits, which only
+# ASan sees here); parking's GPU tier (one device allocation walked by offsets, host copies of it, its
+# budget); the batched decode loop (its rows' tables, rings and forked graph); parked conversations
+# on the CUDA backend (state to the host and back, bit-exact); lily_session_generate with every
+# sampling option (device sampling in the graph loop: reproducible per seed, equal to host sampling
+# and to the CPU backend); the batched loop's rows (greedy, every sampling option, temperature
+# alone, greedy with logprobs) in pieces, equal to the host's rounds bit for bit
+q asan_unit test_sample_gen
+q asan_unit test_batch_gen
+q asan_unit test_park
+j_asan_kernels() {
+  [ "$asan_built" = 1 ] || return
+  local t0 rc line d; t0=$(date +%s.%N)
+  ASAN_OPTIONS=detect_leaks=0 "$A/emu-selftest" >"$tmp/aself.log" 2>/dev/null; rc=$?
+  line=$(tail -n 1 "$tmp/aself.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "ASan emulator self-test: $line"
+  else cat "$tmp/aself.log"; bad "ASan emulator self-test (rc=$rc)"; fi
+  t0=$(date +%s.%N)
+  # (the matrix-vector blocks capped at 2, so they walk tiles: a load past a matrix shows)
+  ASAN_OPTIONS=detect_leaks=0 LILY_CU_MVQ_BLOCKS=2 "$A/cuda-kernel-test" --small --seed "$seed" >"$tmp/akt.log" 2>&1; rc=$?
+  line=$(tail -n 1 "$tmp/akt.log")
+  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$tmp/akt.log"; then
+    ok "ASan cuda-kernel-test --small --seed $seed ($(secs "$t0") s): $line"
+  else grep -v ' ok$' "$tmp/akt.log" | tail -n 40; bad "ASan cuda-kernel-test --small --seed $seed (rc=$rc)"; fi
+  d=tests/fixtures/tinyq
+  t0=$(date +%s.%N)
+  ASAN_OPTIONS=detect_leaks=0 "$A/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/acheck.log" 2>&1; rc=$?
+  if [ $rc = 0 ] && grep -q '^PASS' "$tmp/acheck.log"; then ok "ASan lily check --backend cuda $d ($(secs "$t0") s)"
+  else tail -n 40 "$tmp/acheck.log"; bad "ASan lily check --backend cuda $d (rc=$rc)"; fi
+}
+q j_asan_kernels
+
 # the same tokens alone and beside other sessions' work (tests/test_beside.c)
-emu_unit test_beside "cuda backend"
+q emu_unit test_beside "'cuda backend'"
 # decode batches (tests/test_batch.c): sessions at different positions, one past a snapshot
 # rollback, one token each in one pass on the emulated GPU, equal to each session fed alone
 # and to the CPU's batch; then each continues alone (feeds, the decode loop, a rollback, parking)
-emu_unit test_batch "cuda backend" 'largest rel err.*'
-# the batched decode loop (tests/test_batch_gen.c): four rows (greedy, every sampling option,
-# temperature alone, greedy with logprobs) in pieces, equal to the host's rounds bit for bit
-emu_unit test_batch_gen "cuda backend"
+q emu_unit test_batch "'cuda backend'" "'largest rel err.*'"
+# arrivals prefilled side by side (tests/test_prefill_batch.c): each job as prefilled alone, bit for bit
+q emu_unit test_prefill_batch "'cuda backend'"
 
 # every kernel against the CPU reference on fresh random inputs (the seed is printed)
 seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
-kernel_test "--small --seed $seed" -- --small --seed "$seed"
+q kernel_test "'--small --seed $seed'" -- --small --seed "$seed"
 # the same in a random order of blocks, warps and lanes: results must not depend on it; and the
 # matrix-vector kernel's blocks capped at 2 a row of slots, so each walks many tiles of rows; and
 # k_mvdp's experts fetching their first codes before the staging (LILY_CU_MVDP_EPF=1, off by default)
-kernel_test "--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1" LILY_EMU_ORDER=random \
+q kernel_test "'--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1'" LILY_EMU_ORDER=random \
   LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 -- --small --seed "$seed"
 # the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default;
 # k_mvdp's routing warp before the staging rather than beside it (LILY_CU_ROUTE_OVL=0); greedy's
 # two-read first pass (LILY_CU_ARGMAX1=0)
-kernel_test "--small, LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 LILY_CU_ARGMAX1=0" LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 LILY_CU_ARGMAX1=0 \
+q kernel_test "'--small, LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 LILY_CU_ARGMAX1=0'" LILY_CU_MVTC=0 LILY_CU_ROUTE_OVL=0 LILY_CU_ARGMAX1=0 \
   -- --small --seed "$seed"
 # the wmma GEMM (cu_gemm.cu) where k_gemm_tc takes the 4-bit matrices by default, and the SIMT
 # attention where k_attn_tc takes the 35B-A3B heads
-kernel_test "--small, LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0" LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 -- --small --seed "$seed"
+q kernel_test "'--small, LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0'" LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0 -- --small --seed "$seed"
 # decode batches (lcuda_forward_batch) on random-weight models, each session against a twin fed
 # alone; in a random order of blocks, warps and lanes (the rows are a grid dimension). By default
 # the DeltaNet step runs split over the rows (k_gdn_dec_split) and each token routes itself in the
 # experts' gate|up launch: the split step required to have run
-kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_STATS=kernels LILY_EMU_ORDER=random \
-  LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
-grep -q '^lily emu: kernel k_gdn_dec_split<' "$tmp/kt.log" || bad "emulated cuda-kernel-test --batch ran no k_gdn_dec_split"
+j_kt_batch() {
+  kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_STATS=kernels LILY_EMU_ORDER=random \
+    LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
+  grep -q '^lily emu: kernel k_gdn_dec_split<' "$tmp/kt.$J.log" || bad "emulated cuda-kernel-test --batch ran no k_gdn_dec_split"
+}
+q j_kt_batch
 # the same with the dense products on the int8 tensor cores at every row count (k_mvdpt,
 # LILY_CU_MVDPT=1; by default from 6 rows), three blocks a launch; k_mvdpt required to have run
-kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3, blocks in a random order" \
-  LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3 LILY_EMU_ORDER=random \
-  LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
-grep -q '^lily emu: kernel k_mvdpt<' "$tmp/kt.log" || bad "emulated cuda-kernel-test --batch with LILY_CU_MVDPT=1 ran no k_mvdpt"
+j_kt_batch_dpt() {
+  kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3, blocks in a random order" \
+    LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3 LILY_EMU_ORDER=random \
+    LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
+  grep -q '^lily emu: kernel k_mvdpt<' "$tmp/kt.$J.log" || bad "emulated cuda-kernel-test --batch with LILY_CU_MVDPT=1 ran no k_mvdpt"
+}
+q j_kt_batch_dpt
 # and the older forms kept for measuring and as the fallbacks: k_mvdpb at every row count, the
 # top-k launch, the DeltaNet step in two launches (k_gdn_prep1 then the recurrence)
-kernel_test "--small --batch, LILY_CU_MVDPT=0 LILY_CU_BATCH_ROUTE=0 LILY_CU_GDN_SPLIT_ROWS=0" \
+q kernel_test "'--small --batch, LILY_CU_MVDPT=0 LILY_CU_BATCH_ROUTE=0 LILY_CU_GDN_SPLIT_ROWS=0'" \
   LILY_CU_MVDPT=0 LILY_CU_BATCH_ROUTE=0 LILY_CU_GDN_SPLIT_ROWS=0 LILY_EMU_ORDER=random \
   LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
 # the GPU sampler (cu_sample.cu) against the CPU sampler for the same uniform draw: every
 # option at small vocabularies and the real 248,320, and the draw statistics (chi-square)
-kernel_test "--sampling --small --seed $seed" -- --sampling --small --seed "$seed"
-
-# lily_session_generate with every sampling option on the CUDA session (device sampling in the
-# graph loop): reproducible per seed, equal to host sampling and to the CPU backend (tests/test_sample_gen.c)
-emu_unit test_sample_gen "cuda backend"
+q kernel_test "'--sampling --small --seed $seed'" -- --sampling --small --seed "$seed"
 
 # whole model (a random tiny one): CPU and CUDA logits after a prompt long enough for the
 # tensor-core tiles, greedy steps on both, and the GPU decode loop (CUDA graph replay) giving
@@ -152,36 +237,45 @@ emu_unit test_sample_gen "cuda backend"
 # near-tied greedy token (TF32, seen: logits rel err 0.23 at one seed; the FP16 GEMM, seed
 # 201660224: the 7th of 12 tokens), which is a precision effect, not what this checks. The kernel
 # test bounds those GEMMs' error per matmul, and lily check above runs them end to end.
-t0=$(date +%s.%N)
-if "$E/lily" synth --out "$tmp/model" --layout mlx4 --preset tiny --seed "$seed" >"$tmp/synth.log" 2>&1; then
-  LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model" --prompt 140 --steps 12 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/model.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed'; then ok "emulated cuda-kernel-test --model (tiny, 140-token prompt, 12 steps, $(secs "$t0") s): $line"
-  else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model (rc=$rc)"; fi
-else cat "$tmp/synth.log"; bad "lily synth --preset tiny"; fi
+j_model_tiny() {
+  local t0 rc line; t0=$(date +%s.%N)
+  if "$E/lily" synth --out "$tmp/model" --layout mlx4 --preset tiny --seed "$seed" >"$tmp/synth.$J.log" 2>&1; then
+    LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model" --prompt 140 --steps 12 --seed "$seed" >"$tmp/model.$J.log" 2>&1; rc=$?
+    line=$(tail -n 1 "$tmp/model.$J.log")
+    if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed'; then ok "emulated cuda-kernel-test --model (tiny, 140-token prompt, 12 steps, $(secs "$t0") s): $line"
+    else cat "$tmp/model.$J.log"; bad "emulated cuda-kernel-test --model (rc=$rc)"; fi
+  else cat "$tmp/synth.$J.log"; bad "lily synth --preset tiny"; fi
+}
+q j_model_tiny
 
 # the same with the tensor-core prefill attention's shape (16 query heads, 2 KV heads) and its
 # fp16-key form on (off by default until measured on the H200): the prompt's 140 keys converted
 # once, four key splits merged
-t0=$(date +%s.%N)
-if "$E/lily" synth --out "$tmp/model16" --layout mlx4 --preset tiny --hidden 256 --heads 16 --kv-heads 2 --seed "$seed" >"$tmp/synth.log" 2>&1; then
-  LILY_EMU_STATS=kernels LILY_CU_ATTN_H16=1 LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model16" --prompt 140 --steps 4 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
-  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.log" | tail -n 1)
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_kv_h16: ' "$tmp/model.log"; then ok "emulated cuda-kernel-test --model (hidden 256, 16 heads: the fp16 keys fit the scratch; LILY_CU_ATTN_H16=1, $(secs "$t0") s): $line"
-  else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model, 16 heads, LILY_CU_ATTN_H16=1 (rc=$rc)"; fi
-else cat "$tmp/synth.log"; bad "lily synth --preset tiny --heads 16"; fi
+j_model_h16() {
+  local t0 rc line; t0=$(date +%s.%N)
+  if "$E/lily" synth --out "$tmp/model16" --layout mlx4 --preset tiny --hidden 256 --heads 16 --kv-heads 2 --seed "$seed" >"$tmp/synth.$J.log" 2>&1; then
+    LILY_EMU_STATS=kernels LILY_CU_ATTN_H16=1 LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/model16" --prompt 140 --steps 4 --seed "$seed" >"$tmp/model.$J.log" 2>&1; rc=$?
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.$J.log" | tail -n 1)
+    if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_kv_h16: ' "$tmp/model.$J.log"; then ok "emulated cuda-kernel-test --model (hidden 256, 16 heads: the fp16 keys fit the scratch; LILY_CU_ATTN_H16=1, $(secs "$t0") s): $line"
+    else cat "$tmp/model.$J.log"; bad "emulated cuda-kernel-test --model, 16 heads, LILY_CU_ATTN_H16=1 (rc=$rc)"; fi
+  else cat "$tmp/synth.$J.log"; bad "lily synth --preset tiny --heads 16"; fi
+}
+q j_model_h16
 
 # the real widths (hidden 2,048, 16 key and 32 value heads of 128, experts of 512; 16 experts, vocab
 # 512, 4 layers) on the default decode path: the integer matrix-vector kernels at the 35B-A3B's
 # columns, the gate|up launch routing itself and the combine folded into the down (k_mvdp_comb)
-t0=$(date +%s.%N)
-if "$E/lily" synth --out "$tmp/m2k" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.log" 2>&1; then
-  LILY_EMU_STATS=kernels LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/m2k" --prompt 20 --steps 4 --seed "$seed" >"$tmp/model.log" 2>&1; rc=$?
-  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.log" | tail -n 1)
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_mvdp_comb<' "$tmp/model.log"; then
-    ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, $(secs "$t0") s): $line"
-  else cat "$tmp/model.log"; bad "emulated cuda-kernel-test --model, hidden 2048 (rc=$rc)"; fi
-else cat "$tmp/synth.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
+j_model_2k() {
+  local t0 rc line; t0=$(date +%s.%N)
+  if "$E/lily" synth --out "$tmp/m2k" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.$J.log" 2>&1; then
+    LILY_EMU_STATS=kernels LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/m2k" --prompt 20 --steps 4 --seed "$seed" >"$tmp/model.$J.log" 2>&1; rc=$?
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.$J.log" | tail -n 1)
+    if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_mvdp_comb<' "$tmp/model.$J.log"; then
+      ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, $(secs "$t0") s): $line"
+    else cat "$tmp/model.$J.log"; bad "emulated cuda-kernel-test --model, hidden 2048 (rc=$rc)"; fi
+  else cat "$tmp/synth.$J.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
+}
+q j_model_2k
 
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
 # reduction, a missing __syncwarp, the router's tie within a lane going to the higher id, a
@@ -210,14 +304,14 @@ else cat "$tmp/synth.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
 # glibc abort on the heap it had overwritten), be stopped there by the emulator's red zones
 mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvdpb-row0 mvdpb-tile-stale mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw dpt-kstep-b dpt-stale-batch dpt-red-warps dpt-meta-row gsr-row-cnt gsr-row-s mvdp-broute-slot dpt-gated-gw dtc-p-lo dtc-mask dtc-join-warp"
 # -O1 without debug info, built by one make (-j2: the two cores; -k: a failed build is reported
-# below), then run two at a time, each ending at its first failing check (LILY_KT_FAILFAST): the
-# mutants were most of this test's time
+# below) before the runs, each a job of the queue ending at its first failing check
+# (LILY_KT_FAILFAST)
 t0=$(date +%s.%N)
 targets=""; for m in $mutants; do targets="$targets $E/mutant/$m/cuda-kernel-test"; done
 # (an earlier build's binary must not stand in for one whose source no longer takes the mutant's pattern)
 rm -f $targets
 MAKEFLAGS= make -s -k -j2 EMU=1 BUILD="$E" EMU_CXXFLAGS=-O1 $targets >"$tmp/mb.log" 2>&1
-mb_secs=$(secs "$t0")
+echo "(mutants built in $(secs "$t0") s)"
 run_mutant() { # NAME: its result line in $tmp/mres.NAME
   local m=$1 args=--small menv=X=1 rc nf log="$tmp/m.$1.log"
   if [ ! -x "$E/mutant/$m/cuda-kernel-test" ]; then echo "FAIL build of mutant $m" >"$tmp/mres.$m"; return; fi
@@ -235,61 +329,15 @@ run_mutant() { # NAME: its result line in $tmp/mres.NAME
     echo "ok   mutant $m caught: the emulator saw it write outside a buffer ($(grep -o 'kernel [a-z0-9_]*' "$log" | head -n 1))" >"$tmp/mres.$m"
   else { tail -n 5 "$log"; echo "FAIL mutant $m not caught (rc=$rc)"; } >"$tmp/mres.$m"; fi
 }
-t0=$(date +%s.%N); running=0
-for m in $mutants; do
-  run_mutant "$m" &
-  running=$((running+1))
-  if [ $running -ge 2 ]; then wait -n; running=$((running-1)); fi
-done
-wait
-for m in $mutants; do
-  if [ ! -f "$tmp/mres.$m" ]; then bad "mutant $m: no result"; continue; fi
-  if head -n 1 "$tmp/mres.$m" | grep -q '^FAIL build'; then grep -A3 -B3 "mutant/$m/" "$tmp/mb.log" | tail -n 20; fi
-  r=$(tail -n 1 "$tmp/mres.$m")
-  case "$r" in ok*) ok "${r#ok   }" ;; *) head -n -1 "$tmp/mres.$m"; bad "${r#FAIL }" ;; esac
-done
-echo "(mutants: built in $mb_secs s, run in $(secs "$t0") s)"
-# the same under AddressSanitizer: out-of-bounds accesses of device buffers and static shared
-# arrays inside kernels are reported (the self-test shows both are caught)
+j_mutant() {
+  run_mutant "$1"
+  if head -n 1 "$tmp/mres.$1" | grep -q '^FAIL build'; then grep -A3 -B3 "mutant/$1/" "$tmp/mb.log" | tail -n 20; fi
+  local r; r=$(tail -n 1 "$tmp/mres.$1")
+  case "$r" in ok*) ok "${r#ok   }" ;; *) head -n -1 "$tmp/mres.$1"; bad "${r#FAIL }" ;; esac
+}
+for m in $mutants; do q j_mutant "$m"; done
+
 t0=$(date +%s.%N)
-if ! MAKEFLAGS= make -s -j2 BUILD="$BUILD" emu-asan >"$tmp/build.log" 2>&1; then
-  tail -n 40 "$tmp/build.log"; bad "make emu-asan"
-else
-  ok "make emu-asan ($(secs "$t0") s)"
-  A=$BUILD/emu-asan
-  export ASAN_OPTIONS=detect_leaks=0
-  "$A/emu-selftest" >"$tmp/self.log" 2>/dev/null; rc=$?
-  line=$(tail -n 1 "$tmp/self.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed'; then ok "ASan emulator self-test: $line"
-  else cat "$tmp/self.log"; bad "ASan emulator self-test (rc=$rc)"; fi
-  t0=$(date +%s.%N)
-  # (the matrix-vector blocks capped at 2, so they walk tiles: a load past a matrix shows)
-  LILY_CU_MVQ_BLOCKS=2 "$A/cuda-kernel-test" --small --seed "$seed" >"$tmp/kt.log" 2>&1; rc=$?
-  line=$(tail -n 1 "$tmp/kt.log")
-  if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$tmp/kt.log"; then
-    ok "ASan cuda-kernel-test --small --seed $seed ($(secs "$t0") s): $line"
-  else grep -v ' ok$' "$tmp/kt.log" | tail -n 40; bad "ASan cuda-kernel-test --small --seed $seed (rc=$rc)"; fi
-  d=tests/fixtures/tinyq
-  t0=$(date +%s.%N)
-  "$A/lily" check --backend cuda --model "$d" --reference "$d/reference.safetensors" >"$tmp/check.log" 2>&1; rc=$?
-  if [ $rc = 0 ] && grep -q '^PASS' "$tmp/check.log"; then ok "ASan lily check --backend cuda $d ($(secs "$t0") s)"
-  else tail -n 40 "$tmp/check.log"; bad "ASan lily check --backend cuda $d (rc=$rc)"; fi
-  asan_unit() { # asan_unit TEST: one unit test on the emulator's CUDA backend under ASan
-    local t0 rc line log="$tmp/asan-$1.log"
-    t0=$(date +%s.%N)
-    LILY_TEST_BACKEND=cuda "$A/tests/$1" >"$log" 2>&1; rc=$?
-    line=$(tail -n 1 "$log")
-    if [ $rc = 0 ] && echo "$line" | grep -qE '^[1-9][0-9]* passed, 0 failed' && ! grep -q AddressSanitizer "$log"; then
-      ok "ASan $1 on the CUDA backend ($(secs "$t0") s): $line"
-    else grep -v '^ok' "$log" | tail -n 30; bad "ASan $1 on the CUDA backend (rc=$rc)"; fi
-  }
-  # the decode loop's graphs against buffers reallocated under them (a stale sampler graph wrote and
-  # read the freed logits, which only ASan sees here); parking's GPU tier (one device allocation
-  # walked by offsets, host copies of it, its budget); the batched decode loop (its rows' tables,
-  # rings and forked graph)
-  asan_unit test_sample_gen
-  asan_unit test_park
-  asan_unit test_batch_gen
-fi
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+run_queue
+echo "(${#queue[@]} jobs, ${LILY_EMU_JOBS:-$(nproc)} at a time: $(secs "$t0") s)"
+summary
