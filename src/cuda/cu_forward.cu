@@ -673,6 +673,18 @@ static lily_code forward1(lcuda_session *s, int pos, lily_status *st) {
     return LILY_OK;
 }
 
+/* One pass of T tokens whose ids sit in s->d_ids at pos (mode: cu_enqueue_forward's logits); one token
+ * with its logits by its graph (one row: modes 1 and 2 are the same pass). */
+static lily_code fwd_pass(lcuda_session *s, int T, int pos, int mode, lily_status *st) {
+    static int fg = -1;
+    if (T == 1 && mode && cu_env_flag(&fg, "LILY_CU_FWD_GRAPH", 1)) {
+        cu_set_int(s->st, s->d_pos, pos);
+        return forward1(s, pos, st);
+    }
+    cu_enqueue_chunk(s, T, pos, mode, T == 1 && cu_attn_tc_at(pos + 1));
+    return LILY_OK;
+}
+
 lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, float *logits, int all_logits, lily_status *st) {
     lcuda_model *m = s->m;
     int V = m->cfg.vocab;
@@ -686,12 +698,8 @@ lily_code lcuda_forward(lcuda_session *s, const int32_t *ids, int T, int pos, fl
         int last = i + k == T;
         LCU_CHECK(cudaMemcpyAsync(s->d_ids, ids + i, (size_t)k * sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
         int mode = !logits ? 0 : all_logits ? 2 : last ? 1 : 0;
-        static int fg = -1;
-        if (k == 1 && mode && cu_env_flag(&fg, "LILY_CU_FWD_GRAPH", 1)) { /* (one row: modes 1 and 2 are the same pass) */
-            cu_set_int(s->st, s->d_pos, pos + i);
-            lily_code rc = forward1(s, pos + i, st);
-            if (rc) return rc;
-        } else cu_enqueue_chunk(s, k, pos + i, mode, k == 1 && cu_attn_tc_at(pos + i + 1));
+        lily_code rc = fwd_pass(s, k, pos + i, mode, st);
+        if (rc) return rc;
         LCU_CHECK(cudaGetLastError());
         if (mode == 2) LCU_CHECK(cudaMemcpyAsync(logits + (size_t)i * V, s->lg, (size_t)k * V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
         if (mode == 1) LCU_CHECK(cudaMemcpyAsync(logits, s->lg, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost, s->st));
@@ -722,12 +730,8 @@ lily_code lcuda_forward_begin(lcuda_session *s, const int32_t *ids, int T, int p
     }
     memcpy(s->ids_h, ids, (size_t)T * sizeof *ids);
     LCU_CHECK(cudaMemcpyAsync(s->d_ids, s->ids_h, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
-    static int fg = -1;
-    if (T == 1 && cu_env_flag(&fg, "LILY_CU_FWD_GRAPH", 1)) {
-        cu_set_int(s->st, s->d_pos, pos);
-        lily_code rc = forward1(s, pos, st);
-        if (rc) return rc;
-    } else cu_enqueue_chunk(s, T, pos, 1, T == 1 && cu_attn_tc_at(pos + 1));
+    lily_code rc = fwd_pass(s, T, pos, 1, st);
+    if (rc) return rc;
     LCU_CHECK(cudaGetLastError());
     s->pos = pos + T;
     return LILY_OK;
