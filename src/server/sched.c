@@ -277,13 +277,14 @@ static void prefill_round(srv_sched *s) {
     lily_prefill_job pj[SRV_MAX_SLOTS];
     slot *sl[SRV_MAX_SLOTS];
     int mark[SRV_MAX_SLOTS], n = 0;
+    if (!s->prefill_batch) return;
     for (int i = 0; i < s->o.n_slots; i++) {
         slot *x = &s->slots[i];
         if (!x->job || x->job->state != 1 || atomic_load((_Atomic int *)&x->job->cancel)) continue;
         prefill_plan(s, x, &pj[n], &mark[n]);
         sl[n++] = x;
     }
-    if (n < 2 || !s->prefill_batch) return;
+    if (n < 2) return;
     lily_status st = { 0 };
     if (lily_prefill_batch(pj, n, &st)) return; /* (nothing ran: step() prefills each) */
     for (int i = 0; i < n; i++)
