@@ -720,14 +720,6 @@ lily_code lcuda_forward_begin(lcuda_session *s, const int32_t *ids, int T, int p
     lcuda_model *m = s->m;
     if (T < 1 || T > m->chunk || pos < 0 || pos + T > m->max_ctx)
         return lily_err(st, LILY_ERANGE, "a pass of %d tokens at %d (at most %d, inside the context of %d)", T, pos, m->chunk, m->max_ctx);
-    if (!s->ids_h) {
-        cudaError_t e = cudaHostAlloc((void **)&s->ids_h, (size_t)m->chunk * sizeof(int32_t), cudaHostAllocDefault);
-        if (e != cudaSuccess) {
-            s->ids_h = NULL;
-            cudaGetLastError();
-            return lily_err(st, LILY_ENOMEM, "no page-locked memory for a pass's %d token ids", m->chunk);
-        }
-    }
     memcpy(s->ids_h, ids, (size_t)T * sizeof *ids);
     LCU_CHECK(cudaMemcpyAsync(s->d_ids, s->ids_h, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice, s->st));
     lily_code rc = fwd_pass(s, T, pos, 1, st);

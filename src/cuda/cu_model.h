@@ -50,7 +50,7 @@ struct lcuda_session {
     /* step inputs/outputs on the device */
     int *d_ids, *d_pos, *d_tok, *d_step;
     int *ring_h, *ring_d;          /* pinned, mapped: [LCU_RING][2] (token, logprob bits) */
-    int32_t *ids_h;                /* pinned [chunk]: lcuda_forward_begin's ids, made on first use */
+    int32_t *ids_h;                /* pinned [chunk]: lcuda_forward_begin's ids */
     /* scratch for up to `chunk` tokens */
     float *y2;                     /* NULL, or the out-projection's second part (proj_out): s->y + s->y2 */
     float *x, *t, *y, *mixed, *u, *zb, *bb, *aa, *g, *beta, *o;

@@ -125,6 +125,10 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaHostAlloc", __FILE__, __LINE__); goto fail; }
     e = cudaHostGetDevicePointer((void **)&s->ring_d, s->ring_h, 0);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaHostGetDevicePointer", __FILE__, __LINE__); goto fail; }
+    /* (here, not on first use: an allocation of page-locked memory in the middle of other sessions'
+     * passes may wait for them) */
+    e = cudaHostAlloc((void **)&s->ids_h, (size_t)m->chunk * sizeof(int32_t), cudaHostAllocDefault);
+    if (e != cudaSuccess) { s->ids_h = NULL; rc = cu_fail(st, e, "cudaHostAlloc", __FILE__, __LINE__); goto fail; }
     for (int i = 0; i < 4; i++) {
         e = cudaEventCreateWithFlags(&s->ev[i], cudaEventDisableTiming);
         if (e != cudaSuccess) { rc = cu_fail(st, e, "cudaEventCreate", __FILE__, __LINE__); goto fail; }
