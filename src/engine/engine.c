@@ -384,7 +384,7 @@ lily_code lily_prefill_batch(lily_prefill_job *jobs, int n, lily_status *st) {
             if (jobs[k].s == jobs[i].s) return lily_err(st, LILY_EINVAL, "a session appears twice in one batch");
     }
     int left = 0;
-    char *done = calloc((size_t)n, 1);
+    char *done = calloc((size_t)n, 2), *begun = done + n; /* [n] each */
     if (!done) return lily_err(st, LILY_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
         lily_prefill_job *j = &jobs[i];
@@ -397,38 +397,34 @@ lily_code lily_prefill_batch(lily_prefill_job *jobs, int n, lily_status *st) {
     }
     while (left) {
         /* a round: every job's next piece begun where one pass takes it, then waited for; the rest fed alone */
-        char begun[64];
-        for (int b = 0; b < n; b += 64) {
-            const int e = n - b < 64 ? n - b : 64;
-            for (int i = b; i < b + e; i++) {
-                lily_prefill_job *j = &jobs[i];
-                begun[i - b] = 0;
-                if (done[i] || !j->s->cuda) continue;
-                int len = prefill_stop(j->s, j->n, j->marks, j->n_marks) - j->s->n;
-                if (len > lcuda_chunk(j->s->cuda)) continue;
-                if (!(j->rc = feed_check(j->s, j->ids + j->s->n, len, &j->st)) &&
-                    !(j->rc = lcuda_forward_begin(j->s->cuda, j->ids + j->s->n, len, j->s->n, &j->st)))
-                    begun[i - b] = 1;
-            }
-            for (int i = b; i < b + e; i++) {
-                lily_prefill_job *j = &jobs[i];
-                lily_session *s = j->s;
-                if (done[i]) continue;
-                if (begun[i - b]) {
-                    int len = prefill_stop(s, j->n, j->marks, j->n_marks) - s->n;
-                    if (!(j->rc = lcuda_forward_wait(s->cuda, s->logits, &j->st))) {
-                        memcpy(s->tokens + s->n, j->ids + s->n, (size_t)len * sizeof *j->ids);
-                        s->n += len;
-                        s->has_logits = 1;
-                    }
-                } else if (!j->rc) { /* (on the CPU, or a piece longer than a pass) */
-                    int stop = prefill_stop(s, j->n, j->marks, j->n_marks);
-                    j->rc = engine_forward(s, j->ids + s->n, stop - s->n, NULL, &j->st);
+        for (int i = 0; i < n; i++) {
+            lily_prefill_job *j = &jobs[i];
+            begun[i] = 0;
+            if (done[i] || !j->s->cuda) continue;
+            int len = prefill_stop(j->s, j->n, j->marks, j->n_marks) - j->s->n;
+            if (len > lcuda_chunk(j->s->cuda)) continue;
+            if (!(j->rc = feed_check(j->s, j->ids + j->s->n, len, &j->st)) &&
+                !(j->rc = lcuda_forward_begin(j->s->cuda, j->ids + j->s->n, len, j->s->n, &j->st)))
+                begun[i] = 1;
+        }
+        for (int i = 0; i < n; i++) {
+            lily_prefill_job *j = &jobs[i];
+            lily_session *s = j->s;
+            if (done[i]) continue;
+            if (begun[i]) {
+                int len = prefill_stop(s, j->n, j->marks, j->n_marks) - s->n;
+                if (!(j->rc = lcuda_forward_wait(s->cuda, s->logits, &j->st))) {
+                    memcpy(s->tokens + s->n, j->ids + s->n, (size_t)len * sizeof *j->ids);
+                    s->n += len;
+                    s->has_logits = 1;
                 }
-                if (!j->rc) prefill_reached(s, j->n, j->snapshot_end);
-                else lily_session_reset(s);
-                if (j->rc || s->n >= j->n) { done[i] = 1; left--; }
+            } else if (!j->rc) { /* (on the CPU, or a piece longer than a pass) */
+                int stop = prefill_stop(s, j->n, j->marks, j->n_marks);
+                j->rc = engine_forward(s, j->ids + s->n, stop - s->n, NULL, &j->st);
             }
+            if (!j->rc) prefill_reached(s, j->n, j->snapshot_end);
+            else lily_session_reset(s);
+            if (j->rc || s->n >= j->n) { done[i] = 1; left--; }
         }
     }
     free(done);
