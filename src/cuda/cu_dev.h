@@ -371,23 +371,12 @@ __device__ __forceinline__ void cu_cp_wait(void) {
 #endif
 }
 
-/* Thread block clusters (sm_90; a launch's cu_go(...).cluster(n)): the block's rank in its
- * cluster, barrier.cluster's two halves (arrive releases the block's writes, shared memory
- * included, to the cluster; wait acquires every other block's), and a float read from block
+/* Thread block clusters (sm_90; a launch's cu_go(...).cluster(n)): barrier.cluster's two halves
+ * (arrive releases the block's writes, shared memory included, to the cluster; wait acquires
+ * every other block's), and a float read from block
  * `rank`'s shared memory at the address p has in this block (p in dynamic shared memory: the
  * emulator maps only that). A block must not exit while another may still read its shared
  * memory: the readers arrive once done, and every block waits for that before it ends. */
-__device__ __forceinline__ int cu_cluster_rank(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return (int)r;
-#elif defined(__CUDACC_EMU__)
-    return emu::cluster_rank();
-#else
-    return 0;
-#endif
-}
 __device__ __forceinline__ void cu_cluster_arrive(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.release;" ::: "memory");

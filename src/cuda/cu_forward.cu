@@ -453,11 +453,11 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
              * in-projection (or an lm_head) can take the norm: the combine folded into the down
              * launch, the norm left to that launch (a launch a layer fewer; LILY_CU_FOLD=0 for
              * measuring) */
+            const int zadd = cu_gdn_out_enabled() && add == s->y; /* (y zeroed for the next cu_gdn_dec_out) */
             if (T == 1 && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
-                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add,
-                             cu_gdn_out_enabled() && add == s->y)) {
+                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add, zadd)) {
                 s->fold_nw = nw;
-                s->y_zero = cu_gdn_out_enabled() && add == s->y;
+                s->y_zero = zadd;
                 s->xp_src = NULL;
                 PM(s, "moe experts swiglu+down + combine");
                 return;

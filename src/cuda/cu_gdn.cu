@@ -583,8 +583,7 @@ int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, cons
         opted = cudaFuncSetAttribute(k_gdn_dec_split<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
     cu_rows nr;
     memset(&nr, 0, sizeof nr);
-    gdn_out_args G;
-    memset(&G, 0, sizeof G);
+    const gdn_out_args G = {};
     cu_go(k_gdn_dec_split<false>, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, nr, G);
     return 1;
 }
@@ -618,8 +617,7 @@ int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int n
     if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT_ROWS", 1) || !cu_env_flag(&sp, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
         !cnt || !R || !R->pos || n < 1 || n > GDN_DEC_ROWS)
         return 0;
-    gdn_out_args G;
-    memset(&G, 0, sizeof G);
+    const gdn_out_args G = {};
     cu_go(k_gdn_dec_split<true>, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, *R, G);
     return 1;
 }
