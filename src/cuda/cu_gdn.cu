@@ -546,9 +546,17 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
         const float rn = 1.0f / sqrtf(((gr[0] + gr[1]) + (gr[2] + gr[3])) / dv + G.eps);
         ys[(tid / 32) * 33 + tid % 32] = oc * rn * gwv * silu_f(zv);
         __syncthreads();
+        /* the codes become floats by q4m (cu_dev.h), not by int-to-float conversions, which run at a
+         * quarter of the FMA rate: 512 a thread had made this tail ~2-6 us (3 blocks an SM) and the
+         * launch a loss (tg128 539 -> 461 on an H100, session 41). yq holds y times 2^-s of its nibble. */
         float yq[32], sy = 0.f;
 #pragma unroll
-        for (int k = 0; k < 32; k++) { yq[k] = ys[q * 33 + k]; sy += yq[k]; }
+        for (int k = 0; k < 32; k++) {
+            const float v = ys[q * 33 + k];
+            sy += v;
+            const int n = k % 8;
+            yq[k] = v * (n == 0 ? 1.f : n == 1 ? 0x1p-4f : n == 2 || n == 5 ? 0x1p-8f : n == 3 || n == 6 ? 0x1p-12f : 0x1p-16f);
+        }
         cu_cp_wait<0>(); /* (a thread reads only the codes it copied) */
 #pragma unroll
         for (int i = 0; i < GO_PASS; i++) {
@@ -557,9 +565,16 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
             float d = 0.f;
 #pragma unroll
             for (int w = 0; w < 4; w++) {
-                const uint32_t cw4 = cu_word(cv4, w);
-#pragma unroll
-                for (int k = 0; k < 8; k++) d += (float)((cw4 >> (4 * k)) & 15u) * yq[8 * w + k];
+                const uint32_t cw4 = cu_word(cv4, w), hi = cw4 >> 12;
+                const float *yw = yq + 8 * w;
+                d += q4m(cw4, 0xFu) * yw[0];
+                d += q4m(cw4, 0xF0u) * yw[1];
+                d += q4m(cw4, 0xF00u) * yw[2];
+                d += q4m(cw4, 0xF000u) * yw[3];
+                d += q4m(cw4, 0xF0000u) * yw[4];
+                d += q4m(hi, 0xF00u) * yw[5];
+                d += q4m(hi, 0xF000u) * yw[6];
+                d += q4m(hi, 0xF0000u) * yw[7];
             }
             float part = gsc[i] * d + gbi[i] * sy;
             part += __shfl_xor_sync(0xffffffffu, part, 1);
