@@ -614,7 +614,15 @@ int cu_gdn_dec_out(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const 
         !y || W->type != LW_Q || W->bits != 4 || W->cols != nv * dv || W->rows % 128 || W->rows / 128 > GO_PASS ||
         (W->group != 32 && W->group != 64 && W->group != 128) || ((uintptr_t)W->w & 15))
         return 0;
-    const size_t sm = (size_t)(W->rows / 128) * 128 * 16 + 32 * sizeof(float);
+    /* LILY_CU_GDN_OUT_SMEM=BYTES (for measuring): shared memory a block at least, which bounds the
+     * blocks an SM (the split step's 60,000-byte pad, above, for the same reason) */
+    static int pad = INT_MIN, opted = 0;
+    cu_env_int(&pad, "LILY_CU_GDN_OUT_SMEM", 0);
+    size_t sm = (size_t)(W->rows / 128) * 128 * 16 + 32 * sizeof(float);
+    if (pad > 0 && pad <= 200 * 1024 && (size_t)pad > sm) sm = (size_t)pad;
+    if (sm > 48 * 1024 && !opted)
+        opted = cudaFuncSetAttribute(k_gdn_dec_split<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) == cudaSuccess;
+    if (sm > 48 * 1024 && !opted) return 0;
     cu_rows nr;
     memset(&nr, 0, sizeof nr);
     gdn_out_args G = { *W, z, gw, eps, y };
