@@ -423,6 +423,13 @@ typedef struct {
     float eps;
     float *y;       /* [H] += W (gated norm of o) */
 } gdn_out_args;
+/* a scale or bias as raw bits (a 16-bit type's in the low half), and its float */
+__device__ __forceinline__ uint32_t go_sb_raw(const char *p, int ty, size_t i) {
+    return ty == LW_F32 ? ((const uint32_t *)p)[i] : ((const uint16_t *)p)[i];
+}
+__device__ __forceinline__ float go_sb_cvt(uint32_t raw, int ty) {
+    return ty == LW_BF16 ? bf2f((uint16_t)raw) : ty == LW_F16 ? h2f((uint16_t)raw) : __uint_as_float(raw);
+}
 /* ROWS: a decode batch's instance (R), apart so that one token's code is as it was before batches took it */
 template <bool ROWS, bool OUT = false>
 __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
@@ -467,24 +474,38 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     /* OUT: the block's rows of W (row r0 + 32 i + tid / 4, columns h dv + 32 q .. + 31, q = tid % 4): the
      * codes copied into shared memory, the scales and biases into registers, all before the wait */
     extern __shared__ uint4 gxs[]; /* OUT: [H / 128][128] codes, then [32] floats: the block's outputs */
-    float gsc[GO_PASS], gbi[GO_PASS], gwv = 0.f;
+    /* the scales' and biases' raw bits, converted after the wait (as k_mvdp's LILY_DP_RAWSB): a
+     * conversion before it waits there for its load */
+    uint32_t gsr[GO_PASS], gbr[GO_PASS];
+    float gwv = 0.f;
     const int H = OUT ? G.wo.rows : 0, gnp = H / 128, r0 = sp * (H / 4), q = tid % 4, c0 = h * dv + 32 * q;
     if (OUT) {
         const int gpr = G.wo.cols / G.wo.group;
+        /* the copies first, then the scales and biases in a loop of their own: interleaved, each
+         * copy's asm (a memory clobber) kept the next pair of loads behind it and each conversion
+         * waited for its load, 16 latencies in a row, 62% of the launch's stall samples (Nsight,
+         * session 41) */
+#pragma unroll
+        for (int i = 0; i < GO_PASS; i++)
+            if (i < gnp) cu_cp<16>(gxs + i * 128 + tid, (const char *)G.wo.w + (size_t)(r0 + 32 * i + tid / 4) * (G.wo.cols / 2) + c0 / 2);
+        cu_cp_commit();
 #pragma unroll
         for (int i = 0; i < GO_PASS; i++) {
-            gsc[i] = gbi[i] = 0.f;
+            gsr[i] = gbr[i] = 0u;
             if (i < gnp) {
-                const int r = r0 + 32 * i + tid / 4;
-                cu_cp<16>(gxs + i * 128 + tid, (const char *)G.wo.w + (size_t)r * (G.wo.cols / 2) + c0 / 2);
-                gsc[i] = ld_sb((const char *)G.wo.s, G.wo.sbt, (size_t)r * gpr + c0 / G.wo.group);
-                gbi[i] = ld_sb((const char *)G.wo.b, G.wo.sbt, (size_t)r * gpr + c0 / G.wo.group);
+                const size_t g = (size_t)(r0 + 32 * i + tid / 4) * gpr + c0 / G.wo.group;
+                gsr[i] = go_sb_raw((const char *)G.wo.s, G.wo.sbt, g);
+                gbr[i] = go_sb_raw((const char *)G.wo.b, G.wo.sbt, g);
             }
         }
-        cu_cp_commit();
         gwv = G.gw[tid];
     }
     CU_PDL();
+#ifdef __CUDA_ARCH__
+    if (OUT) /* (the raw bits' conversions stay after the wait) */
+#pragma unroll
+        for (int i = 0; i < GO_PASS; i++) asm volatile("" : "+r"(gsr[i]), "+r"(gbr[i]));
+#endif
     const float iq = mixed[cq], ik = mixed[ck], iv = cv >= 0 ? mixed[cv] : 0.f, bh = bb[h], ah = aa[h];
     const float zv = OUT ? G.z[(size_t)h * dv + tid] : 0.f;
     float aq = 0.f, ak = 0.f, av = 0.f;
@@ -556,6 +577,12 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
             sy += v;
             const int n = k % 8;
             yq[k] = v * (n == 0 ? 1.f : n == 1 ? 0x1p-4f : n == 2 || n == 5 ? 0x1p-8f : n == 3 || n == 6 ? 0x1p-12f : 0x1p-16f);
+        }
+        float gsc[GO_PASS], gbi[GO_PASS];
+#pragma unroll
+        for (int i = 0; i < GO_PASS; i++) {
+            gsc[i] = go_sb_cvt(gsr[i], G.wo.sbt);
+            gbi[i] = go_sb_cvt(gbr[i], G.wo.sbt);
         }
         cu_cp_wait<0>(); /* (a thread reads only the codes it copied) */
 #pragma unroll
