@@ -4,6 +4,7 @@
 #include "cuda/cu_dev.h"
 #include "cuda/cu_kern.h"
 #include "cuda/cu_gdn.h"
+#include "cuda/cu_mvdp.h" /* dp_sb_raw, dp_sb_cvt */
 #include <limits.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -423,13 +424,6 @@ typedef struct {
     float eps;
     float *y;       /* [H] += W (gated norm of o) */
 } gdn_out_args;
-/* a scale or bias as raw bits (a 16-bit type's in the low half), and its float */
-__device__ __forceinline__ uint32_t go_sb_raw(const char *p, int ty, size_t i) {
-    return ty == LW_F32 ? ((const uint32_t *)p)[i] : ((const uint16_t *)p)[i];
-}
-__device__ __forceinline__ float go_sb_cvt(uint32_t raw, int ty) {
-    return ty == LW_BF16 ? bf2f((uint16_t)raw) : ty == LW_F16 ? h2f((uint16_t)raw) : __uint_as_float(raw);
-}
 /* ROWS: a decode batch's instance (R), apart so that one token's code is as it was before batches took it */
 template <bool ROWS, bool OUT = false>
 __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
@@ -493,9 +487,9 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
         for (int i = 0; i < GO_PASS; i++) {
             gsr[i] = gbr[i] = 0u;
             if (i < gnp) {
-                const size_t g = (size_t)(r0 + 32 * i + tid / 4) * gpr + c0 / G.wo.group;
-                gsr[i] = go_sb_raw((const char *)G.wo.s, G.wo.sbt, g);
-                gbr[i] = go_sb_raw((const char *)G.wo.b, G.wo.sbt, g);
+                const int g = (r0 + 32 * i + tid / 4) * gpr + c0 / G.wo.group;
+                gsr[i] = dp_sb_raw((const char *)G.wo.s, G.wo.sbt, g);
+                gbr[i] = dp_sb_raw((const char *)G.wo.b, G.wo.sbt, g);
             }
         }
         gwv = G.gw[tid];
@@ -581,8 +575,8 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
         float gsc[GO_PASS], gbi[GO_PASS];
 #pragma unroll
         for (int i = 0; i < GO_PASS; i++) {
-            gsc[i] = go_sb_cvt(gsr[i], G.wo.sbt);
-            gbi[i] = go_sb_cvt(gbr[i], G.wo.sbt);
+            gsc[i] = dp_sb_cvt<-1>(gsr[i], G.wo.sbt);
+            gbi[i] = dp_sb_cvt<-1>(gbr[i], G.wo.sbt);
         }
         cu_cp_wait<0>(); /* (a thread reads only the codes it copied) */
 #pragma unroll
