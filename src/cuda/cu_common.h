@@ -467,14 +467,6 @@ int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const floa
  * LILY_CU_GDN_SPLIT=0. */
 int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
                      const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt);
-/* The same step with its gated norm (z [nv dv], gw [dv]) and the out-projection W (LW_Q 4-bit, W->rows
- * <= 2048 a multiple of 128) in one launch: y [W->rows] += W g(o), y zero before it (float atomics, 32
- * heads a row in no fixed order), o written as cu_gdn_dec_split writes it. 0 (nothing launched) where
- * the shapes do not fit. _enabled: decode takes it (LILY_CU_GDN_OUT=1; off by default, for measuring). */
-int cu_gdn_out_enabled(void);
-int cu_gdn_dec_out(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
-                   const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt,
-                   const dmat *W, const float *z, const float *gw, float eps, float *y);
 /* The same for a decode batch's n <= GDN_DEC_ROWS rows (mixed [n][2 nk dk + nv dv], bb, aa [n][nv], o
  * [n][nv dv]), each on its own session's conv state and S (R), cnt [GDN_DEC_ROWS][GDN_DEC_CNT] zeroed;
  * the gated norm left to the caller. 0 where it declines (as cu_gdn_dec_split, or n too large), and
@@ -576,11 +568,10 @@ int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D,
  * x = (x + add) + sum_k wt[k] D_sel[k] h_k (+ sigmoid(sr) SD h_K with the shared expert's down SD),
  * h_k = silu(hg[k]) * hu[k] ([K (+1)][I]); the next norm is left to the next launch (mvq_fuse.nw).
  * 0 when it declines (and nothing is launched). _enabled: the forward pass folds (LILY_CU_FOLD=0:
- * the down and the one-block combine, for measuring). zadd: add zeroed once read (cu_gdn_dec_out's y,
- * which the next DeltaNet layer's launch adds into). */
+ * the down and the one-block combine, for measuring). */
 int cu_mvdp_comb_enabled(void);
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
-                 const float *hu, const float *sr, float *x, const float *add, int zadd);
+                 const float *hu, const float *sr, float *x, const float *add);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64
 #define CU_ARGMAX_PARTS1 256 /* k_argmax_part1's blocks (the default) */

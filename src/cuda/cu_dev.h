@@ -371,42 +371,6 @@ __device__ __forceinline__ void cu_cp_wait(void) {
 #endif
 }
 
-/* Thread block clusters (sm_90; a launch's cu_go(...).cluster(n)): barrier.cluster's two halves
- * (arrive releases the block's writes, shared memory included, to the cluster; wait acquires
- * every other block's), and a float read from block
- * `rank`'s shared memory at the address p has in this block (p in dynamic shared memory: the
- * emulator maps only that). A block must not exit while another may still read its shared
- * memory: the readers arrive once done, and every block waits for that before it ends. */
-__device__ __forceinline__ void cu_cluster_arrive(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-#elif defined(__CUDACC_EMU__)
-    emu::cluster_arrive();
-#endif
-}
-__device__ __forceinline__ void cu_cluster_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#elif defined(__CUDACC_EMU__)
-    emu::cluster_wait();
-#endif
-}
-__device__ __forceinline__ float cu_cluster_ldf(const float *p, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(p);
-    unsigned ra;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(sa), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-    return v;
-#elif defined(__CUDACC_EMU__)
-    return *(const float *)emu::cluster_map(p, rank);
-#else
-    (void)rank;
-    return *p;
-#endif
-}
-
 /* Slot mode (eidx): this slot's expert (none for the extra slot xsl) and its input rows. */
 __device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X, const float *X2, int ldx, const int *eidx,
                                               int xdiv, bool xsl, int slot, const float *&x, const float *&x2) {

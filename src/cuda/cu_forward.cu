@@ -222,15 +222,6 @@ static void mixer_gdn(lcuda_session *s, const cu_layer *L, int li, int T) {
         return;
     }
     float *conv = s->conv + (size_t)li * s->conv_n, *S = s->S + (size_t)li * s->S_n;
-    /* (LILY_CU_GDN_OUT=1) the step, gated norm and out-projection in one launch, adding into y, which
-     * the last layer's folded combine left zero */
-    if (T == 1 && s->y_zero && cu_gdn_dec_out(q, c->lin_nk, nv, c->lin_dk, c->lin_dv, c->conv_k, s->mixed, conv, L->conv_w, s->bb,
-                                              s->aa, L->A_log, L->dt_bias, S, s->o, s->fcount + 2, &L->out, s->zb, L->gnorm,
-                                              (float)c->eps, s->y)) {
-        s->y2 = NULL;
-        PM(s, "gdn conv+norm+gates + delta rule + gated norm + out-proj");
-        return;
-    }
     if (T == 1 && cu_gdn_dec_split(q, c->lin_nk, nv, c->lin_dk, c->lin_dv, c->conv_k, s->mixed, conv, L->conv_w, s->bb, s->aa,
                                    L->A_log, L->dt_bias, S, s->o, s->fcount + 2)) {
         /* o before its gated norm: the out-projection's staging applies it, or a launch of its own */
@@ -453,11 +444,9 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
              * in-projection (or an lm_head) can take the norm: the combine folded into the down
              * launch, the norm left to that launch (a launch a layer fewer; LILY_CU_FOLD=0 for
              * measuring) */
-            const int zadd = cu_gdn_out_enabled() && add == s->y; /* (y zeroed for the next cu_gdn_dec_out) */
             if (T == 1 && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
-                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add, zadd)) {
+                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
                 s->fold_nw = nw;
-                s->y_zero = zadd;
                 s->xp_src = NULL;
                 PM(s, "moe experts swiglu+down + combine");
                 return;
@@ -538,7 +527,6 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits, int tc) {
     float eps = (float)c->eps;
     PM(s, "start");
     s->fold_nw = NULL;
-    s->y_zero = cu_gdn_out_enabled(); /* (kept zero between passes: below) */
     s->attn_tc = tc;
     cu_embed(s->st, &m->embed, s->d_ids, T, s->x);
     s->xp_src = cu_rmsnorm2p(s->st, s->x, NULL, NULL, m->L[0].ln1, H, T, eps, s->t, xp_out(s)) ? s->t : NULL;
@@ -554,7 +542,6 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits, int tc) {
         pf_layer(s, L, T, 0);
         if (L->full) mixer_attn(s, L, fi++, T);
         else mixer_gdn(s, L, li++, T);
-        s->y_zero = 0; /* (every mixer writes y) */
         const int fused = moe_fused(s, L, T);
         LILY_ASSERT(!fused || !s->y2); /* (the fused norm reads s->y alone; it is decode's, never split) */
         if (!fused) {
@@ -582,9 +569,6 @@ void cu_enqueue_forward(lcuda_session *s, int T, int logits, int tc) {
      * waited for the second stream's backlog (the last layer's downs, fetched after their launch
      * had run: ~20 us a token in session 19's timeline) */
     if (pf) pf_join(s); /* (every fork above was under the same condition) */
-    /* y zero for the next pass's first cu_gdn_dec_out where the last layer's combine did not zero it
-     * (prefill, decode batches) */
-    if (cu_gdn_out_enabled() && !s->y_zero) cudaMemsetAsync(s->y, 0, (size_t)H * sizeof(float), s->st);
     s->attn_tc = 0;
 }
 

@@ -4,7 +4,6 @@
 #include "cuda/cu_dev.h"
 #include "cuda/cu_kern.h"
 #include "cuda/cu_gdn.h"
-#include "cuda/cu_mvdp.h" /* dp_sb_raw, dp_sb_cvt */
 #include <limits.h>
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -409,32 +408,16 @@ int cu_gdn_dec(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const floa
  * k_gdn_dec128's 7.3: tg128 526.8 -> 534.3 against LILY_CU_GDN_SPLIT=0 (k_gdn_dec128) in one call, 538 with
  * the norm in the out-projection's staging and the shared-memory pad below. */
 #define GDN_SPLIT 4
-/* OUT (cu_gdn_dec_out, LILY_CU_GDN_OUT=1, for measuring): the gated norm and the out-projection in
- * the same launch, the out-projection's launch gone. The four blocks of a head are one cluster
- * (blockIdx.x the quarter, y the head): each leaves its 32 outputs in shared memory, each reads
- * the head's 128 from the cluster, normalizes them as k_gated_norm128 does, and multiplies them
- * by its quarter of the head's columns' rows of W (H / 4 rows, a thread a 32-column quarter of a
- * row, its codes copied into shared memory before the wait), adding the head's share of each row
- * into y (float atomics: 32 heads a row, in no fixed order; y zero before the launch). */
-#define GO_PASS 16 /* rows a thread, at most: H / 4 / 32 (H <= 2048) */
-typedef struct {
-    dmat wo;        /* [H][nv dv] the out-projection: LW_Q, 4 bits, a 32-column quarter inside one group */
-    const float *z; /* [nv dv] the gate's input, from the in-projection */
-    const float *gw; /* [dv] the gated norm's weights */
-    float eps;
-    float *y;       /* [H] += W (gated norm of o) */
-} gdn_out_args;
 /* ROWS: a decode batch's instance (R), apart so that one token's code is as it was before batches took it */
-template <bool ROWS, bool OUT = false>
+template <bool ROWS>
 __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, const float *__restrict__ mixed, float *state,
                                                        const float *__restrict__ cw, const float *__restrict__ bb,
                                                        const float *__restrict__ aa, const float *__restrict__ A_log,
-                                                       const float *__restrict__ dt_bias, float *S, float *__restrict__ o, unsigned *cnt, cu_rows R,
-                                                       const __grid_constant__ gdn_out_args G) {
+                                                       const float *__restrict__ dt_bias, float *S, float *__restrict__ o, unsigned *cnt, cu_rows R) {
     __shared__ float qs[4 * 36], ks[4 * 36], vsh[32], red[8];
     __shared__ int last;
     const int dk = 128, dv = 128, tid = threadIdx.x, warp = tid / WARP;
-    const int h = OUT ? blockIdx.y : blockIdx.x, sp = OUT ? blockIdx.x : blockIdx.y, j = tid / 4, p = tid % 4, jj = sp * 32 + j;
+    const int h = blockIdx.x, sp = blockIdx.y, j = tid / 4, p = tid % 4, jj = sp * 32 + j;
     const int ratio = nv / nk, kh = h / ratio, kd = nk * dk;
     if (ROWS) { /* a decode batch: row blockIdx.z on its session's conv state and S, read before the wait
                   * as one session's are (the table was copied before the pass's first launch; the state's
@@ -465,43 +448,8 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
     }
     const float wlq = cw[(size_t)cq * K + K - 1], wlk = cw[(size_t)ck * K + K - 1], wlv = cv >= 0 ? cw[(size_t)cv * K + K - 1] : 0.f;
     const float alog = A_log[h], dtb = dt_bias[h];
-    /* OUT: the block's rows of W (row r0 + 32 i + tid / 4, columns h dv + 32 q .. + 31, q = tid % 4): the
-     * codes copied into shared memory, the scales and biases into registers, all before the wait */
-    extern __shared__ uint4 gxs[]; /* OUT: [H / 128][128] codes, then [32] floats: the block's outputs */
-    /* the scales' and biases' raw bits, converted after the wait (as k_mvdp's LILY_DP_RAWSB): a
-     * conversion before it waits there for its load */
-    uint32_t gsr[GO_PASS], gbr[GO_PASS];
-    float gwv = 0.f;
-    const int H = OUT ? G.wo.rows : 0, gnp = H / 128, r0 = sp * (H / 4), q = tid % 4, c0 = h * dv + 32 * q;
-    if (OUT) {
-        const int gpr = G.wo.cols / G.wo.group;
-        /* the copies first, then the scales and biases in a loop of their own: interleaved, each
-         * copy's asm (a memory clobber) kept the next pair of loads behind it and each conversion
-         * waited for its load, 16 latencies in a row, 62% of the launch's stall samples (Nsight,
-         * session 41) */
-#pragma unroll
-        for (int i = 0; i < GO_PASS; i++)
-            if (i < gnp) cu_cp<16>(gxs + i * 128 + tid, (const char *)G.wo.w + (size_t)(r0 + 32 * i + tid / 4) * (G.wo.cols / 2) + c0 / 2);
-        cu_cp_commit();
-#pragma unroll
-        for (int i = 0; i < GO_PASS; i++) {
-            gsr[i] = gbr[i] = 0u;
-            if (i < gnp) {
-                const int g = (r0 + 32 * i + tid / 4) * gpr + c0 / G.wo.group;
-                gsr[i] = dp_sb_raw((const char *)G.wo.s, G.wo.sbt, g);
-                gbr[i] = dp_sb_raw((const char *)G.wo.b, G.wo.sbt, g);
-            }
-        }
-        gwv = G.gw[tid];
-    }
     CU_PDL();
-#ifdef __CUDA_ARCH__
-    if (OUT) /* (the raw bits' conversions stay after the wait) */
-#pragma unroll
-        for (int i = 0; i < GO_PASS; i++) asm volatile("" : "+r"(gsr[i]), "+r"(gbr[i]));
-#endif
     const float iq = mixed[cq], ik = mixed[ck], iv = cv >= 0 ? mixed[cv] : 0.f, bh = bb[h], ah = aa[h];
-    const float zv = OUT ? G.z[(size_t)h * dv + tid] : 0.f;
     float aq = 0.f, ak = 0.f, av = 0.f;
 #pragma unroll
     for (int i = 0; i < GDN_DEC_KMAX; i++)
@@ -546,64 +494,6 @@ __global__ void __launch_bounds__(128) k_gdn_dec_split(int nk, int nv, int K, co
         gdn_conv_shift(state, cq, K, sq, iq);
         gdn_conv_shift(state, ck, K, sk, ik);
     }
-    if (OUT) {
-        /* the head's 128 outputs across the cluster (block rank = quarter), then its gated norm */
-        float *ob = (float *)(gxs + gnp * 128);
-        __shared__ float ys[4 * 33], gr[4];
-        if (p == 0) ob[j] = out;
-        cu_cluster_arrive();
-        cu_cluster_wait();
-        const float oc = cu_cluster_ldf(ob + tid % 32, tid / 32);
-        cu_cluster_arrive(); /* (done with the others' outputs: the matching wait is before the block ends) */
-        const float sq2 = warp_sum(oc * oc);
-        if (tid % WARP == 0) gr[warp] = sq2;
-        __syncthreads();
-        const float rn = 1.0f / sqrtf(((gr[0] + gr[1]) + (gr[2] + gr[3])) / dv + G.eps);
-        ys[(tid / 32) * 33 + tid % 32] = oc * rn * gwv * silu_f(zv);
-        __syncthreads();
-        /* the codes become floats by q4m (cu_dev.h), not by int-to-float conversions, which run at a
-         * quarter of the FMA rate: 512 a thread had made this tail ~2-6 us (3 blocks an SM) and the
-         * launch a loss (tg128 539 -> 461 on an H100, session 41). yq holds y times 2^-s of its nibble. */
-        float yq[32], sy = 0.f;
-#pragma unroll
-        for (int k = 0; k < 32; k++) {
-            const float v = ys[q * 33 + k];
-            sy += v;
-            const int n = k % 8;
-            yq[k] = v * (n == 0 ? 1.f : n == 1 ? 0x1p-4f : n == 2 || n == 5 ? 0x1p-8f : n == 3 || n == 6 ? 0x1p-12f : 0x1p-16f);
-        }
-        float gsc[GO_PASS], gbi[GO_PASS];
-#pragma unroll
-        for (int i = 0; i < GO_PASS; i++) {
-            gsc[i] = dp_sb_cvt<-1>(gsr[i], G.wo.sbt);
-            gbi[i] = dp_sb_cvt<-1>(gbr[i], G.wo.sbt);
-        }
-        cu_cp_wait<0>(); /* (a thread reads only the codes it copied) */
-#pragma unroll
-        for (int i = 0; i < GO_PASS; i++) {
-            if (i >= gnp) break;
-            const uint4 cv4 = gxs[i * 128 + tid];
-            float d = 0.f;
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const uint32_t cw4 = cu_word(cv4, w), hi = cw4 >> 12;
-                const float *yw = yq + 8 * w;
-                d += q4m(cw4, 0xFu) * yw[0];
-                d += q4m(cw4, 0xF0u) * yw[1];
-                d += q4m(cw4, 0xF00u) * yw[2];
-                d += q4m(cw4, 0xF000u) * yw[3];
-                d += q4m(cw4, 0xF0000u) * yw[4];
-                d += q4m(hi, 0xF00u) * yw[5];
-                d += q4m(hi, 0xF000u) * yw[6];
-                d += q4m(hi, 0xF0000u) * yw[7];
-            }
-            float part = gsc[i] * d + gbi[i] * sy;
-            part += __shfl_xor_sync(0xffffffffu, part, 1);
-            part += __shfl_xor_sync(0xffffffffu, part, 2);
-            if (q == 0) atomicAdd(G.y + r0 + 32 * i + tid / 4, part);
-        }
-        cu_cluster_wait();
-    }
 }
 int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
                      const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt) {
@@ -619,36 +509,7 @@ int cu_gdn_dec_split(cudaStream_t s, int nk, int nv, int dk, int dv, int K, cons
         opted = cudaFuncSetAttribute(k_gdn_dec_split<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, 160 * 1024) == cudaSuccess;
     cu_rows nr;
     memset(&nr, 0, sizeof nr);
-    const gdn_out_args G = {};
-    cu_go(k_gdn_dec_split<false>, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, nr, G);
-    return 1;
-}
-int cu_gdn_out_enabled(void) {
-    static int on = -1;
-    return cu_env_flag(&on, "LILY_CU_GDN_OUT", 0);
-}
-int cu_gdn_dec_out(cudaStream_t s, int nk, int nv, int dk, int dv, int K, const float *mixed, float *state, const float *cw,
-                   const float *bb, const float *aa, const float *A_log, const float *dt_bias, float *S, float *o, unsigned *cnt,
-                   const dmat *W, const float *z, const float *gw, float eps, float *y) {
-    static int sp = -1;
-    if (!cu_env_flag(&sp, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) || !cnt || !z || !gw ||
-        !y || W->type != LW_Q || W->bits != 4 || W->cols != nv * dv || W->rows % 128 || W->rows / 128 > GO_PASS ||
-        (W->group != 32 && W->group != 64 && W->group != 128) || ((uintptr_t)W->w & 15))
-        return 0;
-    /* LILY_CU_GDN_OUT_SMEM=BYTES (for measuring): shared memory a block at least, which bounds the
-     * blocks an SM (the split step's 60,000-byte pad, above, for the same reason) */
-    static int pad = INT_MIN, opted = 0;
-    cu_env_int(&pad, "LILY_CU_GDN_OUT_SMEM", 0);
-    size_t sm = (size_t)(W->rows / 128) * 128 * 16 + 32 * sizeof(float);
-    if (pad > 0 && pad <= 200 * 1024 && (size_t)pad > sm) sm = (size_t)pad;
-    if (sm > 48 * 1024 && !opted)
-        opted = cudaFuncSetAttribute(k_gdn_dec_split<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) == cudaSuccess;
-    if (sm > 48 * 1024 && !opted) return 0;
-    cu_rows nr;
-    memset(&nr, 0, sizeof nr);
-    gdn_out_args G = { *W, z, gw, eps, y };
-    cu_go(k_gdn_dec_split<false, true>, dim3(GDN_SPLIT, nv), 128, sm, s).cluster(GDN_SPLIT)(nk, nv, K, mixed, state, cw, bb, aa, A_log,
-                                                                                           dt_bias, S, o, cnt, nr, G);
+    cu_go(k_gdn_dec_split<false>, dim3(nv, GDN_SPLIT), 128, sm, s)(nk, nv, K, mixed, state, cw, bb, aa, A_log, dt_bias, S, o, cnt, nr);
     return 1;
 }
 /* A decode batch's rows in one launch (grid z the row), where k_gdn_rec128 ran 32 blocks a row with 64
@@ -661,8 +522,7 @@ int cu_gdn_dec_split_rows(cudaStream_t s, const cu_rows *R, int n, int nk, int n
     if (!cu_env_flag(&on, "LILY_CU_GDN_SPLIT_ROWS", 1) || !cu_env_flag(&sp, "LILY_CU_GDN_SPLIT", 1) || !cu_gdn_dec_ok(nk, nv, dk, dv, K) ||
         !cnt || !R || !R->pos || n < 1 || n > GDN_DEC_ROWS)
         return 0;
-    const gdn_out_args G = {};
-    cu_go(k_gdn_dec_split<true>, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, *R, G);
+    cu_go(k_gdn_dec_split<true>, dim3(nv, GDN_SPLIT, n), 128, 0, s)(nk, nv, K, mixed, NULL, cw, bb, aa, A_log, dt_bias, NULL, o, cnt, *R);
     return 1;
 }
 

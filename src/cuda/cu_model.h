@@ -64,7 +64,6 @@ struct lcuda_session {
     int *tiles;                    /* [T*K/16 + E] the grouped GEMM's (expert, tile) map */
     unsigned *fcount;              /* [FCOUNT_N] block counters, 0 between launches: the fused router group's (mvq_fuse),
                                     * one unused, then cu_gdn_dec's (one a key head; a batch's row r at GDN_DEC_CNT r) */
-    int y_zero;                    /* decode with cu_gdn_dec_out: y [H] is zero (a layer's folded combine zeroed it) */
     const float *fold_nw;          /* decode: the next in-projection's norm weight when the combine was folded into the
                                     * experts' down (cu_mvdp_comb): it normalizes x itself (mvq_fuse.nw); else NULL */
     float *gdn_scr;                /* [nv][T][dk + dv] the chunked delta rule's U/Vn and W */

@@ -30,7 +30,6 @@ typedef struct {
     float *x;             /* [H] the residual, updated in place */
     const float *add;     /* [H] the mixer's output, not yet added (the fused router group's), or NULL */
     int K, ns;            /* routed slots, all slots */
-    int zadd;             /* add zeroed once read: the next DeltaNet layer's cu_gdn_dec_out adds into it */
     int epf;              /* an expert's first codes fetched before the staging (LILY_CU_FOLD_EPF=1, for measuring) */
 } dpc_args;
 
@@ -96,7 +95,6 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
     const int row = row0 + tid;
     if (tid < rpt && row < H) {
         x0 = a.add ? a.x[row] + a.add[row] : a.x[row]; /* (x + add) first, as the combine */
-        if (a.zadd) ((float *)a.add)[row] = 0.f; /* (its readers, the router group, have ended: see CU_PDL) */
         if (a.ns > a.K) gs = sigm_f(a.sr[0]);
     }
     CU_PDL(); /* sel, wt and the inputs come from the experts' gate|up launch */
@@ -146,7 +144,7 @@ int cu_mvdp_comb_enabled(void) {
 }
 
 int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel, const float *wt, int K, const float *hg,
-                 const float *hu, const float *sr, float *x, const float *add, int zadd) {
+                 const float *hu, const float *sr, float *x, const float *add) {
     const int ns = K + (SDm != NULL), I = D->cols, ng = I / 64;
     const size_t sm = (size_t)ns * dp_smem(I);
     if (!mvdp_enabled() || K < 1 || ns > DPC_MAXS || I % 64 || !dp_fits(D, I, 4) || sm > MVQ_SMEM || ((uintptr_t)hg & 15) ||
@@ -159,7 +157,6 @@ int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel,
     a.ms = SDm ? *SDm : *D;
     a.sel = sel; a.wt = wt; a.sr = sr; a.hg = hg; a.hu = hu; a.x = x; a.add = add;
     a.K = K; a.ns = ns;
-    a.zadd = zadd && add;
     static int epf = -1;
     a.epf = cu_env_flag(&epf, "LILY_CU_FOLD_EPF", 0);
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;

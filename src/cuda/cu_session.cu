@@ -143,8 +143,6 @@ lily_code lcuda_session_new(lcuda_model *m, lcuda_session **out, lily_status *st
         if (e != cudaSuccess) { rc = cu_fail(st, e, "second stream", __FILE__, __LINE__); goto fail; }
     }
     lcuda_session_reset(s);
-    /* y zero between passes where cu_gdn_dec_out adds into it (cu_enqueue_forward keeps it so) */
-    cudaMemsetAsync(s->y, 0, (size_t)H * sizeof(float), s->st);
     e = cudaStreamSynchronize(s->st);
     if (e != cudaSuccess) { rc = cu_fail(st, e, "session init", __FILE__, __LINE__); goto fail; }
     *out = s;

@@ -617,7 +617,7 @@ lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel
     float *dhu = (float *)dput(&L, hu, (size_t)ns * I * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
     float *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
     for (int i = 0; !rc && i < reps; i++)
-        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da, 0))
+        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da))
             rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     rc = finish(st, rc);
     if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
@@ -709,16 +709,10 @@ lily_code lct_sample(const float *logits, int V, const lily_sampling *p, const i
 
 lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *mixed, float *state, const float *cw, const float *bb,
                       const float *aa, const float *A_log, const float *dt_bias, float *S, const float *z, const float *gw, float eps,
-                      float *o, const lw_mat *W, float *y, lily_status *st) {
-    const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv, H = W ? W->rows : 0;
+                      float *o, lily_status *st) {
+    const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv;
     dlist L = { {0}, 0 };
     lily_code rc = fused && !cu_gdn_dec_ok(nk, nv, dk, dv, K) ? lily_err(st, LILY_EINVAL, "cu_gdn_dec does not take the shape") : LILY_OK;
-    lcuda_model *m = fused == 3 ? (lcuda_model *)calloc(1, sizeof *m) : NULL;
-    dmat d;
-    memset(&d, 0, sizeof d);
-    if (!rc && fused == 3) rc = !m ? lily_err(st, LILY_ENOMEM, "out of memory") : cu_upload_mats(m, W, 1, &d, st);
-    float *dy = fused == 3 ? (float *)dput(&L, NULL, (size_t)steps * H * 4, st, &rc) : NULL;
-    if (!rc && dy && cudaMemset(dy, 0, (size_t)steps * H * 4) != cudaSuccess) rc = lily_err(st, LILY_EDEVICE, "cudaMemset");
     float *dm = (float *)dput(&L, mixed, (size_t)steps * cd * 4, st, &rc), *ds = (float *)dput(&L, state, (size_t)cd * (K - 1) * 4, st, &rc);
     float *dw = (float *)dput(&L, cw, (size_t)cd * K * 4, st, &rc), *db = (float *)dput(&L, bb, (size_t)steps * nv * 4, st, &rc);
     float *da = (float *)dput(&L, aa, (size_t)steps * nv * 4, st, &rc), *dal = (float *)dput(&L, A_log, (size_t)nv * 4, st, &rc);
@@ -729,32 +723,27 @@ lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *
     unsigned *dc = (unsigned *)dput(&L, NULL, GDN_DEC_CNT * 4, st, &rc);
     if (!rc && cudaMemset(dc, 0, GDN_DEC_CNT * 4) != cudaSuccess) rc = lily_err(st, LILY_EDEVICE, "cudaMemset");
     for (int t = 0; t < steps && !rc; t++) { /* one launch a token, as decode runs them */
-        const float *mt = dm + (size_t)t * cd, *b = db + (size_t)t * nv, *a = da + (size_t)t * nv, *zt = dz + (size_t)t * vd;
+        const float *m = dm + (size_t)t * cd, *b = db + (size_t)t * nv, *a = da + (size_t)t * nv, *zt = dz + (size_t)t * vd;
         float *ot = dout + (size_t)t * vd;
-        if (fused == 3) {
-            if (!cu_gdn_dec_out(0, nk, nv, dk, dv, K, mt, ds, dw, b, a, dal, ddt, dS, ot, dc, &d, zt, dgw, eps, dy + (size_t)t * H))
-                rc = lily_err(st, LILY_EINVAL, "cu_gdn_dec_out declined");
-        } else if (fused == 2) {
-            if (!cu_gdn_dec_split(0, nk, nv, dk, dv, K, mt, ds, dw, b, a, dal, ddt, dS, ot, dc))
+        if (fused == 2) {
+            if (!cu_gdn_dec_split(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, dc))
                 rc = lily_err(st, LILY_EINVAL, "cu_gdn_dec_split declined");
             else cu_gated_norm(0, ot, zt, dgw, 1, nv, dv, eps);
-        } else if (fused) cu_gdn_dec(0, nk, nv, dk, dv, K, mt, ds, dw, b, a, dal, ddt, dS, ot, zt, dgw, eps, dc);
+        } else if (fused) cu_gdn_dec(0, nk, nv, dk, dv, K, m, ds, dw, b, a, dal, ddt, dS, ot, zt, dgw, eps, dc);
         else {
-            cu_gdn_prep1(0, mt, ds, dw, K, nk, dk, nv * dv, b, a, dal, ddt, nv, du, dg, dbeta);
+            cu_gdn_prep1(0, m, ds, dw, K, nk, dk, nv * dv, b, a, dal, ddt, nv, du, dg, dbeta);
             if (!cu_gdn_rec_norm(0, 1, nk, nv, dk, dv, du, cd, dg, dbeta, dS, ot, zt, dgw, eps)) rc = lily_err(st, LILY_EINVAL, "no fused norm");
         }
     }
     rc = finish(st, rc);
     unsigned hc[GDN_DEC_CNT];
-    if (!rc && fused != 3) rc = dget(o, dout, (size_t)steps * vd * 4, st);
-    if (!rc && fused == 3) rc = dget(y, dy, (size_t)steps * H * 4, st);
+    if (!rc) rc = dget(o, dout, (size_t)steps * vd * 4, st);
     if (!rc) rc = dget(state, ds, (size_t)cd * (K - 1) * 4, st);
     if (!rc) rc = dget(S, dS, (size_t)nv * dk * dv * 4, st);
     if (!rc) rc = dget(hc, dc, sizeof hc, st);
     for (int i = 0; i < GDN_DEC_CNT && !rc; i++)
         if (hc[i]) rc = lily_err(st, LILY_EINVAL, "cu_gdn_dec left its counter %d at %u", i, hc[i]);
     dfree(&L);
-    if (m) lcuda_model_free(m);
     return rc;
 }
 

@@ -117,10 +117,9 @@ lily_code lct_gdn(int T, int nk, int nv, int dk, int dv, const float *u, const f
  * split (cu_gdn_dec_split, then cu_gated_norm), 0 as cu_gdn_prep1 then the delta rule with its gated norm. mixed [steps][cd], bb, aa [steps][nv],
  * z [steps][nv*128] in; state [cd][K-1] and S [nv][128][128] in/out; o [steps][nv*128] out. Fails if
  * a counter of the fused form is not 0 after the launches. */
-/* fused 3: cu_gdn_dec_out with W ([H][nv*128], 4-bit), y [steps][H] = W (gated norm of o) out (o unset). */
 lily_code lct_gdn_dec(int fused, int steps, int nk, int nv, int K, const float *mixed, float *state, const float *cw, const float *bb,
                       const float *aa, const float *A_log, const float *dt_bias, float *S, const float *z, const float *gw, float eps,
-                      float *o, const lw_mat *W, float *y, lily_status *st);
+                      float *o, lily_status *st);
 /* The same through the chunked kernels (cu_gdn_chunked; variant as cu_gdn_chunk_variant: 1 tensor
  * cores, 2 tiled, 3 generic), and the staged prefill kernel (cu_gdn_staged: dk 128, dv a multiple
  * of 32; LILY_EUNSUPPORTED otherwise). */

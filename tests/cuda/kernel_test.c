@@ -398,9 +398,9 @@ int main(int argc, char **argv) {
     test_conv(2, 512, 4, 1, 128, 3); /* fewer tokens than taps, with gates: the state from both */
     test_conv(9, 320, 4, 1, 64, 0);
     test_gdn(1, small ? 2 : 16, small ? 4 : 32, 128, 128);
-    test_gdn_dec(pool, 3, small ? 2 : 16, small ? 4 : 32, 4, small ? 256 : 2048); /* the 35B-A3B heads, its conv of 4 taps */
-    test_gdn_dec(pool, 2, 3, 3, 3, 384);
-    test_gdn_dec(pool, 2, 1, 4, 1, 0);
+    test_gdn_dec(3, small ? 2 : 16, small ? 4 : 32, 4); /* the 35B-A3B heads, its conv of 4 taps */
+    test_gdn_dec(2, 3, 3, 3);
+    test_gdn_dec(2, 1, 4, 1);
     test_gdn(small ? 20 : 100, small ? 2 : 16, small ? 4 : 32, 128, small ? 64 : 128);
     test_gdn(37, 2, 4, 128, 128);
     test_gdn(9, 1, 3, 40, 24);

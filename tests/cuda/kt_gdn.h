@@ -146,9 +146,7 @@ static void test_gdn(int T, int nk, int nv, int dk, int dv) {
  * shared q|k conv state written once a key head, their counters back at 0) against a
  * reference of double-precision conv, norms and gates and the CPU's recurrence: outputs after the
  * gated norm, the conv state and S after the last token. */
-/* H > 0: also the step with the gated norm and an H-row out-projection in one launch
- * (cu_gdn_dec_out), its y against the reference's outputs through the CPU's matmul. */
-static void test_gdn_dec(lily_pool *pool, int steps, int nk, int nv, int K, int H) {
+static void test_gdn_dec(int steps, int nk, int nv, int K) {
     const int dk = 128, dv = 128, cd = 2 * nk * dk + nv * dv, vd = nv * dv, kd = nk * dk;
     const float eps = 1e-6f;
     float *mixed = rnd((size_t)steps * cd, 1.0f), *state0 = rnd((size_t)cd * (K - 1), 1.0f), *cw = rnd((size_t)cd * K, 0.5f);
@@ -185,39 +183,24 @@ static void test_gdn_dec(lily_pool *pool, int steps, int nk, int nv, int K, int 
         }
     }
     float *st_ = malloc((size_t)cd * (K - 1) * 4), *S = malloc((size_t)nv * dk * dv * 4), *o = malloc((size_t)steps * vd * 4);
-    void *hold[3] = { NULL, NULL, NULL };
-    lw_mat W;
-    memset(&W, 0, sizeof W);
-    float *y = NULL, *yref = NULL;
-    if (H > 0) {
-        W = mk_mat(LW_Q, 4, 64, H, vd, hold);
-        y = malloc((size_t)steps * H * 4);
-        yref = malloc((size_t)steps * H * 4);
-        cpu_matmul(pool, &W, oref, steps, yref);
-    }
-    for (int fused = H > 0 ? 3 : 2; fused >= 0; fused--) {
+    for (int fused = 2; fused >= 0; fused--) {
         lily_status st = { 0 };
         char what[160];
-        if (fused == 3) snprintf(what, sizeof what, "gdn decode step+gated norm+out-proj steps=%d nk=%d nv=%d K=%d H=%d (y, conv state, S)",
-                                 steps, nk, nv, K, H);
-        else snprintf(what, sizeof what, "gdn decode step %s steps=%d nk=%d nv=%d K=%d (out, conv state, S)",
-                      fused == 2 ? "split+gated norm" : fused ? "fused" : "prep+rec", steps, nk, nv, K);
+        snprintf(what, sizeof what, "gdn decode step %s steps=%d nk=%d nv=%d K=%d (out, conv state, S)",
+                 fused == 2 ? "split+gated norm" : fused ? "fused" : "prep+rec", steps, nk, nv, K);
         memcpy(st_, state0, (size_t)cd * (K - 1) * 4);
         memcpy(S, S0, (size_t)nv * dk * dv * 4);
         for (size_t i = 0; i < (size_t)steps * vd; i++) o[i] = NAN;
-        for (size_t i = 0; y && i < (size_t)steps * H; i++) y[i] = NAN;
-        if (lct_gdn_dec(fused, steps, nk, nv, K, mixed, st_, cw, bb, aa, al, dt, S, z, gw, eps, o, fused == 3 ? &W : NULL, y, &st)) {
+        if (lct_gdn_dec(fused, steps, nk, nv, K, mixed, st_, cw, bb, aa, al, dt, S, z, gw, eps, o, &st)) {
             printf("%s: %s\n", what, st.msg);
             n_fail++;
             continue;
         }
-        double e = fused == 3 ? rel(y, yref, (size_t)steps * H) : rel(o, oref, (size_t)steps * vd), e2 = rel(S, Sref, (size_t)nv * dk * dv),
-               e3 = rel(st_, sref, (size_t)cd * (K - 1));
+        double e = rel(o, oref, (size_t)steps * vd), e2 = rel(S, Sref, (size_t)nv * dk * dv), e3 = rel(st_, sref, (size_t)cd * (K - 1));
         if (!(e2 <= e)) e = e2;
         if (!(e3 <= e)) e = e3;
         report(what, e, 1e-4);
     }
     free(mixed); free(state0); free(cw); free(bb); free(aa); free(al); free(dt); free(z); free(gw); free(S0);
-    free(sref); free(Sref); free(oref); free(u); free(ob); free(st_); free(S); free(o); free(y); free(yref);
-    for (int i = 0; i < 3; i++) free(hold[i]);
+    free(sref); free(Sref); free(oref); free(u); free(ob); free(st_); free(S); free(o);
 }

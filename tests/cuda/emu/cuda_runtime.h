@@ -213,7 +213,7 @@ void cp_wait(int n);
  * wait without progress faults (a flag no thread will set, or a block waiting for another in a
  * launch that is not cooperative, where blocks run one after another). */
 void mb_init(void *bar, unsigned count);
-/* Thread block clusters (cu_gdn_dec_out's, LILY_CU_GDN_OUT=1):
+/* Thread block clusters (no src/cuda kernel uses them since decode's cluster forms were removed):
  * a cluster launch runs each cluster's blocks interleaved, as a cooperative launch does the grid (a
  * plain launch's block is a cluster of one). cluster_arrive / cluster_wait: barrier.cluster's two halves over every thread of the
  * cluster (a wait returns once all have arrived as often as the waiter has). cluster_map: the
