@@ -148,8 +148,9 @@ typedef struct {
     int *sel;
     float *wt;
     unsigned *count;
-    /* xslot > 0: slot xslot (past the routed ones) multiplies xm[i] instead of an expert of
-     * m[i], reading input row xrow (the shared expert riding in the experts' launches) */
+    /* xslot > 0: slots xslot, xslot + 1, ... (past the routed ones, to the launch's last) multiply
+     * xm[i] instead of an expert of m[i], slot xslot + j reading input row xrow + j (the shared
+     * expert riding in the experts' launches: one slot for one token, one a token for a batch) */
     int xslot, xrow;
     dmat xm[MVQ_MAX];
     /* rlog (decode, one token): the router's logits [E]; the launch routes itself (the top K of E,

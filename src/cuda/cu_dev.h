@@ -371,10 +371,11 @@ __device__ __forceinline__ void cu_cp_wait(void) {
 #endif
 }
 
-/* Slot mode (eidx): this slot's expert (none for the extra slot xsl) and its input rows. */
+/* Slot mode (eidx): this slot's expert (none for an extra slot xsl) and its input rows (extra slot
+ * xslot + j reads row xrow + j: a batch's tokens' shared expert, one slot a token). */
 __device__ __forceinline__ int mvq_slot_input(const mvq_args &a, const float *X, const float *X2, int ldx, const int *eidx,
                                               int xdiv, bool xsl, int slot, const float *&x, const float *&x2) {
-    int xr = xsl ? a.f.xrow : slot / xdiv;
+    int xr = xsl ? a.f.xrow + (slot - a.f.xslot) : slot / xdiv;
     x = X + (size_t)xr * ldx;
     if (X2) x2 = X2 + (size_t)xr * ldx;
     return xsl || !eidx ? 0 : eidx[slot];

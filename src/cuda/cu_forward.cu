@@ -358,6 +358,14 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
     const int shx = add && SI && moe_shared_slot(s, L);
+    /* A batch's (or a short pass's, T <= 8) shared expert rides in the experts' two launches too,
+     * one slot a token after the T K routed ones (mvq_fuse.xslot = T K): the router group shrinks
+     * to the router and the shared gate (257 rows instead of 1,281) and its own down launch goes
+     * (LILY_CU_BATCH_SHSLOT=0: the shared expert in those launches, for measuring). Its rows of hg,
+     * hu and D must fit the buffers sized for a chunk's T K + 1. */
+    static int bsh = -1;
+    const int shb = !add && T > 1 && mv_pass(s, T) && SI && mvx && cu_env_flag(&bsh, "LILY_CU_BATCH_SHSLOT", 1) &&
+                    moe_shared_slot(s, L) && (size_t)T * (K + 1) <= (size_t)s->m->chunk * K + 1;
     const int side = !add && !mv_pass(s, T) && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
     int route = 0; /* the experts' gate|up launch routes itself (mvq_fuse.rlog): no top-k launch */
@@ -380,6 +388,10 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         route = !fu.sel && T == 1 && cu_route_fused() && E <= 256 && K <= 32;
         if (!fu.sel && !route) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
+    } else if (shb) { /* the router and the shared expert's gate alone */
+        const dmat *W2[2] = { &L->router, &L->sh_router };
+        float *Y2[2] = { s->rl, s->sr };
+        proj_group(s, 2, W2, s->t, H, T, Y2);
     } else if (mv_pass(s, T)) {
         proj_group(s, SI ? 4 : 1, RW, s->t, H, T, RY);
     } else { /* the router and the shared expert's gate decide (which experts, how much of the
@@ -432,13 +444,15 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             mvq_fuse xg, xd;
             memset(&xg, 0, sizeof xg);
             memset(&xd, 0, sizeof xd);
-            if (shx) {
-                xg.xslot = xd.xslot = K;
+            /* shb: slots T K .. T K + T - 1, token j's reading t row j, its down hg row T K + j */
+            const int nx = shx ? 1 : shb ? T : 0;
+            if (nx) {
+                xg.xslot = xd.xslot = T * K;
                 xg.xm[0] = L->sh_gate; xg.xm[1] = L->sh_up; xg.xrow = 0;
-                xd.xm[0] = L->sh_down; xd.xrow = K;
+                xd.xm[0] = L->sh_down; xd.xrow = T * K;
             }
             if (route) { xg.rlog = s->rl; xg.E = E; xg.K = K; xg.rsel = s->sel; xg.rwt = s->wt; }
-            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + shx, shx || route ? &xg : NULL);
+            cu_matvec_group(q, 2, W, s->t, NULL, H, Y, ld, s->sel, K, T * K + nx, nx || route ? &xg : NULL);
             PM(s, "moe experts gate|up");
             /* one token with the shared expert riding (or none), and a next layer whose
              * in-projection (or an lm_head) can take the norm: the combine folded into the down
@@ -454,7 +468,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             const dmat *Wd[1] = { &L->down };
             float *Yd[1] = { s->D };
             int ldd[1] = { H };
-            cu_matvec_group(q, 1, Wd, s->hg, s->hu, I, Yd, ldd, s->sel, 1, T * K + shx, shx ? &xd : NULL);
+            cu_matvec_group(q, 1, Wd, s->hg, s->hu, I, Yd, ldd, s->sel, 1, T * K + nx, nx ? &xd : NULL);
             PM(s, "moe experts swiglu+down");
         } else {
             cu_matmul_slots(q, &L->gate, s->sel, s->t, K, H, T * K, s->hg, I);
@@ -499,7 +513,7 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
         pos = s->spos;
     }
     const float *SD = NULL;
-    if (shx) SD = s->D + (size_t)K * H;
+    if (shx || shb) SD = s->D + (size_t)T * K * H;
     else if (side) {
         cudaStreamWaitEvent(q, s->evj, 0);
         SD = s->SD;

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdp(mvq_args a, const f
     const int cols = a.m[0].cols, ng = cols / 64, nrow16 = cols * BITS / 128, ntiles = a.blk0[a.n];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
     const int rpt = (WARP / LPR) * R, slot = blockIdx.y;
-    const bool xsl = a.f.xslot && slot == a.f.xslot;
+    const bool xsl = a.f.xslot && slot >= a.f.xslot;
     const int nwb = blockDim.x / WARP;
     int tile = blockIdx.x * nwb + warp, mi = 0, e = 0;
     uint4 c[R][BITS / 2];
@@ -182,8 +182,9 @@ static void mvdp_rr(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_
     else if (R >= 2 && LPR >= 2) mvdp_sbt<LPR, (LPR >= 2 ? 2 : 1), 4, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
     else mvdp_sbt<LPR, 1, 4, 1, CL>(sbt, s, a, nslots, X, X2, ldx, eidx, xdiv);
 }
-/* a decode batch's slots routing themselves (K a token, xdiv K; CL -1), not one token's K (+ the shared) */
-static bool mvdp_batch_routes(const mvq_args &a, int nslots) { return a.f.rlog && nslots != a.f.K + (a.f.xslot ? 1 : 0); }
+/* a decode batch's slots routing themselves (K a token, xdiv K; CL -1), not one token's K (+ the
+ * shared): more routed slots (those before xslot) than K */
+static bool mvdp_batch_routes(const mvq_args &a, int nslots) { return a.f.rlog && (a.f.xslot ? a.f.xslot : nslots) != a.f.K; }
 template <int LPR>
 static void mvdp_r(int R, int bits, int g2, int sbt, cudaStream_t s, const mvq_args &a, int nslots, const float *X, const float *X2,
                    int ldx, const int *eidx, int xdiv) {
@@ -208,10 +209,12 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     if (!q8_on && (bits == 8 || in->f.add)) return 0;
     if (in->f.gz && (in->n != 1 || eidx || nslots != 1 || in->f.nw || in->f.rlog || in->f.xslot || X2 || cols % 128)) return 0;
     /* routing in the launch: one token's slots (and the shared expert's), or a decode batch's, K a
-     * token (rlog without the shared slot, xdiv K); route_ld's register form (E <= 256, K <= 32) */
-    if (in->f.rlog && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1 || (in->f.xslot && in->f.xslot != in->f.K)))
-        return 0;
-    if (mvdp_batch_routes(*in, nslots) && (in->f.xslot || xdiv != in->f.K || nslots % in->f.K)) return 0;
+     * token (xdiv K), each token's shared slot after all the routed ones (xslot = T K, T of them);
+     * route_ld's register form (E <= 256, K <= 32) */
+    if (in->f.rlog && (!eidx || in->f.E > 8 * 32 || in->f.K > 32 || in->f.K < 1)) return 0;
+    const int routed = in->f.xslot ? in->f.xslot : nslots;
+    if (in->f.rlog && (routed % in->f.K || (in->f.xslot && nslots - in->f.xslot != routed / in->f.K))) return 0;
+    if (mvdp_batch_routes(*in, nslots) && xdiv != in->f.K) return 0;
     for (int i = 0; i < in->n; i++)
         if (!dp_fits(&in->m[i], cols, bits) ||
             (in->f.xslot && (!dp_fits(&in->f.xm[i], cols, bits) || in->f.xm[i].rows != in->m[i].rows)))

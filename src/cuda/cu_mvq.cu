@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(512, 1) k_mvq(mvq_args a, const float *__restr
      * barriers and a block's start, and the lm_head's 286 MB streamed at 1.1 TB/s. */
     int tile = blockIdx.x, mi = 0;
     while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
-    const bool xsl = a.f.xslot && (int)blockIdx.y == a.f.xslot;
+    const bool xsl = a.f.xslot && (int)blockIdx.y >= a.f.xslot;
     const dmat &m0 = xsl ? a.f.xm[mi] : a.m[mi];
     const int nch = m0.cols / 32, slot = blockIdx.y;
     int e = 0;
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
     const int RPW = 32 / LPR, ntiles = a.blk0[a.n], nch = a.m[0].cols / 32;
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, grp = lane / LPR;
     const int rpt = (int)(blockDim.x / WARP) * RPW, rib = warp * RPW + grp, slot = blockIdx.y;
-    const bool xsl = a.f.xslot && slot == a.f.xslot;
+    const bool xsl = a.f.xslot && slot >= a.f.xslot;
     int tile = blockIdx.x, mi = 0, e = 0;
     uint4 q = make_uint4(0, 0, 0, 0);
     float sc = 0.f, bi = 0.f;
@@ -420,7 +420,7 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
         if (W[i]->sbt != sbt || (fu && fu->xslot && fu->xm[i].sbt != sbt)) sbt = -1;
     if (rw == 1 && !one && cu_mvdp_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
     if (a.f.rlog) { /* no kernel below routes itself: the top-k first, as without rlog (a batch's tokens too) */
-        cu_router_topk(s, a.f.rlog, a.f.xslot ? 1 : nslots / a.f.K, a.f.E, a.f.K, a.f.rsel, a.f.rwt);
+        cu_router_topk(s, a.f.rlog, (a.f.xslot ? a.f.xslot : nslots) / a.f.K, a.f.E, a.f.K, a.f.rsel, a.f.rwt);
         a.f.rlog = NULL;
     }
     if (rw == 1 && all4 && !one && cu_mvtc_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(TC_WARPS * WARP, TC_MINB) k_mvtc(mvq_args a, c
     const int cols = a.m[0].cols, nun = cols / 64, nsteps = (nun + 7) / 8, ntiles = a.blk0[a.n];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, q = lane % 4;
     const int KS = 1 << ksl, tpi = TC_WARPS >> ksl, wt = warp >> ksl, wk = warp & (KS - 1), slot = blockIdx.y;
-    const bool xsl = a.f.xslot && slot == a.f.xslot;
+    const bool xsl = a.f.xslot && slot >= a.f.xslot;
     int mi = 0, e = 0;
     tc_unit cur;
     /* a dense matrix's first unit is fetched before the wait on the predecessor (weights are never

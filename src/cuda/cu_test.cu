@@ -463,7 +463,7 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
     return rc;
 }
 
-lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
+lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, int nsh, const int *sel, int nslots, int xdiv, int xrow,
                            const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, const lct_mvroute *rt,
                            float *const *Y, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
@@ -471,7 +471,7 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     const dmat *dpp[MVQ_MAX];
     float *dy[MVQ_MAX];
     int ld[MVQ_MAX];
-    const int ns = nslots + (XM ? 1 : 0), cols = W[0].cols;
+    const int ns = nslots + (XM ? nsh : 0), cols = W[0].cols, rT = rt && rt->T > 1 ? rt->T : 1;
     lily_code rc = n >= 1 && n <= MVQ_MAX ? LILY_OK : lily_err(st, LILY_EINVAL, "1 to %d matrices", MVQ_MAX);
     for (int i = 0; i < n && !rc; i++) {
         rc = cu_upload_mats(m, &W[(size_t)i * E], E, &d[i], st);
@@ -484,11 +484,11 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     float *ddx = (float *)dput(&L, X, (size_t)nx * cols * 4, st, &rc);
     float *ddx2 = X2 ? (float *)dput(&L, X2, (size_t)nx * cols * 4, st, &rc) : NULL;
     int *ds = sel ? (int *)dput(&L, sel, (size_t)nslots * 4, st, &rc) : NULL;
-    float *dlg = rt ? (float *)dput(&L, rt->lg, (size_t)rt->E * 4, st, &rc) : NULL;
-    float *dwt = rt ? (float *)dput(&L, NULL, (size_t)rt->K * 4, st, &rc) : NULL;
+    float *dlg = rt ? (float *)dput(&L, rt->lg, (size_t)rT * rt->E * 4, st, &rc) : NULL;
+    float *dwt = rt ? (float *)dput(&L, NULL, (size_t)rT * rt->K * 4, st, &rc) : NULL;
     if (rt && ds) { /* the launch must route itself: the given experts poisoned */
         cudaMemset(ds, 0xff, (size_t)nslots * 4);
-        cudaMemset(dwt, 0xff, (size_t)rt->K * 4);
+        cudaMemset(dwt, 0xff, (size_t)rT * rt->K * 4);
     }
     float *dadd = nm && nm->add ? (float *)dput(&L, nm->add, (size_t)cols * 4, st, &rc) : NULL;
     float *dnw = nm && nm->nw ? (float *)dput(&L, nm->nw, (size_t)cols * 4, st, &rc) : NULL;
@@ -517,8 +517,8 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, cons
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)ns * ld[i] * 4, st);
     if (!rc && nm && nm->nw) rc = dget(nm->tout, dtout, (size_t)cols * 4, st);
-    if (!rc && rt) rc = dget(rt->sel, ds, (size_t)rt->K * 4, st);
-    if (!rc && rt) rc = dget(rt->wt, dwt, (size_t)rt->K * 4, st);
+    if (!rc && rt) rc = dget(rt->sel, ds, (size_t)rT * rt->K * 4, st);
+    if (!rc && rt) rc = dget(rt->wt, dwt, (size_t)rT * rt->K * 4, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;

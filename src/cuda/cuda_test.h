@@ -102,11 +102,13 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
 /* gz, gw (nw NULL): the gated norm of heads of 128 columns instead, x rmsnorm(x) gw silu(gz) a head
  * (cu_matvec_gated: k_mvdp only; dp -1 fails) */
 typedef struct { const float *add, *nw; float eps; float *tout; const float *gz, *gw; } lct_mvnorm;
-/* rt: the launch routes itself from logits lg [E] (top K = nslots), writing sel [K] and wt [K] */
-typedef struct { const float *lg; int E, K; int *sel; float *wt; } lct_mvroute;
+/* rt: the launch routes itself from logits lg [T][E] (top K a token; T 0 or 1: one token, K = nslots;
+ * T > 1: a decode batch's, xdiv = K, nslots = T K), writing sel [T K] and wt [T K] */
+typedef struct { const float *lg; int E, K; int *sel; float *wt; int T; } lct_mvroute;
 /* decode attention's adaptive splits (cu_attention's amin) in the split and folded calls that follow; 0 off */
 void lct_attn_amin(int amin);
-lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, const int *sel, int nslots, int xdiv, int xrow,
+/* XM: nsh extra slots after the nslots routed ones, slot nslots + j multiplying XM[i] by X row xrow + j */
+lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, int nsh, const int *sel, int nslots, int xdiv, int xrow,
                            const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, const lct_mvroute *rt,
                            float *const *Y, lily_status *st);
 /* Recurrent delta rule for all heads: u [T][2*nk*dk + nv*dv] (q already normalized and

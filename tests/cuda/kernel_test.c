@@ -274,13 +274,19 @@ int main(int argc, char **argv) {
        * the experts' gate|up and down with the shared expert riding along, an out-projection, odd
        * widths (one group a row, three, 24 over 16 lanes), groups of 128, f16 and f32 scales */
         const int inp[4] = { 8192, 4096, 32, 32 }, inps[4] = { 300, 129, 4, 4 }, gu[2] = { 512, 512 }, dn[1] = { 2048 };
-        const int o1[1] = { 37 }, o3[3] = { 45, 8, 1 }, o2[2] = { 70, 33 };
+        const int o1[1] = { 37 }, o3[3] = { 45, 8, 1 }, o2[2] = { 70, 33 }, o1b[1] = { 200 };
         test_matvec_group(pool, 4, small ? inps : inp, small ? 512 : 2048, 64, 1, 1, 1, 0, 0, 0);
         test_matvec_group(pool, 2, gu, small ? 512 : 2048, 64, small ? 12 : 64, 8, 8, 1, 0, 0);
         { /* the gate|up launch routing itself (decode's folded top-k), 256 experts as the real model */
             const int gr[2] = { 64, 64 };
             test_matvec_group_b(pool, 4, 2, gr, small ? 512 : 2048, 64, small ? 40 : 256, 8, 8, 1, 0, 0, 0, 1);
             test_matvec_group_b(pool, 4, 2, gr, 256, 64, 9, 3, 3, 0, 0, 0, 0, 1);
+            /* a decode batch's (or a short pass's): each token routing itself, then the shared
+             * expert one slot a token (xslot = T K), and its down after (slots T K + j) */
+            test_matvec_group_b(pool, 4, 2, gr, small ? 512 : 2048, 64, small ? 40 : 256, 3 * 8, 8, 3, 0, 0, 0, 1);
+            test_matvec_group_b(pool, 4, 2, gr, 256, 64, 9, 2 * 3, 3, 2, 0, 0, 0, 1);
+            test_matvec_group_b(pool, 4, 2, gr, 256, 64, 9, 4 * 3, 3, 0, 0, 0, 0, 1); /* no shared expert */
+            test_matvec_group(pool, 1, small ? o1b : dn, 512, 64, small ? 12 : 64, 3 * 8, 1, 3, 1, 0);
         }
         test_matvec_group(pool, 1, small ? o1 : dn, 512, 64, small ? 12 : 64, 8, 1, 1, 1, 0);
         test_matvec_group(pool, 1, small ? o1 : dn, small ? 1024 : 4096, 64, 1, 1, 1, 0, 0, 0);

@@ -140,10 +140,13 @@ static void test_matvec_group(lily_pool *pool, int n, const int *rows, int cols,
 static void router_ref(const float *lg, int E, int K, int *sel, float *wt);
 /* The same for bits-bit codes; norm (dense only: E 1, one slot): 1 the router group's fused residual
  * add and norm, 2 the norm alone (the in-projection after a folded combine), whose normed input
- * (tout) is checked too. route (one token: xdiv = nslots = K): the
- * launch routes itself from random logits (mvq_fuse.rlog, decode's folded top-k), its experts and
- * weights checked against router_ref's, the outputs against the reference's experts; without
- * k_mvdp (no-dp) the launch runs the top-k first. */
+ * (tout) is checked too. route (xdiv = K a token, nslots / K tokens): the
+ * launch routes itself from random logits (mvq_fuse.rlog, decode's folded top-k; a batch's tokens
+ * each from their own), its experts and weights checked against router_ref's, the outputs against
+ * the reference's experts; without k_mvdp (no-dp) the launch runs the top-k first. shared: 1, one
+ * extra slot reading a row of its own (one token's shared expert); more, one a token: with xdiv > 1
+ * each reading its token's row (a batch's gate|up), with xdiv 1 rows of their own after the slots'
+ * (a batch's down). */
 static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *rows, int cols, int group, int E, int nslots, int xdiv,
                                 int shared, int swiglu, int special, int norm, int route) {
     void **hold = calloc((size_t)n * (E + 1) * 3, sizeof *hold);
@@ -152,13 +155,17 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
         for (int e = 0; e < E; e++) W[i * E + e] = mk_mat(LW_Q, bits, group, rows[i], cols, hold + 3 * (i * E + e));
         if (shared) XM[i] = mk_mat(LW_Q, bits, group, rows[i], cols, hold + 3 * (n * E + i));
     }
-    const int nx = (nslots + xdiv - 1) / xdiv + (shared ? 1 : 0), xrow = nx - 1, ns = nslots + (shared ? 1 : 0);
+    /* the extra slots' rows: after the tokens' (one token's shared expert, a batch's down), or the
+     * tokens' own (a batch's gate|up) */
+    const int ntok = (nslots + xdiv - 1) / xdiv, xrow = shared > 1 && xdiv > 1 ? 0 : ntok;
+    const int nx = xrow + shared > ntok ? xrow + shared : ntok, ns = nslots + shared, T = route ? nslots / xdiv : 1;
+    LILY_ASSERT(shared <= 1 || xdiv == 1 || shared == ntok);
     int *sel = malloc((size_t)nslots * sizeof *sel);
     for (int j = 0; j < nslots; j++) sel[j] = (int)(lily_rng_u64(&rng) % (uint64_t)E);
-    float *lg = route ? rnd((size_t)E, 2.0f) : NULL, *wref = route ? malloc((size_t)nslots * 4) : NULL;
+    float *lg = route ? rnd((size_t)T * E, 2.0f) : NULL, *wref = route ? malloc((size_t)nslots * 4) : NULL;
     float *wdev = route ? malloc((size_t)nslots * 4) : NULL;
     int *sdev = route ? malloc((size_t)nslots * sizeof *sdev) : NULL;
-    if (route) router_ref(lg, E, nslots, sel, wref);
+    for (int t = 0; t < T && route; t++) router_ref(lg + (size_t)t * E, E, nslots / T, sel + (size_t)t * (nslots / T), wref + (size_t)t * (nslots / T));
     float *X = rnd((size_t)nx * cols, 1.0f), *X2 = swiglu ? rnd((size_t)nx * cols, 1.0f) : NULL;
     if (special == 1) X[(size_t)(cols / 64 / 2) * 64 + 5] = NAN;
     if (special == 2)
@@ -192,7 +199,7 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
         Y[i] = malloc((size_t)ns * rows[i] * 4);
         for (int j = 0; j < ns; j++) {
             const lw_mat *m = j < nslots ? &W[i * E + sel[j]] : &XM[i];
-            cpu_matmul(pool, m, xin + (size_t)(j < nslots ? j / xdiv : xrow) * cols, 1, ref[i] + (size_t)j * rows[i]);
+            cpu_matmul(pool, m, xin + (size_t)(j < nslots ? j / xdiv : xrow + j - nslots) * cols, 1, ref[i] + (size_t)j * rows[i]);
         }
     }
     static const int dps[6] = { 0, -1, 1, 2, 4, 3 };
@@ -200,18 +207,18 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
         lily_status st = { 0 };
         char what[160];
         snprintf(what, sizeof what, "matvec group %s q%d n=%d %dx%d g%d E=%d slots=%d/%d%s%s%s%s%s", v == 0 ? "as run" : v == 1 ? "no-dp" : v == 2 ? "dp R1" : v == 3 ? "dp R2" : v == 4 ? "dp R4" : "dp G2",
-                 bits, n, rows[0], cols, group, E, nslots, xdiv, shared ? "+shared" : "", swiglu ? " swiglu" : "",
+                 bits, n, rows[0], cols, group, E, nslots, xdiv, shared > 1 ? "+shared a token" : shared ? "+shared" : "", swiglu ? " swiglu" : "",
                  special == 1 ? " NaN" : special == 2 ? " 0/tiny/huge" : "", norm == 1 ? " add+norm" : norm == 3 ? " gated norm" : norm ? " norm" : "",
                  route ? " routed" : "");
         if (norm == 3 && v == 1) continue; /* (k_mvdp alone takes the gated norm) */
-        const lct_mvroute rt = { lg, E, nslots, sdev, wdev };
+        const lct_mvroute rt = { lg, E, nslots / T, sdev, wdev, T };
         if (route)
             for (int j = 0; j < nslots; j++) { sdev[j] = -1; wdev[j] = NAN; }
         if (tout) for (int c = 0; c < cols; c++) tout[c] = NAN;
         /* (the NaN case poisons with 7: NaN is what it wants) */
         for (int i = 0; i < n; i++)
             for (size_t k = 0; k < (size_t)ns * rows[i]; k++) Y[i][k] = special == 1 ? 7.0f : NAN;
-        if (lct_matvec_group(W, n, E, shared ? XM : NULL, norm ? NULL : sel, nslots, xdiv, xrow, X, X2, nx, norm ? &nm : NULL, dps[v],
+        if (lct_matvec_group(W, n, E, shared ? XM : NULL, shared, norm ? NULL : sel, nslots, xdiv, xrow, X, X2, nx, norm ? &nm : NULL, dps[v],
                              route ? &rt : NULL, Y, &st)) {
             printf("%s: %s\n", what, st.msg);
             n_fail++;
