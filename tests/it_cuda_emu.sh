@@ -278,7 +278,8 @@ j_model_2k() {
 q j_model_2k
 
 # the same widths with a 6-token prompt: one pass on the decode batches' kernels (T <= 8), the
-# shared expert riding in the experts' launches one slot a token (LILY_CU_BATCH_SHSLOT), then decode
+# router group taking the residual and norm a slot a row (LILY_CU_BATCH_FUSE), the shared expert
+# riding in the experts' launches one slot a token (LILY_CU_BATCH_SHSLOT), then decode
 j_model_2k_short() {
   local t0 rc line; t0=$(date +%s.%N)
   if "$E/lily" synth --out "$tmp/m2ks" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.$J.log" 2>&1; then
@@ -314,10 +315,11 @@ q j_model_2k_short
 # preloaded word in its first word's place, decode's routing warp taking the wrong lane's id, a dense
 # launch's pre-wait group taking its scales for its biases, the batches' integer kernel staging every row
 # into the first row's place or computing a warp's later tiles with its first tile's rows, a batch's tokens'
-# shared-expert slots all reading the first one's input row) must fail the
+# shared-expert slots all reading the first one's input row, its router group adding the first row's
+# mixer output to every row) must fail the
 # kernel test, or, where it writes past a buffer (the sort's scatter does at some seeds: CI saw
 # glibc abort on the heap it had overwritten), be stopped there by the emulator's red zones
-mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvdpb-row0 mvdpb-tile-stale mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw dpt-kstep-b dpt-stale-batch dpt-red-warps dpt-meta-row gsr-row-cnt gsr-row-s mvdp-broute-slot dpt-gated-gw dtc-p-lo dtc-mask dtc-join-warp xslot-row0"
+mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvdpb-row0 mvdpb-tile-stale mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw dpt-kstep-b dpt-stale-batch dpt-red-warps dpt-meta-row gsr-row-cnt gsr-row-s mvdp-broute-slot dpt-gated-gw dtc-p-lo dtc-mask dtc-join-warp xslot-row0 mvq-add-row0"
 # -O1 without debug info, built by one make (-j2: the two cores; -k: a failed build is reported
 # below) before the runs, each a job of the queue ending at its first failing check
 # (LILY_KT_FAILFAST)

@@ -137,7 +137,7 @@ static inline int cu_q_sexp(float maxs) {
  *     and norm; X itself is not written: the combine adds `add` again; k_mvq reads X before its
  *     wait on the predecessor, so X's writer must be two launches back or more) or rmsnorm(X) * nw (add
  *     NULL: the next layer's in-projection after a folded combine, cu_mvdp_comb); block 0 writes
- *     it to tout;
+ *     it to tout (a dense launch of T slots: each slot's block 0 its row of T);
  *   sel != NULL: the block that finishes matrix 0 last (count, a zeroed int, tells) picks the
  *     top K of its E outputs (the router's logits) into sel/wt, as cu_router_topk. */
 typedef struct {
@@ -268,7 +268,9 @@ void cu_matmul_slots(cudaStream_t s, const dmat *W, const int *eidx, const float
 int cu_mvq_ok(const dmat *W);
 /* One launch for n <= MVQ_MAX matrices of equal cols reading the same input row:
  * Y[i] = W[i] x, with x = silu(X) * X2 when X2. Slot mode when eidx: slot j uses expert
- * eidx[j], input row j / xdiv, output row j of each Y[i] (stride ldy[i]). */
+ * eidx[j], input row j / xdiv, output row j of each Y[i] (stride ldy[i]). Without eidx, slot j
+ * reads row j of X (and of the fuse's add and tout) and writes row j (a decode batch's router
+ * group with its fused residual and norm; only k_mvq and k_mvq4 take more than one slot so). */
 void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
                      float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots, const mvq_fuse *fu);
 /* The same on the tensor cores for 4-bit codes in groups of 64 2^k columns (cu_mvtc.cu), a's

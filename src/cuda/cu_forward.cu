@@ -302,10 +302,15 @@ static void mixer_attn(lcuda_session *s, const cu_layer *L, int fi, int T) {
 /* MoE; leaves x += moe(t) and, with nw, t = rmsnorm(x) * nw for the next layer. */
 /* Decode's MoE in two launches fewer: the router group's launch also adds the mixer's output
  * to the residual and normalizes (mvq_fuse.add), and picks the top-k (mvq_fuse.sel). It needs
- * the group's four matrices on the matrix-vector kernel and the E logits to fit its staged input. */
+ * the group's four matrices on the matrix-vector kernel and the E logits to fit its staged input.
+ * A pass of 2-8 rows (a decode batch, a short prefill) takes the residual and norm the same way,
+ * a slot a row (LILY_CU_BATCH_FUSE=0: its own launch, for measuring), where its out-projection
+ * wrote y whole (no second part in y2). */
 static int moe_fused(const lcuda_session *s, const cu_layer *L, int T) {
     const lily_config *c = &s->m->cfg;
-    if (T != 1 || !cu_fuse_enabled() || c->n_experts > c->hidden) return 0;
+    static int bf = -1;
+    if (T > 1 && (T > 8 || s->y2 || !mv_pass(s, T) || !cu_env_flag(&bf, "LILY_CU_BATCH_FUSE", 1))) return 0;
+    if (!cu_fuse_enabled() || c->n_experts > c->hidden) return 0;
     const dmat *W[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     for (int i = 0; i < (c->shared_inter ? 4 : 1); i++)
         if (!cu_mvq_ok(W[i]) || W[i]->cols != c->hidden) return 0;
@@ -357,14 +362,14 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     /* the router group: matrices reading the layer's normed input */
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
-    const int shx = add && SI && moe_shared_slot(s, L);
+    const int shx = add && T == 1 && SI && moe_shared_slot(s, L);
     /* A batch's (or a short pass's, T <= 8) shared expert rides in the experts' two launches too,
      * one slot a token after the T K routed ones (mvq_fuse.xslot = T K): the router group shrinks
      * to the router and the shared gate (257 rows instead of 1,281) and its own down launch goes
      * (LILY_CU_BATCH_SHSLOT=0: the shared expert in those launches, for measuring). Its rows of hg,
      * hu and D must fit the buffers sized for a chunk's T K + 1. */
     static int bsh = -1;
-    const int shb = !add && T > 1 && mv_pass(s, T) && SI && mvx && cu_env_flag(&bsh, "LILY_CU_BATCH_SHSLOT", 1) &&
+    const int shb = T > 1 && mv_pass(s, T) && SI && mvx && cu_env_flag(&bsh, "LILY_CU_BATCH_SHSLOT", 1) &&
                     moe_shared_slot(s, L) && (size_t)T * (K + 1) <= (size_t)s->m->chunk * K + 1;
     const int side = !add && !mv_pass(s, T) && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
@@ -378,15 +383,15 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
          * by the group's last block, which waits for the others (RESULTS.md). LILY_CU_TOPK_APART=0:
          * by the last block (mvq_fuse.sel), for measuring. */
         static int apart = -1;
-        if (!cu_env_flag(&apart, "LILY_CU_TOPK_APART", 1)) { fu.E = E; fu.K = K; fu.sel = s->sel; fu.wt = s->wt; fu.count = s->fcount; }
-        if (shx) { /* the router and the shared expert's gate alone */
+        if (T == 1 && !cu_env_flag(&apart, "LILY_CU_TOPK_APART", 1)) { fu.E = E; fu.K = K; fu.sel = s->sel; fu.wt = s->wt; fu.count = s->fcount; }
+        if (shx || shb) { /* the router and the shared expert's gate alone (a slot a row) */
             const dmat *W2[2] = { &L->router, &L->sh_router };
             float *Y2[2] = { s->rl, s->sr };
             int ld2[2] = { E, 1 };
-            cu_matvec_group(q, 2, W2, s->x, NULL, H, Y2, ld2, NULL, 1, 1, &fu);
-        } else cu_matvec_group(q, SI ? 4 : 1, RW, s->x, NULL, H, RY, ld, NULL, 1, 1, &fu);
+            cu_matvec_group(q, 2, W2, s->x, NULL, H, Y2, ld2, NULL, 1, T, &fu);
+        } else cu_matvec_group(q, SI ? 4 : 1, RW, s->x, NULL, H, RY, ld, NULL, 1, T, &fu);
         route = !fu.sel && T == 1 && cu_route_fused() && E <= 256 && K <= 32;
-        if (!fu.sel && !route) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
+        if (!fu.sel && !route && T == 1) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
     } else if (shb) { /* the router and the shared expert's gate alone */
         const dmat *W2[2] = { &L->router, &L->sh_router };
@@ -414,8 +419,8 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
             cu_matmul_exact(q, &L->sh_router, s->t, H, T, s->sr, 1, NULL, 0);
         }
     }
-    if (!add) {
-        PM(s, "moe router|shared gate|up|gate (+ top-k past 8 rows)");
+    if (!add || T > 1) { /* (T > 1 with add: the router group above took the residual and norm) */
+        if (!add) PM(s, "moe router|shared gate|up|gate (+ top-k past 8 rows)");
         /* a decode batch's gate|up launch routes each token itself, as one token's does (the top-k
          * launch gone; LILY_CU_BATCH_ROUTE=0 restores it, for measuring: +0.3-0.7% on an H100) */
         static int broute = -1;

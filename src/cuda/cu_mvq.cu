@@ -44,7 +44,9 @@ __device__ __forceinline__ void mvq_load(const mvq_pos &p, int c, uint4 &q, floa
     bi = mvq_sb<SBT>(p.b, p.sbt, c >> p.lcpg);
 }
 /* The block's input: x (silu(x) * x2 when has2; rmsnorm(x (+ add)) * nw with the fused norm, which
- * block (0, 0) also writes to tout), swizzled and scaled into xs, and each chunk's sum into sxs. */
+ * the slot's first block also writes to tout), swizzled and scaled into xs, and each chunk's sum
+ * into sxs. A dense launch of several slots (a decode batch's router group) reads row `slot` of X,
+ * add and tout (stride ldx) and writes row `slot` of Y; slot 0 is one token's. */
 /* With the fused norm of a dense launch, a thread's first four columns of x (with add: x is then
  * the residual, written two launches back or more, never by the predecessor) and of nw, loaded
  * before the wait, so that the add is the staging's one round trip after it. */
@@ -66,13 +68,13 @@ __device__ __forceinline__ mvq_pre mvq_preload(const mvq_args &a, const float *X
     return p;
 }
 __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, const float *x2, bool has2, int nch, float4 *xs,
-                                          float *sxs, const mvq_pre &pre) {
+                                          float *sxs, const mvq_pre &pre, size_t roff, bool wout) {
     if (a.f.nw) { /* the norm, fused (mvq_fuse): after the residual add, or after a folded combine */
         __shared__ float red[32];
         float ss = 0;
         for (int i = threadIdx.x; i < nch * 8; i += blockDim.x) {
             int c = i / 8, j = i % 8;
-            const float *p = x + c * 32 + j * 4, *ad = a.f.add + c * 32 + j * 4;
+            const float *p = x + c * 32 + j * 4, *ad = a.f.add + roff + c * 32 + j * 4;
             const float4 xv = a.f.add && i == (int)threadIdx.x ? pre.x : make_float4(p[0], p[1], p[2], p[3]);
             float4 v = a.f.add ? make_float4(xv.x + ad[0], xv.y + ad[1], xv.z + ad[2], xv.w + ad[3]) : xv;
             ss += v.x * v.x; ss += v.y * v.y; ss += v.z * v.z; ss += v.w * v.w;
@@ -87,8 +89,8 @@ __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, con
             float4 v = xs[mvq_sw(c, j)];
             v.x = v.x * r * w.x; v.y = v.y * r * w.y; v.z = v.z * r * w.z; v.w = v.w * r * w.w;
             xs[mvq_sw(c, j)] = v;
-            if (blockIdx.x == 0 && blockIdx.y == 0) {
-                float *o = a.f.tout + c * 32 + j * 4;
+            if (wout) {
+                float *o = a.f.tout + roff + c * 32 + j * 4;
                 o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
             }
             mvq_scale(xs, c, j);
@@ -176,15 +178,16 @@ __global__ void __launch_bounds__(512, 1) k_mvq(mvq_args a, const float *__restr
             }
         }
     }
-    const mvq_pre xp = mvq_preload(a, X, !eidx, nch);
+    const size_t roff = eidx ? 0 : (size_t)slot * ldx; /* (a dense launch's slot: its row) */
+    const mvq_pre xp = mvq_preload(a, X + roff, !eidx, nch);
     CU_PDL();
-    const float *x = X, *x2 = X2;
+    const float *x = X + roff, *x2 = X2 ? X2 + roff : NULL;
     if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp);
+    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp, roff, blockIdx.x == 0 && (!eidx || slot == 0));
     for (bool first = true; tile < ntiles; tile += gridDim.x, first = false) {
         while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        float *y = a.y[mi] + (eidx ? (size_t)slot * a.ldy[mi] : 0);
+        float *y = a.y[mi] + (size_t)slot * a.ldy[mi];
         int rb = (((tile - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp) * RW;
         int rr[RW];
 #pragma unroll
@@ -312,15 +315,16 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         p = mvq_locate(a, xsl, 0, tile, mi, rpt, rib);
         if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
-    const mvq_pre xp = mvq_preload(a, X, !eidx, nch);
+    const size_t roff = eidx ? 0 : (size_t)slot * ldx; /* (a dense launch's slot: its row) */
+    const mvq_pre xp = mvq_preload(a, X + roff, !eidx, nch);
     CU_PDL();
-    const float *x = X, *x2 = X2;
+    const float *x = X + roff, *x2 = X2 ? X2 + roff : NULL;
     if (eidx) {
         e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
         p = mvq_locate(a, xsl, e, tile, mi, rpt, rib);
         if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
-    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp);
+    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp, roff, blockIdx.x == 0 && (!eidx || slot == 0));
     while (tile < ntiles) {
         float acc = 0.f;
         int nt = tile + gridDim.x, nmi = mi;
@@ -337,7 +341,7 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         }
 #pragma unroll
         for (int o = LPR / 2; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (p.row < p.rows && sub == 0) a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + p.row] = acc;
+        if (p.row < p.rows && sub == 0) a.y[mi][(size_t)slot * a.ldy[mi] + p.row] = acc;
         tile = nt; mi = nmi; p = np;
     }
 }

@@ -265,7 +265,7 @@ static void mvtc_launch(cudaStream_t s, const mvq_args &a, int groups, int nslot
 int cu_mvtc_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, const float *X2, int ldx, const int *eidx,
                   int xdiv, int nslots) {
     const int cols = in->m[0].cols;
-    if (!mvtc_enabled() || in->f.nw || in->f.sel) return 0;
+    if (!mvtc_enabled() || in->f.nw || in->f.sel || (!eidx && nslots > 1)) return 0; /* (a dense launch: one row) */
     /* The fewest weights (a slot's matrices together) a launch needs to be taken: on the H200,
      * under Nsight, this kernel is as fast as k_mvq4 or faster on every decode launch, but in the
      * decode graph tg128 was best with it on the lm_head and the two in-projections only (16M:

@@ -490,9 +490,9 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, int 
         cudaMemset(ds, 0xff, (size_t)nslots * 4);
         cudaMemset(dwt, 0xff, (size_t)rT * rt->K * 4);
     }
-    float *dadd = nm && nm->add ? (float *)dput(&L, nm->add, (size_t)cols * 4, st, &rc) : NULL;
+    float *dadd = nm && nm->add ? (float *)dput(&L, nm->add, (size_t)nx * cols * 4, st, &rc) : NULL;
     float *dnw = nm && nm->nw ? (float *)dput(&L, nm->nw, (size_t)cols * 4, st, &rc) : NULL;
-    float *dtout = nm && nm->nw ? (float *)dput(&L, NULL, (size_t)cols * 4, st, &rc) : NULL;
+    float *dtout = nm && nm->nw ? (float *)dput(&L, NULL, (size_t)nx * cols * 4, st, &rc) : NULL;
     float *dgz = nm && nm->gz ? (float *)dput(&L, nm->gz, (size_t)cols * 4, st, &rc) : NULL;
     float *dgw = nm && nm->gz ? (float *)dput(&L, nm->gw, 128 * 4, st, &rc) : NULL;
     if (!rc && dgz && (n != 1 || E != 1 || XM || sel || rt || dp < 0))
@@ -516,7 +516,7 @@ lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, int 
     }
     rc = finish(st, rc);
     for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)ns * ld[i] * 4, st);
-    if (!rc && nm && nm->nw) rc = dget(nm->tout, dtout, (size_t)cols * 4, st);
+    if (!rc && nm && nm->nw) rc = dget(nm->tout, dtout, (size_t)nx * cols * 4, st);
     if (!rc && rt) rc = dget(rt->sel, ds, (size_t)rT * rt->K * 4, st);
     if (!rc && rt) rc = dget(rt->wt, dwt, (size_t)rT * rt->K * 4, st);
     dfree(&L);

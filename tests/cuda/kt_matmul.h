@@ -138,9 +138,9 @@ static void test_matvec_group(lily_pool *pool, int n, const int *rows, int cols,
     test_matvec_group_b(pool, 4, n, rows, cols, group, E, nslots, xdiv, shared, swiglu, special, 0, 0);
 }
 static void router_ref(const float *lg, int E, int K, int *sel, float *wt);
-/* The same for bits-bit codes; norm (dense only: E 1, one slot): 1 the router group's fused residual
- * add and norm, 2 the norm alone (the in-projection after a folded combine), whose normed input
- * (tout) is checked too. route (xdiv = K a token, nslots / K tokens): the
+/* The same for bits-bit codes; norm (dense only: E 1; one slot, or a slot a row with xdiv 1): 1 the
+ * router group's fused residual add and norm, 2 the norm alone (the in-projection after a folded
+ * combine), whose normed input (tout) is checked too. route (xdiv = K a token, nslots / K tokens): the
  * launch routes itself from random logits (mvq_fuse.rlog, decode's folded top-k; a batch's tokens
  * each from their own), its experts and weights checked against router_ref's, the outputs against
  * the reference's experts; without k_mvdp (no-dp) the launch runs the top-k first. shared: 1, one
@@ -175,8 +175,8 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
                 X[(size_t)r * cols + 64 + c] *= 1e-35f;
                 X[(size_t)r * cols + 128 + c] *= 1e30f;
             }
-    float *xin = malloc((size_t)nx * cols * 4), *add = norm == 1 ? rnd((size_t)cols, 1.0f) : NULL, *nw = norm == 1 || norm == 2 ? rnd((size_t)cols, 1.0f) : NULL;
-    float *tout = norm == 1 || norm == 2 ? malloc((size_t)cols * 4) : NULL;
+    float *xin = malloc((size_t)nx * cols * 4), *add = norm == 1 ? rnd((size_t)nx * cols, 1.0f) : NULL, *nw = norm == 1 || norm == 2 ? rnd((size_t)cols, 1.0f) : NULL;
+    float *tout = norm == 1 || norm == 2 ? malloc((size_t)nx * cols * 4) : NULL;
     float *gz = norm == 3 ? rnd((size_t)cols, 2.0f) : NULL, *gw = norm == 3 ? rnd(128, 1.0f) : NULL;
     for (size_t k = 0; k < (size_t)nx * cols; k++) xin[k] = swiglu ? X[k] / (1.0f + expf(-X[k])) * X2[k] : X[k];
     if (norm == 3) /* the gated norm of heads of 128 columns (k_gdn_dec_split's output, cu_matvec_gated) */
@@ -186,12 +186,14 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
             const double r = 1.0 / sqrt(ss / 128 + 1e-6);
             for (int c = 128 * h; c < 128 * h + 128; c++) xin[c] = (float)(X[c] * r * gw[c % 128] * (gz[c] / (1.0 + exp(-(double)gz[c]))));
         }
-    else if (norm) {
-        double ss = 0;
-        for (int c = 0; c < cols; c++) ss += ((double)X[c] + (add ? add[c] : 0.f)) * ((double)X[c] + (add ? add[c] : 0.f));
-        const double r = 1.0 / sqrt(ss / cols + 1e-6);
-        for (int c = 0; c < cols; c++) xin[c] = (float)(((double)X[c] + (add ? add[c] : 0.f)) * r * nw[c]);
-    }
+    else if (norm) /* a row a slot (one token's; a decode batch's router group: E 1, xdiv 1, a slot a row) */
+        for (int t = 0; t < nx; t++) {
+            const float *xr = X + (size_t)t * cols, *ar = add ? add + (size_t)t * cols : NULL;
+            double ss = 0;
+            for (int c = 0; c < cols; c++) ss += ((double)xr[c] + (ar ? ar[c] : 0.f)) * ((double)xr[c] + (ar ? ar[c] : 0.f));
+            const double r = 1.0 / sqrt(ss / cols + 1e-6);
+            for (int c = 0; c < cols; c++) xin[(size_t)t * cols + c] = (float)(((double)xr[c] + (ar ? ar[c] : 0.f)) * r * nw[c]);
+        }
     const lct_mvnorm nm = { add, nw, 1e-6f, tout, gz, gw };
     float *ref[4], *Y[4];
     for (int i = 0; i < n; i++) {
@@ -214,7 +216,7 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
         const lct_mvroute rt = { lg, E, nslots / T, sdev, wdev, T };
         if (route)
             for (int j = 0; j < nslots; j++) { sdev[j] = -1; wdev[j] = NAN; }
-        if (tout) for (int c = 0; c < cols; c++) tout[c] = NAN;
+        if (tout) for (size_t c = 0; c < (size_t)nx * cols; c++) tout[c] = NAN;
         /* (the NaN case poisons with 7: NaN is what it wants) */
         for (int i = 0; i < n; i++)
             for (size_t k = 0; k < (size_t)ns * rows[i]; k++) Y[i][k] = special == 1 ? 7.0f : NAN;
@@ -243,7 +245,7 @@ static void test_matvec_group_b(lily_pool *pool, int bits, int n, const int *row
             double r = 0;
             if (special == 1) {
                 for (int c = 0; c < cols; c++) if (!isnan(tout[c])) r = INFINITY;
-            } else r = rel(tout, xin, (size_t)cols);
+            } else r = rel(tout, xin, (size_t)nx * cols);
             if (!(r <= 1e-6)) worst = INFINITY;
         }
         if (route && (memcmp(sdev, sel, (size_t)nslots * sizeof *sel) || !(rel(wdev, wref, (size_t)nslots) <= 1e-6))) worst = INFINITY;
