@@ -363,13 +363,15 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
     const int shx = add && T == 1 && SI && moe_shared_slot(s, L);
-    /* A batch's (or a short pass's, T <= 8) shared expert rides in the experts' two launches too,
-     * one slot a token after the T K routed ones (mvq_fuse.xslot = T K): the router group shrinks
-     * to the router and the shared gate (257 rows instead of 1,281) and its own down launch goes
-     * (LILY_CU_BATCH_SHSLOT=0: the shared expert in those launches, for measuring). Its rows of hg,
-     * hu and D must fit the buffers sized for a chunk's T K + 1. */
+    /* A batch's (or a short pass's) shared expert rides in the experts' two launches too, one slot
+     * a token after the T K routed ones (mvq_fuse.xslot = T K): the router group shrinks to the
+     * router and the shared gate (257 rows instead of 1,281) and its own down launch goes
+     * (LILY_CU_BATCH_SHSLOT=0: the shared expert in those launches, for measuring). Up to 8 rows:
+     * each slot's blocks read the shared expert's weights, so at 16 rows it measured 6% slower
+     * than the rows kernels that read them once (H100, bench/RESULTS.md session 42). Its rows of
+     * hg, hu and D must fit the buffers sized for a chunk's T K + 1. */
     static int bsh = -1;
-    const int shb = T > 1 && mv_pass(s, T) && SI && mvx && cu_env_flag(&bsh, "LILY_CU_BATCH_SHSLOT", 1) &&
+    const int shb = T > 1 && T <= 8 && mv_pass(s, T) && SI && mvx && cu_env_flag(&bsh, "LILY_CU_BATCH_SHSLOT", 1) &&
                     moe_shared_slot(s, L) && (size_t)T * (K + 1) <= (size_t)s->m->chunk * K + 1;
     const int side = !add && !mv_pass(s, T) && SI && s->st2; /* the shared expert on the second stream */
     int sh_swiglu = 0; /* sg holds silu(gate) * up already */
