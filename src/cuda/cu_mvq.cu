@@ -117,7 +117,7 @@ __device__ __forceinline__ void mvq_stage(const mvq_args &a, const float *x, con
 #define MVQ_PRE8 2
 /* (one block an SM: 128 registers, where 64 spilled; its launches, decode's router group, are a
  * few dozen blocks) */
-template <int LPR, int RW>
+template <int LPR, int RW, bool ROWS>
 __global__ void __launch_bounds__(512, 1) k_mvq(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2, int ldx,
                                              const int *eidx, int xdiv) {
     extern __shared__ float4 xs[]; /* [cols / 4] the input, swizzled and scaled (mvq_scale) */
@@ -178,16 +178,19 @@ __global__ void __launch_bounds__(512, 1) k_mvq(mvq_args a, const float *__restr
             }
         }
     }
-    const size_t roff = eidx ? 0 : (size_t)slot * ldx; /* (a dense launch's slot: its row) */
+    /* ROWS: a dense launch of several slots, slot j reading and writing row j (a decode batch's router
+     * group); an instance of its own, since the offsets cost one token's router group ~0.5% of tg128
+     * (H100, bench/RESULTS.md session 42) */
+    const size_t roff = ROWS ? (size_t)slot * ldx : 0;
     const mvq_pre xp = mvq_preload(a, X + roff, !eidx, nch);
     CU_PDL();
-    const float *x = X + roff, *x2 = X2 ? X2 + roff : NULL;
+    const float *x = X + roff, *x2 = ROWS && X2 ? X2 + roff : X2;
     if (eidx) e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
-    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp, roff, blockIdx.x == 0 && (!eidx || slot == 0));
+    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp, roff, blockIdx.x == 0 && (ROWS || blockIdx.y == 0));
     for (bool first = true; tile < ntiles; tile += gridDim.x, first = false) {
         while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
         const dmat &m = xsl ? a.f.xm[mi] : a.m[mi];
-        float *y = a.y[mi] + (size_t)slot * a.ldy[mi];
+        float *y = a.y[mi] + (eidx || ROWS ? (size_t)slot * a.ldy[mi] : 0);
         int rb = (((tile - a.blk0[mi]) * (int)(blockDim.x / WARP) + warp) * RPW + grp) * RW;
         int rr[RW];
 #pragma unroll
@@ -315,16 +318,15 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         p = mvq_locate(a, xsl, 0, tile, mi, rpt, rib);
         if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
-    const size_t roff = eidx ? 0 : (size_t)slot * ldx; /* (a dense launch's slot: its row) */
-    const mvq_pre xp = mvq_preload(a, X + roff, !eidx, nch);
+    const mvq_pre xp = mvq_preload(a, X, !eidx, nch);
     CU_PDL();
-    const float *x = X + roff, *x2 = X2 ? X2 + roff : NULL;
+    const float *x = X, *x2 = X2;
     if (eidx) {
         e = mvq_slot_input(a, X, X2, ldx, eidx, xdiv, xsl, slot, x, x2);
         p = mvq_locate(a, xsl, e, tile, mi, rpt, rib);
         if (sub < nch) mvq_load<SBT>(p, sub, q, sc, bi);
     }
-    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp, roff, blockIdx.x == 0 && (!eidx || slot == 0));
+    mvq_stage(a, x, x2, X2 != NULL, nch, xs, sxs, xp, 0, blockIdx.x == 0 && blockIdx.y == 0);
     while (tile < ntiles) {
         float acc = 0.f;
         int nt = tile + gridDim.x, nmi = mi;
@@ -341,17 +343,23 @@ __global__ void __launch_bounds__(256, 5) k_mvq4(mvq_args a, const float *__rest
         }
 #pragma unroll
         for (int o = LPR / 2; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (p.row < p.rows && sub == 0) a.y[mi][(size_t)slot * a.ldy[mi] + p.row] = acc;
+        if (p.row < p.rows && sub == 0) a.y[mi][(eidx ? (size_t)slot * a.ldy[mi] : 0) + p.row] = acc;
         tile = nt; mi = nmi; p = np;
     }
 }
 
+template <int LPR, int RW, bool ROWS>
+static void mvq_launch_r(int tiles, int nslots, int one_a_tile, int bt, size_t sm, cudaStream_t s, const mvq_args &a,
+                         const float *X, const float *X2, int ldx, const int *eidx, int xdiv) {
+    static mvq_kstate ks;
+    int gx = mvq_grid(k_mvq<LPR, RW, ROWS>, ks, tiles, nslots, one_a_tile, bt, sm);
+    cu_go(k_mvq<LPR, RW, ROWS>, dim3(gx, nslots), bt, sm, s)(a, X, X2, ldx, eidx, xdiv);
+}
 template <int LPR, int RW>
 static void mvq_launch(int tiles, int nslots, int one_a_tile, int bt, size_t sm, cudaStream_t s, const mvq_args &a,
                        const float *X, const float *X2, int ldx, const int *eidx, int xdiv) {
-    static mvq_kstate ks;
-    int gx = mvq_grid(k_mvq<LPR, RW>, ks, tiles, nslots, one_a_tile, bt, sm);
-    cu_go(k_mvq<LPR, RW>, dim3(gx, nslots), bt, sm, s)(a, X, X2, ldx, eidx, xdiv);
+    if (!eidx && nslots > 1) mvq_launch_r<LPR, RW, true>(tiles, nslots, one_a_tile, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
+    else mvq_launch_r<LPR, RW, false>(tiles, nslots, one_a_tile, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
 }
 template <int LPR, int SBT>
 static void mvq4_launch_t(int tiles, int nslots, int bt, size_t sm, cudaStream_t s, const mvq_args &a, const float *X,
@@ -428,7 +436,7 @@ void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X
         a.f.rlog = NULL;
     }
     if (rw == 1 && all4 && !one && cu_mvtc_group(s, &a, sbt, X, X2, ldx, eidx, xdiv, nslots)) return;
-    if (rw == 1 && all4 && !one && mvq4_enabled()) {
+    if (rw == 1 && all4 && !one && mvq4_enabled() && (eidx || nslots == 1)) { /* (several dense slots: k_mvq's ROWS) */
         if (!mvq4_sbt_enabled()) sbt = -1;
         if (lpr == 32) mvq4_launch<32>(sbt, nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);
         else if (lpr == 16) mvq4_launch<16>(sbt, nb, nslots, bt, sm, s, a, X, X2, ldx, eidx, xdiv);

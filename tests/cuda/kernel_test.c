@@ -328,7 +328,7 @@ int main(int argc, char **argv) {
             /* a decode batch's (a short pass's) router group: the residual and norm a slot a row */
             test_matvec_group_b(pool, 8, 2, rt, small ? 512 : 2048, 64, 1, 3, 1, 0, 0, 0, 1, 0);
             test_matvec_group_b(pool, 8, 2, rto, 192, 64, 1, 8, 1, 0, 0, 0, 1, 0);
-            test_matvec_group_b(pool, 4, 2, o2, 1536, 64, 1, 2, 1, 0, 0, 0, 1, 0); /* 4-bit: k_mvq4 */
+            test_matvec_group_b(pool, 4, 2, o2, 1536, 64, 1, 2, 1, 0, 0, 0, 1, 0); /* 4-bit codes */
             test_matvec_group_b(pool, 8, 2, rto, 64, 64, 1, 1, 1, 0, 0, 0, 0, 0);
             test_matvec_group_b(pool, 8, 2, o2, 1024, 128, 3, 4, 2, 1, 1, 0, 0, 0);
             test_matvec_group_b(pool, 8, 1, o1, 512, 64, 1, 1, 1, 0, 0, 1, 1, 0);
