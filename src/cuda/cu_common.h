@@ -270,7 +270,7 @@ int cu_mvq_ok(const dmat *W);
  * Y[i] = W[i] x, with x = silu(X) * X2 when X2. Slot mode when eidx: slot j uses expert
  * eidx[j], input row j / xdiv, output row j of each Y[i] (stride ldy[i]). Without eidx, slot j
  * reads row j of X (and of the fuse's add and tout) and writes row j (a decode batch's router
- * group with its fused residual and norm; only k_mvq and k_mvq4 take more than one slot so). */
+ * group with its fused residual and norm; only k_mvq's ROWS instance takes more than one slot so). */
 void cu_matvec_group(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx,
                      float *const *Y, const int *ldy, const int *eidx, int xdiv, int nslots, const mvq_fuse *fu);
 /* The same on the tensor cores for 4-bit codes in groups of 64 2^k columns (cu_mvtc.cu), a's

@@ -44,9 +44,9 @@ __device__ __forceinline__ void mvq_load(const mvq_pos &p, int c, uint4 &q, floa
     bi = mvq_sb<SBT>(p.b, p.sbt, c >> p.lcpg);
 }
 /* The block's input: x (silu(x) * x2 when has2; rmsnorm(x (+ add)) * nw with the fused norm, which
- * the slot's first block also writes to tout), swizzled and scaled into xs, and each chunk's sum
- * into sxs. A dense launch of several slots (a decode batch's router group) reads row `slot` of X,
- * add and tout (stride ldx) and writes row `slot` of Y; slot 0 is one token's. */
+ * the first block also writes to tout: with k_mvq's ROWS each slot's, its row roff), swizzled and
+ * scaled into xs, and each chunk's sum into sxs. A dense launch of several slots (a decode batch's
+ * router group, ROWS) reads row `slot` of X and add (roff = slot ldx) and writes row `slot` of Y. */
 /* With the fused norm of a dense launch, a thread's first four columns of x (with add: x is then
  * the residual, written two launches back or more, never by the predecessor) and of nw, loaded
  * before the wait, so that the add is the staging's one round trip after it. */
