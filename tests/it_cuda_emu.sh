@@ -264,33 +264,22 @@ q j_model_h16
 
 # the real widths (hidden 2,048, 16 key and 32 value heads of 128, experts of 512; 16 experts, vocab
 # 512, 4 layers) on the default decode path: the integer matrix-vector kernels at the 35B-A3B's
-# columns, the gate|up launch routing itself and the combine folded into the down (k_mvdp_comb)
-j_model_2k() {
-  local t0 rc line; t0=$(date +%s.%N)
-  if "$E/lily" synth --out "$tmp/m2k" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.$J.log" 2>&1; then
-    LILY_EMU_STATS=kernels LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/m2k" --prompt 20 --steps 4 --seed "$seed" >"$tmp/model.$J.log" 2>&1; rc=$?
+# columns, the gate|up launch routing itself and the combine folded into the down (k_mvdp_comb);
+# with a 6-token prompt, that prompt's one pass on the decode batches' kernels too (T <= 8: k_mvdpt,
+# the router group taking the residual and norm a slot a row, LILY_CU_BATCH_FUSE, and the shared
+# expert riding in the experts' launches one slot a token, LILY_CU_BATCH_SHSLOT)
+j_model_2k() { # PROMPT KERNEL: the prompt's tokens, a kernel the run must have launched
+  local t0 rc line m="$tmp/m2k.$1"; t0=$(date +%s.%N)
+  if "$E/lily" synth --out "$m" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.$J.log" 2>&1; then
+    LILY_EMU_STATS=kernels LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$m" --prompt "$1" --steps 4 --seed "$seed" >"$tmp/model.$J.log" 2>&1; rc=$?
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.$J.log" | tail -n 1)
-    if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_mvdp_comb<' "$tmp/model.$J.log"; then
-      ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, $(secs "$t0") s): $line"
-    else cat "$tmp/model.$J.log"; bad "emulated cuda-kernel-test --model, hidden 2048 (rc=$rc)"; fi
+    if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q "^lily emu: kernel $2<" "$tmp/model.$J.log"; then
+      ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, a $1-token prompt, $(secs "$t0") s): $line"
+    else cat "$tmp/model.$J.log"; bad "emulated cuda-kernel-test --model, hidden 2048, $1-token prompt (rc=$rc)"; fi
   else cat "$tmp/synth.$J.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
 }
-q j_model_2k
-
-# the same widths with a 6-token prompt: one pass on the decode batches' kernels (T <= 8), the
-# router group taking the residual and norm a slot a row (LILY_CU_BATCH_FUSE), the shared expert
-# riding in the experts' launches one slot a token (LILY_CU_BATCH_SHSLOT), then decode
-j_model_2k_short() {
-  local t0 rc line; t0=$(date +%s.%N)
-  if "$E/lily" synth --out "$tmp/m2ks" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.$J.log" 2>&1; then
-    LILY_EMU_STATS=kernels LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$tmp/m2ks" --prompt 6 --steps 4 --seed "$seed" >"$tmp/model.$J.log" 2>&1; rc=$?
-    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.$J.log" | tail -n 1)
-    if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q '^lily emu: kernel k_mvdpt<' "$tmp/model.$J.log"; then
-      ok "emulated cuda-kernel-test --model (hidden 2048, a 6-token prompt, $(secs "$t0") s): $line"
-    else cat "$tmp/model.$J.log"; bad "emulated cuda-kernel-test --model, hidden 2048, 6-token prompt (rc=$rc)"; fi
-  else cat "$tmp/synth.$J.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
-}
-q j_model_2k_short
+q j_model_2k 20 k_mvdp_comb
+q j_model_2k 6 k_mvdpt
 
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
 # reduction, a missing __syncwarp, the router's tie within a lane going to the higher id, a
