@@ -362,6 +362,9 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
     /* the router group: matrices reading the layer's normed input */
     const dmat *RW[4] = { &L->router, &L->sh_gate, &L->sh_up, &L->sh_router };
     float *RY[4] = { s->rl, s->sg, s->su, s->sr };
+    /* with the shared expert riding in the experts' launches: the router and its gate alone */
+    const dmat *RW2[2] = { &L->router, &L->sh_router };
+    float *RY2[2] = { s->rl, s->sr };
     const int shx = add && T == 1 && SI && moe_shared_slot(s, L);
     /* A batch's (or a short pass's) shared expert rides in the experts' two launches too, one slot
      * a token after the T K routed ones (mvq_fuse.xslot = T K): the router group shrinks to the
@@ -386,19 +389,15 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
          * by the last block (mvq_fuse.sel), for measuring. */
         static int apart = -1;
         if (T == 1 && !cu_env_flag(&apart, "LILY_CU_TOPK_APART", 1)) { fu.E = E; fu.K = K; fu.sel = s->sel; fu.wt = s->wt; fu.count = s->fcount; }
-        if (shx || shb) { /* the router and the shared expert's gate alone (a slot a row) */
-            const dmat *W2[2] = { &L->router, &L->sh_router };
-            float *Y2[2] = { s->rl, s->sr };
+        if (shx || shb) { /* (a slot a row) */
             int ld2[2] = { E, 1 };
-            cu_matvec_group(q, 2, W2, s->x, NULL, H, Y2, ld2, NULL, 1, T, &fu);
+            cu_matvec_group(q, 2, RW2, s->x, NULL, H, RY2, ld2, NULL, 1, T, &fu);
         } else cu_matvec_group(q, SI ? 4 : 1, RW, s->x, NULL, H, RY, ld, NULL, 1, T, &fu);
         route = !fu.sel && T == 1 && cu_route_fused() && E <= 256 && K <= 32;
         if (!fu.sel && !route && T == 1) cu_router_topk(q, s->rl, T, E, K, s->sel, s->wt);
         PM(s, "moe residual+norm|router|shared gate|up|gate|top-k");
-    } else if (shb) { /* the router and the shared expert's gate alone */
-        const dmat *W2[2] = { &L->router, &L->sh_router };
-        float *Y2[2] = { s->rl, s->sr };
-        proj_group(s, 2, W2, s->t, H, T, Y2);
+    } else if (shb) {
+        proj_group(s, 2, RW2, s->t, H, T, RY2);
     } else if (mv_pass(s, T)) {
         proj_group(s, SI ? 4 : 1, RW, s->t, H, T, RY);
     } else { /* the router and the shared expert's gate decide (which experts, how much of the

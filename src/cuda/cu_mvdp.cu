@@ -206,7 +206,7 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
     static int q8 = -1;
     const int q8_on = cu_env_flag(&q8, "LILY_CU_MVDP_Q8", 0) || test_r > 0;
     if (!mvdp_enabled() || test_r < 0 || in->f.sel || cols % 64 != 0 || cols > DP_MAX_COLS || (bits != 4 && bits != 8)) return 0;
-    if (!eidx && nslots > 1) return 0; /* (a dense launch here is one row: k_mvq and k_mvq4 take several) */
+    if (!eidx && nslots > 1) return 0; /* (a dense launch here is one row: k_mvq's ROWS takes several) */
     if (!q8_on && (bits == 8 || in->f.add)) return 0;
     if (in->f.gz && (in->n != 1 || eidx || nslots != 1 || in->f.nw || in->f.rlog || in->f.xslot || X2 || cols % 128)) return 0;
     /* routing in the launch: one token's slots (and the shared expert's), or a decode batch's, K a
