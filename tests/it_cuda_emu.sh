@@ -213,10 +213,11 @@ j_kt_batch() {
 }
 q j_kt_batch
 # the same with the dense products on the int8 tensor cores at every row count (k_mvdpt,
-# LILY_CU_MVDPT=1; by default from 6 rows), three blocks a launch; k_mvdpt required to have run
+# LILY_CU_MVDPT=1; by default from 6 rows), three blocks a launch, and every batch's combine folded
+# into its down (LILY_CU_BATCH_COMB=8; by default 2 rows); k_mvdpt required to have run
 j_kt_batch_dpt() {
-  kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3, blocks in a random order" \
-    LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3 LILY_EMU_ORDER=random \
+  kernel_test "--small --batch, LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3 LILY_CU_BATCH_COMB=8, blocks in a random order" \
+    LILY_EMU_STATS=kernels LILY_CU_MVDPT=1 LILY_CU_MVQ_BLOCKS=3 LILY_CU_BATCH_COMB=8 LILY_EMU_ORDER=random \
     LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
   grep -q '^lily emu: kernel k_mvdpt<' "$tmp/kt.$J.log" || bad "emulated cuda-kernel-test --batch with LILY_CU_MVDPT=1 ran no k_mvdpt"
 }
@@ -268,18 +269,20 @@ q j_model_h16
 # with a 6-token prompt, that prompt's one pass on the decode batches' kernels too (T <= 8: k_mvdpt,
 # the router group taking the residual and norm a slot a row, LILY_CU_BATCH_FUSE, and the shared
 # expert riding in the experts' launches one slot a token, LILY_CU_BATCH_SHSLOT)
-j_model_2k() { # PROMPT KERNEL: the prompt's tokens, a kernel the run must have launched
+j_model_2k() { # PROMPT KERNEL [VAR=value]: the prompt's tokens, a kernel the run must have launched, a setting
   local t0 rc line m="$tmp/m2k.$1"; t0=$(date +%s.%N)
   if "$E/lily" synth --out "$m" --layout mlx4 --preset 35b-a3b --layers 4 --experts 16 --vocab 512 --seed "$seed" >"$tmp/synth.$J.log" 2>&1; then
-    LILY_EMU_STATS=kernels LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$m" --prompt "$1" --steps 4 --seed "$seed" >"$tmp/model.$J.log" 2>&1; rc=$?
+    env ${3:-X=1} LILY_EMU_STATS=kernels LILY_CU_GEMM=0 LILY_EMU_TF32=fp32 "$E/cuda-kernel-test" --model "$m" --prompt "$1" --steps 4 --seed "$seed" >"$tmp/model.$J.log" 2>&1; rc=$?
     line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$tmp/model.$J.log" | tail -n 1)
     if [ $rc = 0 ] && echo "$line" | grep -qE '^4 passed, 0 failed' && grep -q "^lily emu: kernel $2<" "$tmp/model.$J.log"; then
-      ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, a $1-token prompt, $(secs "$t0") s): $line"
+      ok "emulated cuda-kernel-test --model (hidden 2048, experts of 512, a $1-token prompt${3:+, $3}, $(secs "$t0") s): $line"
     else cat "$tmp/model.$J.log"; bad "emulated cuda-kernel-test --model, hidden 2048, $1-token prompt (rc=$rc)"; fi
   else cat "$tmp/synth.$J.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
 }
 q j_model_2k 20 k_mvdp_comb
-q j_model_2k 6 k_mvdpt
+# (the 6-token pass with its combine folded into the down, a token a grid row, and the next
+# in-projections staging the norm on k_mvdpt: by default only 2-row passes fold)
+q j_model_2k 6 k_mvdpt LILY_CU_BATCH_COMB=8
 
 # the emulation can fail: each mutant (an off-by-one, a missing block barrier, a short warp
 # reduction, a missing __syncwarp, the router's tie within a lane going to the higher id, a
@@ -308,7 +311,7 @@ q j_model_2k 6 k_mvdpt
 # mixer output to every row) must fail the
 # kernel test, or, where it writes past a buffer (the sort's scatter does at some seeds: CI saw
 # glibc abort on the heap it had overwritten), be stopped there by the emulator's red zones
-mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvdpb-row0 mvdpb-tile-stale mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw dpt-kstep-b dpt-stale-batch dpt-red-warps dpt-meta-row gsr-row-cnt gsr-row-s mvdp-broute-slot dpt-gated-gw dtc-p-lo dtc-mask dtc-join-warp xslot-row0 mvq-add-row0"
+mutants="argmax1-tie gdn-dec-first attn-merge-w-warp mvdp-route-slot wg-transpose attn-h16-pair mvdp-row-sel mvdp-stage-odd mvdp-q8-order mvdp-g2-stale attn-merge-max rmsnorm-off-by-one block-sum-no-sync warp-sum-half router-no-syncwarp route-regs-tie tf32-tile-b rows-pos-first mvqb-row0 mvdpb-row0 mvdpb-tile-stale mvtc-column gemm-tc-early attn-tc-causal gdn-tc-early gemm-tc-nj dpc-no-sync dpc-slot-stage qk-fold-rope qk-fold-no-sync sort-one-batch gemm-sbup-step gdn-split-first gdn-split-col gated-half-head attn-adapt-merge rtr-stage-wait rtr-frag-order rtr-xs-half mvdp-stage-pre2 route-rdx-id mvdp-raw-bias mvdp-gw-pre qk-fold-kw dpt-kstep-b dpt-stale-batch dpt-red-warps dpt-meta-row gsr-row-cnt gsr-row-s mvdp-broute-slot dpt-gated-gw dtc-p-lo dtc-mask dtc-join-warp xslot-row0 mvq-add-row0 dpc-rows-sel0 rows-norm-r0"
 # -O1 without debug info, built by one make (-j2: the two cores; -k: a failed build is reported
 # below) before the runs, each a job of the queue ending at its first failing check
 # (LILY_KT_FAILFAST)
@@ -328,7 +331,7 @@ mutant_sec() {
     attn-h16-pair|attn-tc-causal) echo tc ;;
     wg-transpose|gemm-tc-nj|sort-one-batch) echo experts ;;
     mvdp-route-slot|mvdp-q8-order|mvdp-g2-stale|block-sum-no-sync|mvtc-column|gated-half-head|route-rdx-id|mvdp-gw-pre|xslot-row0|mvq-add-row0) echo group ;;
-    mvdpb-tile-stale|dpt-gated-gw) echo rows ;;
+    mvdpb-tile-stale|dpt-gated-gw|rows-norm-r0) echo rows ;;
     rmsnorm-off-by-one|dpc-*) echo norm ;;
     router-no-syncwarp|route-regs-tie|rtr-*) echo router ;;
     *) echo mm ;;

@@ -303,6 +303,15 @@ int cu_mvdpt_on(int T);
 /* y [T][W->rows] = W g(o_t), g the gated norm of heads of 128 columns (o, z [T][W->cols], gw [128], eps) applied
  * by k_mvdpt's staging; 0 (nothing launched) where it declines */
 int cu_mvdpt_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, int T, float *y);
+/* Y[i] + t * ldy[i] = W[i] n(x_t), n(x) = rmsnorm(x) * nw (eps), x_t = X + t * ldx, the norm applied by the
+ * staging of k_mvdpt or k_mvdpb (as cu_mvdpb chooses), which write n(x_t) to tout + t * ldx: a decode
+ * batch's in-projection after its folded combine (cu_mvdp_comb with T rows). 0 (nothing launched)
+ * where neither takes it. */
+int cu_mvdpb_norm(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, const int *ldy,
+                  const float *nw, float eps, float *tout);
+/* the same on k_mvdpt alone (any T from 1; the kernel test) */
+int cu_mvdpt_norm(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, const int *ldy,
+                  const float *nw, float eps, float *tout);
 void cu_mvdpb_test_off(int off);
 /* Whether the forward pass uses cu_matvec_rows for 2-8 rows (default; LILY_MVQB=0: the older
  * k_mv with 4-byte loads, one launch per matrix, for measuring the difference). */
@@ -567,13 +576,14 @@ void cu_moe_combine(cudaStream_t s, float *x, const float *add, const float *D, 
                     int H, const float *SD, const float *sr, const float *nw, float eps, float *tout);
 int cu_moe_combine_p(cudaStream_t s, float *x, const float *add, const float *D, const int *pos, const float *wt, int T, int K,
                      int H, const float *SD, const float *sr, const float *nw, float eps, float *tout, uint16_t *tp);
-/* Decode's experts' down with the combine folded in (k_mvdp_comb, cu_mvdp_comb.cu), T = 1:
- * x = (x + add) + sum_k wt[k] D_sel[k] h_k (+ sigmoid(sr) SD h_K with the shared expert's down SD),
- * h_k = silu(hg[k]) * hu[k] ([K (+1)][I]); the next norm is left to the next launch (mvq_fuse.nw).
- * 0 when it declines (and nothing is launched). _enabled: the forward pass folds (LILY_CU_FOLD=0:
- * the down and the one-block combine, for measuring). */
+/* Decode's experts' down with the combine folded in (k_mvdp_comb, cu_mvdp_comb.cu), for each of T
+ * tokens j: x[j] = (x[j] + add[j]) + sum_k wt[j][k] D_sel[j][k] h_jk (+ sigmoid(sr[j]) SD h_j with the
+ * shared expert's down SD), h_jk = silu(hg) * hu of row j K + k, h_j of row T K + j (hg, hu [T K (+ T)][I]:
+ * one token's [K (+1)][I]); the next norm is left to the next launch (mvq_fuse.nw). 0 when it declines
+ * (and nothing is launched). _enabled: the forward pass folds (LILY_CU_FOLD=0: the down and the
+ * one-block combine, for measuring). */
 int cu_mvdp_comb_enabled(void);
-int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, const float *hg,
+int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SD, const int *sel, const float *wt, int K, int T, const float *hg,
                  const float *hu, const float *sr, float *x, const float *add);
 /* out[0] = argmax (lowest id on ties, NaN never chosen), out[1] = its log-probability (float bits). */
 #define CU_ARGMAX_PARTS 64

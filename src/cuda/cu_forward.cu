@@ -151,13 +151,27 @@ static void fold_matvec(lcuda_session *s, int n, const dmat *const *W, float *co
 /* A mixer's input projections of t. After a folded combine (s->fold_nw, decode) x holds the
  * layer's input before its norm: the launch normalizes it while staging (mvq_fuse.nw; every
  * matrix-vector kernel but k_mvtc, which declines, does) and writes t, as the combine did. */
+/* T rows (a batch's combine folded into its down, cu_mvdp_comb with T rows): the norm in the rows
+ * kernels' staging (cu_mvdpb_norm), else its own launch before the products */
+static void fold_rows(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y) {
+    const int H = s->m->cfg.hidden;
+    const float eps = (float)s->m->cfg.eps;
+    int ld[MVQ_MAX];
+    LILY_ASSERT(n <= MVQ_MAX);
+    for (int i = 0; i < n; i++) ld[i] = W[i]->rows;
+    if (!cu_mvdpb_norm(s->st, n, W, s->x, H, T, Y, ld, s->fold_nw, eps, s->t)) {
+        cu_rmsnorm(s->st, s->x, NULL, s->fold_nw, H, T, eps, s->t);
+        proj_group(s, n, W, s->t, H, T, Y);
+    }
+    s->fold_nw = NULL;
+}
 static void proj_in(lcuda_session *s, int n, const dmat *const *W, int T, float *const *Y) {
     if (!s->fold_nw) {
         proj_group(s, n, W, s->t, s->m->cfg.hidden, T, Y);
         return;
     }
-    LILY_ASSERT(T == 1);
-    fold_matvec(s, n, W, Y);
+    if (T > 1) fold_rows(s, n, W, T, Y);
+    else fold_matvec(s, n, W, Y);
 }
 /* Whether L's input projections (L NULL: the lm_head) can take the norm that a folded combine
  * leaves to them: the one-row matrix-vector kernels (proj_group's condition for one row) */
@@ -464,8 +478,18 @@ static void moe(lcuda_session *s, const cu_layer *L, const cu_layer *next, int T
              * in-projection (or an lm_head) can take the norm: the combine folded into the down
              * launch, the norm left to that launch (a launch a layer fewer; LILY_CU_FOLD=0 for
              * measuring) */
-            if (T == 1 && (shx || !SI) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
-                cu_mvdp_comb(q, &L->down, shx ? &L->sh_down : NULL, s->sel, s->wt, K, s->hg, s->hu, s->sr, s->x, add)) {
+            /* A batch (or short pass) of 2 rows the same, its shared expert riding (shb, or none), a
+             * token a grid row, when a next layer's in-projections follow (cu_mvdpb_norm stages the
+             * norm; the lm_head's rows keep the combine's). Only 2: the launch is a block an SM (288
+             * threads of 128 registers) and T x 128 blocks, so 4 and 8 rows ran in 4 and 8 waves
+             * and lost 7% and 12% against the down and the combine, where 2 gained 0.5% (H100,
+             * bench/RESULTS.md session 43). LILY_CU_BATCH_COMB=N: up to N rows (at most 8; 0 none),
+             * for measuring. */
+            static int bcomb = INT_MIN;
+            const int cmax = cu_env_int(&bcomb, "LILY_CU_BATCH_COMB", 2);
+            const int rows_fold = T > 1 && T <= 8 && T <= cmax && (shb || !SI) && next;
+            if ((T == 1 ? (shx || !SI) : rows_fold) && cu_mvdp_comb_enabled() && fold_in_ok(s, next) &&
+                cu_mvdp_comb(q, &L->down, nx ? &L->sh_down : NULL, s->sel, s->wt, K, T, s->hg, s->hu, s->sr, s->x, add)) {
                 s->fold_nw = nw;
                 s->xp_src = NULL;
                 PM(s, "moe experts swiglu+down + combine");

@@ -198,10 +198,52 @@ static __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *
  * before either is staged (one round trip to L2 a pass, not one a word); a group's 8 words are 8 lanes
  * of one warp and of one row (nw a multiple of 8). GZ (k_mvdpt's batch out-projection), with f.gz: each
  * head of 128 columns gated-normed first (dp_gated: a head's 16 words on 16 lanes, so blockDim and nw
- * multiples of 16), gw8 the thread's 8 gw. The closing barrier is the caller's. */
-template <bool GZ>
+ * multiples of 16), gw8 the thread's 8 gw. NRM: the norm below may be asked (f.nw; an instance of its
+ * own in k_mvdpb, whose 8-row form otherwise put its sums in local memory). The closing barrier is
+ * the caller's. */
+/* With the norm (f.nw, no X2, no gz: a decode batch's in-projection after its folded combine,
+ * cu_mvdp_comb with T rows): row r's input is rmsnorm(X_r) * nw, its sum of squares summed as one
+ * token's k_mvdp sums it (DP_WARPS x 32 threads, a thread's words w, w + 256, ..., each warp's by the
+ * butterfly read at lane 0, the warps' in order), so a row's scale is the one its token alone gets;
+ * here a warp a (row, k_mvdp warp) pair, in a pass before the staging (its loads then hit L1). Block 0 writes the normed
+ * rows to f.tout (row stride ldx). gw8: nw of the thread's word threadIdx.x % nw (loaded before the
+ * wait, dp_rows_nw0) where every word of the thread is that one (blockDim a multiple of nw). */
+static __device__ __forceinline__ void dp_rows_norm(const mvq_fuse &f, const float *X, int ldx, int T, int nw, float *rr) {
+    constexpr int VW = DP_WARPS; /* the warps of one token's k_mvdp */
+    __shared__ float part[16 * VW]; /* [T][VW] each (row, k_mvdp warp) partial */
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, cols = 8 * nw;
+    /* (row, warp of k_mvdp) pairs spread over this block's warps: 2 rows keep all 8 busy */
+    for (int p = warp; p < T * VW; p += blockDim.x / WARP) {
+        const int r = p / VW, i = p % VW;
+        const float *x = X + (size_t)r * ldx;
+        float sv = 0.f;
+        for (int w = WARP * i + lane; w < nw; w += VW * WARP) {
+            float v[8];
+            dp_ld8(x, 8 * w, v);
+            for (int j = 0; j < 8; j++) sv += v[j] * v[j];
+        }
+        for (int o = 16; o; o >>= 1) sv += __shfl_xor_sync(0xffffffffu, sv, o);
+        if (lane == 0) part[p] = sv;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < T) {
+        float ss = 0.f;
+        for (int i = 0; i < VW; i++) ss += part[threadIdx.x * VW + i];
+        rr[threadIdx.x] = 1.0f / sqrtf(ss / cols + f.eps);
+    }
+    __syncthreads();
+}
+/* nw of word threadIdx.x % nw (dp_stage_rows' gw8 for the norm), before the wait */
+static __device__ __forceinline__ void dp_rows_nw0(const mvq_fuse &f, int nw, float (&n8)[8]) {
+    for (int j = 0; j < 8; j++) n8[j] = 0.f;
+    if (f.nw && blockDim.x % nw == 0) dp_ld8(f.nw, 8 * (threadIdx.x % nw), n8);
+}
+template <bool GZ, bool NRM>
 static __device__ __forceinline__ void dp_stage_rows(const mvq_fuse &f, const float *X, const float *X2, int ldx, int T, int nw, uint4 *xs,
                                                      size_t ts, int rmax, const float (&gw8)[8]) {
+    __shared__ float rr[16]; /* [T] each row's norm scale (f.nw) */
+    const bool nrm = NRM && f.nw != NULL, n8 = blockDim.x % nw == 0, wr = nrm && f.tout && blockIdx.x == 0;
+    if (nrm) dp_rows_norm(f, X, ldx, T, nw, rr);
     for (int w0 = 0; w0 < T * nw; w0 += 2 * (int)blockDim.x) {
         float v[2][8], z[2][8];
 #pragma unroll
@@ -223,16 +265,19 @@ static __device__ __forceinline__ void dp_stage_rows(const mvq_fuse &f, const fl
         for (int u = 0; u < 2; u++) {
             const int W = w0 + u * blockDim.x + threadIdx.x, r = W / nw;
             if (GZ && f.gz) dp_gated(f, v[u], z[u], gw8);
+            if (nrm && W < T * nw) { /* (x r) nw, as k_mvdp's staging */
+                const int w = W % nw;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    v[u][j] = v[u][j] * rr[r] * (n8 ? gw8[j] : f.nw[8 * w + j]);
+                    if (wr) f.tout[(size_t)r * ldx + 8 * w + j] = v[u][j];
+                }
+            }
             dp_put(v[u], W < T * nw, W % nw, xs + (size_t)(r < rmax ? r : 0) * ts); /* (rmax >= T: no store past the rows) */
         }
     }
 }
-/* the same without the gated norm (k_mvdpb) */
-static __device__ __forceinline__ void dp_stage_rows(const mvq_fuse &f, const float *X, const float *X2, int ldx, int T, int nw, uint4 *xs,
-                                                     size_t ts, int rmax) {
-    const float none[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
-    dp_stage_rows<false>(f, X, X2, ldx, T, nw, xs, ts, rmax, none);
-}
+
 
 
 /* R rows of one matrix (or expert): codes, scales, biases of the lane's rows (the last row for

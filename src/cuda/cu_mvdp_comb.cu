@@ -20,15 +20,18 @@
 #define DPC_MAXS 16 /* slots a block (a warp each): top-k plus the shared expert */
 #define DPC_BUF 2   /* words a lane loads before staging them */
 
+/* T tokens (a decode batch's or a short pass's rows, grid y the token; one token's step T = 1): token j's
+ * routed slots are rows j K .. j K + K - 1 of hg, hu, sel and wt, its shared slot row T K + j of hg and hu
+ * (as the experts' gate|up launch leaves them: mvq_fuse.xslot = T K), its residual row j of x. */
 typedef struct {
     dmat m;               /* the routed experts' down, [E][H][I] */
     dmat ms;              /* the shared expert's down, [H][I] (slot K when ns > K) */
-    const int *sel;       /* [K] chosen experts */
-    const float *wt;      /* [K] their weights */
-    const float *sr;      /* [1] the shared expert's gate logit (ns > K) */
-    const float *hg, *hu; /* [ns][I] gate and up outputs: the input is silu(hg) * hu */
-    float *x;             /* [H] the residual, updated in place */
-    const float *add;     /* [H] the mixer's output, not yet added (the fused router group's), or NULL */
+    const int *sel;       /* [T][K] chosen experts */
+    const float *wt;      /* [T][K] their weights */
+    const float *sr;      /* [T] the shared expert's gate logit (ns > K) */
+    const float *hg, *hu; /* [T K + T][I] gate and up outputs: the input is silu(hg) * hu */
+    float *x;             /* [T][H] the residual, updated in place */
+    const float *add;     /* [T][H] the mixer's output, not yet added (the fused router group's), or NULL */
     int K, ns;            /* routed slots, all slots */
     int epf;              /* an expert's first codes fetched before the staging (LILY_CU_FOLD_EPF=1, for measuring) */
 } dpc_args;
@@ -63,14 +66,20 @@ __device__ __forceinline__ void dp_stage_warp(const float *g, const float *u, in
     }
 }
 
-/* A block: rows blockIdx.x * rpt .. + rpt - 1 (rpt = R x 32 / LPR, one tile), warp k slot k. */
-template <int LPR, int R, int SBT>
+/* A block: rows blockIdx.x * rpt .. + rpt - 1 (rpt = R x 32 / LPR, one tile) of token blockIdx.y, warp k
+ * slot k. ROWS: an instance of its own for T > 1, so one token's step keeps its code (session 42 found
+ * several rows' offsets in a shared instance cost one token's decode ~0.5%, bench/RESULTS.md). */
+template <int LPR, int R, int SBT, bool ROWS>
 __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_constant__ dpc_args a) {
     extern __shared__ uint4 dxs[];      /* [ns][I / 64][DP_G4] each slot's staged input */
     __shared__ float ys[DPC_MAXS][WARP]; /* [slot][row of the tile] the slots' sums */
     const int I = a.m.cols, ng = I / 64, nrow16 = I / 32, H = a.m.rows, rpt = (WARP / LPR) * R;
     const int slot = threadIdx.x / WARP, lane = threadIdx.x % WARP, sub = lane % LPR, rib = lane / LPR;
     const int row0 = blockIdx.x * rpt, tid = threadIdx.x;
+    /* (ROWS) token blockIdx.y's offsets into sel and wt, x and add, evaluated where they are used, so
+     * one token's instance (offsets 0) compiles to the PTX it had before them */
+#define DPC_TK (ROWS ? (size_t)blockIdx.y * a.K : (size_t)0)
+#define DPC_XO (ROWS ? (size_t)blockIdx.y * H : (size_t)0)
     uint4 c[R][2];
     float sc[R], bi[R];
 #pragma unroll
@@ -94,19 +103,21 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
     float x0 = 0.f, gs = 0.f;
     const int row = row0 + tid;
     if (tid < rpt && row < H) {
-        x0 = a.add ? a.x[row] + a.add[row] : a.x[row]; /* (x + add) first, as the combine */
-        if (a.ns > a.K) gs = sigm_f(a.sr[0]);
+        x0 = a.add ? a.x[DPC_XO + row] + a.add[DPC_XO + row] : a.x[DPC_XO + row]; /* (x + add) first, as the combine */
+        if (a.ns > a.K) gs = sigm_f(a.sr[ROWS ? blockIdx.y : 0]);
     }
     CU_PDL(); /* sel, wt and the inputs come from the experts' gate|up launch */
     if (!shs) {
-        t = dp_rows_at<R, 4>(a.m, a.sel[slot], row0 + rib * R);
+        t = dp_rows_at<R, 4>(a.m, a.sel[DPC_TK + slot], row0 + rib * R);
         if (a.epf && sub < ng) { /* (LILY_CU_FOLD_EPF=1) the expert's first codes before the staging */
             dp_fetch<R, SBT, 4>(t, a.m.sbt, sub, nrow16, I / a.m.group, c, sc, bi);
             have = true;
         }
     }
     uint4 *xs = dxs + (size_t)slot * ng * DP_G4;
-    dp_stage_warp(a.hg + (size_t)slot * I, a.hu + (size_t)slot * I, I, xs);
+    /* (ROWS: the token's routed slots at rows j K + k, its shared one at T K + j) */
+    const size_t hrow = !ROWS ? (size_t)slot : slot < a.K ? DPC_TK + slot : (size_t)gridDim.y * a.K + blockIdx.y;
+    dp_stage_warp(a.hg + hrow * I, a.hu + hrow * I, I, xs);
     __syncwarp();
     CU_MARK(0);
     const dmat &m = shs ? a.ms : a.m;
@@ -118,24 +129,32 @@ __global__ void __launch_bounds__(DPC_MAXS * WARP, 1) k_mvdp_comb(const __grid_c
     CU_MARK(2);
     if (tid < rpt && row < H) { /* the combine's order: the routed slots, the shared one, then the residual */
         float y = 0.f;
-        for (int k = 0; k < a.K; k++) y += a.wt[k] * ys[k][tid];
+        for (int k = 0; k < a.K; k++) y += a.wt[DPC_TK + k] * ys[k][tid];
         if (a.ns > a.K) y += gs * ys[a.K][tid];
-        a.x[row] = x0 + y;
+        a.x[DPC_XO + row] = x0 + y;
     }
 }
 
-template <int LPR, int R, int SBT>
-static void dpc_go(cudaStream_t s, const dpc_args &a, size_t sm) {
+#undef DPC_TK
+#undef DPC_XO
+
+template <int LPR, int R, int SBT, bool ROWS>
+static void dpc_go(cudaStream_t s, const dpc_args &a, size_t sm, int T) {
     static int opted = 0; /* (I past 1,536 columns: more than the 48 KB a launch gets unasked) */
-    if (!opted) opted = cudaFuncSetAttribute(k_mvdp_comb<LPR, R, SBT>, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
+    if (!opted) opted = cudaFuncSetAttribute(k_mvdp_comb<LPR, R, SBT, ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize, MVQ_SMEM) == cudaSuccess;
     const int rpt = (WARP / LPR) * R;
-    cu_go(k_mvdp_comb<LPR, R, SBT>, (a.m.rows + rpt - 1) / rpt, a.ns * WARP, sm, s)(a);
+    cu_go(k_mvdp_comb<LPR, R, SBT, ROWS>, dim3((a.m.rows + rpt - 1) / rpt, T), a.ns * WARP, sm, s)(a);
+}
+template <int LPR, bool ROWS>
+static void dpc_sbt(cudaStream_t s, const dpc_args &a, size_t sm, int T) {
+    const int bf = a.m.sbt == LW_BF16 && (a.ns == a.K || a.ms.sbt == LW_BF16);
+    if (bf) dpc_go<LPR, (LPR >= 4 ? 4 : LPR), LW_BF16, ROWS>(s, a, sm, T);
+    else dpc_go<LPR, (LPR >= 4 ? 4 : LPR), -1, ROWS>(s, a, sm, T);
 }
 template <int LPR>
-static void dpc_sbt(cudaStream_t s, const dpc_args &a, size_t sm) {
-    const int bf = a.m.sbt == LW_BF16 && (a.ns == a.K || a.ms.sbt == LW_BF16);
-    if (bf) dpc_go<LPR, (LPR >= 4 ? 4 : LPR), LW_BF16>(s, a, sm);
-    else dpc_go<LPR, (LPR >= 4 ? 4 : LPR), -1>(s, a, sm);
+static void dpc_rows(cudaStream_t s, const dpc_args &a, size_t sm, int T) {
+    if (T > 1) dpc_sbt<LPR, true>(s, a, sm, T);
+    else dpc_sbt<LPR, false>(s, a, sm, 1);
 }
 
 int cu_mvdp_comb_enabled(void) {
@@ -143,12 +162,12 @@ int cu_mvdp_comb_enabled(void) {
     return cu_env_flag(&on, "LILY_CU_FOLD", 1);
 }
 
-int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel, const float *wt, int K, const float *hg,
+int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel, const float *wt, int K, int T, const float *hg,
                  const float *hu, const float *sr, float *x, const float *add) {
     const int ns = K + (SDm != NULL), I = D->cols, ng = I / 64;
     const size_t sm = (size_t)ns * dp_smem(I);
-    if (!mvdp_enabled() || K < 1 || ns > DPC_MAXS || I % 64 || !dp_fits(D, I, 4) || sm > MVQ_SMEM || ((uintptr_t)hg & 15) ||
-        ((uintptr_t)hu & 15))
+    if (!mvdp_enabled() || K < 1 || T < 1 || T > 65535 || ns > DPC_MAXS || I % 64 || !dp_fits(D, I, 4) || sm > MVQ_SMEM ||
+        ((uintptr_t)hg & 15) || ((uintptr_t)hu & 15))
         return 0;
     if (SDm && (!dp_fits(SDm, I, 4) || SDm->rows != D->rows)) return 0;
     dpc_args a;
@@ -161,12 +180,12 @@ int cu_mvdp_comb(cudaStream_t s, const dmat *D, const dmat *SDm, const int *sel,
     a.epf = cu_env_flag(&epf, "LILY_CU_FOLD_EPF", 0);
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;
     switch (lpr) {
-    case 32: dpc_sbt<32>(s, a, sm); break;
-    case 16: dpc_sbt<16>(s, a, sm); break;
-    case 8: dpc_sbt<8>(s, a, sm); break;
-    case 4: dpc_sbt<4>(s, a, sm); break;
-    case 2: dpc_sbt<2>(s, a, sm); break;
-    default: dpc_sbt<1>(s, a, sm); break;
+    case 32: dpc_rows<32>(s, a, sm, T); break;
+    case 16: dpc_rows<16>(s, a, sm, T); break;
+    case 8: dpc_rows<8>(s, a, sm, T); break;
+    case 4: dpc_rows<4>(s, a, sm, T); break;
+    case 2: dpc_rows<2>(s, a, sm, T); break;
+    default: dpc_rows<1>(s, a, sm, T); break;
     }
     return 1;
 }

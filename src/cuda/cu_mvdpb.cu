@@ -26,8 +26,9 @@
 
 #define DPB_SMEM (110 * 1024)
 
-/* Y[i] [T][ldy[i]] = W[i] x_t for the T <= NT rows x_t = X row t (silu(X) * X2 when X2) */
-template <int LPR, int R, int BITS, int NT, bool PF>
+/* Y[i] [T][ldy[i]] = W[i] x_t for the T <= NT rows x_t = X row t (silu(X) * X2 when X2; NRM with a.f.nw:
+ * rmsnorm(X row t) * nw, cu_mvdpb_norm) */
+template <int LPR, int R, int BITS, int NT, bool PF, bool NRM>
 __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdpb(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                            int ldx, int T) {
     extern __shared__ uint4 dxs[]; /* [NT][cols / 64][DP_G4] the staged rows */
@@ -44,9 +45,11 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdpb(mvq_args a, const 
         t = dp_locate<R, BITS>(a, false, 0, tile, mi, rpt, rib);
         if (sub < ng) dp_fetch<R, -1, BITS>(t, a.m[mi].sbt, sub, nrow16, a.m[mi].cols / a.m[mi].group, c, sc, bi);
     }
+    float n8[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f }; /* (NRM: the norm's weights, a batch's in-projection after its folded combine) */
+    if (NRM) dp_rows_nw0(a.f, nw, n8);
     CU_PDL();
     /* the rows staged (dp_stage_rows: a thread's two words' loads out before either is put) */
-    dp_stage_rows(a.f, X, X2, ldx, T, nw, dxs, (size_t)ng * DP_G4, NT);
+    dp_stage_rows<false, NRM>(a.f, X, X2, ldx, T, nw, dxs, (size_t)ng * DP_G4, NT, n8);
     __syncthreads();
     bool have = true; /* (without PF: c holds the lane's first group) */
     for (; tile < ntiles; tile += step) {
@@ -91,15 +94,15 @@ __global__ void __launch_bounds__(DP_WARPS * WARP, 2) k_mvdpb(mvq_args a, const 
     }
 }
 
-template <int LPR, int R, int BITS, int NT, bool PF>
+template <int LPR, int R, int BITS, int NT, bool PF, bool NRM>
 static void mvdpb_go(cudaStream_t s, const mvq_args &a, const float *X, const float *X2, int ldx, int T) {
     static mvq_kstate ks;
     if (!ks.attr_set) /* (above mvq_grid's MVQ_SMEM: set here first, mvq_grid then leaves it) */
-        ks.attr_set = cudaFuncSetAttribute(k_mvdpb<LPR, R, BITS, NT, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize, DPB_SMEM) == cudaSuccess;
+        ks.attr_set = cudaFuncSetAttribute(k_mvdpb<LPR, R, BITS, NT, PF, NRM>, cudaFuncAttributeMaxDynamicSharedMemorySize, DPB_SMEM) == cudaSuccess;
     const size_t sm = (size_t)NT * dp_smem(a.m[0].cols);
     const int blocks = (a.blk0[a.n] + DP_WARPS - 1) / DP_WARPS;
-    const int gx = mvq_grid(k_mvdpb<LPR, R, BITS, NT, PF>, ks, blocks, 1, 0, DP_WARPS * WARP, sm);
-    cu_go(k_mvdpb<LPR, R, BITS, NT, PF>, dim3(gx), DP_WARPS * WARP, sm, s)(a, X, X2, ldx, T);
+    const int gx = mvq_grid(k_mvdpb<LPR, R, BITS, NT, PF, NRM>, ks, blocks, 1, 0, DP_WARPS * WARP, sm);
+    cu_go(k_mvdpb<LPR, R, BITS, NT, PF, NRM>, dim3(gx), DP_WARPS * WARP, sm, s)(a, X, X2, ldx, T);
 }
 /* Two forms of the same bytes in flight a lane (128 registers, no spills; R 4, or 2 with the next
  * group held too, spilled hundreds of bytes): PF 0, R 2 rows a lane group, each group fetched
@@ -107,15 +110,17 @@ static void mvdpb_go(cudaStream_t s, const mvq_args &a, const float *X, const fl
  * tile's first) fetched before the current one is summed. 8-bit codes: R 1 either way (twice the
  * registers a row). */
 #define DPB_R(pf, bits) ((pf) || (bits) == 8 ? 1 : 2)
-template <int LPR, int BITS, bool PF>
+template <int LPR, int BITS, bool PF, bool NRM = false>
 static void mvdpb_nt(int nt, cudaStream_t s, const mvq_args &a, const float *X, const float *X2, int ldx, int T) {
-    if (nt == 2) mvdpb_go<LPR, DPB_R(PF, BITS), BITS, 2, PF>(s, a, X, X2, ldx, T);
-    else if (nt == 4) mvdpb_go<LPR, DPB_R(PF, BITS), BITS, 4, PF>(s, a, X, X2, ldx, T);
-    else mvdpb_go<LPR, DPB_R(PF, BITS), BITS, 8, PF>(s, a, X, X2, ldx, T);
+    if (nt == 2) mvdpb_go<LPR, DPB_R(PF, BITS), BITS, 2, PF, NRM>(s, a, X, X2, ldx, T);
+    else if (nt == 4) mvdpb_go<LPR, DPB_R(PF, BITS), BITS, 4, PF, NRM>(s, a, X, X2, ldx, T);
+    else mvdpb_go<LPR, DPB_R(PF, BITS), BITS, 8, PF, NRM>(s, a, X, X2, ldx, T);
 }
+/* (the norm's instances: 4-bit codes, PF 0 only; the launcher declines the others) */
 template <int LPR>
 static void mvdpb_bits(int bits, int pf, int nt, cudaStream_t s, const mvq_args &a, const float *X, const float *X2, int ldx, int T) {
-    if (bits == 8 && pf) mvdpb_nt<LPR, 8, true>(nt, s, a, X, X2, ldx, T);
+    if (a.f.nw) mvdpb_nt<LPR, 4, false, true>(nt, s, a, X, X2, ldx, T);
+    else if (bits == 8 && pf) mvdpb_nt<LPR, 8, true>(nt, s, a, X, X2, ldx, T);
     else if (bits == 8) mvdpb_nt<LPR, 8, false>(nt, s, a, X, X2, ldx, T);
     else if (pf) mvdpb_nt<LPR, 4, true>(nt, s, a, X, X2, ldx, T);
     else mvdpb_nt<LPR, 4, false>(nt, s, a, X, X2, ldx, T);
@@ -124,15 +129,29 @@ static void mvdpb_bits(int bits, int pf, int nt, cudaStream_t s, const mvq_args 
 static int test_off = 0; /* 1: decline every launch; -1: k_mvdpb itself, the PF 1 form; -2: k_mvdpb itself (not k_mvdpt) */
 void cu_mvdpb_test_off(int off) { test_off = off; }
 
+static int mvdpb_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
+                      const int *ldy, const float *nw, float eps, float *tout);
 int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
              const int *ldy) {
+    return mvdpb_rows(s, n, W, X, X2, ldx, T, Y, ldy, NULL, 0.f, NULL);
+}
+int cu_mvdpb_norm(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, const int *ldy,
+                  const float *nw, float eps, float *tout) {
+    return nw && mvdpb_rows(s, n, W, X, NULL, ldx, T, Y, ldy, nw, eps, tout);
+}
+static int mvdpb_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
+                      const int *ldy, const float *nw, float eps, float *tout) {
     static int on = -1, pfe = -1;
     const int pf = cu_env_flag(&pfe, "LILY_CU_MVDPB_PF", 0) || test_off == -1;
-    if (!cu_env_flag(&on, "LILY_CU_MVDPB", 1) || test_off > 0 || !mvdp_enabled() || n < 1 || n > MVQ_MAX || T < 2) return 0;
+    if (!cu_env_flag(&on, "LILY_CU_MVDPB", 1) || test_off > 0 || !mvdp_enabled() || n < 1 || n > MVQ_MAX || T < 2 || (nw && X2))
+        return 0;
     /* the tensor-core form first (cu_mvdpt.cu) for the batches it takes (6 rows or more by default) */
-    if (test_off == 0 && cu_mvdpt_on(T) && cu_mvdpt(s, n, W, X, X2, ldx, T, Y, ldy)) return 1;
+    if (test_off == 0 && cu_mvdpt_on(T) &&
+        (nw ? cu_mvdpt_norm(s, n, W, X, ldx, T, Y, ldy, nw, eps, tout) : cu_mvdpt(s, n, W, X, X2, ldx, T, Y, ldy)))
+        return 1;
     const int cols = W[0]->cols, bits = W[0]->bits, ng = cols / 64;
     if (cols % 64 || (bits != 4 && bits != 8) || ng < 8 || ldx % 4 || ((uintptr_t)X & 15) || ((uintptr_t)X2 & 15)) return 0;
+    if (nw && (bits != 4 || pf)) return 0; /* (the norm's instances: mvdpb_bits) */
     for (int i = 0; i < n; i++)
         if (!dp_fits(W[i], cols, bits)) return 0;
     /* rows a launch: as many as fit DPB_SMEM (12,288 columns: 2) */
@@ -149,6 +168,7 @@ int cu_mvdpb(cudaStream_t s, int n, const dmat *const *W, const float *X, const 
         memset(&a, 0, sizeof a);
         mvq_args_set(&a, n, W, y, ldy);
         mvq_tiles(&a, rpt);
+        if (nw) { a.f.nw = nw; a.f.eps = eps; a.f.tout = tout ? tout + (size_t)t0 * ldx : NULL; }
         const float *x = X + (size_t)t0 * ldx, *x2 = X2 ? X2 + (size_t)t0 * ldx : NULL;
         if (lpr == 32) mvdpb_bits<32>(bits, pf, ntl, s, a, x, x2, ldx, tn);
         else if (lpr == 16) mvdpb_bits<16>(bits, pf, ntl, s, a, x, x2, ldx, tn);

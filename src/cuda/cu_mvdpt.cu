@@ -164,9 +164,10 @@ __global__ void __launch_bounds__(NW * WARP, 16 / NW) k_mvdpt(mvq_args a, const 
      * 128 (blockDim a multiple of 16, rows of whole heads), so its 8 gw are the same, loaded before the wait */
     float gw8[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
     if (a.f.gz) dp_ld8(a.f.gw, 8 * (threadIdx.x % 16), gw8);
+    else dp_rows_nw0(a.f, nw, gw8); /* (the norm's weights, a.f.nw, in the same registers) */
     CU_PDL();
     /* the rows staged as k_mvdpb stages them; with a.f.gz each head's gated norm first */
-    dp_stage_rows<true>(a.f, X, X2, ldx, T, nw, dxs, (size_t)ts, T, gw8);
+    dp_stage_rows<true, true>(a.f, X, X2, ldx, T, nw, dxs, (size_t)ts, T, gw8);
     __syncthreads();
     for (; tile < ntiles; tile += gridDim.x) {
         while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
@@ -228,22 +229,27 @@ int cu_mvdpt_on(int T) {
 }
 
 static int mvdpt_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
-                      const int *ldy, const float *gz, const float *gw, float eps);
+                      const int *ldy, const float *gz, const float *gw, float eps, const float *nrm, float *tout);
 /* 1 when it took the launch (4- or 8-bit codes of equal width and columns, a multiple of 64, at
  * least 512), 0 when it declines */
 int cu_mvdpt(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y, const int *ldy) {
-    return mvdpt_rows(s, n, W, X, X2, ldx, T, Y, ldy, NULL, NULL, 0.f);
+    return mvdpt_rows(s, n, W, X, X2, ldx, T, Y, ldy, NULL, NULL, 0.f, NULL, NULL);
+}
+/* the same with each row's norm in the staging (cu_mvdpb_norm) */
+int cu_mvdpt_norm(cudaStream_t s, int n, const dmat *const *W, const float *X, int ldx, int T, float *const *Y, const int *ldy,
+                  const float *nw, float eps, float *tout) {
+    return mvdpt_rows(s, n, W, X, NULL, ldx, T, Y, ldy, NULL, NULL, eps, nw, tout);
 }
 /* y [T][W->rows] = W g(o_t), g the gated norm of heads of 128 (o, z [T][W->cols], gw [128]), staged by
  * k_mvdpt: a decode batch's DeltaNet out-projection after the split step (cu_gdn_dec_split_rows) */
 int cu_mvdpt_gated(cudaStream_t s, const dmat *W, const float *o, const float *z, const float *gw, float eps, int T, float *y) {
     if (!z || !gw || ((uintptr_t)z & 15) || ((uintptr_t)gw & 15) || W->cols % 128) return 0;
     const int ld = W->rows;
-    return mvdpt_rows(s, 1, &W, o, NULL, W->cols, T, &y, &ld, z, gw, eps);
+    return mvdpt_rows(s, 1, &W, o, NULL, W->cols, T, &y, &ld, z, gw, eps, NULL, NULL);
 }
 static int mvdpt_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
-                      const int *ldy, const float *gz, const float *gw, float eps) {
-    if (n < 1 || n > MVQ_MAX || T < 1) return 0;
+                      const int *ldy, const float *gz, const float *gw, float eps, const float *nrm, float *tout) {
+    if (n < 1 || n > MVQ_MAX || T < 1 || (nrm && (X2 || gz))) return 0;
     const int cols = W[0]->cols, bits = W[0]->bits, ng = cols / 64;
     if (cols % 64 || (bits != 4 && bits != 8) || ng < 8 || ldx % 4 || ((uintptr_t)X & 15) || ((uintptr_t)X2 & 15)) return 0;
     for (int i = 0; i < n; i++)
@@ -262,6 +268,7 @@ static int mvdpt_rows(cudaStream_t s, int n, const dmat *const *W, const float *
         mvq_args_set(&a, n, W, y, ldy);
         mvq_tiles(&a, 16);
         if (gz) { a.f.gz = gz + (size_t)t0 * ldx; a.f.gw = gw; a.f.eps = eps; }
+        if (nrm) { a.f.nw = nrm; a.f.eps = eps; a.f.tout = tout ? tout + (size_t)t0 * ldx : NULL; }
         const float *x = X + (size_t)t0 * ldx, *x2 = X2 ? X2 + (size_t)t0 * ldx : NULL;
         if (bits == 8 && NB == 2) mvdpt_go<8, 2>(s, a, x, x2, ldx, tn, gb);
         else if (bits == 8) mvdpt_go<8, 1>(s, a, x, x2, ldx, tn, gb);

@@ -463,6 +463,49 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
     return rc;
 }
 
+lily_code lct_matvec_rows_norm(const lw_mat *W, int n, const float *X, const float *nw, float eps, int T, float *const *Y,
+                               float *tout, int kern, lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d[MVQ_MAX];
+    const dmat *dp[MVQ_MAX];
+    float *dy[MVQ_MAX];
+    int ld[MVQ_MAX];
+    lily_code rc = n >= 1 && n <= MVQ_MAX ? LILY_OK : lily_err(st, LILY_EINVAL, "1 to %d matrices", MVQ_MAX);
+    for (int i = 0; i < n && !rc; i++) {
+        rc = cu_upload_mats(m, &W[i], 1, &d[i], st);
+        if (!rc && !cu_mvq_ok(&d[i])) rc = lily_err(st, LILY_EUNSUPPORTED, "the matrix-vector kernel does not take this matrix");
+        dp[i] = &d[i];
+        ld[i] = W[i].rows;
+    }
+    dlist L = { {0}, 0 };
+    const int cols = W[0].cols;
+    float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc), *dn = (float *)dput(&L, nw, (size_t)cols * 4, st, &rc);
+    float *dt = (float *)dput(&L, NULL, (size_t)T * cols * 4, st, &rc);
+    for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
+    if (!rc && kern == 5) {
+        for (int t = 0; t < T; t++) {
+            mvq_fuse fu;
+            memset(&fu, 0, sizeof fu);
+            fu.nw = dn; fu.eps = eps; fu.tout = dt + (size_t)t * cols;
+            float *yt[MVQ_MAX];
+            for (int i = 0; i < n; i++) yt[i] = dy[i] + (size_t)t * ld[i];
+            cu_matvec_group(0, n, dp, dx + (size_t)t * cols, NULL, cols, yt, NULL, NULL, 1, 1, &fu);
+        }
+    } else if (!rc && kern == 4) {
+        if (!cu_mvdpt_norm(0, n, dp, dx, cols, T, dy, ld, dn, eps, dt)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpt declined the launch");
+    } else if (!rc) {
+        cu_mvdpb_test_off(kern == 2 ? -2 : 0);
+        if (!cu_mvdpb_norm(0, n, dp, dx, cols, T, dy, ld, dn, eps, dt)) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdpb_norm declined the launch");
+        cu_mvdpb_test_off(0);
+    }
+    rc = finish(st, rc);
+    for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
+    if (!rc) rc = dget(tout, dt, (size_t)T * cols * 4, st);
+    dfree(&L);
+    lcuda_model_free(m);
+    return rc;
+}
+
 lily_code lct_matvec_group(const lw_mat *W, int n, int E, const lw_mat *XM, int nsh, const int *sel, int nslots, int xdiv, int xrow,
                            const float *X, const float *X2, int nx, const lct_mvnorm *nm, int dp, const lct_mvroute *rt,
                            float *const *Y, lily_status *st) {
@@ -604,23 +647,24 @@ lily_code lct_moe_combine(float *x, const float *add, const float *D, const floa
     return rc;
 }
 
-lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
+lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, int T, const float *hg,
                         const float *hu, const float *sr, float *x, const float *add, int reps, lily_status *st) {
     lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
     dmat dd, ds;
     lily_code rc = cu_upload_mats(m, D, E, &dd, st);
     if (!rc && SD) rc = cu_upload_mats(m, SD, 1, &ds, st);
     dlist L = { {0}, 0 };
-    const int H = D->rows, I = D->cols, ns = K + (SD != NULL);
-    int *dsel = (int *)dput(&L, sel, (size_t)K * 4, st, &rc);
-    float *dwt = (float *)dput(&L, wt, (size_t)K * 4, st, &rc), *dhg = (float *)dput(&L, hg, (size_t)ns * I * 4, st, &rc);
-    float *dhu = (float *)dput(&L, hu, (size_t)ns * I * 4, st, &rc), *dsr = (float *)dput(&L, sr, 4, st, &rc);
-    float *dx = (float *)dput(&L, x, (size_t)H * 4, st, &rc), *da = add ? (float *)dput(&L, add, (size_t)H * 4, st, &rc) : NULL;
+    const int H = D->rows, I = D->cols, nh = T * K + (SD ? T : 0);
+    int *dsel = (int *)dput(&L, sel, (size_t)T * K * 4, st, &rc);
+    float *dwt = (float *)dput(&L, wt, (size_t)T * K * 4, st, &rc), *dhg = (float *)dput(&L, hg, (size_t)nh * I * 4, st, &rc);
+    float *dhu = (float *)dput(&L, hu, (size_t)nh * I * 4, st, &rc), *dsr = (float *)dput(&L, sr, (size_t)T * 4, st, &rc);
+    float *dx = (float *)dput(&L, x, (size_t)T * H * 4, st, &rc);
+    float *da = add ? (float *)dput(&L, add, (size_t)T * H * 4, st, &rc) : NULL;
     for (int i = 0; !rc && i < reps; i++)
-        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, dhg, dhu, dsr, dx, da))
+        if (!cu_mvdp_comb(0, &dd, SD ? &ds : NULL, dsel, dwt, K, T, dhg, dhu, dsr, dx, da))
             rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdp_comb declined");
     rc = finish(st, rc);
-    if (!rc) rc = dget(x, dx, (size_t)H * 4, st);
+    if (!rc) rc = dget(x, dx, (size_t)T * H * 4, st);
     dfree(&L);
     lcuda_model_free(m);
     return rc;

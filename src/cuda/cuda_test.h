@@ -89,6 +89,11 @@ lily_code lct_matvec_rows_gated(const lw_mat *W, const float *O, const float *Z,
  * Y[i] [T][W[i].rows]. kern 0: the kernels cu_matvec_rows picks, 1: without k_mvdpb (k_mvqb),
  * 2: k_mvdpb alone (an error where it declines), 3: its other form (LILY_CU_MVDPB_PF=1), 4: k_mvdpt
  * (the int8 tensor-core form) alone. */
+/* T rows of W[i] n(x_t), n(x) = rmsnorm(x) * nw (eps), with the norm staged (cu_mvdpb_norm), writing n(x_t) to
+ * tout [T][cols]; kern 0 as the forward pass chooses, 2 k_mvdpb, 4 k_mvdpt, 5 a row at a time through
+ * cu_matvec_group's norm (one token's step after its folded combine). Fails where the launch declines. */
+lily_code lct_matvec_rows_norm(const lw_mat *W, int n, const float *X, const float *nw, float eps, int T, float *const *Y,
+                               float *tout, int kern, lily_status *st);
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
                           lily_status *st);
 /* Decode's grouped matrix-vector launch (cu_matvec_group) in slot mode: n <= 4 matrices of equal
@@ -144,9 +149,9 @@ lily_code lct_rmsnorm(const float *x, const float *add, const float *w, int n, i
 /* cu_moe_combine (rows in order, no pos) reps times in place on x [T][H]; tout [T][H] when nw. */
 lily_code lct_moe_combine(float *x, const float *add, const float *D, const float *wt, int T, int K, int H, const float *SD,
                           const float *sr, const float *nw, float eps, float *tout, int reps, lct_packed *pk, lily_status *st);
-/* cu_mvdp_comb reps times in place on x [H] (D: E experts [H][I]; SD the shared expert's down or
- * NULL; hg, hu [K (+1)][I]). Fails where it declines. */
-lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, const float *hg,
+/* cu_mvdp_comb reps times in place on x [T][H] (D: E experts [H][I]; SD the shared expert's down or
+ * NULL; sel, wt [T][K]; hg, hu [T K (+ T)][I]; sr, add per token). Fails where it declines. */
+lily_code lct_mvdp_comb(const lw_mat *D, int E, const lw_mat *SD, const int *sel, const float *wt, int K, int T, const float *hg,
                         const float *hu, const float *sr, float *x, const float *add, int reps, lily_status *st);
 lily_code lct_router(const float *logits, int T, int E, int K, int *sel, float *wt, lily_status *st);
 /* The prefill router: logits [T][W->rows] = X W^T to fp32 accuracy and their top-K, with the column

@@ -283,6 +283,16 @@ int main(int argc, char **argv) {
             test_matvec_rows_gated(pool, small ? 67 : 2048, 4096, 8, 0);
             test_matvec_rows_gated(pool, 45, small ? 512 : 4096, 13, 0);
             test_matvec_rows_gated(pool, 33, 1024, 3, 1);
+            /* a batch's in-projections after its folded combine (the norm staged): DeltaNet's at 2 rows
+             * (k_mvdpb) and 8 (k_mvdpt), attention's at 5; 4,096 columns (two passes of 4 rows, the
+             * norm's weights loaded a word at a time), 12 rows (k_mvdpt's 512 threads), odd rows */
+            test_matvec_rows_norm(pool, 4, inp, 2048, 2);
+            test_matvec_rows_norm(pool, 4, inp, 2048, 8);
+            const int ainp[3] = { small ? 300 : 8192, 512, 512 };
+            test_matvec_rows_norm(pool, 3, ainp, 2048, 5);
+            test_matvec_rows_norm(pool, 2, rows, 4096, 5);
+            test_matvec_rows_norm(pool, 1, rows + 1, 1024, 12);
+            test_matvec_rows_norm(pool, 2, rows, 512, 3);
         }
     }
     if (kt_sec("group")) {
@@ -458,12 +468,18 @@ int main(int argc, char **argv) {
         test_moe_combine(40, 8, 2048, 0, 1, 1);  /* prefill rows: four columns a thread (k_moe_combine4) */
         test_moe_combine(37, 8, 2048, 1, 0, 1);
         test_moe_combine(20, 3, 100, 0, 1, 0);
-        test_mvdp_comb(pool, small ? 12 : 32, 2048, 512, 64, 8, 1, 1); /* the 35B-A3B decode MoE tail */
-        test_mvdp_comb(pool, 9, small ? 300 : 2048, 512, 64, 8, 1, 0);
-        test_mvdp_comb(pool, 6, 100, 64, 64, 4, 0, 1);                /* one group a row: a lane a row */
-        test_mvdp_comb(pool, 5, 37, 1024, 128, 3, 1, 1);              /* 16 lanes a row, odd rows, 2 units a group */
-        test_mvdp_comb(pool, 20, 70, 128, 64, 15, 1, 0);              /* 16 slots, the most a block takes */
-        test_mvdp_comb(pool, 7, 45, 2560, 64, 2, 1, 1);               /* 32 lanes a row, more groups than lanes */
+        test_mvdp_comb(pool, small ? 12 : 32, 2048, 512, 64, 8, 1, 1, 1); /* the 35B-A3B decode MoE tail */
+        test_mvdp_comb(pool, 9, small ? 300 : 2048, 512, 64, 8, 1, 0, 1);
+        test_mvdp_comb(pool, 6, 100, 64, 64, 4, 0, 1, 1);                /* one group a row: a lane a row */
+        test_mvdp_comb(pool, 5, 37, 1024, 128, 3, 1, 1, 1);              /* 16 lanes a row, odd rows, 2 units a group */
+        test_mvdp_comb(pool, 20, 70, 128, 64, 15, 1, 0, 1);              /* 16 slots, the most a block takes */
+        test_mvdp_comb(pool, 7, 45, 2560, 64, 2, 1, 1, 1);               /* 32 lanes a row, more groups than lanes */
+        /* a decode batch's (or short pass's) rows, grid y the token: the 35B-A3B tail at 2 and 8 rows,
+         * odd shapes at 3 and 5, no shared expert */
+        test_mvdp_comb(pool, small ? 12 : 32, small ? 300 : 2048, 512, 64, 8, 1, 1, 2);
+        test_mvdp_comb(pool, small ? 12 : 32, 2048, 512, 64, 8, 1, 0, 8);
+        test_mvdp_comb(pool, 5, 37, 1024, 128, 3, 1, 1, 3);
+        test_mvdp_comb(pool, 6, 100, 64, 64, 4, 0, 1, 5);
         test_rmsnorm(129, 3);
     }
     if (kt_sec("router")) {

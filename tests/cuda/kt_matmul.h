@@ -92,6 +92,65 @@ static void test_matvec_rows(lily_pool *pool, int bits, int n, const int *rows, 
     free(X); free(X2); free(xin);
 }
 
+/* A decode batch's in-projection after its folded combine (cu_mvdpb_norm): T rows of x, each row's
+ * rmsnorm(x) * nw staged by the launch, against the norm in double and cpu_matmul; the normed rows
+ * written to tout (1e-6), and bitwise the ones one token's step writes (cu_matvec_group's norm, a row
+ * at a time), so a row's scale is the one its session alone gets. kerns: 0 as the forward pass
+ * chooses, 2 k_mvdpb, 4 k_mvdpt. */
+static void test_matvec_rows_norm(lily_pool *pool, int n, const int *rows, int cols, int T) {
+    void *hold[4][3];
+    lw_mat W[4];
+    float *ref[4], *Y[4], *Y1[4];
+    for (int i = 0; i < n; i++) {
+        W[i] = mk_mat(LW_Q, 4, 64, rows[i], cols, hold[i]);
+        ref[i] = malloc((size_t)T * rows[i] * 4);
+        Y[i] = malloc((size_t)T * rows[i] * 4);
+        Y1[i] = malloc((size_t)T * rows[i] * 4);
+    }
+    float *X = rnd((size_t)T * cols, 1.0f), *nw = rnd((size_t)cols, 1.0f);
+    float *xin = malloc((size_t)T * cols * 4), *tout = malloc((size_t)T * cols * 4), *t1 = malloc((size_t)T * cols * 4);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < cols; c++) ss += (double)X[(size_t)t * cols + c] * X[(size_t)t * cols + c];
+        const double r = 1.0 / sqrt(ss / cols + 1e-6);
+        for (int c = 0; c < cols; c++) xin[(size_t)t * cols + c] = (float)(X[(size_t)t * cols + c] * r * nw[c]);
+    }
+    for (int i = 0; i < n; i++) cpu_matmul(pool, &W[i], xin, T, ref[i]);
+    lily_status st = { 0 };
+    char what[160];
+    snprintf(what, sizeof what, "matvec rows norm n=%d %dx%d T=%d one row at a time", n, rows[0], cols, T);
+    if (lct_matvec_rows_norm(W, n, X, nw, 1e-6f, T, Y1, t1, 5, &st)) { printf("%s: %s\n", what, st.msg); n_fail++; }
+    else report(what, rel(t1, xin, (size_t)T * cols), 1e-6);
+    static const int kerns[3] = { 0, 2, 4 };
+    static const char *kname[3] = { "", " k_mvdpb", " k_mvdpt" };
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < n; i++)
+            for (size_t e = 0; e < (size_t)T * rows[i]; e++) Y[i][e] = NAN;
+        for (size_t e = 0; e < (size_t)T * cols; e++) tout[e] = NAN;
+        memset(&st, 0, sizeof st);
+        snprintf(what, sizeof what, "matvec rows norm n=%d %dx%d T=%d%s", n, rows[0], cols, T, kname[k]);
+        if (lct_matvec_rows_norm(W, n, X, nw, 1e-6f, T, Y, tout, kerns[k], &st)) { printf("%s: %s\n", what, st.msg); n_fail++; continue; }
+        double worst = 0;
+        for (int i = 0; i < n; i++) {
+            double r = rel(Y[i], ref[i], (size_t)T * rows[i]);
+            if (!(r <= worst)) worst = r;
+        }
+        report(what, worst, 1e-5);
+        char w2[256];
+        snprintf(w2, sizeof w2, "%s normed rows", what);
+        report(w2, rel(tout, xin, (size_t)T * cols), 1e-6);
+        size_t diff = 0;
+        for (size_t e = 0; e < (size_t)T * cols; e++) diff += memcmp(&tout[e], &t1[e], 4) != 0;
+        snprintf(w2, sizeof w2, "%s normed rows bitwise as one token's (elements differing)", what);
+        report(w2, (double)diff, 0.0);
+    }
+    for (int i = 0; i < n; i++) {
+        free(ref[i]); free(Y[i]); free(Y1[i]);
+        for (int k = 0; k < 3; k++) free(hold[i][k]);
+    }
+    free(X); free(nw); free(xin); free(tout); free(t1);
+}
+
 /* A decode batch's DeltaNet out-projection with the gated norm in k_mvdpt's staging (cu_mvdpt_gated):
  * T rows of o and z, the norm of each head of 128 columns in double on the host; special 1: a NaN in
  * one row's head, that row's outputs must be NaN, the other rows' not. */

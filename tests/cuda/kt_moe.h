@@ -173,11 +173,12 @@ static void test_moe_combine(int T, int K, int H, int with_add, int with_sd, int
 }
 
 /* Decode's experts' down with the combine folded in (cu_mvdp_comb) against cpu_matmul per slot and
- * the combine's loops in double: E experts [H][I], K chosen (distinct), the shared expert's down as
- * slot K when shared, reps launches in place on x (a row the launch leaves unwritten keeps x
- * without the experts' sum, which the reference has). */
-/* The decode MoE tail's reference: xr = x, then reps times xr = (xr + add) + sum_k wt[k] y_k (+ sigmoid(sr)
- * y_K, the shared slot, when ns > K), in double; y [ns][H] the slots' down outputs. */
+ * the combine's loops in double: E experts [H][I], K chosen a token (distinct), the shared expert's
+ * down as the token's slot K when shared, T tokens (a batch's rows: token j's routed inputs at rows
+ * j K .., its shared one at T K + j, as the experts' gate|up leaves them), reps launches in place on
+ * x (a row the launch leaves unwritten keeps x without the experts' sum, which the reference has). */
+/* The decode MoE tail's reference for one token: xr = x, then reps times xr = (xr + add) + sum_k wt[k] y_k
+ * (+ sigmoid(sr) y_K, the shared slot, when ns > K), in double; y [ns][H] the slots' down outputs. */
 static void comb_ref(float *xr, const float *x, const float *add, const float *y, const float *wt, float sr, int K, int ns, int H, int reps) {
     memcpy(xr, x, (size_t)H * 4);
     const double gs = 1.0 / (1.0 + exp(-(double)sr));
@@ -189,32 +190,37 @@ static void comb_ref(float *xr, const float *x, const float *add, const float *y
         }
 }
 
-static void test_mvdp_comb(lily_pool *pool, int E, int H, int I, int group, int K, int shared, int with_add) {
-    const int reps = 2, ns = K + shared;
+static void test_mvdp_comb(lily_pool *pool, int E, int H, int I, int group, int K, int shared, int with_add, int T) {
+    const int reps = 2, ns = K + shared, nh = T * K + (shared ? T : 0);
     void **hold = malloc((size_t)(E + 1) * 3 * sizeof *hold);
     lw_mat *D = malloc((size_t)E * sizeof *D), SD;
     for (int e = 0; e < E; e++) D[e] = mk_mat(LW_Q, 4, group, H, I, hold + 3 * e);
     SD = mk_mat(LW_Q, 4, group, H, I, hold + 3 * E);
-    int *sel = malloc((size_t)K * 4), *perm = malloc((size_t)E * 4);
-    for (int e = 0; e < E; e++) perm[e] = e;
-    for (int e = E - 1; e > 0; e--) { int j = (int)(lily_rng_u64(&rng) % (uint64_t)(e + 1)), t = perm[e]; perm[e] = perm[j]; perm[j] = t; }
-    for (int k = 0; k < K; k++) sel[k] = perm[k];
-    float *wt = rnd((size_t)K, 0.3f), *hg = rnd((size_t)ns * I, 1.0f), *hu = rnd((size_t)ns * I, 1.0f), *sr = rnd(1, 1.0f);
-    float *x = rnd((size_t)H, 1.0f), *add = with_add ? rnd((size_t)H, 1.0f) : NULL;
-    float *h = malloc((size_t)I * 4), *y = malloc((size_t)ns * H * 4), *xr = malloc((size_t)H * 4);
-    for (int k = 0; k < ns; k++) {
-        for (int i = 0; i < I; i++) h[i] = hg[(size_t)k * I + i] / (1.0f + expf(-hg[(size_t)k * I + i])) * hu[(size_t)k * I + i];
-        cpu_matmul(pool, k < K ? &D[sel[k]] : &SD, h, 1, y + (size_t)k * H);
+    int *sel = malloc((size_t)T * K * 4), *perm = malloc((size_t)E * 4);
+    for (int j = 0; j < T; j++) { /* each token its own K distinct experts */
+        for (int e = 0; e < E; e++) perm[e] = e;
+        for (int e = E - 1; e > 0; e--) { int q = (int)(lily_rng_u64(&rng) % (uint64_t)(e + 1)), t = perm[e]; perm[e] = perm[q]; perm[q] = t; }
+        for (int k = 0; k < K; k++) sel[j * K + k] = perm[k];
     }
-    comb_ref(xr, x, add, y, wt, sr[0], K, ns, H, reps);
+    float *wt = rnd((size_t)T * K, 0.3f), *hg = rnd((size_t)nh * I, 1.0f), *hu = rnd((size_t)nh * I, 1.0f), *sr = rnd((size_t)T, 1.0f);
+    float *x = rnd((size_t)T * H, 1.0f), *add = with_add ? rnd((size_t)T * H, 1.0f) : NULL;
+    float *h = malloc((size_t)I * 4), *y = malloc((size_t)ns * H * 4), *xr = malloc((size_t)T * H * 4);
+    for (int j = 0; j < T; j++) {
+        for (int k = 0; k < ns; k++) {
+            const size_t hr = k < K ? (size_t)j * K + k : (size_t)T * K + j;
+            for (int i = 0; i < I; i++) h[i] = hg[hr * I + i] / (1.0f + expf(-hg[hr * I + i])) * hu[hr * I + i];
+            cpu_matmul(pool, k < K ? &D[sel[j * K + k]] : &SD, h, 1, y + (size_t)k * H);
+        }
+        comb_ref(xr + (size_t)j * H, x + (size_t)j * H, add ? add + (size_t)j * H : NULL, y, wt + (size_t)j * K, sr[j], K, ns, H, reps);
+    }
     lily_status st = { 0 };
     char what[160];
-    snprintf(what, sizeof what, "moe down+combine folded E=%d %dx%d g%d K=%d%s%s x%d", E, H, I, group, K, shared ? " shared" : "",
-             add ? " add" : "", reps);
-    if (lct_mvdp_comb(D, E, shared ? &SD : NULL, sel, wt, K, hg, hu, sr, x, add, reps, &st)) {
+    snprintf(what, sizeof what, "moe down+combine folded E=%d %dx%d g%d K=%d%s%s T=%d x%d", E, H, I, group, K, shared ? " shared" : "",
+             add ? " add" : "", T, reps);
+    if (lct_mvdp_comb(D, E, shared ? &SD : NULL, sel, wt, K, T, hg, hu, sr, x, add, reps, &st)) {
         printf("%s: %s\n", what, st.msg);
         n_fail++;
-    } else report(what, rel(x, xr, (size_t)H), 1e-5);
+    } else report(what, rel(x, xr, (size_t)T * H), 1e-5);
     for (int i = 0; i < 3 * (E + 1); i++) free(hold[i]);
     free(hold); free(D); free(sel); free(perm); free(wt); free(hg); free(hu); free(sr); free(x); free(add);
     free(h); free(y); free(xr);
