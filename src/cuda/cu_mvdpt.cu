@@ -143,8 +143,10 @@ static __device__ __forceinline__ void dpt_sum(const dpt_batch<BITS, GB> &f, int
     }
 }
 
-/* Y[i] [T][ldy[i]] = W[i] x_t for the T <= 8 NB rows x_t = X row t (silu(X) * X2 when X2) */
-template <int BITS, int NB, int NW>
+/* Y[i] [T][ldy[i]] = W[i] x_t for the T <= 8 NB rows x_t = X row t (silu(X) * X2 when X2; NRM with a.f.nw:
+ * rmsnorm(X row t) * nw, cu_mvdpt_norm, instances of their own: in the others the norm's code cost 8-row
+ * batches ~0.7%, bench/RESULTS.md session 43) */
+template <int BITS, int NB, int NW, bool NRM>
 __global__ void __launch_bounds__(NW * WARP, 16 / NW) k_mvdpt(mvq_args a, const float *__restrict__ X, const float *__restrict__ X2,
                                                            int ldx, int T, int gb) {
     constexpr int GB = DPT_GB(BITS, NB);
@@ -164,10 +166,10 @@ __global__ void __launch_bounds__(NW * WARP, 16 / NW) k_mvdpt(mvq_args a, const 
      * 128 (blockDim a multiple of 16, rows of whole heads), so its 8 gw are the same, loaded before the wait */
     float gw8[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
     if (a.f.gz) dp_ld8(a.f.gw, 8 * (threadIdx.x % 16), gw8);
-    else dp_rows_nw0(a.f, nw, gw8); /* (the norm's weights, a.f.nw, in the same registers) */
+    else if (NRM) dp_rows_nw0(a.f, nw, gw8); /* (the norm's weights, a.f.nw, in the same registers) */
     CU_PDL();
     /* the rows staged as k_mvdpb stages them; with a.f.gz each head's gated norm first */
-    dp_stage_rows<true, true>(a.f, X, X2, ldx, T, nw, dxs, (size_t)ts, T, gw8);
+    dp_stage_rows<true, NRM>(a.f, X, X2, ldx, T, nw, dxs, (size_t)ts, T, gw8);
     __syncthreads();
     for (; tile < ntiles; tile += gridDim.x) {
         while (mi + 1 < a.n && tile >= a.blk0[mi + 1]) mi++;
@@ -207,15 +209,15 @@ __global__ void __launch_bounds__(NW * WARP, 16 / NW) k_mvdpt(mvq_args a, const 
     }
 }
 
-template <int BITS, int NB>
+template <int BITS, int NB, bool NRM>
 static void mvdpt_go(cudaStream_t s, const mvq_args &a, const float *X, const float *X2, int ldx, int T, int gb) {
     constexpr int NW = NB == 2 ? 16 : 8;
     static mvq_kstate ks;
     if (!ks.attr_set)
-        ks.attr_set = cudaFuncSetAttribute(k_mvdpt<BITS, NB, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, DPT_SMEM) == cudaSuccess;
+        ks.attr_set = cudaFuncSetAttribute(k_mvdpt<BITS, NB, NW, NRM>, cudaFuncAttributeMaxDynamicSharedMemorySize, DPT_SMEM) == cudaSuccess;
     const size_t sm = (size_t)T * dpt_ts(a.m[0].cols) * 16 + (size_t)NW * 16 * 8 * NB * 4;
-    const int gx = mvq_grid(k_mvdpt<BITS, NB, NW>, ks, a.blk0[a.n], 1, 0, NW * WARP, sm);
-    cu_go(k_mvdpt<BITS, NB, NW>, dim3(gx), NW * WARP, sm, s)(a, X, X2, ldx, T, gb);
+    const int gx = mvq_grid(k_mvdpt<BITS, NB, NW, NRM>, ks, a.blk0[a.n], 1, 0, NW * WARP, sm);
+    cu_go(k_mvdpt<BITS, NB, NW, NRM>, dim3(gx), NW * WARP, sm, s)(a, X, X2, ldx, T, gb);
 }
 
 /* Whether a decode batch of T rows takes k_mvdpt (cu_mvdpb first, the gated out-projection):
@@ -249,7 +251,7 @@ int cu_mvdpt_gated(cudaStream_t s, const dmat *W, const float *o, const float *z
 }
 static int mvdpt_rows(cudaStream_t s, int n, const dmat *const *W, const float *X, const float *X2, int ldx, int T, float *const *Y,
                       const int *ldy, const float *gz, const float *gw, float eps, const float *nrm, float *tout) {
-    if (n < 1 || n > MVQ_MAX || T < 1 || (nrm && (X2 || gz))) return 0;
+    if (n < 1 || n > MVQ_MAX || T < 1 || (nrm && (X2 || gz || W[0]->bits != 4))) return 0;
     const int cols = W[0]->cols, bits = W[0]->bits, ng = cols / 64;
     if (cols % 64 || (bits != 4 && bits != 8) || ng < 8 || ldx % 4 || ((uintptr_t)X & 15) || ((uintptr_t)X2 & 15)) return 0;
     for (int i = 0; i < n; i++)
@@ -270,10 +272,12 @@ static int mvdpt_rows(cudaStream_t s, int n, const dmat *const *W, const float *
         if (gz) { a.f.gz = gz + (size_t)t0 * ldx; a.f.gw = gw; a.f.eps = eps; }
         if (nrm) { a.f.nw = nrm; a.f.eps = eps; a.f.tout = tout ? tout + (size_t)t0 * ldx : NULL; }
         const float *x = X + (size_t)t0 * ldx, *x2 = X2 ? X2 + (size_t)t0 * ldx : NULL;
-        if (bits == 8 && NB == 2) mvdpt_go<8, 2>(s, a, x, x2, ldx, tn, gb);
-        else if (bits == 8) mvdpt_go<8, 1>(s, a, x, x2, ldx, tn, gb);
-        else if (NB == 2) mvdpt_go<4, 2>(s, a, x, x2, ldx, tn, gb);
-        else mvdpt_go<4, 1>(s, a, x, x2, ldx, tn, gb);
+        if (nrm && NB == 2) mvdpt_go<4, 2, true>(s, a, x, x2, ldx, tn, gb); /* (the norm's: 4-bit codes, above) */
+        else if (nrm) mvdpt_go<4, 1, true>(s, a, x, x2, ldx, tn, gb);
+        else if (bits == 8 && NB == 2) mvdpt_go<8, 2, false>(s, a, x, x2, ldx, tn, gb);
+        else if (bits == 8) mvdpt_go<8, 1, false>(s, a, x, x2, ldx, tn, gb);
+        else if (NB == 2) mvdpt_go<4, 2, false>(s, a, x, x2, ldx, tn, gb);
+        else mvdpt_go<4, 1, false>(s, a, x, x2, ldx, tn, gb);
     }
     return 1;
 }
