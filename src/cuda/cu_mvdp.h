@@ -193,21 +193,14 @@ static __device__ __forceinline__ void dp_stage(const mvq_args &a, const float *
     __syncthreads();
 }
 
-/* T rows of input (row r at X + r ldx; silu(X) * X2 when X2) staged by the block into xs + r ts (dp_put),
- * word W of the T x nw words being word W % nw of row W / nw. A thread's two words' loads all go out
- * before either is staged (one round trip to L2 a pass, not one a word); a group's 8 words are 8 lanes
- * of one warp and of one row (nw a multiple of 8). GZ (k_mvdpt's batch out-projection), with f.gz: each
- * head of 128 columns gated-normed first (dp_gated: a head's 16 words on 16 lanes, so blockDim and nw
- * multiples of 16), gw8 the thread's 8 gw. NRM: the norm below may be asked (f.nw; an instance of its
- * own in k_mvdpb, whose 8-row form otherwise put its sums in local memory). The closing barrier is
- * the caller's. */
 /* With the norm (f.nw, no X2, no gz: a decode batch's in-projection after its folded combine,
  * cu_mvdp_comb with T rows): row r's input is rmsnorm(X_r) * nw, its sum of squares summed as one
  * token's k_mvdp sums it (DP_WARPS x 32 threads, a thread's words w, w + 256, ..., each warp's by the
  * butterfly read at lane 0, the warps' in order), so a row's scale is the one its token alone gets;
  * here a warp a (row, k_mvdp warp) pair, in a pass before the staging (its loads then hit L1). Block 0 writes the normed
- * rows to f.tout (row stride ldx). gw8: nw of the thread's word threadIdx.x % nw (loaded before the
- * wait, dp_rows_nw0) where every word of the thread is that one (blockDim a multiple of nw). */
+ * rows to f.tout (row stride ldx); dp_stage_rows' gw8 holds nw of the thread's word threadIdx.x % nw
+ * (loaded before the wait, dp_rows_nw0) where every word of the thread is that one (blockDim a
+ * multiple of nw). */
 static __device__ __forceinline__ void dp_rows_norm(const mvq_fuse &f, const float *X, int ldx, int T, int nw, float *rr) {
     constexpr int VW = DP_WARPS; /* the warps of one token's k_mvdp */
     __shared__ float part[16 * VW]; /* [T][VW] each (row, k_mvdp warp) partial */
@@ -238,6 +231,14 @@ static __device__ __forceinline__ void dp_rows_nw0(const mvq_fuse &f, int nw, fl
     for (int j = 0; j < 8; j++) n8[j] = 0.f;
     if (f.nw && blockDim.x % nw == 0) dp_ld8(f.nw, 8 * (threadIdx.x % nw), n8);
 }
+/* T rows of input (row r at X + r ldx; silu(X) * X2 when X2) staged by the block into xs + r ts (dp_put),
+ * word W of the T x nw words being word W % nw of row W / nw. A thread's two words' loads all go out
+ * before either is staged (one round trip to L2 a pass, not one a word); a group's 8 words are 8 lanes
+ * of one warp and of one row (nw a multiple of 8). GZ (k_mvdpt's batch out-projection), with f.gz: each
+ * head of 128 columns gated-normed first (dp_gated: a head's 16 words on 16 lanes, so blockDim and nw
+ * multiples of 16), gw8 the thread's 8 gw. NRM: the norm (dp_rows_norm) may be asked (f.nw), in
+ * instances of their own, so the kernels' other instances compile as before it. The closing barrier
+ * is the caller's. */
 template <bool GZ, bool NRM>
 static __device__ __forceinline__ void dp_stage_rows(const mvq_fuse &f, const float *X, const float *X2, int ldx, int T, int nw, uint4 *xs,
                                                      size_t ts, int rmax, const float (&gw8)[8]) {
@@ -277,8 +278,6 @@ static __device__ __forceinline__ void dp_stage_rows(const mvq_fuse &f, const fl
         }
     }
 }
-
-
 
 /* R rows of one matrix (or expert): codes, scales, biases of the lane's rows (the last row for
  * rows past the matrix) */

@@ -426,13 +426,8 @@ lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int n
     return rc;
 }
 
-lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
-                          lily_status *st) {
-    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
-    dmat d[MVQ_MAX];
-    const dmat *dp[MVQ_MAX];
-    float *dy[MVQ_MAX];
-    int ld[MVQ_MAX];
+/* n (1 to MVQ_MAX) matrices uploaded into m for the rows kernels: d[i], dp[i] = &d[i], ld[i] their rows */
+static lily_code rows_upload(lcuda_model *m, const lw_mat *W, int n, dmat *d, const dmat **dp, int *ld, lily_status *st) {
     lily_code rc = n >= 1 && n <= MVQ_MAX ? LILY_OK : lily_err(st, LILY_EINVAL, "1 to %d matrices", MVQ_MAX);
     for (int i = 0; i < n && !rc; i++) {
         rc = cu_upload_mats(m, &W[i], 1, &d[i], st);
@@ -440,6 +435,17 @@ lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X
         dp[i] = &d[i];
         ld[i] = W[i].rows;
     }
+    return rc;
+}
+
+lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
+                          lily_status *st) {
+    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
+    dmat d[MVQ_MAX];
+    const dmat *dp[MVQ_MAX];
+    float *dy[MVQ_MAX];
+    int ld[MVQ_MAX];
+    lily_code rc = rows_upload(m, W, n, d, dp, ld, st);
     dlist L = { {0}, 0 };
     int cols = W[0].cols;
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
@@ -470,13 +476,7 @@ lily_code lct_matvec_rows_norm(const lw_mat *W, int n, const float *X, const flo
     const dmat *dp[MVQ_MAX];
     float *dy[MVQ_MAX];
     int ld[MVQ_MAX];
-    lily_code rc = n >= 1 && n <= MVQ_MAX ? LILY_OK : lily_err(st, LILY_EINVAL, "1 to %d matrices", MVQ_MAX);
-    for (int i = 0; i < n && !rc; i++) {
-        rc = cu_upload_mats(m, &W[i], 1, &d[i], st);
-        if (!rc && !cu_mvq_ok(&d[i])) rc = lily_err(st, LILY_EUNSUPPORTED, "the matrix-vector kernel does not take this matrix");
-        dp[i] = &d[i];
-        ld[i] = W[i].rows;
-    }
+    lily_code rc = rows_upload(m, W, n, d, dp, ld, st);
     dlist L = { {0}, 0 };
     const int cols = W[0].cols;
     float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc), *dn = (float *)dput(&L, nw, (size_t)cols * 4, st, &rc);
