@@ -220,6 +220,7 @@ struct fiber_t {
     unsigned long long carr; /* barrier.cluster arrivals made */
     char *stack;
     void *fake; /* ASan's fake stack while switched out */
+    bool clean; /* its last run on this stack returned from the kernel body (ASan: only the top is poisoned) */
 };
 /* the last MMA_KEEP products of a warp, by call number */
 const int MMA_KEEP = 64;
@@ -240,6 +241,11 @@ struct warp_t {
 };
 
 const size_t STACK = 256 << 10; /* per fiber: kernels keep arrays in "registers" */
+/* ASan: a kernel body that returned has unpoisoned its own frames (each function clears its redzones
+ * on return), so what a finished fiber leaves poisoned is fiber_main's frame and the switch's, at the
+ * stack's top. Unpoisoning the whole stack for every fiber of every block was a memset of 32 KB of
+ * shadow a thread a block: a fifth of an ASan run of the batched decode loop's test. */
+const size_t STACK_TOP = 32 << 10;
 size_t page;
 char *stacks;
 int n_stacks;
@@ -363,6 +369,7 @@ void ensure_stacks(int n) {
     for (int i = 0; i < n; i++) mprotect(stacks + (size_t)i * per, page, PROT_NONE); /* guard below each stack */
     n_stacks = n;
     fib.resize((size_t)n);
+    for (fiber_t &f : fib) f.clean = false; /* new stacks: unpoisoned whole before their first run */
 }
 
 void ensure_dyn(size_t n) {
@@ -395,6 +402,7 @@ void fiber_main(void *) {
     fiber_t &f = fib[cur];
     warp_t &w = warps[f.warp];
     f.state = F_DONE;
+    f.clean = true;
     n_done++;
     w.live--;
     if (w.arrived && w.arrived == w.live) { /* the lanes left were waiting only for this one */
@@ -487,6 +495,8 @@ void run_blocks(int nt, const std::vector<uint3> &bids, const std::vector<char *
         for (int t = 0; t < nt; t++) {
             const int i = b * nt + t;
             fiber_t &f = fib[i];
+            const bool clean = f.clean && f.state == F_DONE;
+            f.clean = false;
             f.state = F_RUN;
             f.lane = t % 32;
             f.warp = b * nw + t / 32;
@@ -502,7 +512,11 @@ void run_blocks(int nt, const std::vector<uint3> &bids, const std::vector<char *
             f.tid = uint3{ (unsigned)t % bx, ((unsigned)t / bx) % by, (unsigned)t / (bx * by) };
             f.stack = stacks + (size_t)i * (STACK + page) + page;
 #ifdef EMU_ASAN
-            __asan_unpoison_memory_region(f.stack, STACK); /* frames of the fiber that ran here before */
+            /* frames of the fiber that ran here before: the top only after a finished body */
+            if (clean) __asan_unpoison_memory_region(f.stack + STACK - STACK_TOP, STACK_TOP);
+            else __asan_unpoison_memory_region(f.stack, STACK);
+#else
+            (void)clean;
 #endif
             ctx_init(&f.ctx, f.stack, STACK, fiber_main, NULL);
         }
