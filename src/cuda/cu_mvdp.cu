@@ -221,14 +221,20 @@ int cu_mvdp_group(cudaStream_t s, const mvq_args *in, int sbt, const float *X, c
             (in->f.xslot && (!dp_fits(&in->f.xm[i], cols, bits) || in->f.xm[i].rows != in->m[i].rows)))
             return 0;
     const int lpr = ng >= 32 ? 32 : ng >= 16 ? 16 : ng >= 8 ? 8 : ng >= 4 ? 4 : ng >= 2 ? 2 : 1;
-    /* R: rows a lane group, 4: more bytes in flight a warp measured faster than more warps on
-     * every launch of a token (H200, bench/RESULTS.md session 15: R = 4 everywhere tg128 464 against
-     * 447 for R as large as kept every warp slot busy; 455 against 442 for R as large as gave every
-     * SM a block, which put the 2,048-row out-projections at R = 1, 256 blocks, not 64; Nsight alone
-     * timed those two the same). LILY_CU_MVDP_R=1|2|4 fixes it, for measuring. */
-    static int env_r = INT_MIN;
-    cu_env_int(&env_r, "LILY_CU_MVDP_R", 4);
-    int R = env_r == 1 || env_r == 2 ? env_r : 4;
+    /* R: rows a lane group, 2 for every launch kind. Session 15 (H200) chose 4 over forms that set R per
+     * launch (R = 4 everywhere tg128 464 against 447 for R as large as kept every warp slot busy, 455
+     * against 442 for R as large as gave every SM a block); on an H100 with session 43's code, 2 everywhere
+     * gave tg128 544 -> 552 (+1.5%), tg128@4096 +1.4%, two rows +1.5%, eight -0.3%, while 2 for one or
+     * two launch kinds only was -2% to +0.4% (the kinds' instances taking turns in the SMs' instruction
+     * caches, a guess; bench/RESULTS.md session 44). Not yet measured on the H200. LILY_CU_MVDP_R=1|2|4
+     * fixes it for every kind, LILY_CU_MVDP_R2=MASK sets 2 for the kinds in MASK and 4 for the rest (1
+     * the gated out-projections, 2 the in-projections with the norm, 4 the experts' gate|up, 8 the
+     * rest), for measuring. */
+    static int env_r = INT_MIN, env_rk = INT_MIN;
+    cu_env_int(&env_r, "LILY_CU_MVDP_R", 2);
+    int R = env_r == 1 || env_r == 4 ? env_r : 2;
+    const int kind = in->f.gz ? 1 : in->f.nw ? 2 : eidx ? 4 : 8, rk = cu_env_int(&env_rk, "LILY_CU_MVDP_R2", -1);
+    if (rk >= 0) R = rk & kind ? 2 : 4;
     if (test_r == 1 || test_r == 2 || test_r == 4) R = test_r;
     if (bits == 8 && R > 2) R = 2;
     if (R > lpr) R = lpr;
