@@ -279,7 +279,9 @@ j_model_2k() { # PROMPT KERNEL [VAR=value]: the prompt's tokens, a kernel the ru
     else cat "$tmp/model.$J.log"; bad "emulated cuda-kernel-test --model, hidden 2048, $1-token prompt (rc=$rc)"; fi
   else cat "$tmp/synth.$J.log"; bad "lily synth --preset 35b-a3b --layers 4"; fi
 }
-q j_model_2k 20 k_mvdp_comb
+# (k_mvdp at R = 4, 2 rows a lane group being the default since session 44: both forms through a model,
+# the 6-token job below at the default)
+q j_model_2k 20 k_mvdp_comb LILY_CU_MVDP_R=4
 # (the 6-token pass with its combine folded into the down, a token a grid row, and the next
 # in-projections staging the norm on k_mvdpt: by default only 2-row passes fold)
 q j_model_2k 6 k_mvdpt LILY_CU_BATCH_COMB=8
