@@ -426,83 +426,92 @@ lily_code lct_gated_norm(float *o, const float *z, const float *gw, int T, int n
     return rc;
 }
 
-/* n (1 to MVQ_MAX) matrices uploaded into m for the rows kernels: d[i], dp[i] = &d[i], ld[i] their rows */
-static lily_code rows_upload(lcuda_model *m, const lw_mat *W, int n, dmat *d, const dmat **dp, int *ld, lily_status *st) {
-    lily_code rc = n >= 1 && n <= MVQ_MAX ? LILY_OK : lily_err(st, LILY_EINVAL, "1 to %d matrices", MVQ_MAX);
+/* The rows kernels' test launch: n (1 to MVQ_MAX) matrices uploaded into m (dp[i] = &d[i], ld[i] their
+ * rows) and their T output rows each (dy[i]) in L; the inputs are the caller's, put in L after them */
+typedef struct {
+    lcuda_model *m;
+    dmat d[MVQ_MAX];
+    const dmat *dp[MVQ_MAX];
+    float *dy[MVQ_MAX]; /* [T][ld[i]] */
+    int ld[MVQ_MAX];
+    dlist L;
+} rows_job;
+
+static lily_code rows_begin(rows_job *j, const lw_mat *W, int n, int T, lily_status *st) {
+    memset(j, 0, sizeof *j);
+    j->m = (lcuda_model *)calloc(1, sizeof *j->m);
+    lily_code rc = !j->m                    ? lily_err(st, LILY_ENOMEM, "out of host memory")
+                   : n >= 1 && n <= MVQ_MAX ? LILY_OK
+                                            : lily_err(st, LILY_EINVAL, "1 to %d matrices", MVQ_MAX);
     for (int i = 0; i < n && !rc; i++) {
-        rc = cu_upload_mats(m, &W[i], 1, &d[i], st);
-        if (!rc && !cu_mvq_ok(&d[i])) rc = lily_err(st, LILY_EUNSUPPORTED, "the matrix-vector kernel does not take this matrix");
-        dp[i] = &d[i];
-        ld[i] = W[i].rows;
+        rc = cu_upload_mats(j->m, &W[i], 1, &j->d[i], st);
+        if (!rc && !cu_mvq_ok(&j->d[i])) rc = lily_err(st, LILY_EUNSUPPORTED, "the matrix-vector kernel does not take this matrix");
+        j->dp[i] = &j->d[i];
+        j->ld[i] = W[i].rows;
     }
+    for (int i = 0; i < n && !rc; i++) j->dy[i] = (float *)dput(&j->L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
     return rc;
+}
+/* the launch's end (rc: its status so far) and its outputs into Y; rows_free after any other copies */
+static lily_code rows_outputs(rows_job *j, lily_code rc, const lw_mat *W, int n, int T, float *const *Y, lily_status *st) {
+    rc = finish(st, rc);
+    for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], j->dy[i], (size_t)T * W[i].rows * 4, st);
+    return rc;
+}
+static void rows_free(rows_job *j) {
+    dfree(&j->L);
+    if (j->m) lcuda_model_free(j->m);
 }
 
 lily_code lct_matvec_rows(const lw_mat *W, int n, const float *X, const float *X2, int T, float *const *Y, int kern,
                           lily_status *st) {
-    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
-    dmat d[MVQ_MAX];
-    const dmat *dp[MVQ_MAX];
-    float *dy[MVQ_MAX];
-    int ld[MVQ_MAX];
-    lily_code rc = rows_upload(m, W, n, d, dp, ld, st);
-    dlist L = { {0}, 0 };
-    int cols = W[0].cols;
-    float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc);
-    float *dx2 = X2 ? (float *)dput(&L, X2, (size_t)T * cols * 4, st, &rc) : NULL;
-    for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
+    rows_job j;
+    lily_code rc = rows_begin(&j, W, n, T, st);
+    const int cols = W[0].cols;
+    float *dx = (float *)dput(&j.L, X, (size_t)T * cols * 4, st, &rc);
+    float *dx2 = X2 ? (float *)dput(&j.L, X2, (size_t)T * cols * 4, st, &rc) : NULL;
     if (!rc && kern == 4) {
-        if (!cu_mvdpt(0, n, dp, dx, dx2, cols, T, dy, ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpt declined the launch");
+        if (!cu_mvdpt(0, n, j.dp, dx, dx2, cols, T, j.dy, j.ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpt declined the launch");
     } else if (!rc && kern >= 2) {
         cu_mvdpb_test_off(kern == 3 ? -1 : -2);
-        if (!cu_mvdpb(0, n, dp, dx, dx2, cols, T, dy, ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpb declined the launch");
+        if (!cu_mvdpb(0, n, j.dp, dx, dx2, cols, T, j.dy, j.ld)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpb declined the launch");
         cu_mvdpb_test_off(0);
     } else if (!rc) {
         cu_mvdpb_test_off(kern == 1);
-        cu_matvec_rows(0, n, dp, dx, dx2, cols, T, dy, ld);
+        cu_matvec_rows(0, n, j.dp, dx, dx2, cols, T, j.dy, j.ld);
         cu_mvdpb_test_off(0);
     }
-    rc = finish(st, rc);
-    for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
-    dfree(&L);
-    lcuda_model_free(m);
+    rc = rows_outputs(&j, rc, W, n, T, Y, st);
+    rows_free(&j);
     return rc;
 }
 
 lily_code lct_matvec_rows_norm(const lw_mat *W, int n, const float *X, const float *nw, float eps, int T, float *const *Y,
                                float *tout, int kern, lily_status *st) {
-    lcuda_model *m = (lcuda_model *)calloc(1, sizeof *m);
-    dmat d[MVQ_MAX];
-    const dmat *dp[MVQ_MAX];
-    float *dy[MVQ_MAX];
-    int ld[MVQ_MAX];
-    lily_code rc = rows_upload(m, W, n, d, dp, ld, st);
-    dlist L = { {0}, 0 };
+    rows_job j;
+    lily_code rc = rows_begin(&j, W, n, T, st);
     const int cols = W[0].cols;
-    float *dx = (float *)dput(&L, X, (size_t)T * cols * 4, st, &rc), *dn = (float *)dput(&L, nw, (size_t)cols * 4, st, &rc);
-    float *dt = (float *)dput(&L, NULL, (size_t)T * cols * 4, st, &rc);
-    for (int i = 0; i < n; i++) dy[i] = (float *)dput(&L, NULL, (size_t)T * W[i].rows * 4, st, &rc);
+    float *dx = (float *)dput(&j.L, X, (size_t)T * cols * 4, st, &rc), *dn = (float *)dput(&j.L, nw, (size_t)cols * 4, st, &rc);
+    float *dt = (float *)dput(&j.L, NULL, (size_t)T * cols * 4, st, &rc);
     if (!rc && kern == 5) {
         for (int t = 0; t < T; t++) {
             mvq_fuse fu;
             memset(&fu, 0, sizeof fu);
             fu.nw = dn; fu.eps = eps; fu.tout = dt + (size_t)t * cols;
             float *yt[MVQ_MAX];
-            for (int i = 0; i < n; i++) yt[i] = dy[i] + (size_t)t * ld[i];
-            cu_matvec_group(0, n, dp, dx + (size_t)t * cols, NULL, cols, yt, NULL, NULL, 1, 1, &fu);
+            for (int i = 0; i < n; i++) yt[i] = j.dy[i] + (size_t)t * j.ld[i];
+            cu_matvec_group(0, n, j.dp, dx + (size_t)t * cols, NULL, cols, yt, NULL, NULL, 1, 1, &fu);
         }
     } else if (!rc && kern == 4) {
-        if (!cu_mvdpt_norm(0, n, dp, dx, cols, T, dy, ld, dn, eps, dt)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpt declined the launch");
+        if (!cu_mvdpt_norm(0, n, j.dp, dx, cols, T, j.dy, j.ld, dn, eps, dt)) rc = lily_err(st, LILY_EUNSUPPORTED, "k_mvdpt declined the launch");
     } else if (!rc) {
         cu_mvdpb_test_off(kern == 2 ? -2 : 0);
-        if (!cu_mvdpb_norm(0, n, dp, dx, cols, T, dy, ld, dn, eps, dt)) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdpb_norm declined the launch");
+        if (!cu_mvdpb_norm(0, n, j.dp, dx, cols, T, j.dy, j.ld, dn, eps, dt)) rc = lily_err(st, LILY_EUNSUPPORTED, "cu_mvdpb_norm declined the launch");
         cu_mvdpb_test_off(0);
     }
-    rc = finish(st, rc);
-    for (int i = 0; i < n && !rc; i++) rc = dget(Y[i], dy[i], (size_t)T * W[i].rows * 4, st);
+    rc = rows_outputs(&j, rc, W, n, T, Y, st);
     if (!rc) rc = dget(tout, dt, (size_t)T * cols * 4, st);
-    dfree(&L);
-    lcuda_model_free(m);
+    rows_free(&j);
     return rc;
 }
 
