@@ -154,6 +154,7 @@ static void release_slot(srv_sched *s, slot *sl, srv_finish f, const char *error
     if (f == SRV_FINISH_ERROR) srv_metrics_event(s->o.metrics, "error");
     pthread_mutex_lock(&s->mu);
     sl->job = NULL;
+    sl->has_pending = 0; /* (a token a device loop left unfed dies with its job, as feed_round drops it) */
     sl->last_used = lily_now();
     s->n_active--;
     s->dirty = 1;
@@ -296,6 +297,7 @@ static void step(srv_sched *s, slot *sl) {
     int drawn = sl->drawn, prefilled = sl->prefilled;
     sl->drawn = sl->prefilled = 0;
     if (atomic_load((_Atomic int *)&j->cancel)) { release_slot(s, sl, SRV_FINISH_CANCELLED, NULL); return; }
+    if (sl->has_pending) return; /* drawn and emitted by a device loop that ended: this round feeds it */
     if (j->state == 1 || prefilled) {
         if (!prefilled) { /* (not in this round's prefill_round) */
             lily_prefill_job pj;
@@ -390,7 +392,7 @@ static void draw_round(srv_sched *s) {
     for (int i = 0; s->pool && i < s->o.n_slots; i++) {
         slot *sl = &s->slots[i];
         srv_job *j = sl->job;
-        if (!j || j->state != 2 || atomic_load((_Atomic int *)&j->cancel)) continue;
+        if (!j || j->state != 2 || sl->has_pending || atomic_load((_Atomic int *)&j->cancel)) continue;
         if (!(sl->draw_logits = lily_session_logits(sl->sess))) continue; /* step() reports it */
         ready[n++] = sl;
     }
@@ -481,10 +483,10 @@ static int burst(srv_sched *s, int n_active) {
         release_slot(s, sl, SRV_FINISH_ERROR, st.msg);
         return 1;
     }
-    if (fed < n) { /* the last token drawn is not in the session yet: fed now, as a round would */
+    if (fed < n) { /* the last token drawn is not in the session yet: the next round feeds it (in a batched
+                    * loop with a job that arrived, or feed_round), and its step draws nothing for it */
         sl->pending = c.last;
         sl->has_pending = 1;
-        feed_round(s);
     }
     return 1;
 }
@@ -496,8 +498,10 @@ static int burst(srv_sched *s, int n_active) {
  * step's tokens are chosen on the GPU with each job's own rng, counts and prompt mask, and the host
  * publishes a step while the GPU runs the next, so the tokens are those the rounds would draw. The
  * loop ends, for all its jobs, after the step in which one of them ends, is cancelled or reaches
- * its grammar, or a request arrives that a free slot could take; the rounds then go on (and the
- * next round starts another loop). */
+ * its grammar, or a request arrives that a free slot could take. The jobs that go on keep their last
+ * token pending (drawn and published, not fed): the next round draws nothing for them (step, draw_round),
+ * prefills any job admitted meanwhile and hands every pending token to the next loop, so an end costs
+ * no host pass of its own (feed_round feeds them where no loop can start: one job left, a grammar). */
 typedef struct { srv_sched *s; slot *sl[SRV_MAX_SLOTS]; int32_t last[SRV_MAX_SLOTS]; int n_tok; } bburst_ctx;
 
 static int bburst_cb(void *user, int row, const lily_token *tok) {
@@ -540,7 +544,6 @@ static int batch_burst(srv_sched *s) {
     if (rc && rows[0].n_fed == 0) return 0;
     srv_metrics_device_loop(s->o.metrics, -1);
     srv_metrics_device_loop(s->o.metrics, c.n_tok);
-    int unfed = 0;
     for (int i = 0; i < n; i++) {
         slot *sl = c.sl[i];
         sl->has_pending = 0;
@@ -551,10 +554,8 @@ static int batch_burst(srv_sched *s) {
         } else if (rows[i].n_fed == rows[i].n_out) { /* the last token reported is not in the session yet */
             sl->pending = rows[i].n_out ? c.last[i] : sl->pending;
             sl->has_pending = 1;
-            unfed = 1;
         }
     }
-    if (unfed) feed_round(s);
     return 1;
 }
 
