@@ -10,27 +10,18 @@
 # lines (a stream's decode rate), then 8 and 16 requests of 16..128 tokens (ends at different steps,
 # each one restarting the loop), and the device-loop counters.
 set -u
+. "$(dirname "$0")/server_lib.sh"
 B=$1; M=$2
-T=$(mktemp -d)
-trap 'kill $sp 2>/dev/null; rm -rf "$T"' EXIT
-sp=
 "$B/lily-bench" --model "$M" --tests tg128,tg128x2@64,tg128x2l@64,tg128x4@64,tg128x4l@64,tg128x8@64,tg128x8l@64,tg128x8ls@64,tg128x16@64,tg128x16l@64 \
   --reps 3 -o md 2>&1 | grep -E "^\| |rror" | grep -v -- "---"
-# curl without LD_LIBRARY_PATH: on the GPU machine that points at libraries carried for lily
-req() { env -u LD_LIBRARY_PATH curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-  -d "{\"prompt\":\"Once upon a time $1\",\"max_tokens\":${3:-128},$2,\"ignore_eos\":true}" >/dev/null; }
+req() { srv_post /v1/completions "{\"prompt\":\"Once upon a time $1\",\"max_tokens\":${3:-128},$2,\"ignore_eos\":true}" >/dev/null; }
 log() { grep -a 'request done' "$T/err" | sed 's/lily-server: request done: //'; }
 G='"temperature":0'
 S='"temperature":0.7,"top_k":20,"top_p":0.8'
 for loop in 0 1; do
   echo "=== LILY_SRV_BATCH_LOOP=$loop LILY_SRV_WARMUP=$loop"
-  : >"$T/err"
-  LILY_SRV_WARMUP=$loop LILY_SRV_BATCH_LOOP=$loop "$B/lily-server" --model-path "$M" --port 0 --slots 16 --ctx-len 1024 --backend cuda \
-    --log-requests 1 2>"$T/err" &
-  sp=$!
-  port=
-  for _ in $(seq 900); do kill -0 $sp 2>/dev/null || break; port=$(grep -ao 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.2; done
-  [ -n "$port" ] || { echo "server did not start: $(tail -3 "$T/err")"; exit 1; }
+  srv_start "$T/err" env LILY_SRV_WARMUP=$loop LILY_SRV_BATCH_LOOP=$loop "$B/lily-server" --model-path "$M" --slots 16 --ctx-len 1024 \
+    --log-requests 1
   req warm "$G"; echo "first request: $(log | head -1)"
   req warm2 "$G"; echo "second: $(log | sed -n 2p)"
   for samp in "$G" "$S"; do
@@ -54,6 +45,6 @@ for loop in 0 1; do
       awk -v n="$N" -v a="$t0" -v b="$t1" -v t=$tot -v r=$rep 'BEGIN { printf "staggered N=%d (16..128 tokens, %d in all) rep %d: %.3f s, %.1f tok/s aggregate\n", n, t, r, b - a, t / (b - a) }'
     done
   done
-  env -u LD_LIBRARY_PATH curl -s "http://127.0.0.1:$port/metrics" | grep -E "^lily_device_loop"
-  kill $sp; wait $sp 2>/dev/null
+  srv_metrics "^lily_device_loop"
+  srv_stop
 done

@@ -7,22 +7,11 @@
 # 256 greedy and 256 sampled tokens; then a slot swap sequence: the same prompt again parks the slot's
 # conversation first), and whether each answer equals the rounds' (texts exact; logprobs within 1e-4).
 set -u
+. "$(dirname "$0")/server_lib.sh"
 B=$1; M=$2
-T=$(mktemp -d)
-trap 'kill $sp 2>/dev/null; rm -rf "$T"' EXIT
-sp=
 "$B/lily-bench" --model "$M" --tests tg256,tg256s --reps 3 -o md 2>&1 | grep -E "^\| |rror" | grep -v -- "---"
-srv() {
-  : >"$T/err"
-  env LILY_SRV_DEVICE_LOOP=$1 "$B/lily-server" --model-path "$M" --port 0 --backend cuda --slots 4 --ctx-len 4096 --log-requests 1 2>"$T/err" &
-  sp=$!
-  port=
-  for _ in $(seq 900); do kill -0 $sp 2>/dev/null || break; port=$(grep -o 'http://127.0.0.1:[0-9]*' "$T/err" | sed 's/.*://'); [ -n "$port" ] && break; sleep 0.2; done
-  [ -n "$port" ] || { echo "server did not start: $(tail -3 "$T/err")"; exit 1; }
-}
-# curl without LD_LIBRARY_PATH: on the GPU machine that points at libraries carried for lily
-req() { env -u LD_LIBRARY_PATH curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
-  -d "{\"prompt\":\"${3:-Once upon a time}\",\"max_tokens\":$1,$2,\"ignore_eos\":true}" |
+srv() { srv_start "$T/err" env LILY_SRV_DEVICE_LOOP=$1 "$B/lily-server" --model-path "$M" --slots 4 --ctx-len 4096 --log-requests 1; }
+req() { srv_post /v1/completions "{\"prompt\":\"${3:-Once upon a time}\",\"max_tokens\":$1,$2,\"ignore_eos\":true}" |
   python3 -c 'import json,sys; c=json.load(sys.stdin)["choices"][0]; print(json.dumps([c["text"], c["finish_reason"], (c.get("logprobs") or {}).get("token_logprobs")]))'; }
 G='"temperature":0'
 S='"temperature":0.7,"top_p":0.8,"top_k":20,"seed":5,"presence_penalty":0.5,"logprobs":2'
@@ -33,8 +22,8 @@ for mode in 1 0; do
   for p in "Once upon a time" "The quick brown fox" "Once upon a time" "Hello" "Hello"; do req 16 "$G" "$p" >/dev/null; done
   echo "## LILY_SRV_DEVICE_LOOP=$mode"
   grep "request done" "$T/err" | sed 's/lily-server: request done: //'
-  env -u LD_LIBRARY_PATH curl -s "http://127.0.0.1:$port/metrics" | grep -E "^lily_(device_loop|parked|unparked)"
-  kill $sp; wait $sp 2>/dev/null; sp=
+  srv_metrics "^lily_(device_loop|parked|unparked)"
+  srv_stop
 done
 for f in g1.1 g1.3 s1.1 s1.3; do
   python3 - "$T/$f" "$T/${f/1./0.}" <<'PY'

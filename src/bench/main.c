@@ -171,6 +171,7 @@ int main(int argc, char **argv) {
                         "                  [--reps 5] [--warmup 1] [--bw 4.26e12] [--flops 7.9e14] [-o md|csv|json] [--out FILE] [--profile]\n");
         return 2;
     }
+    lily_env_note("lily-bench");
     const char *model = opt(argc, argv, "--model"), *tests = opt(argc, argv, "--tests");
     const char *fmt = opt(argc, argv, "-o"), *outp = opt(argc, argv, "--out");
     int reps = opt(argc, argv, "--reps") ? atoi(opt(argc, argv, "--reps")) : 5;

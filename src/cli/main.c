@@ -1,6 +1,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "util/util.h"
 
 /* Subcommands still being written are weak stand-ins that say so and fail. */
 #define PENDING(fn, what) \
@@ -56,6 +57,7 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    lily_env_note("lily");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "lily: unknown command '%s'\n", argv[1]);

@@ -381,10 +381,11 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
  * block and U 2, 449 with 8 warps; 464 with U 1) */
 __global__ void __launch_bounds__(ATT_WARPS * WARP, 2) k_attn_dtc(const float *q, const uint16_t *kc, const uint16_t *vc, int nh, int nkv,
                                                                  const int *pos, int splits, float *part, cu_rows rows, qk_fold P,
-                                                                 int amin) {
+                                                                 int amin, int pf) {
     extern __shared__ __align__(16) unsigned char dt_sm[]; /* [DT_SMEM(ATT_WARPS)] */
     float qw[8], kw[8], fr[8]; /* (the fold's weights, before the wait) */
     qk_fold_weights<8>(P, qw, kw, fr);
+    if (pf && !rows.pos) dtc_prefetch<2, ATT_WARPS>(kc, vc, nkv, *pos + blockIdx.x / nkv + 1, blockIdx.x, splits, amin, pf);
     CU_PDL();
     const int t = blockIdx.x / nkv;
     dtc_run<2, ATT_WARPS>(q, kc, vc, nh, nkv, (rows.pos ? rows.pos[t] : *pos + t) + 1, blockIdx.x, splits, part, rows, P, amin, qw, kw, fr,
@@ -418,6 +419,14 @@ static int attn_hs(void) {
  * is replayed for every position, so the host keeps one of each form and picks a step's by its position
  * (cu_decode.cu; one kernel choosing by the position inside measured slower both ways: its registers and
  * shared memory the larger form's). */
+/* k_attn_dtc's early prefetch (dtc_prefetch): the loop steps a warp prefetches, LILY_CU_ATTN_PF 0-4
+ * (1: one step, 16 keys a warp, 64 KB a block, 16 MB a layer at 32K, a third of an H100's L2). Off by
+ * default until measured on a GPU (bench/RESULTS.md session 46). */
+static int dtc_pf(void) {
+    static int v = INT_MIN;
+    const int e = cu_env_int(&v, "LILY_CU_ATTN_PF", 0);
+    return e < 0 ? 0 : e > 4 ? 4 : e;
+}
 static int dtc_smem_ok(void) {
     static int ok = -1;
     if (ok < 0) ok = cudaFuncSetAttribute(k_attn_dtc, cudaFuncAttributeMaxDynamicSharedMemorySize, DT_SMEM(ATT_WARPS)) == cudaSuccess;
@@ -459,7 +468,8 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const uin
         else cu_go(k_attn_gqa<HG_, R_, 1>, gq, ATT_WARPS * WARP, 0, s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);         \
     } while (0)
     if (tc && hd == 256 && hg == 8)
-        cu_go(k_attn_dtc, dim3(T * nkv, splits), ATT_WARPS * WARP, DT_SMEM(ATT_WARPS), s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin);
+        cu_go(k_attn_dtc, dim3(T * nkv, splits), ATT_WARPS * WARP, DT_SMEM(ATT_WARPS), s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin,
+                                                                                               dtc_pf());
     else if (hd == 256 && hg == 8 && hs == 4) GQA(2, 8);
     else if (hd == 256 && hg == 8 && hs == 2) GQA(4, 8);
     else if (hd == 256 && hg == 8) GQA(8, 8);

@@ -47,6 +47,26 @@ static __device__ __forceinline__ void dt_split(float x, float y, uint32_t &hi, 
     lo = cu_h2sat(x - h2f((uint16_t)(hi & 0xffffu)), y - h2f((uint16_t)(hi >> 16)));
 }
 
+/* Before the wait (k_attn_dtc, one token, no rows): the K and V rows of each warp's first `its` loop
+ * steps into L2 by bulk prefetch, a lane a row (16 keys a step, K and V). Why: the keys below the
+ * token's own were written steps ago, so their loads need not wait for the predecessor's q, k and v,
+ * nor for the prologue (norms, RoPE, the fold's cache write, q's fragments: ~2-3 us at 32K, while the
+ * DRAM idles; bench/RESULTS.md session 45). A hint only: pos read early may be stale, and a stale or
+ * racing line costs bytes, never a wrong value (L2 is the GPU's point of coherence). */
+template <int U, int W>
+static __device__ __forceinline__ void dtc_prefetch(const uint16_t *kc, const uint16_t *vc, int nkv, int n, int tk, int splits, int amin,
+                                                    int its) {
+    const int kvh = tk % nkv, warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int se = attn_splits_used(splits, amin, n);
+    if ((int)blockIdx.y >= se) return;
+    const int chunk = (n + se - 1) / se, j0 = blockIdx.y * chunk, j1 = min(n - 1, j0 + chunk); /* (key n - 1: this kernel writes it) */
+    const size_t ld = (size_t)nkv * DT_HD;
+    for (int it = 0; it < its; it++) {
+        const int key = j0 + DT_STEP * U * (warp + W * it) + (lane >> 1);
+        if (key < j1) cu_l2_pf((const char *)((lane & 1 ? vc : kc) + (size_t)key * ld + (size_t)kvh * DT_HD), DT_HD * 2);
+    }
+}
+
 /* The tensor cores' decode attention after its wait (k_attn_dtc, cu_attn.cu): block tk = t nkv + kvh over
  * key split blockIdx.y of the token's n keys. q [T][nh][256] (no fold) or the fold P (T 1), qw, kw, fr
  * its weights; kc, vc [ctx][nkv][256] fp16; part as k_attn_gqa's. U: steps a warp loads together (their

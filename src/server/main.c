@@ -98,6 +98,7 @@ static void progress(void *user, uint64_t done, uint64_t total) {
 int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) { fputs(usage, stdout); return 0; }
     if (check_args(argc, argv)) return 2;
+    lily_env_note("lily-server");
     const char *model_dir = opt(argc, argv, "--model-path");
     if (!model_dir || !*model_dir) { fprintf(stderr, "lily-server: --model-path DIR is required\n%s", usage); return 2; }
     srv_http_opts ho = { 0 };

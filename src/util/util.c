@@ -73,6 +73,25 @@ double lily_now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+extern char **environ;
+int lily_env_note(const char *prog) {
+    static const char *const pre[] = { "LILY_CU_", "LILY_MVQ", "LILY_SRV_" };
+    char line[1024];
+    size_t len = 0;
+    int n = 0;
+    for (char **e = environ; e && *e; e++)
+        for (size_t k = 0; k < sizeof pre / sizeof pre[0]; k++)
+            if (!strncmp(*e, pre[k], strlen(pre[k]))) {
+                if (len < sizeof line) len += (size_t)snprintf(line + len, sizeof line - len, " %.100s", *e);
+                n++;
+                break;
+            }
+    if (n)
+        fprintf(stderr, "%s: note: engine switches set (for measuring and tests; they change speed, some several times):%s%s\n", prog,
+                line, len >= sizeof line ? " ..." : "");
+    return n;
+}
+
 char *lily_read_file(const char *path, size_t *len, lily_status *st) {
     FILE *f = fopen(path, "rb");
     if (!f) { lily_err(st, LILY_EIO, "%s: %s", path, strerror(errno)); return NULL; }

@@ -29,6 +29,11 @@ uint16_t lily_f32_to_f16(float f);
 
 double lily_now(void); /* monotonic seconds */
 
+/* The engine's measuring and test switches (LILY_CU_*, LILY_MVQ*, LILY_SRV_*) set in the environment, named
+ * on one stderr line "PROG: note: ..." (nothing when none is): some cost several times the speed
+ * (LILY_CU_MVQ_BLOCKS=1 decodes at a tenth), so a run under one should say so. Returns how many. */
+int lily_env_note(const char *prog);
+
 /* Thread pool: runs fn(ctx, i) for i in [0, n) across the pool's threads and waits. */
 typedef struct lily_pool lily_pool;
 lily_pool *lily_pool_new(int n_threads); /* 0 = all cores; NULL on failure */

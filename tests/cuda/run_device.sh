@@ -126,7 +126,7 @@ for stage in $stages; do
       env $v "$BIN/lily-bench" --tests tg32x2@1024,tg32x4@1024,tg32x8@1024 --reps ${REPS:-5} -o md 2>&1 | tee -a "$OUT/batch.md"
     done
     [ -d /tmp/lily-m4 ] || "$BIN/lily" synth --out /tmp/lily-m4 --layout mlx4 --preset 35b-a3b --layers 4 >"$OUT/synth.log" 2>&1
-    for n in 1 4 8; do bash bench/server_concurrency.sh "$BIN/lily-server" /tmp/lily-m4 $n --backend cuda 2>&1 | tee -a "$OUT/batch.md"; done ;;
+    for n in 1 4 8; do bash bench/server_concurrency.sh "$BIN/lily-server" /tmp/lily-m4 $n 2>&1 | tee -a "$OUT/batch.md"; done ;;
   ncu) # Nsight Compute: every kernel of 3 greedy decode tokens (time, DRAM bytes), one token's table with
        # each kernel's byte floor (ncu.md), the lm_head's speed-of-light, memory and issue sections, and
        # k_mvq4's SASS (k_mvq4.sass)
