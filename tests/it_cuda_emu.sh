@@ -191,9 +191,11 @@ seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 q kernel_test "'--small --seed $seed'" -- --small --seed "$seed"
 # the same in a random order of blocks, warps and lanes: results must not depend on it; and the
 # matrix-vector kernel's blocks capped at 2 a row of slots, so each walks many tiles of rows; and
-# k_mvdp's experts fetching their first codes before the staging (LILY_CU_MVDP_EPF=1, off by default)
-q kernel_test "'--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1'" LILY_EMU_ORDER=random \
-  LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 -- --small --seed "$seed"
+# k_mvdp's experts fetching their first codes before the staging (LILY_CU_MVDP_EPF=1, off by default);
+# and k_attn_dtc's early prefetch of its first two steps' keys (LILY_CU_ATTN_PF=2, off by default: the
+# emulator faults a bulk prefetch outside device memory)
+q kernel_test "'--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 LILY_CU_ATTN_PF=2'" \
+  LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 LILY_CU_ATTN_PF=2 -- --small --seed "$seed"
 # the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default;
 # k_mvdp's routing warp before the staging rather than beside it (LILY_CU_ROUTE_OVL=0); greedy's
 # two-read first pass (LILY_CU_ARGMAX1=0)
