@@ -192,10 +192,12 @@ q kernel_test "'--small --seed $seed'" -- --small --seed "$seed"
 # the same in a random order of blocks, warps and lanes: results must not depend on it; and the
 # matrix-vector kernel's blocks capped at 2 a row of slots, so each walks many tiles of rows; and
 # k_mvdp's experts fetching their first codes before the staging (LILY_CU_MVDP_EPF=1, off by default);
-# and k_attn_dtc's early prefetch of its first two steps' keys (LILY_CU_ATTN_PF=2, off by default: the
-# emulator faults a bulk prefetch outside device memory)
-q kernel_test "'--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 LILY_CU_ATTN_PF=2'" \
-  LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 LILY_CU_ATTN_PF=2 -- --small --seed "$seed"
+# and k_attn_dtc's prefetches, of its first two steps' keys before the wait (LILY_CU_ATTN_PF=2; 1 by
+# default) and two steps ahead in its loop (LILY_CU_ATTN_PFL=2, off by default; the --batch run below
+# too): the emulator faults a bulk prefetch outside device memory
+q kernel_test "'--small, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 LILY_CU_ATTN_PF=2 LILY_CU_ATTN_PFL=2'" \
+  LILY_EMU_ORDER=random LILY_EMU_SEED="$seed" LILY_CU_MVQ_BLOCKS=2 LILY_CU_MVDP_EPF=1 LILY_CU_FOLD_EPF=1 LILY_CU_ATTN_PF=2 LILY_CU_ATTN_PFL=2 \
+  -- --small --seed "$seed"
 # the float decode kernel (k_mvq4) where the tensor-core one (k_mvtc) takes 4-bit matrices by default;
 # k_mvdp's routing warp before the staging rather than beside it (LILY_CU_ROUTE_OVL=0); greedy's
 # two-read first pass (LILY_CU_ARGMAX1=0)
@@ -209,8 +211,8 @@ q kernel_test "'--small, LILY_CU_GEMM_TC=0 LILY_CU_ATTN_TC=0'" LILY_CU_GEMM_TC=0
 # the DeltaNet step runs split over the rows (k_gdn_dec_split) and each token routes itself in the
 # experts' gate|up launch: the split step required to have run
 j_kt_batch() {
-  kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed" LILY_EMU_STATS=kernels LILY_EMU_ORDER=random \
-    LILY_EMU_SEED="$seed" -- --small --batch --seed "$seed"
+  kernel_test "--small --batch, LILY_EMU_ORDER=random LILY_EMU_SEED=$seed LILY_CU_ATTN_PFL=2" LILY_EMU_STATS=kernels LILY_EMU_ORDER=random \
+    LILY_EMU_SEED="$seed" LILY_CU_ATTN_PFL=2 -- --small --batch --seed "$seed"
   grep -q '^lily emu: kernel k_gdn_dec_split<' "$tmp/kt.$J.log" || bad "emulated cuda-kernel-test --batch ran no k_gdn_dec_split"
 }
 q j_kt_batch

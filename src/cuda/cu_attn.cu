@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP) k_attn_gqa(const float *q, c
  * block and U 2, 449 with 8 warps; 464 with U 1) */
 __global__ void __launch_bounds__(ATT_WARPS * WARP, 2) k_attn_dtc(const float *q, const uint16_t *kc, const uint16_t *vc, int nh, int nkv,
                                                                  const int *pos, int splits, float *part, cu_rows rows, qk_fold P,
-                                                                 int amin, int pf) {
+                                                                 int amin, int pf, int pfl) {
     extern __shared__ __align__(16) unsigned char dt_sm[]; /* [DT_SMEM(ATT_WARPS)] */
     float qw[8], kw[8], fr[8]; /* (the fold's weights, before the wait) */
     qk_fold_weights<8>(P, qw, kw, fr);
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP, 2) k_attn_dtc(const float *q
     CU_PDL();
     const int t = blockIdx.x / nkv;
     dtc_run<2, ATT_WARPS>(q, kc, vc, nh, nkv, (rows.pos ? rows.pos[t] : *pos + t) + 1, blockIdx.x, splits, part, rows, P, amin, qw, kw, fr,
-                          dt_sm);
+                          dt_sm, pfl);
 }
 
 /* k_attn_gqa's form: the keys a warp loads together (U: LILY_CU_ATTN_U 1, 2 or 4, default 2) and the
@@ -420,11 +420,22 @@ static int attn_hs(void) {
  * (cu_decode.cu; one kernel choosing by the position inside measured slower both ways: its registers and
  * shared memory the larger form's). */
 /* k_attn_dtc's early prefetch (dtc_prefetch): the loop steps a warp prefetches, LILY_CU_ATTN_PF 0-4
- * (1: one step, 16 keys a warp, 64 KB a block, 16 MB a layer at 32K, a third of an H100's L2). Off by
- * default until measured on a GPU (bench/RESULTS.md session 46). */
+ * (default 1: one step, 16 keys a warp, 64 KB a block, 16 MB a layer at 32K, a third of an H100's L2).
+ * On an H100 (bench/RESULTS.md session 46) tg128@32768 469.9 -> 473.3, tg128@4096 521.2 -> 523.4 (two
+ * rounds each); 2 steps no better. Under Nsight, whose serialized launches leave no predecessor to
+ * overlap, the kernel alone gained 1% (35.4 -> 35.1 us at 32K). */
 static int dtc_pf(void) {
     static int v = INT_MIN;
-    const int e = cu_env_int(&v, "LILY_CU_ATTN_PF", 0);
+    const int e = cu_env_int(&v, "LILY_CU_ATTN_PF", 1);
+    return e < 0 ? 0 : e > 4 ? 4 : e;
+}
+/* k_attn_dtc's in-loop prefetch: how many loop steps ahead each warp bulk-prefetches its K and V rows into L2,
+ * LILY_CU_ATTN_PFL 0-4 (default 0: none; built after session 46's device time ran out, not measured).
+ * Why: Nsight put the kernel at 67 MB in 35.4 us at 32K on an H100, 1.9 TB/s of 3.35: each warp's step
+ * issues its loads, then waits for them with nothing else to do, and 8 warps an SM do not cover that. */
+static int dtc_pfl(void) {
+    static int v = INT_MIN;
+    const int e = cu_env_int(&v, "LILY_CU_ATTN_PFL", 0);
     return e < 0 ? 0 : e > 4 ? 4 : e;
 }
 static int dtc_smem_ok(void) {
@@ -469,7 +480,7 @@ static void attention(cudaStream_t s, const float *q, const float *qg, const uin
     } while (0)
     if (tc && hd == 256 && hg == 8)
         cu_go(k_attn_dtc, dim3(T * nkv, splits), ATT_WARPS * WARP, DT_SMEM(ATT_WARPS), s)(q, kc, vc, nh, nkv, pos, splits, part, rw, P, amin,
-                                                                                               dtc_pf());
+                                                                                               dtc_pf(), dtc_pfl());
     else if (hd == 256 && hg == 8 && hs == 4) GQA(2, 8);
     else if (hd == 256 && hg == 8 && hs == 2) GQA(4, 8);
     else if (hd == 256 && hg == 8) GQA(8, 8);

@@ -74,7 +74,8 @@ static __device__ __forceinline__ void dtc_prefetch(const uint16_t *kc, const ui
 template <int U, int W>
 static __device__ __forceinline__ void dtc_run(const float *q, const uint16_t *kc, const uint16_t *vc, int nh, int nkv, int n, int tk,
                                                int splits, float *part, const cu_rows &rows, const qk_fold &P, int amin,
-                                               const float (&qw)[8], const float (&kw)[8], const float (&fr)[8], unsigned char *dt_sm) {
+                                               const float (&qw)[8], const float (&kw)[8], const float (&fr)[8], unsigned char *dt_sm,
+                                               int pfl = 0) {
     uint4 *qf = (uint4 *)(dt_sm + DT_QF);
     float(*qs)[DT_HD] = (float(*)[DT_HD])(dt_sm + DT_QS);
     float4 *so = (float4 *)(dt_sm + DT_SO);
@@ -108,6 +109,12 @@ static __device__ __forceinline__ void dtc_run(const float *q, const uint16_t *k
     const size_t ld = (size_t)nkv * DT_HD;
     const uint16_t *kb = kc + (size_t)kvh * DT_HD, *vb = vc + (size_t)kvh * DT_HD;
     for (int jb = j0 + DT_STEP * U * warp; jb < j1; jb += DT_STEP * U * W) {
+        /* pfl > 0: the warp's rows pfl loop steps ahead into L2 (a lane a K or V row), so the loads
+         * that the step's compute leaves idle are not one DRAM round trip each (LILY_CU_ATTN_PFL) */
+        if (pfl > 0) {
+            const int key = jb + DT_STEP * U * W * pfl + (lane >> 1);
+            if (U * DT_STEP == 16 && key < j1) cu_l2_pf((const char *)((lane & 1 ? vb : kb) + (size_t)key * ld), DT_HD * 2);
+        }
         /* every load of the U steps first (rows past j1: the last key again, masked below) */
         uint4 kr[U][8], vr[U][2][4];
 #pragma unroll
