@@ -424,10 +424,13 @@ static int attn_hs(void) {
  * On an H100 (bench/RESULTS.md session 46) tg128@32768 469.9 -> 473.3, tg128@4096 521.2 -> 523.4 (two
  * rounds each); 2 steps no better. Under Nsight, whose serialized launches leave no predecessor to
  * overlap, the kernel alone gained 1% (35.4 -> 35.1 us at 32K). */
+static int dtc_steps(int *cache, const char *name, int def) {
+    const int e = cu_env_int(cache, name, def);
+    return e < 0 ? 0 : e > 4 ? 4 : e;
+}
 static int dtc_pf(void) {
     static int v = INT_MIN;
-    const int e = cu_env_int(&v, "LILY_CU_ATTN_PF", 1);
-    return e < 0 ? 0 : e > 4 ? 4 : e;
+    return dtc_steps(&v, "LILY_CU_ATTN_PF", 1);
 }
 /* k_attn_dtc's in-loop prefetch: how many loop steps ahead each warp bulk-prefetches its K and V rows into L2,
  * LILY_CU_ATTN_PFL 0-4 (default 0: none; built after session 46's device time ran out, not measured).
@@ -435,8 +438,7 @@ static int dtc_pf(void) {
  * issues its loads, then waits for them with nothing else to do, and 8 warps an SM do not cover that. */
 static int dtc_pfl(void) {
     static int v = INT_MIN;
-    const int e = cu_env_int(&v, "LILY_CU_ATTN_PFL", 0);
-    return e < 0 ? 0 : e > 4 ? 4 : e;
+    return dtc_steps(&v, "LILY_CU_ATTN_PFL", 0);
 }
 static int dtc_smem_ok(void) {
     static int ok = -1;

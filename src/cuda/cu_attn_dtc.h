@@ -47,6 +47,13 @@ static __device__ __forceinline__ void dt_split(float x, float y, uint32_t &hi, 
     lo = cu_h2sat(x - h2f((uint16_t)(hi & 0xffffu)), y - h2f((uint16_t)(hi >> 16)));
 }
 
+/* One loop step's rows into L2 by bulk prefetch, a lane a row: lane l takes key key0 + l / 2 (below j1), its
+ * K row for even l, its V row for odd l (16 keys: a warp's step at U 2). kb, vb: the KV head's column. */
+static __device__ __forceinline__ void dtc_pf_step(const uint16_t *kb, const uint16_t *vb, size_t ld, int key0, int j1, int lane) {
+    const int key = key0 + (lane >> 1);
+    if (key < j1) cu_l2_pf((const char *)((lane & 1 ? vb : kb) + (size_t)key * ld), DT_HD * 2);
+}
+
 /* Before the wait (k_attn_dtc, one token, no rows): the K and V rows of each warp's first `its` loop
  * steps into L2 by bulk prefetch, a lane a row (16 keys a step, K and V). Why: the keys below the
  * token's own were written steps ago, so their loads need not wait for the predecessor's q, k and v,
@@ -60,11 +67,9 @@ static __device__ __forceinline__ void dtc_prefetch(const uint16_t *kc, const ui
     const int se = attn_splits_used(splits, amin, n);
     if ((int)blockIdx.y >= se) return;
     const int chunk = (n + se - 1) / se, j0 = blockIdx.y * chunk, j1 = min(n - 1, j0 + chunk); /* (key n - 1: this kernel writes it) */
-    const size_t ld = (size_t)nkv * DT_HD;
-    for (int it = 0; it < its; it++) {
-        const int key = j0 + DT_STEP * U * (warp + W * it) + (lane >> 1);
-        if (key < j1) cu_l2_pf((const char *)((lane & 1 ? vc : kc) + (size_t)key * ld + (size_t)kvh * DT_HD), DT_HD * 2);
-    }
+    static_assert(U * DT_STEP == 16, "a lane a row: 16 keys a step");
+    for (int it = 0; it < its; it++)
+        dtc_pf_step(kc + (size_t)kvh * DT_HD, vc + (size_t)kvh * DT_HD, (size_t)nkv * DT_HD, j0 + DT_STEP * U * (warp + W * it), j1, lane);
 }
 
 /* The tensor cores' decode attention after its wait (k_attn_dtc, cu_attn.cu): block tk = t nkv + kvh over
@@ -111,10 +116,7 @@ static __device__ __forceinline__ void dtc_run(const float *q, const uint16_t *k
     for (int jb = j0 + DT_STEP * U * warp; jb < j1; jb += DT_STEP * U * W) {
         /* pfl > 0: the warp's rows pfl loop steps ahead into L2 (a lane a K or V row), so the loads
          * that the step's compute leaves idle are not one DRAM round trip each (LILY_CU_ATTN_PFL) */
-        if (pfl > 0) {
-            const int key = jb + DT_STEP * U * W * pfl + (lane >> 1);
-            if (U * DT_STEP == 16 && key < j1) cu_l2_pf((const char *)((lane & 1 ? vb : kb) + (size_t)key * ld), DT_HD * 2);
-        }
+        if (U * DT_STEP == 16 && pfl > 0) dtc_pf_step(kb, vb, ld, jb + DT_STEP * U * W * pfl, j1, lane);
         /* every load of the U steps first (rows past j1: the last key again, masked below) */
         uint4 kr[U][8], vr[U][2][4];
 #pragma unroll
